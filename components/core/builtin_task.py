@@ -1,0 +1,138 @@
+"""The built-in preference task: synthetic prompts, responses and a known gold reward.
+
+Prompts ask about a topic ("Tell me about the river."). Responses are short
+lists of words from a fixed lexicon. The gold reward of a response is
+
+    gold = (positive words - negative words) / words  +  0.5 if it names the topic
+
+so it lies in [-1, 1.5]. Human-like labels come from a Bradley-Terry draw on
+the gold scores: response ``a`` is chosen over ``b`` with probability
+``sigmoid(beta * (gold_a - gold_b))``; pairs of equal gold are not drawn.
+A reward model can learn this from the pairs alone, PPO can raise it, and the
+evaluation stage can call it by name (``gold_reward_fn(GOLD_REWARD_NAME)``)
+to measure what a learned reward model can be fooled on.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from collections.abc import Callable, Iterator
+
+GOLD_REWARD_NAME = "builtin/sentiment-topic-v1"
+
+POSITIVE = ("good", "great", "happy", "kind", "calm", "bright", "warm", "fine", "nice", "fair")
+NEGATIVE = ("bad", "sad", "cruel", "dull", "cold", "grim", "ugly", "poor", "sour", "harsh")
+NEUTRAL = ("the", "a", "it", "is", "was", "and", "so", "very", "quite", "then")
+TOPICS = (
+    "river", "forest", "city", "garden", "ocean", "mountain", "village", "desert",
+    "island", "market", "castle", "bridge", "library", "harbor", "valley", "meadow",
+    "station", "school", "kitchen", "museum", "tower", "field", "lake", "road",
+)  # fmt: skip
+TEMPLATES = (
+    "Tell me about the {topic}.",
+    "Describe the {topic}.",
+    "What is the {topic} like?",
+    "Say something about the {topic}.",
+    "How was the {topic}?",
+)
+MODIFIERS = ("", "old ", "new ", "big ", "small ", "quiet ", "busy ", "far ")
+
+_SCORE = {**{w: 1 for w in POSITIVE}, **{w: -1 for w in NEGATIVE}}
+
+
+def all_prompts() -> list[tuple[str, str]]:
+    """Every (prompt, topic) of the task: templates x modifiers x topics."""
+    return [
+        (template.format(topic=modifier + topic), topic)
+        for template in TEMPLATES
+        for modifier in MODIFIERS
+        for topic in TOPICS
+    ]
+
+
+def topic_of(prompt: str) -> str | None:
+    """The topic a prompt asks about (its last lexicon topic word), or None."""
+    words = [w.strip(".?!,").lower() for w in prompt.split()]
+    found = [w for w in words if w in TOPICS]
+    return found[-1] if found else None
+
+
+def gold_reward(prompt: str, response: str) -> float:
+    """The task's gold reward of ``response`` to ``prompt`` (documented above)."""
+    words = [w.strip(".?!,").lower() for w in response.split()]
+    words = [w for w in words if w]
+    if not words:
+        return -1.0
+    sentiment = sum(_SCORE.get(w, 0) for w in words) / len(words)
+    topic = topic_of(prompt)
+    return sentiment + (0.5 if topic is not None and topic in words else 0.0)
+
+
+_GOLD_REWARDS: dict[str, Callable[[str, str], float]] = {GOLD_REWARD_NAME: gold_reward}
+
+
+def gold_reward_fn(name: str) -> Callable[[str, str], float]:
+    """The gold reward function registered under ``name``."""
+    if name not in _GOLD_REWARDS:
+        raise KeyError(f"unknown gold reward {name!r}; known: {sorted(_GOLD_REWARDS)}")
+    return _GOLD_REWARDS[name]
+
+
+def sample_response(rng: random.Random, topic: str) -> str:
+    """A random response: 2-6 lexicon words, the topic named with probability 0.3."""
+    pools = (POSITIVE, NEGATIVE, NEUTRAL)
+    words = [rng.choice(rng.choices(pools, weights=(0.35, 0.35, 0.3))[0]) for _ in range(rng.randint(2, 6))]
+    if rng.random() < 0.3:
+        words.insert(rng.randrange(len(words) + 1), topic)
+    return " ".join(words) + "."
+
+
+def _sigmoid(x: float) -> float:
+    return 1.0 / (1.0 + math.exp(-x))
+
+
+def generate_pairs(num_pairs: int, seed: int = 0, beta: float = 10.0) -> Iterator[dict]:
+    """Preference pairs in the explicit-prompt format, labelled by a Bradley-Terry draw.
+
+    Each record also carries the gold scores and ``gold_reward`` (the function's
+    name) so tools can measure label noise; the shard stage ignores extra keys.
+    """
+    rng = random.Random(seed)
+    prompts = all_prompts()
+    for _ in range(num_pairs):
+        prompt, topic = rng.choice(prompts)
+        a = sample_response(rng, topic)
+        gold_a = gold_reward(prompt, a)
+        while True:  # annotators compare responses that differ in quality
+            b = sample_response(rng, topic)
+            gold_b = gold_reward(prompt, b)
+            if abs(gold_a - gold_b) > 1e-9:
+                break
+        a_wins = rng.random() < _sigmoid(beta * (gold_a - gold_b))
+        chosen, rejected = (a, b) if a_wins else (b, a)
+        gold_chosen, gold_rejected = (gold_a, gold_b) if a_wins else (gold_b, gold_a)
+        yield {
+            "prompt": prompt,
+            "chosen": chosen,
+            "rejected": rejected,
+            "gold_chosen": round(gold_chosen, 6),
+            "gold_rejected": round(gold_rejected, 6),
+            "gold_reward": GOLD_REWARD_NAME,
+        }
+
+
+def expected_label_agreement(pairs: list[dict], beta: float = 10.0) -> float:
+    """The rate at which labels agree with the gold ordering that the noise model implies."""
+    total = sum(_sigmoid(beta * abs(p["gold_chosen"] - p["gold_rejected"])) for p in pairs)
+    return total / max(len(pairs), 1)
+
+
+def write_jsonl(path: str, num_pairs: int, seed: int = 0, beta: float = 10.0) -> int:
+    """Write ``num_pairs`` generated pairs to ``path`` as JSONL; returns the count."""
+    from components.core import fileio
+
+    lines = [json.dumps(p, ensure_ascii=False) for p in generate_pairs(num_pairs, seed, beta)]
+    fileio.write_text(path, "\n".join(lines) + ("\n" if lines else ""))
+    return len(lines)

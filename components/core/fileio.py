@@ -1,0 +1,81 @@
+"""Small file helpers that accept local paths and ``gs://`` URIs alike."""
+
+from __future__ import annotations
+
+import glob as _glob
+import os
+import shutil
+
+
+def _is_remote(path: str) -> bool:
+    return "://" in str(path)
+
+
+def _gfile():
+    import tensorflow as tf  # deferred: only remote paths need TensorFlow's filesystems
+
+    return tf.io.gfile
+
+
+def read_bytes(path: str) -> bytes:
+    """The whole content of ``path``."""
+    if _is_remote(path):
+        with _gfile().GFile(path, "rb") as handle:
+            return handle.read()
+    with open(path, "rb") as handle:
+        return handle.read()
+
+
+def write_bytes(path: str, data: bytes) -> None:
+    """Write ``data`` to ``path``, creating parent folders."""
+    if _is_remote(path):
+        with _gfile().GFile(path, "wb") as handle:
+            handle.write(data)
+        return
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "wb") as handle:
+        handle.write(data)
+
+
+def read_text(path: str) -> str:
+    return read_bytes(path).decode("utf-8")
+
+
+def write_text(path: str, text: str) -> None:
+    write_bytes(path, text.encode("utf-8"))
+
+
+def exists(path: str) -> bool:
+    return _gfile().exists(path) if _is_remote(path) else os.path.exists(path)
+
+
+def isdir(path: str) -> bool:
+    return _gfile().isdir(path) if _is_remote(path) else os.path.isdir(path)
+
+
+def makedirs(path: str) -> None:
+    if _is_remote(path):
+        _gfile().makedirs(path)
+    else:
+        os.makedirs(path, exist_ok=True)
+
+
+def glob(pattern: str) -> list[str]:
+    """Sorted matches of a glob pattern (a plain path matches itself if it exists)."""
+    if _is_remote(pattern):
+        return sorted(_gfile().glob(pattern))
+    return sorted(_glob.glob(pattern))
+
+
+def join(*parts: str) -> str:
+    if _is_remote(parts[0]):
+        return "/".join(p.strip("/") if i else p.rstrip("/") for i, p in enumerate(parts))
+    return os.path.join(*parts)
+
+
+def remove_tree(path: str) -> None:
+    if _is_remote(path):
+        if _gfile().exists(path):
+            _gfile().rmtree(path)
+    else:
+        shutil.rmtree(path, ignore_errors=True)

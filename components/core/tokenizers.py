@@ -1,0 +1,277 @@
+"""Tokenizers: a built-in byte-level one, Hugging Face ``tokenizer.json``, SentencePiece.
+
+Every tokenizer has a pad id distinct from its eos id (training masks padding
+and samplers stop on eos). Where a tokenizer file has no separate pad token,
+one id past its vocabulary is added, and ``vocab_size`` counts it.
+
+A tokenizer saves itself into a folder (the shard stage's ``tokenizer/``), with
+``alignpipe_tokenizer.json`` recording its kind, special ids, fingerprint and
+chat template, so later stages load it from that folder alone.
+"""
+
+from __future__ import annotations
+
+import abc
+import hashlib
+import json
+import os
+from typing import Any
+
+from components.core import fileio
+
+INFO_FILE = "alignpipe_tokenizer.json"
+SCHEMA_VERSION = 1
+
+# The documented default chat template (Jinja, as Hugging Face applies it):
+# one block per message, then the assistant tag when a reply is to follow.
+DEFAULT_CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "<|{{ message['role'] }}|>\n{{ message['content'] }}\n"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
+)
+
+
+class TokenizerError(ValueError):
+    """A tokenizer input the user can fix."""
+
+
+class Tokenizer(abc.ABC):
+    """Common interface: ``encode``, ``decode``, special ids, ``save``, ``fingerprint``."""
+
+    kind: str = ""
+    vocab_size: int
+    pad_id: int
+    eos_id: int
+    bos_id: int | None
+    chat_template: str | None = None
+
+    @abc.abstractmethod
+    def encode(self, text: str) -> list[int]:
+        """Token ids of ``text`` without special tokens."""
+
+    @abc.abstractmethod
+    def decode(self, ids: Any) -> str:
+        """Text of ``ids``; special ids are dropped."""
+
+    def _files(self) -> dict[str, bytes]:
+        """The tokenizer's own files, by name, as saved into its folder."""
+        return {}
+
+    @property
+    def fingerprint(self) -> str:
+        digest = hashlib.sha256()
+        digest.update(json.dumps(self._special(), sort_keys=True).encode())
+        for name, data in sorted(self._files().items()):
+            digest.update(name.encode())
+            digest.update(hashlib.sha256(data).digest())
+        return digest.hexdigest()[:16]
+
+    def _special(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "vocab_size": self.vocab_size,
+            "pad_id": self.pad_id,
+            "eos_id": self.eos_id,
+            "bos_id": self.bos_id,
+        }
+
+    def info(self) -> dict[str, Any]:
+        """What the manifest and model configs record of this tokenizer."""
+        return {**self._special(), "fingerprint": self.fingerprint, "schema_version": SCHEMA_VERSION}
+
+    def render_chat(self, messages: list[dict[str, str]], add_generation_prompt: bool) -> str:
+        """Messages rendered with the tokenizer's chat template (or the default one)."""
+        return render_chat_template(
+            self.chat_template or DEFAULT_CHAT_TEMPLATE, messages, add_generation_prompt
+        )
+
+    def save(self, directory: str) -> None:
+        """Write the tokenizer files and ``alignpipe_tokenizer.json`` into ``directory``."""
+        fileio.makedirs(directory)
+        for name, data in self._files().items():
+            fileio.write_bytes(fileio.join(directory, name), data)
+        info = {**self.info(), "files": sorted(self._files()), "chat_template": self.chat_template}
+        fileio.write_text(fileio.join(directory, INFO_FILE), json.dumps(info, indent=2) + "\n")
+
+
+class ByteTokenizer(Tokenizer):
+    """UTF-8 bytes: ids 0 pad, 1 bos, 2 eos, then byte ``b`` is ``b + 3``."""
+
+    kind = "byte"
+    OFFSET = 3
+
+    def __init__(self) -> None:
+        self.pad_id, self.bos_id, self.eos_id = 0, 1, 2
+        self.vocab_size = 256 + self.OFFSET
+
+    def encode(self, text: str) -> list[int]:
+        return [b + self.OFFSET for b in text.encode("utf-8")]
+
+    def decode(self, ids: Any) -> str:
+        data = bytes(int(i) - self.OFFSET for i in ids if int(i) >= self.OFFSET)
+        return data.decode("utf-8", errors="replace")
+
+
+def _token_content(value: Any) -> str | None:
+    if isinstance(value, dict):
+        return value.get("content")
+    return value
+
+
+class HFTokenizer(Tokenizer):
+    """A Hugging Face fast tokenizer (``tokenizer.json``), read with the ``tokenizers`` package."""
+
+    kind = "hf"
+
+    def __init__(self, tokenizer_json: bytes, tokenizer_config: bytes | None = None) -> None:
+        from tokenizers import Tokenizer as RustTokenizer
+
+        self._json = tokenizer_json
+        self._config_bytes = tokenizer_config
+        self._tok = RustTokenizer.from_str(tokenizer_json.decode("utf-8"))
+        config = json.loads(tokenizer_config) if tokenizer_config else {}
+        self.chat_template = config.get("chat_template") if isinstance(config, dict) else None
+        base_vocab = self._tok.get_vocab_size(with_added_tokens=True)
+        self.eos_id = self._special_id(config, "eos_token", ["</s>", "<|endoftext|>", "<eos>"])
+        if self.eos_id is None:
+            raise TokenizerError(
+                "tokenizer: no end-of-sequence token found; set 'eos_token' in tokenizer_config.json"
+            )
+        self.bos_id = self._special_id(config, "bos_token", ["<s>", "<bos>", "<|begin_of_text|>"])
+        pad = self._special_id(config, "pad_token", ["<pad>", "[PAD]"])
+        if pad is None or pad == self.eos_id:
+            pad = base_vocab  # one added id: pad must differ from eos
+            base_vocab += 1
+        self.pad_id = pad
+        self.vocab_size = base_vocab
+
+    def _special_id(self, config: dict, key: str, fallbacks: list[str]) -> int | None:
+        names = [_token_content(config.get(key))] + fallbacks
+        for name in names:
+            if name:
+                token_id = self._tok.token_to_id(name)
+                if token_id is not None:
+                    return token_id
+        return None
+
+    def encode(self, text: str) -> list[int]:
+        return self._tok.encode(text, add_special_tokens=False).ids
+
+    def decode(self, ids: Any) -> str:
+        limit = self._tok.get_vocab_size(with_added_tokens=True)
+        return self._tok.decode([int(i) for i in ids if int(i) < limit], skip_special_tokens=True)
+
+    def _files(self) -> dict[str, bytes]:
+        files = {"tokenizer.json": self._json}
+        if self._config_bytes:
+            files["tokenizer_config.json"] = self._config_bytes
+        return files
+
+
+class SentencePieceTokenizer(Tokenizer):
+    """A SentencePiece model file."""
+
+    kind = "sentencepiece"
+
+    def __init__(self, model_proto: bytes) -> None:
+        import sentencepiece as spm
+
+        self._proto = model_proto
+        self._sp = spm.SentencePieceProcessor(model_proto=model_proto)
+        size = self._sp.get_piece_size()
+        if self._sp.eos_id() < 0:
+            raise TokenizerError("tokenizer: the SentencePiece model defines no eos piece (eos_id)")
+        self.eos_id = self._sp.eos_id()
+        self.bos_id = self._sp.bos_id() if self._sp.bos_id() >= 0 else None
+        pad = self._sp.pad_id()
+        if pad < 0 or pad == self.eos_id:
+            pad, size = size, size + 1
+        self.pad_id = pad
+        self.vocab_size = size
+
+    def encode(self, text: str) -> list[int]:
+        return list(self._sp.encode(text))
+
+    def decode(self, ids: Any) -> str:
+        size = self._sp.get_piece_size()
+        return self._sp.decode([int(i) for i in ids if 0 <= int(i) < size])
+
+    def _files(self) -> dict[str, bytes]:
+        return {"tokenizer.model": self._proto}
+
+
+def render_chat_template(
+    template: str, messages: list[dict[str, str]], add_generation_prompt: bool, **extra: Any
+) -> str:
+    """Apply a Jinja chat template the way ``transformers`` does (sandboxed)."""
+    from jinja2.exceptions import TemplateError
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    def raise_exception(message: str) -> None:
+        raise TemplateError(message)
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    env.globals["raise_exception"] = raise_exception
+    return env.from_string(template).render(
+        messages=messages, add_generation_prompt=add_generation_prompt, **extra
+    )
+
+
+def _load_saved(directory: str) -> Tokenizer:
+    info = json.loads(fileio.read_text(fileio.join(directory, INFO_FILE)))
+    if info.get("schema_version") != SCHEMA_VERSION:
+        raise TokenizerError(
+            f"tokenizer {directory}: schema_version {info.get('schema_version')} is not "
+            f"{SCHEMA_VERSION}; re-run the shard stage with this alignpipe version"
+        )
+    tokenizer = _load_files(directory, info["kind"])
+    if tokenizer.fingerprint != info["fingerprint"]:
+        raise TokenizerError(
+            f"tokenizer {directory}: files do not match the recorded fingerprint "
+            f"{info['fingerprint']}; the folder was modified after it was written"
+        )
+    return tokenizer
+
+
+def _load_files(directory: str, kind: str) -> Tokenizer:
+    if kind == "byte":
+        return ByteTokenizer()
+    if kind == "hf":
+        config_path = fileio.join(directory, "tokenizer_config.json")
+        config = fileio.read_bytes(config_path) if fileio.exists(config_path) else None
+        return HFTokenizer(fileio.read_bytes(fileio.join(directory, "tokenizer.json")), config)
+    if kind == "sentencepiece":
+        return SentencePieceTokenizer(fileio.read_bytes(fileio.join(directory, "tokenizer.model")))
+    raise TokenizerError(f"tokenizer {directory}: unknown kind {kind!r}")
+
+
+def load_tokenizer(spec: str) -> Tokenizer:
+    """Load a tokenizer from ``"byte"``, a saved folder, a HF folder or ``tokenizer.json``, or a
+    SentencePiece ``.model`` file."""
+    if spec in ("", "byte"):
+        return ByteTokenizer()
+    if fileio.isdir(spec):
+        if fileio.exists(fileio.join(spec, INFO_FILE)):
+            return _load_saved(spec)
+        if fileio.exists(fileio.join(spec, "tokenizer.json")):
+            return _load_files(spec, "hf")
+        if fileio.exists(fileio.join(spec, "tokenizer.model")):
+            return _load_files(spec, "sentencepiece")
+        raise TokenizerError(
+            f"tokenizer {spec}: the folder holds no tokenizer.json, tokenizer.model or "
+            f"{INFO_FILE}; pass 'byte' or a Hugging Face / SentencePiece tokenizer"
+        )
+    if not fileio.exists(spec):
+        raise TokenizerError(f"tokenizer {spec}: no such file or folder; pass 'byte' or a path")
+    if spec.endswith(".json"):
+        folder = os.path.dirname(spec)
+        config_path = fileio.join(folder, "tokenizer_config.json") if folder else ""
+        config = fileio.read_bytes(config_path) if config_path and fileio.exists(config_path) else None
+        return HFTokenizer(fileio.read_bytes(spec), config)
+    if spec.endswith(".model"):
+        return SentencePieceTokenizer(fileio.read_bytes(spec))
+    raise TokenizerError(
+        f"tokenizer {spec}: unrecognised file; expected tokenizer.json (Hugging Face) or a "
+        "SentencePiece .model file"
+    )
