@@ -1,0 +1,1 @@
+"""Shared JAX building blocks: model, data parallelism, checkpoints, input pipeline, metrics."""

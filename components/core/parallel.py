@@ -1,0 +1,166 @@
+"""Data parallelism with ``jax.pmap``: replicate state, shard batches, one compiled train step.
+
+Every per-device array carries a leading axis of the local device count. The
+train step averages gradients and metrics over the ``data`` axis with
+``lax.pmean`` and skips the update when the loss or the gradients are not
+finite, so one bad batch cannot poison the parameters.
+
+A stage splits its model once, ``graphdef, params = nnx.split(model, nnx.Param)``,
+keeps ``params`` (an ``nnx.State``) in a :class:`TrainState`, and its loss merges
+``nnx.merge(graphdef, params)`` inside the step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from jax import lax
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+PyTree = Any
+LossFn = Callable[[PyTree, Mapping[str, jax.Array], jax.Array], tuple[jax.Array, dict]]
+
+
+@flax.struct.dataclass
+class TrainState:
+    """What one optimizer step changes: the step count, the parameters and the optimizer state."""
+
+    step: jax.Array
+    params: PyTree
+    opt_state: PyTree
+
+    @classmethod
+    def create(cls, params: PyTree, optimizer: optax.GradientTransformation) -> TrainState:
+        """A fresh state at step 0 for ``params`` (e.g. an ``nnx.State``)."""
+        return cls(step=jnp.zeros((), jnp.int32), params=params, opt_state=optimizer.init(params))
+
+
+def local_device_count() -> int:
+    """Devices this process feeds (the length of every leading device axis)."""
+    return jax.local_device_count()
+
+
+def _devices(devices: Sequence[jax.Device] | None) -> list[jax.Device]:
+    return list(devices) if devices is not None else jax.local_devices()
+
+
+def _device_sharding(devices: list[jax.Device]) -> NamedSharding:
+    # pmap (built on shard_map) takes arrays split along their first axis over these devices.
+    return NamedSharding(Mesh(np.array(devices), ("data",)), PartitionSpec("data"))
+
+
+def replicate(tree: PyTree, devices: Sequence[jax.Device] | None = None) -> PyTree:
+    """``tree`` with a leading device axis, one copy placed on each local device."""
+    devices = _devices(devices)
+    sharding = _device_sharding(devices)
+
+    def put(leaf: Any) -> jax.Array:
+        # One transfer per device of the unstacked leaf: no host copy of size devices x leaf.
+        host = np.asarray(leaf)[None]
+        shards = [jax.device_put(host, device) for device in devices]
+        return jax.make_array_from_single_device_arrays(
+            (len(devices), *host.shape[1:]), sharding, shards
+        )
+
+    return jax.tree.map(put, tree)
+
+
+def unreplicate(tree: PyTree) -> PyTree:
+    """The copy on this process's first device, as host numpy arrays."""
+
+    def take(leaf: Any) -> np.ndarray:
+        if isinstance(leaf, jax.Array):
+            # addressable_shards works for multi-host outputs, where leaf[0] may not be local.
+            return np.asarray(leaf.addressable_shards[0].data)[0]
+        return np.asarray(leaf)[0]
+
+    return jax.tree.map(take, tree)
+
+
+def shard_batch(
+    batch: Mapping[str, np.ndarray], devices: Sequence[jax.Device] | None = None
+) -> dict[str, np.ndarray]:
+    """Reshape a host batch ``[B, ...]`` to ``[devices, B / devices, ...]``."""
+    count = len(_devices(devices))
+    sharded = {}
+    for name, array in batch.items():
+        array = np.asarray(array)
+        if array.ndim == 0 or array.shape[0] % count:
+            size = array.shape[0] if array.ndim else "a scalar"
+            raise ValueError(
+                f"batch field {name!r} has batch size {size}, which does not split over "
+                f"{count} local devices; set the per-host batch size to a multiple of {count}"
+            )
+        sharded[name] = array.reshape(count, array.shape[0] // count, *array.shape[1:])
+    return sharded
+
+
+def make_train_step(
+    loss_fn: LossFn,
+    optimizer: optax.GradientTransformation,
+    *,
+    axis_name: str = "data",
+    devices: Sequence[jax.Device] | None = None,
+) -> Callable[[TrainState, Mapping[str, Any], jax.Array], tuple[TrainState, dict]]:
+    """A pmapped ``step(state, batch, rng) -> (state, metrics)`` that donates ``state``.
+
+    ``loss_fn(params, batch, rng) -> (loss, aux_metrics)`` sees one device's slice
+    of the batch. ``rng`` is one key for all devices; each folds in its index.
+    Metrics come back replicated; ``skipped`` is 1.0 where the update was dropped.
+    """
+
+    def step(state: TrainState, batch: Mapping[str, Any], rng: jax.Array):
+        rng = jax.random.fold_in(rng, lax.axis_index(axis_name))
+        grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+        (loss, aux), grads = grad_fn(state.params, batch, rng)
+        grads = lax.pmean(grads, axis_name)
+        loss = lax.pmean(loss, axis_name)
+        grad_norm = optax.tree.norm(grads)
+        # Checked after pmean, so every device takes the same branch.
+        finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+        updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+        params = optax.apply_updates(state.params, updates)
+        updated = state.replace(step=state.step + 1, params=params, opt_state=opt_state)
+        new_state = jax.tree.map(lambda new, old: jnp.where(finite, new, old), updated, state)
+        metrics = {name: lax.pmean(value, axis_name) for name, value in aux.items()}
+        metrics.update(loss=loss, grad_norm=grad_norm, skipped=1.0 - finite.astype(jnp.float32))
+        return new_state, metrics
+
+    return jax.pmap(
+        step,
+        axis_name=axis_name,
+        in_axes=(0, 0, None),
+        donate_argnums=0,
+        devices=None if devices is None else list(devices),
+    )
+
+
+class NonFiniteGuard:
+    """Counts skipped (non-finite) steps in a row and aborts after ``max_in_a_row``."""
+
+    def __init__(self, max_in_a_row: int) -> None:
+        if max_in_a_row < 1:
+            raise ValueError(f"max_in_a_row must be at least 1, got {max_in_a_row}")
+        self.max_in_a_row = max_in_a_row
+        self.in_a_row = 0
+        self.total = 0
+
+    def update(self, step: int, skipped: float) -> None:
+        """Record one step's ``skipped`` metric; raise when too many came in a row."""
+        if not skipped:
+            self.in_a_row = 0
+            return
+        self.in_a_row += 1
+        self.total += 1
+        if self.in_a_row >= self.max_in_a_row:
+            raise FloatingPointError(
+                f"the loss or gradients were not finite for {self.in_a_row} steps in a row "
+                f"(up to step {step}); training stopped. Lower the learning rate, raise "
+                "warmup_steps or max_grad_norm, or check the data for empty sequences"
+            )
