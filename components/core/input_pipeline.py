@@ -1,0 +1,395 @@
+"""tf.data readers over the shard stage's TFRecords: preference pairs and unique prompts.
+
+Host *h* of *H* reads shards *h*, *h+H*, …. Batches are per host (the global
+batch split over hosts) and come out as numpy dicts ready for
+:func:`components.core.parallel.shard_batch`.
+
+Sequences are ``prompt_ids + response_ids``, right-padded with ``pad_id`` to
+``max_len`` (masks mark real tokens). When a pair does not fit, the prompt is
+cut from the LEFT first (its end, next to the response, matters most; a leading
+bos is kept), down to ``max_len // 2`` tokens, and then the response is cut from
+the right. Chosen and rejected share one prompt cut, so a pair differs only in
+its responses. ``loss_mask`` marks the chosen response tokens (SFT targets).
+
+Each iterator has a position (epoch, batches consumed in that epoch) that is
+saved in checkpoints: a resumed run rebuilds that epoch's shuffled order (seeded
+by seed, epoch and host) and skips the consumed batches, so it sees exactly the
+batches an uninterrupted run would.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+
+from components.core import fileio
+
+MANIFEST = "manifest.json"
+SCHEMA_VERSION = 1
+SHUFFLE_BUFFER = 16_384
+
+
+class DataError(ValueError):
+    """A dataset folder the user has to fix (missing, wrong version, too few shards)."""
+
+
+def read_manifest(shards_dir: str) -> dict[str, Any]:
+    """The shard stage's ``manifest.json``, checked for our schema version."""
+    path = fileio.join(shards_dir, MANIFEST)
+    if not fileio.exists(path):
+        raise DataError(
+            f"{path} not found: {shards_dir!r} is not a preference-shards folder; "
+            "pass the output of the shard stage"
+        )
+    manifest = json.loads(fileio.read_text(path))
+    version = manifest.get("schema_version")
+    if version != SCHEMA_VERSION:
+        raise DataError(
+            f"{path} has schema_version {version!r}; this version reads {SCHEMA_VERSION}. "
+            "Re-run the shard stage with this release"
+        )
+    return manifest
+
+
+def check_vocab(manifest: dict[str, Any], model_vocab_size: int) -> None:
+    """Refuse shards tokenized with a larger vocabulary than the model's embedding."""
+    tokenizer = manifest.get("tokenizer", {})
+    data_vocab = tokenizer.get("vocab_size")
+    if data_vocab is None or data_vocab != model_vocab_size:
+        raise DataError(
+            f"the shards were tokenized with vocab_size {data_vocab} "
+            f"({tokenizer.get('kind', 'unknown')} tokenizer), but the model expects "
+            f"{model_vocab_size}; build the model with the shards' tokenizer "
+            "or re-shard with the model's tokenizer"
+        )
+
+
+def host_shard_files(
+    shards_dir: str, split: str, manifest: dict[str, Any], host_index: int, host_count: int
+) -> list[str]:
+    """This host's shard files of ``split``: shards h, h+H, …, each checked to exist."""
+    if split not in manifest.get("splits", {}):
+        raise DataError(
+            f"split {split!r} is not in {fileio.join(shards_dir, MANIFEST)} "
+            f"(it has {sorted(manifest.get('splits', {}))})"
+        )
+    num_shards = int(manifest["splits"][split].get("num_shards", manifest["num_shards"]))
+    if num_shards < host_count:
+        raise DataError(
+            f"split {split!r} has {num_shards} shard files but there are {host_count} hosts; "
+            f"re-shard with num_shards >= {host_count} so every host has data"
+        )
+    files = []
+    for index in range(host_index, num_shards, host_count):
+        path = fileio.join(shards_dir, split, f"shard-{index:05d}-of-{num_shards:05d}.tfrecord")
+        if not fileio.exists(path):
+            raise DataError(
+                f"{path} is listed by the manifest but missing; the shards folder is "
+                "incomplete: copy it again or re-run the shard stage"
+            )
+        files.append(path)
+    return files
+
+
+def _host(host_index: int | None, host_count: int | None) -> tuple[int, int]:
+    import jax
+
+    index = jax.process_index() if host_index is None else host_index
+    count = jax.process_count() if host_count is None else host_count
+    if not 0 <= index < count:
+        raise ValueError(f"host_index must be in [0, {count}), got {index}")
+    return index, count
+
+
+def _epoch_seed(seed: int, epoch: int, host_index: int) -> int:
+    # One independent, reproducible stream per (seed, epoch, host).
+    return int(np.random.SeedSequence([seed, epoch, host_index]).generate_state(1)[0])
+
+
+def _parse_fn():
+    import tensorflow as tf
+
+    features = {
+        "prompt_ids": tf.io.RaggedFeature(tf.int64),
+        "chosen_ids": tf.io.RaggedFeature(tf.int64),
+        "rejected_ids": tf.io.RaggedFeature(tf.int64),
+        "margin": tf.io.FixedLenFeature([], tf.float32, default_value=0.0),
+        "prompt_hash": tf.io.FixedLenFeature([], tf.int64, default_value=0),
+    }
+
+    def parse(record):
+        example = tf.io.parse_single_example(record, features)
+        return {
+            name: tf.cast(value, tf.int32) if name.endswith("_ids") else value
+            for name, value in example.items()
+        }
+
+    return parse
+
+
+def _cut_prompt(tf, prompt, keep, bos_id: int | None):
+    """The last ``keep`` tokens of ``prompt``, keeping a leading bos when there is one."""
+    length = tf.shape(prompt)[0]
+    drop = tf.maximum(length - keep, 0)
+    if bos_id is None:
+        return prompt[drop:]
+    starts_with_bos = tf.logical_and(length > 0, tf.equal(prompt[:1], bos_id))[0]
+    kept_bos = tf.concat([prompt[:1], prompt[1 + drop :]], 0)
+    return tf.cond(
+        tf.logical_and(drop > 0, starts_with_bos), lambda: kept_bos, lambda: prompt[drop:]
+    )
+
+
+def _pair_fn(max_len: int, pad_id: int, bos_id: int | None):
+    import tensorflow as tf
+
+    positions = tf.range(max_len)
+
+    def sequence(prompt, response):
+        tokens = tf.concat([prompt, response], 0)[:max_len]
+        length = tf.shape(tokens)[0]
+        padded = tf.pad(tokens, [[0, max_len - length]], constant_values=pad_id)
+        mask = positions < length
+        response_mask = tf.logical_and(mask, positions >= tf.shape(prompt)[0])
+        return tf.ensure_shape(padded, [max_len]), mask, response_mask
+
+    def to_pair(example):
+        prompt = example["prompt_ids"]
+        response_len = tf.maximum(tf.size(example["chosen_ids"]), tf.size(example["rejected_ids"]))
+        # Keep the whole prompt when it fits, else cut it to max(room left, max_len // 2).
+        keep = tf.maximum(max_len - response_len, tf.minimum(tf.size(prompt), max_len // 2))
+        prompt = _cut_prompt(tf, prompt, keep, bos_id)
+        chosen, chosen_mask, loss_mask = sequence(prompt, example["chosen_ids"])
+        rejected, rejected_mask, _ = sequence(prompt, example["rejected_ids"])
+        return {
+            "chosen_tokens": chosen,
+            "chosen_mask": chosen_mask,
+            "loss_mask": loss_mask,
+            "rejected_tokens": rejected,
+            "rejected_mask": rejected_mask,
+            "margin": example["margin"],
+        }
+
+    return to_pair
+
+
+class PreferenceBatches(Iterator[dict[str, np.ndarray]]):
+    """Padded preference-pair batches of one host, with a saveable position."""
+
+    def __init__(
+        self,
+        files: list[str],
+        *,
+        batch_size: int,
+        max_len: int,
+        pad_id: int,
+        bos_id: int | None,
+        seed: int,
+        host_index: int,
+        shuffle: bool,
+        repeat: bool,
+    ) -> None:
+        self.files, self.batch_size, self.max_len = files, batch_size, max_len
+        self.pad_id, self.bos_id, self.seed = pad_id, bos_id, seed
+        self.host_index, self.shuffle, self.repeat = host_index, shuffle, repeat
+        self.epoch, self.batches_in_epoch = 0, 0
+        self._iterator: Iterator | None = None
+
+    def _epoch_dataset(self):
+        import tensorflow as tf
+
+        seed = _epoch_seed(self.seed, self.epoch, self.host_index)
+        files = list(self.files)
+        if self.shuffle:
+            files = [files[i] for i in np.random.default_rng(seed).permutation(len(files))]
+        dataset = tf.data.TFRecordDataset(files).map(_parse_fn())
+        if self.shuffle:
+            dataset = dataset.shuffle(SHUFFLE_BUFFER, seed=seed, reshuffle_each_iteration=False)
+        dataset = dataset.map(
+            _pair_fn(self.max_len, self.pad_id, self.bos_id),
+            num_parallel_calls=tf.data.AUTOTUNE,
+            deterministic=True,
+        )
+        # Fixed shapes: every pmap step sees the same batch size.
+        dataset = dataset.batch(self.batch_size, drop_remainder=True)
+        return dataset.skip(self.batches_in_epoch).prefetch(2)
+
+    def __next__(self) -> dict[str, np.ndarray]:
+        for _ in range(2):
+            if self._iterator is None:
+                self._iterator = self._epoch_dataset().as_numpy_iterator()
+            batch = next(self._iterator, None)
+            if batch is not None:
+                self.batches_in_epoch += 1
+                return batch
+            if self.batches_in_epoch == 0:
+                raise DataError(
+                    f"{self.files} hold fewer than batch_size={self.batch_size} pairs; "
+                    "lower the batch size or use more data"
+                )
+            self._iterator = None
+            if not self.repeat:
+                raise StopIteration
+            self.epoch, self.batches_in_epoch = self.epoch + 1, 0
+        raise StopIteration
+
+    def position(self) -> dict[str, int]:
+        """Where the next batch comes from, as JSON for a checkpoint."""
+        return {"epoch": self.epoch, "batches_in_epoch": self.batches_in_epoch}
+
+    def restore(self, position: dict[str, int]) -> None:
+        """Continue from a :meth:`position`: the next batch is the one it named."""
+        self.epoch = int(position["epoch"])
+        self.batches_in_epoch = int(position["batches_in_epoch"])
+        self._iterator = None
+
+
+def preference_dataset(
+    shards_dir: str,
+    split: str,
+    *,
+    batch_size: int,
+    max_len: int,
+    seed: int,
+    host_index: int | None = None,
+    host_count: int | None = None,
+    shuffle: bool = True,
+    repeat: bool = True,
+) -> PreferenceBatches:
+    """Preference-pair batches of this host (``batch_size`` is the per-host batch)."""
+    if batch_size < 1 or max_len < 2:
+        raise ValueError(f"need batch_size >= 1 and max_len >= 2, got {batch_size}, {max_len}")
+    host_index, host_count = _host(host_index, host_count)
+    manifest = read_manifest(shards_dir)
+    tokenizer = manifest.get("tokenizer", {})
+    return PreferenceBatches(
+        host_shard_files(shards_dir, split, manifest, host_index, host_count),
+        batch_size=batch_size,
+        max_len=max_len,
+        pad_id=int(tokenizer["pad_id"]),
+        bos_id=tokenizer.get("bos_id"),
+        seed=seed,
+        host_index=host_index,
+        shuffle=shuffle,
+        repeat=repeat,
+    )
+
+
+def _unique_prompts(files: list[str]) -> list[np.ndarray]:
+    """The distinct prompts of ``files`` (by ``prompt_hash``), in file order."""
+    import tensorflow as tf
+
+    seen: set[int] = set()
+    prompts = []
+    for example in tf.data.TFRecordDataset(files).map(_parse_fn()).as_numpy_iterator():
+        prompt_hash = int(example["prompt_hash"])
+        if prompt_hash not in seen:
+            seen.add(prompt_hash)
+            prompts.append(np.asarray(example["prompt_ids"], np.int32))
+    return prompts
+
+
+def _left_pad(prompt: np.ndarray, prompt_len: int, pad_id: int, bos_id: int | None):
+    """``prompt`` cut to its last ``prompt_len`` tokens (keeping bos), padded on the left."""
+    if len(prompt) > prompt_len:
+        keep_bos = bos_id is not None and prompt[0] == bos_id
+        prompt = (
+            np.concatenate([prompt[:1], prompt[-(prompt_len - 1) :]])
+            if keep_bos
+            else (prompt[-prompt_len:])
+        )
+    tokens = np.full(prompt_len, pad_id, np.int32)
+    mask = np.zeros(prompt_len, bool)
+    if len(prompt):
+        tokens[-len(prompt) :], mask[-len(prompt) :] = prompt, True
+    return tokens, mask
+
+
+class PromptBatches(Iterator[dict[str, np.ndarray]]):
+    """Left-padded batches of one host's unique prompts (for sampling), with a position."""
+
+    def __init__(
+        self,
+        prompts: list[np.ndarray],
+        *,
+        batch_size: int,
+        prompt_len: int,
+        pad_id: int,
+        bos_id: int | None,
+        seed: int,
+        host_index: int,
+        shuffle: bool,
+        repeat: bool,
+    ) -> None:
+        if len(prompts) < batch_size:
+            raise DataError(
+                f"this host has {len(prompts)} unique prompts, fewer than batch_size="
+                f"{batch_size}; lower the batch size or use more data"
+            )
+        pairs = [_left_pad(p, prompt_len, pad_id, bos_id) for p in prompts]
+        self.tokens = np.stack([tokens for tokens, _ in pairs])
+        self.masks = np.stack([mask for _, mask in pairs])
+        self.batch_size, self.seed, self.host_index = batch_size, seed, host_index
+        self.shuffle, self.repeat = shuffle, repeat
+        self.batches_per_epoch = len(prompts) // batch_size
+        self.epoch, self.batches_in_epoch = 0, 0
+
+    def _order(self) -> np.ndarray:
+        if not self.shuffle:
+            return np.arange(len(self.tokens))
+        rng = np.random.default_rng(_epoch_seed(self.seed, self.epoch, self.host_index))
+        return rng.permutation(len(self.tokens))
+
+    def __next__(self) -> dict[str, np.ndarray]:
+        if self.batches_in_epoch == self.batches_per_epoch:
+            if not self.repeat:
+                raise StopIteration
+            self.epoch, self.batches_in_epoch = self.epoch + 1, 0
+        start = self.batches_in_epoch * self.batch_size
+        rows = self._order()[start : start + self.batch_size]
+        self.batches_in_epoch += 1
+        return {"prompt_tokens": self.tokens[rows], "prompt_mask": self.masks[rows]}
+
+    def position(self) -> dict[str, int]:
+        """Where the next batch comes from, as JSON for a checkpoint."""
+        return {"epoch": self.epoch, "batches_in_epoch": self.batches_in_epoch}
+
+    def restore(self, position: dict[str, int]) -> None:
+        """Continue from a :meth:`position`."""
+        self.epoch = int(position["epoch"])
+        self.batches_in_epoch = int(position["batches_in_epoch"])
+
+
+def prompt_dataset(
+    shards_dir: str,
+    split: str,
+    *,
+    batch_size: int,
+    prompt_len: int,
+    seed: int,
+    host_index: int | None = None,
+    host_count: int | None = None,
+    shuffle: bool = True,
+    repeat: bool = True,
+) -> PromptBatches:
+    """Batches of this host's unique prompts, left-padded to ``prompt_len`` (PPO rollouts)."""
+    if batch_size < 1 or prompt_len < 1:
+        raise ValueError(f"need batch_size, prompt_len >= 1, got {batch_size}, {prompt_len}")
+    host_index, host_count = _host(host_index, host_count)
+    manifest = read_manifest(shards_dir)
+    tokenizer = manifest.get("tokenizer", {})
+    files = host_shard_files(shards_dir, split, manifest, host_index, host_count)
+    return PromptBatches(
+        _unique_prompts(files),
+        batch_size=batch_size,
+        prompt_len=prompt_len,
+        pad_id=int(tokenizer["pad_id"]),
+        bos_id=tokenizer.get("bos_id"),
+        seed=seed,
+        host_index=host_index,
+        shuffle=shuffle,
+        repeat=repeat,
+    )

@@ -1,0 +1,249 @@
+"""tf.data readers over preference shards written here in the documented format."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from components.core import input_pipeline as ip
+from components.core.tokenizers import ByteTokenizer
+
+BOS, EOS, PAD = 1, 2, 0
+
+
+def _int64(values):
+    return tf.train.Feature(int64_list=tf.train.Int64List(value=list(values)))
+
+
+def _bytes(text: str):
+    return tf.train.Feature(bytes_list=tf.train.BytesList(value=[text.encode()]))
+
+
+def example(prompt, chosen, rejected, margin=1.0, prompt_hash=0) -> bytes:
+    """One serialized record in the shard stage's documented format."""
+    features = {
+        "prompt_ids": _int64(prompt),
+        "chosen_ids": _int64(chosen),
+        "rejected_ids": _int64(rejected),
+        "prompt": _bytes("p"),
+        "chosen": _bytes("c"),
+        "rejected": _bytes("r"),
+        "margin": tf.train.Feature(float_list=tf.train.FloatList(value=[margin])),
+        "prompt_hash": _int64([prompt_hash]),
+    }
+    return tf.train.Example(features=tf.train.Features(feature=features)).SerializeToString()
+
+
+def write_shards(root, records_by_split: dict[str, list[list[bytes]]]) -> str:
+    """A shards folder: manifest.json and ``<split>/shard-i-of-n.tfrecord`` per records list."""
+    num_shards = len(next(iter(records_by_split.values())))
+    splits = {}
+    for split, shards in records_by_split.items():
+        os.makedirs(os.path.join(root, split), exist_ok=True)
+        for index, records in enumerate(shards):
+            name = f"shard-{index:05d}-of-{num_shards:05d}.tfrecord"
+            with tf.io.TFRecordWriter(os.path.join(root, split, name)) as writer:
+                for record in records:
+                    writer.write(record)
+        splits[split] = {"pairs": sum(len(s) for s in shards)}
+    manifest = {
+        "schema_version": 1,
+        "tokenizer": ByteTokenizer().info(),
+        "num_shards": num_shards,
+        "splits": splits,
+    }
+    with open(os.path.join(root, "manifest.json"), "w") as handle:
+        json.dump(manifest, handle)
+    return str(root)
+
+
+def numbered_shards(root, num_shards: int = 4, per_shard: int = 10, vocab: int = 200) -> str:
+    """Pairs whose prompt is [bos, 10 + shard, 50 + index]; two pairs per prompt."""
+    shards = []
+    for shard in range(num_shards):
+        records = []
+        for index in range(per_shard):
+            prompt = [BOS, 10 + shard, 50 + index // 2]
+            records.append(
+                example(
+                    prompt,
+                    [100 + index, EOS],
+                    [150, 151, EOS],
+                    margin=float(index),
+                    prompt_hash=shard * 1000 + index // 2,
+                )
+            )
+        shards.append(records)
+    return write_shards(root, {"train": shards, "eval": shards[:2] + shards[:2]})
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory):
+    return numbered_shards(tmp_path_factory.mktemp("shards"))
+
+
+def test_padding_masks_and_loss_mask(tmp_path):
+    root = write_shards(tmp_path, {"train": [[example([BOS, 5, 6], [7, 8, EOS], [9, EOS], 0.5)]]})
+    batch = next(
+        ip.preference_dataset(
+            root,
+            "train",
+            batch_size=1,
+            max_len=8,
+            seed=0,
+            host_index=0,
+            host_count=1,
+            shuffle=False,
+        )
+    )
+    np.testing.assert_array_equal(batch["chosen_tokens"][0], [BOS, 5, 6, 7, 8, EOS, PAD, PAD])
+    np.testing.assert_array_equal(batch["chosen_mask"][0], [1, 1, 1, 1, 1, 1, 0, 0])
+    np.testing.assert_array_equal(batch["loss_mask"][0], [0, 0, 0, 1, 1, 1, 0, 0])
+    np.testing.assert_array_equal(batch["rejected_tokens"][0], [BOS, 5, 6, 9, EOS, 0, 0, 0])
+    np.testing.assert_array_equal(batch["rejected_mask"][0], [1, 1, 1, 1, 1, 0, 0, 0])
+    assert batch["chosen_tokens"].dtype == np.int32 and batch["chosen_mask"].dtype == bool
+    assert batch["margin"].tolist() == [0.5]
+
+
+def test_truncation_keeps_prompt_end_and_bos(tmp_path):
+    prompt = [BOS, *range(10, 20)]
+    records = [
+        example(prompt, [30, 31, EOS], [40, EOS]),
+        example([BOS, 5], list(range(60, 80)), [4]),
+    ]
+    root = write_shards(tmp_path, {"train": [records]})
+    batches = ip.preference_dataset(
+        root, "train", batch_size=1, max_len=8, seed=0, host_index=0, host_count=1, shuffle=False
+    )
+    first, second = next(batches), next(batches)
+    # The prompt is cut from the left (bos kept) so the whole chosen response fits.
+    np.testing.assert_array_equal(first["chosen_tokens"][0], [BOS, 16, 17, 18, 19, 30, 31, EOS])
+    np.testing.assert_array_equal(first["rejected_tokens"][0], [BOS, 16, 17, 18, 19, 40, EOS, PAD])
+    # A long response is cut from the right; the short prompt stays whole.
+    np.testing.assert_array_equal(second["chosen_tokens"][0], [BOS, 5, 60, 61, 62, 63, 64, 65])
+    assert second["chosen_mask"][0].all() and second["loss_mask"][0, 2:].all()
+
+
+def test_host_split_reads_every_other_shard(shards):
+    manifest = ip.read_manifest(shards)
+    files = ip.host_shard_files(shards, "train", manifest, 0, 2)
+    assert [os.path.basename(f) for f in files] == [
+        "shard-00000-of-00004.tfrecord",
+        "shard-00002-of-00004.tfrecord",
+    ]
+    batches = ip.preference_dataset(
+        shards, "train", batch_size=4, max_len=8, seed=0, host_index=1, host_count=2
+    )
+    seen = {int(t) for _ in range(5) for t in next(batches)["chosen_tokens"][:, 1]}
+    assert seen == {11, 13}
+
+
+def test_same_seed_same_batches_and_reshuffle_per_epoch(shards):
+    def take(seed, count=25):
+        batches = ip.preference_dataset(
+            shards, "train", batch_size=4, max_len=8, seed=seed, host_index=0, host_count=1
+        )
+        return [next(batches)["chosen_tokens"] for _ in range(count)]
+
+    first, again, other = take(3), take(3), take(4)
+    for a, b in zip(first, again, strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert any(not np.array_equal(a, b) for a, b in zip(first, other, strict=True))
+    # 40 pairs / 4 = 10 batches per epoch; epoch 1 is a different order of the same pairs.
+    epoch0, epoch1 = np.concatenate(first[:10]), np.concatenate(first[10:20])
+    assert not np.array_equal(epoch0, epoch1)
+    assert sorted(map(tuple, epoch0)) == sorted(map(tuple, epoch1))
+
+
+def test_resume_from_position_gives_the_same_next_batches(shards):
+    def fresh():
+        return ip.preference_dataset(
+            shards, "train", batch_size=4, max_len=8, seed=7, host_index=0, host_count=1
+        )
+
+    reference = fresh()
+    expected = [next(reference) for _ in range(16)]
+    interrupted = fresh()
+    for _ in range(8):
+        next(interrupted)
+    position = json.loads(json.dumps(interrupted.position()))
+    resumed = fresh()
+    resumed.restore(position)
+    for want in expected[8:]:
+        got = next(resumed)
+        for name in want:
+            np.testing.assert_array_equal(got[name], want[name])
+    assert resumed.position() == {"epoch": 1, "batches_in_epoch": 6}
+
+
+def test_no_repeat_stops_after_one_epoch(shards):
+    batches = ip.preference_dataset(
+        shards,
+        "eval",
+        batch_size=8,
+        max_len=8,
+        seed=0,
+        host_index=0,
+        host_count=1,
+        shuffle=False,
+        repeat=False,
+    )
+    assert len(list(batches)) == 5
+
+
+def test_errors_name_the_file_and_fix(shards, tmp_path):
+    with pytest.raises(ip.DataError, match="manifest.json not found"):
+        ip.read_manifest(str(tmp_path))
+    with pytest.raises(ip.DataError, match="4 shard files but there are 5 hosts"):
+        ip.preference_dataset(
+            shards, "train", batch_size=2, max_len=8, seed=0, host_index=0, host_count=5
+        )
+    root = numbered_shards(tmp_path / "broken", num_shards=2, per_shard=2)
+    os.remove(os.path.join(root, "train", "shard-00001-of-00002.tfrecord"))
+    with pytest.raises(ip.DataError, match="shard-00001-of-00002.tfrecord is listed"):
+        ip.preference_dataset(
+            root, "train", batch_size=2, max_len=8, seed=0, host_index=1, host_count=2
+        )
+    manifest_path = os.path.join(root, "manifest.json")
+    manifest = json.load(open(manifest_path))
+    json.dump({**manifest, "schema_version": 2}, open(manifest_path, "w"))
+    with pytest.raises(ip.DataError, match="schema_version 2.*Re-run the shard stage"):
+        ip.read_manifest(root)
+
+
+def test_check_vocab(shards):
+    manifest = ip.read_manifest(shards)
+    ip.check_vocab(manifest, ByteTokenizer().vocab_size)
+    with pytest.raises(ip.DataError, match="vocab_size 259.*expects 32000"):
+        ip.check_vocab(manifest, 32000)
+
+
+def test_prompt_dataset_unique_left_padded_resumable(shards):
+    def fresh():
+        return ip.prompt_dataset(
+            shards, "train", batch_size=4, prompt_len=5, seed=1, host_index=0, host_count=2
+        )
+
+    prompts = fresh()
+    assert len(prompts.tokens) == 10  # shards 0 and 2, five unique prompts each
+    batch = next(prompts)
+    assert batch["prompt_tokens"].shape == (4, 5)
+    np.testing.assert_array_equal(batch["prompt_mask"][0], [0, 0, 1, 1, 1])
+    assert (batch["prompt_tokens"][:, :2] == PAD).all() and (
+        batch["prompt_tokens"][:, 2] == BOS
+    ).all()
+    expected = [next(prompts) for _ in range(5)]
+    resumed = fresh()
+    resumed.restore({"epoch": 0, "batches_in_epoch": 1})
+    for want in expected:
+        np.testing.assert_array_equal(next(resumed)["prompt_tokens"], want["prompt_tokens"])
+
+
+def test_left_pad_truncation_keeps_bos():
+    tokens, mask = ip._left_pad(np.array([BOS, 5, 6, 7, 8]), 3, PAD, BOS)
+    np.testing.assert_array_equal(tokens, [BOS, 7, 8])
+    assert mask.all()
