@@ -83,7 +83,10 @@ def gold_reward_fn(name: str) -> Callable[[str, str], float]:
 def sample_response(rng: random.Random, topic: str) -> str:
     """A random response: 2-6 lexicon words, the topic named with probability 0.3."""
     pools = (POSITIVE, NEGATIVE, NEUTRAL)
-    words = [rng.choice(rng.choices(pools, weights=(0.35, 0.35, 0.3))[0]) for _ in range(rng.randint(2, 6))]
+    words = [
+        rng.choice(rng.choices(pools, weights=(0.35, 0.35, 0.3))[0])
+        for _ in range(rng.randint(2, 6))
+    ]
     if rng.random() < 0.3:
         words.insert(rng.randrange(len(words) + 1), topic)
     return " ".join(words) + "."

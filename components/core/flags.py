@@ -21,7 +21,9 @@ def field(default: Any = dataclasses.MISSING, *, help: str, **kwargs: Any) -> An
     """A dataclass field that carries its flag's help text."""
     if isinstance(default, list | dict):
         value = default
-        return dataclasses.field(default_factory=lambda: type(value)(value), metadata={"help": help})
+        return dataclasses.field(
+            default_factory=lambda: type(value)(value), metadata={"help": help}
+        )
     return dataclasses.field(default=default, metadata={"help": help}, **kwargs)
 
 
@@ -63,7 +65,9 @@ def add_config_flags(parser: argparse.ArgumentParser, config_cls: type, skip: tu
             default = f.default_factory()
         help_text = f.metadata.get("help", "")
         choices = None
-        literal = [a for a in typing.get_args(hints[f.name]) if typing.get_origin(a) is typing.Literal]
+        literal = [
+            a for a in typing.get_args(hints[f.name]) if typing.get_origin(a) is typing.Literal
+        ]
         if typing.get_origin(hints[f.name]) is typing.Literal:
             choices = list(typing.get_args(hints[f.name]))
         elif literal:

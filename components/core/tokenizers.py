@@ -78,7 +78,11 @@ class Tokenizer(abc.ABC):
 
     def info(self) -> dict[str, Any]:
         """What the manifest and model configs record of this tokenizer."""
-        return {**self._special(), "fingerprint": self.fingerprint, "schema_version": SCHEMA_VERSION}
+        return {
+            **self._special(),
+            "fingerprint": self.fingerprint,
+            "schema_version": SCHEMA_VERSION,
+        }
 
     def render_chat(self, messages: list[dict[str, str]], add_generation_prompt: bool) -> str:
         """Messages rendered with the tokenizer's chat template (or the default one)."""
@@ -136,7 +140,8 @@ class HFTokenizer(Tokenizer):
         self.eos_id = self._special_id(config, "eos_token", ["</s>", "<|endoftext|>", "<eos>"])
         if self.eos_id is None:
             raise TokenizerError(
-                "tokenizer: no end-of-sequence token found; set 'eos_token' in tokenizer_config.json"
+                "tokenizer: no end-of-sequence token found; "
+                "set 'eos_token' in tokenizer_config.json"
             )
         self.bos_id = self._special_id(config, "bos_token", ["<s>", "<bos>", "<|begin_of_text|>"])
         pad = self._special_id(config, "pad_token", ["<pad>", "[PAD]"])
@@ -267,7 +272,9 @@ def load_tokenizer(spec: str) -> Tokenizer:
     if spec.endswith(".json"):
         folder = os.path.dirname(spec)
         config_path = fileio.join(folder, "tokenizer_config.json") if folder else ""
-        config = fileio.read_bytes(config_path) if config_path and fileio.exists(config_path) else None
+        config = (
+            fileio.read_bytes(config_path) if config_path and fileio.exists(config_path) else None
+        )
         return HFTokenizer(fileio.read_bytes(spec), config)
     if spec.endswith(".model"):
         return SentencePieceTokenizer(fileio.read_bytes(spec))

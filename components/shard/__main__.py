@@ -1,0 +1,49 @@
+"""Container entry point of the shard stage: flags → ShardConfig → run.
+
+Unrecognised arguments are Beam pipeline options and pass through unchanged
+(e.g. ``--runner DataflowRunner --project P --region R --temp_location gs://…``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+
+from components.core.flags import add_config_flags, config_from_flags
+from components.shard.config import ShardConfig
+
+
+def parser(prog: str = "python -m components.shard") -> argparse.ArgumentParser:
+    """The stage's flags: inputs, output, and one flag per ShardConfig field."""
+    p = argparse.ArgumentParser(
+        prog=prog,
+        description="Validate, deduplicate, tokenize and shard preference pairs (Apache Beam). "
+        "Any other --option is passed to Beam unchanged.",
+    )
+    p.add_argument("--input", nargs="+", required=True, help="JSONL/Parquet paths or globs")
+    p.add_argument("--output", required=True, help="output folder (local or gs://)")
+    add_config_flags(p, ShardConfig)
+    return p
+
+
+def main(argv: list[str] | None = None, prog: str = "python -m components.shard") -> int:
+    from components.core.tokenizers import TokenizerError
+    from components.shard.sources import InputError
+    from components.shard.stage import ShardError, run
+
+    args, beam_args = parser(prog).parse_known_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        config = config_from_flags(ShardConfig, args)
+        manifest = run(config, args.input, args.output, beam_args)
+    except (ShardError, InputError, TokenizerError, ValueError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    print(json.dumps({"output": args.output, **manifest["counts"]}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

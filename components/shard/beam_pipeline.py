@@ -1,0 +1,190 @@
+"""The Beam job: read bundles of lines, validate and tokenize, group by shard, write.
+
+    files ─► ReadBundles ─► Reshuffle ─► ProcessBundle ─┬─► GroupByKey(split, shard) ─► WriteShard
+               │ (source stats)                         └─► GroupByKey(all) ─► WriteRejected
+               └──────────────── all stats ─► ToList ─► _stats.json (read back by the driver)
+
+Lines travel in bundles so per-element costs are paid once per bundle, not per
+line. All pairs of one prompt share a shard, so exact duplicates meet in
+WriteShard and are removed there, without a shuffle of their own. Each shard
+is sorted before writing: the output is identical for any runner and worker
+count.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections import Counter
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import apache_beam as beam
+
+from components.core import fileio
+from components.shard.config import ShardConfig
+from components.shard.records import Rejection, TokenPair, encode_example, process_item
+from components.shard.sources import read_source
+
+SPLITS = ("train", "eval")
+STATS_FILE = "_stats.json"
+REJECTED_FILE = "rejected/rejected.jsonl"
+
+
+def shard_path(output: str, split: str, shard: int, num_shards: int) -> str:
+    """Where shard ``shard`` of ``split`` is written (names as in ARCHITECTURE.md)."""
+    return fileio.join(output, split, f"shard-{shard:05d}-of-{num_shards:05d}.tfrecord")
+
+
+class ReadBundles(beam.DoFn):
+    """A file path to bundles of (line, raw, obj, fmt); its SourceInfo to the 'sources' tag."""
+
+    def __init__(self, config: ShardConfig) -> None:
+        self._config = config
+
+    def process(self, path: str) -> Iterator[Any]:
+        for value in read_source(path, self._config.format, self._config.lines_per_bundle):
+            if isinstance(value, list):
+                yield path, value
+            else:
+                yield beam.pvalue.TaggedOutput(
+                    "stats", {"kind": "source", **dataclasses.asdict(value)}
+                )
+
+
+def _entry(pair: TokenPair) -> tuple:
+    """What a shard writer needs of a pair: sort key, dedupe key, record and statistics."""
+    lengths = (len(pair.prompt_ids), len(pair.chosen_ids), len(pair.rejected_ids))
+    return (
+        pair.prompt_hash,
+        pair.dedupe_key,
+        pair.source,
+        pair.line,
+        encode_example(pair),
+        lengths,
+        pair.truncated,
+        pair.text.gold_reward,
+    )
+
+
+class ProcessBundle(beam.DoFn):
+    """Validate, tokenize and place a bundle; pairs go out grouped by (split, shard)."""
+
+    def __init__(self, config: ShardConfig, tokenizer_dir: str) -> None:
+        self._config = config
+        self._tokenizer_dir = tokenizer_dir
+        self._tokenizer = None
+
+    def setup(self) -> None:
+        from components.core.tokenizers import load_tokenizer
+
+        self._tokenizer = load_tokenizer(self._tokenizer_dir)
+
+    def process(self, element: tuple[str, list]) -> Iterator[Any]:
+        source, items = element
+        by_shard: dict[tuple[str, int], list] = {}
+        rejected: list[tuple] = []
+        for item in items:
+            result = process_item(item, source, self._tokenizer, self._config)
+            if isinstance(result, Rejection):
+                rejected.append(dataclasses.astuple(result))
+            else:
+                by_shard.setdefault((result.split, result.shard), []).append(_entry(result))
+        yield from by_shard.items()
+        if rejected:
+            yield beam.pvalue.TaggedOutput("rejected", (0, rejected))
+
+
+def _length_counts(values: Iterable[int]) -> dict[str, int]:
+    return {str(k): v for k, v in sorted(Counter(values).items())}
+
+
+class WriteShard(beam.DoFn):
+    """Deduplicate, sort and write one shard's TFRecord file; emit its statistics."""
+
+    def __init__(self, output: str, num_shards: int) -> None:
+        self._output = output
+        self._num_shards = num_shards
+
+    def process(self, element: tuple[tuple[str, int], Iterable[list]]) -> Iterator[dict]:
+        import tensorflow as tf
+
+        (split, shard), groups = element
+        entries = sorted(entry for group in groups for entry in group)
+        kept, seen = [], set()
+        for entry in entries:
+            if entry[1] not in seen:
+                seen.add(entry[1])
+                kept.append(entry)
+        path = shard_path(self._output, split, shard, self._num_shards)
+        fileio.makedirs(fileio.join(self._output, split))
+        with tf.io.TFRecordWriter(path) as writer:
+            for entry in kept:
+                writer.write(entry[4])
+        yield {
+            "kind": "shard",
+            "split": split,
+            "shard": shard,
+            "pairs": len(kept),
+            "unique_prompts": len({entry[0] for entry in kept}),
+            "duplicates": len(entries) - len(kept),
+            "truncated": sum(1 for entry in kept if entry[6]),
+            "gold_rewards": sorted({entry[7] or "" for entry in kept}),
+            "lengths": {
+                name: _length_counts(entry[5][i] for entry in kept)
+                for i, name in enumerate(("prompt", "chosen", "rejected"))
+            },
+        }
+
+
+class WriteRejected(beam.DoFn):
+    """Write every rejected record, sorted by source and line; emit counts by reason."""
+
+    def __init__(self, output: str) -> None:
+        self._output = output
+
+    def process(self, element: tuple[int, Iterable[list]]) -> Iterator[dict]:
+        rows = sorted(row for group in element[1] for row in group)
+        lines = [Rejection(*row).to_json() for row in rows]
+        text = "\n".join(lines) + ("\n" if lines else "")
+        fileio.write_text(fileio.join(self._output, REJECTED_FILE), text)
+        yield {"kind": "rejected", "by_reason": dict(Counter(row[2] for row in rows))}
+
+
+def _write_stats(stats: list[dict], output: str) -> None:
+    fileio.write_text(fileio.join(output, STATS_FILE), json.dumps(stats))
+
+
+def build(pipeline: beam.Pipeline, files: list[str], config: ShardConfig, output: str) -> None:
+    """Add the shard job's transforms to ``pipeline``."""
+    tokenizer_dir = fileio.join(output, "tokenizer")
+    read = (
+        pipeline
+        | "Files" >> beam.Create(files)
+        | "ReadBundles" >> beam.ParDo(ReadBundles(config)).with_outputs("stats", main="bundles")
+    )
+    processed = (
+        read.bundles
+        | "Spread" >> beam.Reshuffle()
+        | "Process"
+        >> beam.ParDo(ProcessBundle(config, tokenizer_dir)).with_outputs("rejected", main="pairs")
+    )
+    every_shard = [((s, i), []) for s in SPLITS for i in range(config.num_shards)]
+    shard_stats = (
+        (processed.pairs, pipeline | "EveryShard" >> beam.Create(every_shard))
+        | "AllPairs" >> beam.Flatten()
+        | "ByShard" >> beam.GroupByKey()
+        | "WriteShard" >> beam.ParDo(WriteShard(output, config.num_shards))
+    )
+    rejected_stats = (
+        (processed.rejected, pipeline | "NoRejects" >> beam.Create([(0, [])]))
+        | "AllRejected" >> beam.Flatten()
+        | "Together" >> beam.GroupByKey()
+        | "WriteRejected" >> beam.ParDo(WriteRejected(output))
+    )
+    _ = (
+        (read.stats, shard_stats, rejected_stats)
+        | "AllStats" >> beam.Flatten()
+        | "StatsList" >> beam.combiners.ToList()
+        | "WriteStats" >> beam.Map(_write_stats, output)
+    )

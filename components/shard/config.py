@@ -1,0 +1,61 @@
+"""The shard stage's configuration: the one place its defaults live."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Literal
+
+from components.core.flags import field
+
+FORMATS = ("auto", "explicit", "implicit", "conversational", "vertex")
+
+
+@dataclasses.dataclass(slots=True, kw_only=True)
+class ShardConfig:
+    """How preference files become TFRecord shards."""
+
+    format: Literal["auto", "explicit", "implicit", "conversational", "vertex"] = field(
+        "auto", help="record format; 'auto' detects it per file from its first JSON object"
+    )
+    tokenizer: str = field(
+        "byte",
+        help="'byte' (built-in), a Hugging Face tokenizer.json or folder, "
+        "or a SentencePiece .model",
+    )
+    max_prompt_tokens: int = field(256, help="longest prompt in tokens (bos included)")
+    max_response_tokens: int = field(
+        256, help="longest chosen/rejected response in tokens (eos included)"
+    )
+    too_long: Literal["truncate", "reject"] = field(
+        "truncate",
+        help="over-long records: 'truncate' keeps the prompt's end and the responses' start; "
+        "'reject' sends them to rejected/",
+    )
+    num_shards: int = field(8, help="TFRecord files per split")
+    eval_fraction: float = field(0.1, help="share of prompts (by prompt hash) held out for eval")
+    max_invalid_fraction: float = field(
+        0.05, help="fail the job when more than this share of input records is rejected"
+    )
+    num_workers: int = field(1, help="DirectRunner worker processes (other runners: ignored)")
+    lines_per_bundle: int = field(
+        2000, help="input lines handled together as one Beam element (amortizes per-element cost)"
+    )
+
+    def __post_init__(self) -> None:
+        if self.format not in FORMATS:
+            raise ValueError(f"format: {self.format!r} is not one of {FORMATS}")
+        if self.too_long not in ("truncate", "reject"):
+            raise ValueError(f"too_long: {self.too_long!r} must be 'truncate' or 'reject'")
+        if self.num_shards < 1:
+            raise ValueError(f"num_shards: {self.num_shards} must be at least 1")
+        if not 0.0 <= self.eval_fraction < 1.0:
+            raise ValueError(f"eval_fraction: {self.eval_fraction} must be in [0, 1)")
+        if not 0.0 <= self.max_invalid_fraction <= 1.0:
+            raise ValueError(f"max_invalid_fraction: {self.max_invalid_fraction} must be in [0, 1]")
+        for name in ("max_prompt_tokens", "max_response_tokens"):
+            if getattr(self, name) < 2:
+                raise ValueError(f"{name}: {getattr(self, name)} must be at least 2 tokens")
+        if self.num_workers < 1:
+            raise ValueError(f"num_workers: {self.num_workers} must be at least 1")
+        if self.lines_per_bundle < 1:
+            raise ValueError(f"lines_per_bundle: {self.lines_per_bundle} must be at least 1")

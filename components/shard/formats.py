@@ -1,0 +1,194 @@
+"""Preference record formats: detection and conversion to (prompt, chosen, rejected) text.
+
+- explicit: ``{"prompt": str, "chosen": str, "rejected": str, "margin"?: float}`` (TRL)
+- implicit: ``{"chosen": str, "rejected": str}`` in Anthropic HH style; the prompt is the
+  shared prefix up to and including the last ``"\\n\\nAssistant:"`` both share
+- conversational: ``prompt``/``chosen``/``rejected`` as lists of ``{"role", "content"}``
+  messages (``prompt`` may be absent: then it is the messages both share), rendered with
+  the tokenizer's chat template or the documented default
+- vertex: ``{"input_text": str, "candidate_0": str, "candidate_1": str, "choice": 0|1}``
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+from components.core.tokenizers import Tokenizer
+
+HH_ASSISTANT = "\n\nAssistant:"
+
+
+class Invalid(Exception):
+    """A record that fails validation: ``reason`` is one of ``REASONS``, ``detail`` says why."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(f"{reason}: {detail}")
+        self.reason = reason
+        self.detail = detail
+
+
+REASONS = (
+    "not_json",
+    "not_object",
+    "unknown_format",
+    "missing_field",
+    "wrong_type",
+    "no_common_prompt",
+    "empty_prompt",
+    "empty_response",
+    "identical_responses",
+    "too_long",
+    "invalid_choice",
+    "non_finite_margin",
+)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class TextPair:
+    """One preference pair as text, whatever format it came in."""
+
+    prompt: str
+    chosen: str
+    rejected: str
+    margin: float = 0.0
+    gold_reward: str | None = None
+
+
+def detect_format(obj: dict[str, Any]) -> str | None:
+    """The format an object is written in, or None."""
+    if "input_text" in obj and "choice" in obj:
+        return "vertex"
+    if isinstance(obj.get("prompt"), list) or isinstance(obj.get("chosen"), list):
+        return "conversational"
+    if "prompt" in obj and "chosen" in obj:
+        return "explicit"
+    if "chosen" in obj and "rejected" in obj:
+        return "implicit"
+    return None
+
+
+def _require(obj: dict[str, Any], key: str, kind: type | tuple[type, ...]) -> Any:
+    if key not in obj:
+        raise Invalid("missing_field", f"field {key!r} is missing")
+    value = obj[key]
+    if not isinstance(value, kind) or isinstance(value, bool) and kind is not bool:
+        names = kind.__name__ if isinstance(kind, type) else "/".join(k.__name__ for k in kind)
+        raise Invalid("wrong_type", f"field {key!r} must be {names}, got {type(value).__name__}")
+    return value
+
+
+def _margin(obj: dict[str, Any]) -> float:
+    if obj.get("margin") is None:
+        return 0.0
+    margin = _require(obj, "margin", (int, float))
+    if not math.isfinite(margin):
+        raise Invalid("non_finite_margin", f"margin must be finite, got {margin!r}")
+    return float(margin)
+
+
+def _gold(obj: dict[str, Any]) -> str | None:
+    value = obj.get("gold_reward")
+    return value if isinstance(value, str) else None
+
+
+def _explicit(obj: dict[str, Any]) -> TextPair:
+    prompt = _require(obj, "prompt", str)
+    chosen = _require(obj, "chosen", str)
+    rejected = _require(obj, "rejected", str)
+    return TextPair(prompt, chosen, rejected, _margin(obj), _gold(obj))
+
+
+def _implicit(obj: dict[str, Any]) -> TextPair:
+    chosen = _require(obj, "chosen", str)
+    rejected = _require(obj, "rejected", str)
+    shared = _common_prefix(chosen, rejected)
+    cut = shared.rfind(HH_ASSISTANT)
+    if cut < 0:
+        raise Invalid("no_common_prompt", f"chosen and rejected share no {HH_ASSISTANT!r} turn")
+    end = cut + len(HH_ASSISTANT)
+    return TextPair(chosen[:end], chosen[end:], rejected[end:], _margin(obj), _gold(obj))
+
+
+def _common_prefix(a: str, b: str) -> str:
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return a[:n]
+
+
+def _messages(obj: dict[str, Any], key: str) -> list[dict[str, str]]:
+    messages = _require(obj, key, list)
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+            raise Invalid("wrong_type", f"{key}[{i}] must be an object with a string 'role'")
+        if not isinstance(message.get("content"), str):
+            raise Invalid("wrong_type", f"{key}[{i}]['content'] must be a string")
+    return [{"role": m["role"], "content": m["content"]} for m in messages]
+
+
+def _conversational(obj: dict[str, Any], tokenizer: Tokenizer) -> TextPair:
+    chosen = _messages(obj, "chosen")
+    rejected = _messages(obj, "rejected")
+    if "prompt" in obj:
+        prompt = _messages(obj, "prompt")
+    else:  # implicit prompt: the messages both conversations share
+        n = 0
+        while n < min(len(chosen), len(rejected)) and chosen[n] == rejected[n]:
+            n += 1
+        if n == 0:
+            raise Invalid("no_common_prompt", "chosen and rejected share no leading message")
+        prompt, chosen, rejected = chosen[:n], chosen[n:], rejected[n:]
+    if not prompt:
+        raise Invalid("empty_prompt", "prompt has no messages")
+    try:
+        prompt_text = tokenizer.render_chat(prompt, add_generation_prompt=True)
+        chosen_text = _reply_text(tokenizer, prompt, chosen, prompt_text)
+        rejected_text = _reply_text(tokenizer, prompt, rejected, prompt_text)
+    except Invalid:
+        raise
+    except Exception as error:  # a template can raise anything on odd input
+        raise Invalid("wrong_type", f"chat template failed: {error}") from error
+    return TextPair(prompt_text, chosen_text, rejected_text, _margin(obj), _gold(obj))
+
+
+def _reply_text(tokenizer: Tokenizer, prompt: list, reply: list, prompt_text: str) -> str:
+    full = tokenizer.render_chat(prompt + reply, add_generation_prompt=False)
+    if not full.startswith(prompt_text):
+        raise Invalid("wrong_type", "chat template does not render the prompt as a prefix")
+    return full[len(prompt_text) :]
+
+
+def _vertex(obj: dict[str, Any]) -> TextPair:
+    prompt = _require(obj, "input_text", str)
+    candidates = (_require(obj, "candidate_0", str), _require(obj, "candidate_1", str))
+    choice = obj.get("choice")
+    if isinstance(choice, bool) or choice not in (0, 1):
+        raise Invalid("invalid_choice", f"choice must be 0 or 1, got {choice!r}")
+    return TextPair(prompt, candidates[choice], candidates[1 - choice], 0.0, _gold(obj))
+
+
+def to_text_pair(obj: Any, fmt: str | None, tokenizer: Tokenizer) -> TextPair:
+    """Convert a parsed object of format ``fmt`` to a TextPair, or raise Invalid."""
+    if not isinstance(obj, dict):
+        raise Invalid("not_object", f"expected a JSON object, got {type(obj).__name__}")
+    if fmt is None:
+        raise Invalid("unknown_format", f"keys {sorted(obj)[:8]} match no supported format")
+    if fmt == "explicit":
+        pair = _explicit(obj)
+    elif fmt == "implicit":
+        pair = _implicit(obj)
+    elif fmt == "conversational":
+        pair = _conversational(obj, tokenizer)
+    else:
+        pair = _vertex(obj)
+    if not pair.prompt.strip():
+        raise Invalid("empty_prompt", "prompt is empty")
+    if not pair.chosen.strip() or not pair.rejected.strip():
+        raise Invalid("empty_response", "chosen or rejected response is empty")
+    if pair.chosen == pair.rejected:
+        raise Invalid("identical_responses", "chosen and rejected are identical")
+    return pair

@@ -1,0 +1,183 @@
+"""From one input line to a tokenized, placed pair or a rejection.
+
+The same functions serve the Beam job, ``alignpipe data validate`` and the
+plain-Python baseline of the benchmark, so all three agree record for record.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import unicodedata
+from typing import Any
+
+from components.core.tokenizers import Tokenizer
+from components.shard.config import ShardConfig
+from components.shard.formats import Invalid, TextPair, to_text_pair
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class TokenPair:
+    """A validated, tokenized pair with its place in the output."""
+
+    text: TextPair
+    prompt_ids: list[int]
+    chosen_ids: list[int]
+    rejected_ids: list[int]
+    truncated: bool
+    prompt_hash: int
+    split: str
+    shard: int
+    source: str
+    line: int
+
+    @property
+    def dedupe_key(self) -> bytes:
+        """Identity for exact-duplicate removal: same prompt, chosen and rejected text."""
+        joined = "\x00".join((self.text.prompt, self.text.chosen, self.text.rejected))
+        return hashlib.sha256(joined.encode("utf-8")).digest()
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Rejection:
+    """An input record that failed validation, kept with everything needed to fix it."""
+
+    source: str
+    line: int
+    reason: str
+    detail: str
+    raw: str
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), ensure_ascii=False)
+
+
+def normalize_prompt(prompt: str) -> str:
+    """The prompt as hashed: Unicode NFKC with runs of whitespace collapsed."""
+    return " ".join(unicodedata.normalize("NFKC", prompt).split())
+
+
+def prompt_hash(prompt: str) -> int:
+    """A stable 63-bit hash of the normalized prompt (sha256; never Python's ``hash()``)."""
+    digest = hashlib.sha256(normalize_prompt(prompt).encode("utf-8")).digest()
+    return int.from_bytes(digest[:8], "big") >> 1
+
+
+def place(hash_value: int, eval_fraction: float, num_shards: int) -> tuple[str, int]:
+    """Split and shard of a prompt hash: independent bits pick each."""
+    in_eval = (hash_value & 0xFFFFFFFF) < eval_fraction * 2**32
+    return ("eval" if in_eval else "train"), (hash_value >> 32) % num_shards
+
+
+def tokenize(
+    pair: TextPair, tokenizer: Tokenizer, config: ShardConfig
+) -> tuple[list, list, list, bool]:
+    """Token ids of prompt (bos first) and responses (eos last), cut or refused when too long."""
+    prompt = ([tokenizer.bos_id] if tokenizer.bos_id is not None else []) + tokenizer.encode(
+        pair.prompt
+    )
+    chosen = tokenizer.encode(pair.chosen) + [tokenizer.eos_id]
+    rejected = tokenizer.encode(pair.rejected) + [tokenizer.eos_id]
+    limits = (config.max_prompt_tokens, config.max_response_tokens, config.max_response_tokens)
+    lengths = (len(prompt), len(chosen), len(rejected))
+    if all(n <= cap for n, cap in zip(lengths, limits, strict=True)):
+        return prompt, chosen, rejected, False
+    if config.too_long == "reject":
+        raise Invalid(
+            "too_long",
+            f"prompt/chosen/rejected have {lengths} tokens; limits are {limits} "
+            "(raise max_prompt_tokens/max_response_tokens or use too_long=truncate)",
+        )
+    keep = config.max_prompt_tokens
+    if len(prompt) > keep:  # the prompt's end is what the response answers
+        head = prompt[:1] if tokenizer.bos_id is not None else []
+        prompt = head + prompt[len(prompt) - (keep - len(head)) :]
+    chosen, rejected = chosen[: config.max_response_tokens], rejected[: config.max_response_tokens]
+    if chosen == rejected:
+        raise Invalid("identical_responses", "chosen and rejected are identical after truncation")
+    return prompt, chosen, rejected, True
+
+
+def process_object(
+    obj: Any, fmt: str | None, source: str, line: int, tokenizer: Tokenizer, config: ShardConfig
+) -> TokenPair:
+    """Validate and tokenize one parsed record and place it; raises Invalid."""
+    pair = to_text_pair(obj, fmt, tokenizer)
+    prompt_ids, chosen_ids, rejected_ids, truncated = tokenize(pair, tokenizer, config)
+    hash_value = prompt_hash(pair.prompt)
+    split, shard = place(hash_value, config.eval_fraction, config.num_shards)
+    return TokenPair(
+        pair,
+        prompt_ids,
+        chosen_ids,
+        rejected_ids,
+        truncated,
+        hash_value,
+        split,
+        shard,
+        source,
+        line,
+    )
+
+
+def parse_json(raw: str) -> Any:
+    """The JSON value of one line, or Invalid('not_json')."""
+    try:
+        return json.loads(raw)
+    except (json.JSONDecodeError, RecursionError) as error:
+        raise Invalid("not_json", f"not valid JSON: {error}") from None
+
+
+def process_item(
+    item: tuple[int, str, Any, str | None], source: str, tokenizer: Tokenizer, config: ShardConfig
+) -> TokenPair | Rejection:
+    """One item of a source bundle to a TokenPair or a Rejection; never raises Invalid."""
+    line, raw, obj, fmt = item
+    try:
+        if isinstance(obj, Invalid):
+            raise obj
+        if obj is None:
+            obj = parse_json(raw)
+        return process_object(obj, fmt, source, line, tokenizer, config)
+    except Invalid as invalid:
+        return Rejection(source, line, invalid.reason, invalid.detail, raw)
+
+
+def encode_example(pair: TokenPair) -> bytes:
+    """The ``tf.train.Example`` of a pair, serialized (features as in ARCHITECTURE.md)."""
+    from tensorflow.core.example import example_pb2, feature_pb2
+
+    def ints(values: list[int]) -> feature_pb2.Feature:
+        return feature_pb2.Feature(int64_list=feature_pb2.Int64List(value=values))
+
+    def text(value: str) -> feature_pb2.Feature:
+        return feature_pb2.Feature(bytes_list=feature_pb2.BytesList(value=[value.encode("utf-8")]))
+
+    features = {
+        "prompt_ids": ints(pair.prompt_ids),
+        "chosen_ids": ints(pair.chosen_ids),
+        "rejected_ids": ints(pair.rejected_ids),
+        "prompt": text(pair.text.prompt),
+        "chosen": text(pair.text.chosen),
+        "rejected": text(pair.text.rejected),
+        "margin": feature_pb2.Feature(float_list=feature_pb2.FloatList(value=[pair.text.margin])),
+        "prompt_hash": ints([pair.prompt_hash]),
+    }
+    return example_pb2.Example(features=feature_pb2.Features(feature=features)).SerializeToString()
+
+
+def decode_example(data: bytes) -> dict[str, Any]:
+    """A serialized pair back as a dict of Python values (for tests and tools)."""
+    from tensorflow.core.example import example_pb2
+
+    example = example_pb2.Example.FromString(data)
+    feature = example.features.feature
+    out: dict[str, Any] = {}
+    for key in ("prompt_ids", "chosen_ids", "rejected_ids", "prompt_hash"):
+        out[key] = list(feature[key].int64_list.value)
+    for key in ("prompt", "chosen", "rejected"):
+        out[key] = feature[key].bytes_list.value[0].decode("utf-8")
+    out["margin"] = feature["margin"].float_list.value[0]
+    out["prompt_hash"] = out["prompt_hash"][0]
+    return out

@@ -1,0 +1,97 @@
+"""The shard stage's driver: check inputs, run the Beam job, write the manifest."""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+from components.core import fileio
+from components.core.tokenizers import load_tokenizer
+from components.shard import beam_pipeline
+from components.shard.config import ShardConfig
+from components.shard.manifest import MANIFEST_FILE, build_manifest, conserved, write_manifest
+from components.shard.sources import expand_patterns
+
+log = logging.getLogger(__name__)
+SUMMARY_FILE = "rejected/summary.json"
+
+
+class ShardError(RuntimeError):
+    """The job ran but its output must not be used (nothing valid, or too much rejected)."""
+
+
+def pipeline_options(config: ShardConfig, beam_args: list[str]) -> Any:
+    """Beam options: the given arguments unchanged, plus DirectRunner workers when local."""
+    from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions, StandardOptions
+
+    options = PipelineOptions(list(beam_args))
+    if options.view_as(StandardOptions).runner in (None, "DirectRunner", "direct"):
+        direct = options.view_as(DirectOptions)
+        direct.direct_num_workers = config.num_workers
+        direct.direct_running_mode = "multi_processing" if config.num_workers > 1 else "in_memory"
+    return options
+
+
+def _clear_output(output: str) -> None:
+    """Remove what an earlier run left, so no stale shard or manifest survives."""
+    for name in ("train", "eval", "rejected", "tokenizer"):
+        fileio.remove_tree(fileio.join(output, name))
+    for name in (MANIFEST_FILE, beam_pipeline.STATS_FILE):
+        path = fileio.join(output, name)
+        if fileio.exists(path):
+            _remove_file(path)
+
+
+def _remove_file(path: str) -> None:
+    from apache_beam.io.filesystems import FileSystems
+
+    FileSystems.delete([path])
+
+
+def _check(manifest: dict[str, Any], config: ShardConfig, output: str) -> None:
+    counts = manifest["counts"]
+    if not conserved(counts):
+        raise ShardError(f"record counts do not add up: {counts}")
+    valid = counts["train"] + counts["eval"]
+    rejected_path = fileio.join(output, beam_pipeline.REJECTED_FILE)
+    reasons = ", ".join(f"{k}: {v}" for k, v in manifest["rejected_by_reason"].items()) or "none"
+    if counts["input_records"] == 0 or valid == 0:
+        raise ShardError(
+            f"no valid preference pair in {counts['input_records']} input records "
+            f"(rejected by reason: {reasons}); see {rejected_path} for each record and why"
+        )
+    fraction = counts["rejected"] / counts["input_records"]
+    if fraction > config.max_invalid_fraction:
+        raise ShardError(
+            f"{counts['rejected']} of {counts['input_records']} input records "
+            f"({fraction:.1%}) were rejected, above max_invalid_fraction="
+            f"{config.max_invalid_fraction} (by reason: {reasons}). Fix the data (each record "
+            f"and its reason is in {rejected_path}) or raise --max-invalid-fraction"
+        )
+
+
+def run(
+    config: ShardConfig, inputs: list[str], output: str, beam_args: list[str] = ()
+) -> dict[str, Any]:
+    """Shard the preference files ``inputs`` into ``output``; returns the manifest."""
+    import apache_beam as beam
+
+    files = expand_patterns(list(inputs))
+    tokenizer = load_tokenizer(config.tokenizer)
+    _clear_output(output)
+    tokenizer.save(fileio.join(output, "tokenizer"))
+    log.info("sharding %d file(s) into %s", len(files), output)
+    with beam.Pipeline(options=pipeline_options(config, list(beam_args))) as pipeline:
+        beam_pipeline.build(pipeline, files, config, output)
+    stats_path = fileio.join(output, beam_pipeline.STATS_FILE)
+    stats = json.loads(fileio.read_text(stats_path))
+    _remove_file(stats_path)
+    manifest = build_manifest(stats, config, tokenizer.info(), output)
+    try:
+        _check(manifest, config, output)
+    except ShardError:
+        fileio.write_text(fileio.join(output, SUMMARY_FILE), json.dumps(manifest, indent=2))
+        raise
+    write_manifest(output, manifest)
+    return manifest

@@ -1,0 +1,41 @@
+"""The ``alignpipe`` command line: one sub-command group per concern.
+
+alignpipe data generate|shard|validate   preference data (pipelines/cli_data.py)
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+# Quiet TensorFlow's C++ start-up chatter before anything imports it.
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The top-level parser with every sub-command registered."""
+    from pipelines import cli_data
+
+    parser = argparse.ArgumentParser(
+        prog="alignpipe",
+        description="RLHF alignment pipeline: shard preference data, train a reward model, "
+        "align a policy with PPO, evaluate — locally or on Vertex AI / GKE.",
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    cli_data.register(commands)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``alignpipe`` console script."""
+    argv = sys.argv[1:] if argv is None else argv
+    parser = build_parser()
+    args, rest = parser.parse_known_args(argv)
+    if rest and not getattr(args, "accepts_extra", False):
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    return int(args.handler(args, rest) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

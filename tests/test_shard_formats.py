@@ -1,0 +1,146 @@
+"""Record formats and every rejection reason, record by record (no Beam)."""
+
+import json
+import math
+
+import pytest
+
+from components.core.tokenizers import ByteTokenizer
+from components.shard.config import ShardConfig
+from components.shard.formats import REASONS, Invalid, detect_format, to_text_pair
+from components.shard.records import (
+    Rejection,
+    TokenPair,
+    place,
+    process_item,
+    prompt_hash,
+)
+
+TOKENIZER = ByteTokenizer()
+CONFIG = ShardConfig(max_prompt_tokens=32, max_response_tokens=16)
+
+
+def convert(obj):
+    return to_text_pair(obj, detect_format(obj), TOKENIZER)
+
+
+def test_explicit_format_with_margin():
+    pair = convert({"prompt": "Hi?", "chosen": "Yes.", "rejected": "No.", "margin": 1.5})
+    assert (pair.prompt, pair.chosen, pair.rejected, pair.margin) == ("Hi?", "Yes.", "No.", 1.5)
+
+
+def test_implicit_hh_prompt_is_shared_prefix_through_last_shared_assistant_turn():
+    shared = "\n\nHuman: Hi\n\nAssistant: Hello\n\nHuman: Tell a joke\n\nAssistant:"
+    pair = convert({"chosen": shared + " A pun.", "rejected": shared + " No."})
+    assert pair.prompt == shared
+    assert (pair.chosen, pair.rejected) == (" A pun.", " No.")
+
+
+def test_conversational_format_rendered_with_default_template():
+    obj = {
+        "prompt": [{"role": "user", "content": "Hi"}],
+        "chosen": [{"role": "assistant", "content": "Hello!"}],
+        "rejected": [{"role": "assistant", "content": "Go away."}],
+    }
+    pair = convert(obj)
+    assert pair.prompt == "<|user|>\nHi\n<|assistant|>\n"
+    assert pair.chosen == "Hello!\n" and pair.rejected == "Go away.\n"
+
+
+def test_conversational_implicit_prompt_is_shared_messages():
+    user = {"role": "user", "content": "Hi"}
+    obj = {
+        "chosen": [user, {"role": "assistant", "content": "Hello!"}],
+        "rejected": [user, {"role": "assistant", "content": "Bye."}],
+    }
+    pair = convert(obj)
+    assert pair.prompt.endswith("<|assistant|>\n") and pair.chosen == "Hello!\n"
+
+
+@pytest.mark.parametrize("choice", [0, 1])
+def test_vertex_format_choice_picks_chosen(choice):
+    obj = {"input_text": "Q", "candidate_0": "zero", "candidate_1": "one", "choice": choice}
+    pair = convert(obj)
+    assert pair.prompt == "Q"
+    assert pair.chosen == ["zero", "one"][choice]
+    assert pair.rejected == ["zero", "one"][1 - choice]
+
+
+GOOD = {"prompt": "Hello there", "chosen": "good answer", "rejected": "bad answer"}
+CASES = {
+    "not_json": ('{"prompt": ', "explicit"),
+    "not_object": ("[1, 2, 3]", "explicit"),
+    "unknown_format": ('{"question": "x", "answer": "y"}', None),
+    "missing_field": (json.dumps({"prompt": "p", "chosen": "c"}), "explicit"),
+    "wrong_type": (json.dumps({**GOOD, "chosen": 7}), "explicit"),
+    "no_common_prompt": (json.dumps({"chosen": "abc", "rejected": "xyz"}), "implicit"),
+    "empty_prompt": (json.dumps({**GOOD, "prompt": "   "}), "explicit"),
+    "empty_response": (json.dumps({**GOOD, "rejected": ""}), "explicit"),
+    "identical_responses": (json.dumps({**GOOD, "rejected": "good answer"}), "explicit"),
+    "too_long": (json.dumps({**GOOD, "chosen": "x" * 40}), "explicit"),
+    "invalid_choice": (
+        json.dumps({"input_text": "q", "candidate_0": "a", "candidate_1": "b", "choice": 2}),
+        "vertex",
+    ),
+    "non_finite_margin": (
+        '{"prompt": "p", "chosen": "c", "rejected": "r", "margin": NaN}',
+        "explicit",
+    ),
+}
+
+
+def test_every_reason_has_a_case():
+    assert set(CASES) == set(REASONS)
+
+
+@pytest.mark.parametrize("reason", sorted(CASES))
+def test_each_rejection_reason(reason):
+    raw, fmt = CASES[reason]
+    config = ShardConfig(max_prompt_tokens=32, max_response_tokens=16, too_long="reject")
+    result = process_item((7, raw, None, fmt), "data.jsonl", TOKENIZER, config)
+    assert isinstance(result, Rejection)
+    assert (result.reason, result.source, result.line, result.raw) == (reason, "data.jsonl", 7, raw)
+    assert result.detail
+
+
+def test_bool_choice_and_bool_margin_are_refused():
+    with pytest.raises(Invalid) as choice:
+        convert({"input_text": "q", "candidate_0": "a", "candidate_1": "b", "choice": True})
+    assert choice.value.reason == "invalid_choice"
+    with pytest.raises(Invalid) as margin:
+        convert({**GOOD, "margin": True})
+    assert margin.value.reason == "wrong_type"
+
+
+def test_truncation_keeps_prompt_end_and_response_start():
+    config = ShardConfig(max_prompt_tokens=8, max_response_tokens=5, too_long="truncate")
+    raw = json.dumps({"prompt": "0123456789abc", "chosen": "ABCDEFGH", "rejected": "abcdefgh"})
+    pair = process_item((1, raw, None, "explicit"), "f", TOKENIZER, config)
+    assert isinstance(pair, TokenPair) and pair.truncated
+    assert pair.prompt_ids[0] == TOKENIZER.bos_id and len(pair.prompt_ids) == 8
+    assert TOKENIZER.decode(pair.prompt_ids) == "6789abc"
+    assert TOKENIZER.decode(pair.chosen_ids) == "ABCDE"  # no eos: marks a cut response
+    assert TOKENIZER.eos_id not in pair.chosen_ids
+
+
+def test_token_layout_bos_prompt_and_eos_responses():
+    pair = process_item((1, json.dumps(GOOD), None, "explicit"), "f", TOKENIZER, CONFIG)
+    assert pair.prompt_ids == [TOKENIZER.bos_id] + TOKENIZER.encode("Hello there")
+    assert pair.chosen_ids == TOKENIZER.encode("good answer") + [TOKENIZER.eos_id]
+    assert not pair.truncated
+
+
+def test_prompt_hash_is_stable_and_normalized():
+    assert prompt_hash("Hello  world\n") == prompt_hash("Hello world")
+    # A fixed value guards against any change of hashing: shards would move between splits.
+    assert prompt_hash("Hello world") == 0x64EC88CA00B268E5 >> 1
+    assert 0 <= prompt_hash("x") < 2**63
+
+
+def test_place_respects_eval_fraction_and_shard_range():
+    hashes = [prompt_hash(f"prompt {i}") for i in range(4000)]
+    placed = [place(h, 0.25, 5) for h in hashes]
+    eval_share = sum(split == "eval" for split, _ in placed) / len(placed)
+    assert math.isclose(eval_share, 0.25, abs_tol=0.03)
+    assert {shard for _, shard in placed} == set(range(5))
+    assert all(split == "train" for split, _ in (place(h, 0.0, 3) for h in hashes))
