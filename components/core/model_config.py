@@ -1,0 +1,151 @@
+"""The transformer's architecture config, its named presets, and validation."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
+
+# None: keep every activation; full: keep only layer inputs; dots_saveable: keep matmul
+# outputs (less recompute, more memory). Batch-dim dots (attention) are recomputed.
+REMAT_POLICIES = {
+    "none": None,
+    "full": jax.checkpoint_policies.nothing_saveable,
+    "dots_saveable": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+}
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class ModelConfig:
+    """Shape and numerics of a Llama-style decoder-only transformer."""
+
+    vocab_size: int
+    dim: int
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    hidden_dim: int
+    max_seq_len: int
+    head_dim: int | None = None  # None: dim // n_heads
+    rope_theta: float = 10000.0
+    norm_eps: float = 1e-5
+    tie_embeddings: bool = True
+    dtype: str = "float32"  # compute dtype; params are always float32
+    remat: str = "full"  # none | full | dots_saveable
+
+    def __post_init__(self) -> None:
+        for name in ("vocab_size", "dim", "n_layers", "n_heads", "n_kv_heads", "hidden_dim"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"ModelConfig.{name} must be >= 1, got {getattr(self, name)}")
+        if self.max_seq_len < 1:
+            raise ValueError(f"ModelConfig.max_seq_len must be >= 1, got {self.max_seq_len}")
+        if self.n_heads % self.n_kv_heads:
+            raise ValueError(
+                f"ModelConfig.n_heads ({self.n_heads}) must be a multiple of n_kv_heads "
+                f"({self.n_kv_heads}): choose n_kv_heads among the divisors of n_heads"
+            )
+        if self.head_dim is None and self.dim % self.n_heads:
+            raise ValueError(
+                f"ModelConfig.dim ({self.dim}) is not divisible by n_heads ({self.n_heads}): "
+                "change one of them or set head_dim explicitly"
+            )
+        if self.resolved_head_dim % 2:
+            raise ValueError(
+                f"ModelConfig head_dim ({self.resolved_head_dim}) must be even for rotary "
+                "positions: set head_dim or change dim / n_heads"
+            )
+        if self.dtype not in DTYPES:
+            raise ValueError(
+                f"ModelConfig.dtype must be one of {sorted(DTYPES)}, got {self.dtype!r}"
+            )
+        if self.remat not in REMAT_POLICIES:
+            raise ValueError(
+                f"ModelConfig.remat must be one of {list(REMAT_POLICIES)}, got {self.remat!r}"
+            )
+        if self.rope_theta <= 0 or self.norm_eps <= 0:
+            raise ValueError("ModelConfig.rope_theta and norm_eps must be positive")
+
+    @property
+    def resolved_head_dim(self) -> int:
+        """The per-head width: head_dim if set, else dim // n_heads."""
+        return self.head_dim if self.head_dim is not None else self.dim // self.n_heads
+
+    @property
+    def compute_dtype(self) -> jnp.dtype:
+        """The activation dtype as a JAX dtype."""
+        return DTYPES[self.dtype]
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict of every field."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> ModelConfig:
+        """Rebuild a config from ``to_dict`` output; unknown keys are an error, not ignored."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ValueError(
+                f"unknown ModelConfig fields {unknown}; known fields are {sorted(known)}"
+            )
+        return cls(**d)
+
+
+# Shapes of published models (vocab_size is supplied by the tokenizer). max_seq_len bounds
+# generation only: rotary positions have no table, so it can be raised freely.
+PRESETS: dict[str, dict[str, Any]] = {
+    # Unit tests: compiles in seconds.
+    "tiny": dict(dim=32, n_layers=2, n_heads=4, n_kv_heads=2, hidden_dim=64, max_seq_len=128),
+    # Local CPU pipeline runs.
+    "demo": dict(dim=128, n_layers=4, n_heads=4, n_kv_heads=2, hidden_dim=384, max_seq_len=512),
+    # Llama-3.2-1B (vocab 128256: 1.24e9 params).
+    "1b": dict(
+        dim=2048,
+        n_layers=16,
+        n_heads=32,
+        n_kv_heads=8,
+        hidden_dim=8192,
+        max_seq_len=8192,
+        rope_theta=500000.0,
+        dtype="bfloat16",
+        remat="full",
+    ),  # fmt: skip
+    # Gemma-2-2B widths (vocab 256000: 2.6e9 params); Gemma's soft-capping, extra norms
+    # and GeGLU are not modelled here.
+    "2b": dict(
+        dim=2304,
+        n_layers=26,
+        n_heads=8,
+        n_kv_heads=4,
+        head_dim=256,
+        hidden_dim=9216,
+        max_seq_len=8192,
+        norm_eps=1e-6,
+        dtype="bfloat16",
+        remat="full",
+    ),  # fmt: skip
+    # Llama-2-7B (vocab 32000, untied head: 6.74e9 params).
+    "7b": dict(
+        dim=4096,
+        n_layers=32,
+        n_heads=32,
+        n_kv_heads=32,
+        hidden_dim=11008,
+        max_seq_len=4096,
+        tie_embeddings=False,
+        dtype="bfloat16",
+        remat="full",
+    ),  # fmt: skip
+}
+
+
+def model_config(preset: str, vocab_size: int, **overrides: Any) -> ModelConfig:
+    """The named preset with ``vocab_size`` and any field overrides applied."""
+    if preset not in PRESETS:
+        raise ValueError(f"unknown model preset {preset!r}; known presets: {sorted(PRESETS)}")
+    fields = {**PRESETS[preset], "vocab_size": vocab_size, **overrides}
+    return ModelConfig.from_dict(fields)
