@@ -1,0 +1,196 @@
+"""Autoregressive sampling with a KV cache: one prefill, then a fixed-length ``lax.scan`` decode.
+
+Everything here is a pure function of ``(graphdef, params, arrays)`` with the
+sampling settings as Python values, so it can be ``jax.jit``-ed (settings static)
+or called inside ``jax.pmap`` with the graphdef and settings closed over::
+
+    graphdef, params = nnx.split(model, nnx.Param)
+    rollout = jax.pmap(
+        lambda params, tokens, mask, rng: generate(
+            (graphdef, params), tokens, mask, rng, max_new_tokens=64, eos_id=2, pad_id=0
+        ),
+        axis_name="data",
+    )
+
+Prompts must be LEFT-padded (the last prompt column is a real token for every row).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from components.core.model import Transformer
+
+ModelOrSplit = Transformer | tuple[nnx.GraphDef, nnx.State]
+
+
+class SampleOutput(NamedTuple):
+    """Generated continuation of each prompt.
+
+    ``logprobs`` are under the untempered policy (temperature 1, no top-k/top-p),
+    i.e. what ``Transformer.token_logprobs`` recomputes, which is what PPO needs.
+    """
+
+    tokens: jax.Array  # [B, N] int32; pad_id after EOS
+    logprobs: jax.Array  # [B, N] float32; 0 where mask is 0
+    mask: jax.Array  # [B, N] int32; 1 up to and including EOS
+
+
+def _as_split(model: ModelOrSplit) -> tuple[nnx.GraphDef, nnx.State]:
+    """Accept a model or its (graphdef, params) split."""
+    if isinstance(model, Transformer):
+        return nnx.split(model, nnx.Param)
+    return model
+
+
+def _check_settings(max_new_tokens: int, temperature: float, top_k: int, top_p: float) -> None:
+    """Reject sampling settings that would silently misbehave."""
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    if temperature < 0:
+        raise ValueError(f"temperature must be >= 0 (0 = greedy), got {temperature}")
+    if top_k < 0:
+        raise ValueError(f"top_k must be >= 0 (0 = disabled), got {top_k}")
+    if not 0.0 < top_p <= 1.0:
+        raise ValueError(f"top_p must be in (0, 1] (1 = disabled), got {top_p}")
+
+
+def filter_logits(logits: jax.Array, temperature: float, top_k: int, top_p: float) -> jax.Array:
+    """Temperature-scaled logits with everything outside top-k / the top-p nucleus at -inf."""
+    logits = logits / temperature
+    if top_k > 0:
+        kth = jax.lax.top_k(logits, top_k)[0][..., -1:]
+        logits = jnp.where(logits < kth, -jnp.inf, logits)
+    if top_p < 1.0:
+        sorted_logits = jnp.sort(logits, axis=-1)[..., ::-1]
+        probs = jax.nn.softmax(sorted_logits, axis=-1)
+        # Keep a token if the mass strictly before it is < top_p: the first always survives.
+        keep = (jnp.cumsum(probs, axis=-1) - probs) < top_p
+        n_keep = jnp.sum(keep, axis=-1, keepdims=True)
+        threshold = jnp.take_along_axis(sorted_logits, n_keep - 1, axis=-1)
+        logits = jnp.where(logits < threshold, -jnp.inf, logits)
+    return logits
+
+
+class _Settings(NamedTuple):
+    eos_id: int
+    pad_id: int
+    temperature: float
+    top_k: int
+    top_p: float
+
+
+def _choose(
+    logits: jax.Array, rng: jax.Array, done: jax.Array, settings: _Settings
+) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+    """Pick the next token [B]; returns (token, logprob, mask, done after this token)."""
+    if settings.temperature == 0:
+        token = jnp.argmax(logits, axis=-1)
+    else:
+        filtered = filter_logits(logits, settings.temperature, settings.top_k, settings.top_p)
+        token = jax.random.categorical(rng, filtered, axis=-1)
+    token = token.astype(jnp.int32)
+    policy_logprobs = jax.nn.log_softmax(logits, axis=-1)
+    logprob = jnp.take_along_axis(policy_logprobs, token[:, None], axis=-1)[:, 0]
+    token = jnp.where(done, settings.pad_id, token)
+    logprob = jnp.where(done, 0.0, logprob)
+    mask = (~done).astype(jnp.int32)
+    return token, logprob, mask, done | (token == settings.eos_id)
+
+
+def generate(
+    model: ModelOrSplit,
+    prompt_tokens: jax.Array,
+    prompt_mask: jax.Array,
+    rng: jax.Array,
+    *,
+    max_new_tokens: int,
+    eos_id: int,
+    pad_id: int,
+    temperature: float = 1.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+) -> SampleOutput:
+    """Sample ``max_new_tokens`` after LEFT-padded prompts [B, P] with a KV cache.
+
+    ``temperature == 0`` is greedy; ``top_k=0`` and ``top_p=1.0`` disable those filters.
+    After a sequence emits ``eos_id`` it emits ``pad_id`` with mask 0.
+    """
+    _check_settings(max_new_tokens, temperature, top_k, top_p)
+    graphdef, params = _as_split(model)
+    model = nnx.merge(graphdef, params)
+    config = model.config
+    batch, prompt_len = prompt_tokens.shape
+    if prompt_len + max_new_tokens > config.max_seq_len:
+        raise ValueError(
+            f"prompt length {prompt_len} + max_new_tokens {max_new_tokens} exceeds "
+            f"max_seq_len {config.max_seq_len}: shorten one or raise ModelConfig.max_seq_len"
+        )
+    settings = _Settings(eos_id, pad_id, temperature, top_k, top_p)
+    keys = jax.random.split(rng, max_new_tokens)
+
+    # The last sampled token is never fed back, so the cache needs N - 1 decode slots.
+    hidden, cache = model.prefill(prompt_tokens, prompt_mask, prompt_len + max_new_tokens - 1)
+    logits = model.lm_logits(hidden[:, -1])
+    token, logprob, mask, done = _choose(logits, keys[0], jnp.zeros((batch,), bool), settings)
+
+    def step(carry, key):
+        token, done, cache = carry
+        model = nnx.merge(graphdef, params)
+        hidden, cache = model.decode(token, cache)
+        token, logprob, mask, done = _choose(model.lm_logits(hidden), key, done, settings)
+        return (token, done, cache), (token, logprob, mask)
+
+    _, (tokens, logprobs, masks) = jax.lax.scan(step, (token, done, cache), keys[1:])
+
+    def prepend(first: jax.Array, rest: jax.Array) -> jax.Array:
+        return jnp.concatenate([first[:, None], rest.T], axis=1)
+
+    return SampleOutput(
+        tokens=prepend(token, tokens),
+        logprobs=prepend(logprob, logprobs),
+        mask=prepend(mask, masks),
+    )
+
+
+def generate_without_cache(
+    model: ModelOrSplit,
+    prompt_tokens: jax.Array,
+    prompt_mask: jax.Array,
+    *,
+    max_new_tokens: int,
+    eos_id: int,
+    pad_id: int,
+) -> SampleOutput:
+    """Greedy reference: recompute the whole sequence each step (no cache). Tests and benchmarks.
+
+    The sequence buffer has the fixed shape [B, P + N] (so it compiles once); slots not yet
+    generated are masked out, so each step costs a full forward pass over P + N tokens.
+    """
+    _check_settings(max_new_tokens, 0.0, 0, 1.0)
+    graphdef, params = _as_split(model)
+    batch, prompt_len = prompt_tokens.shape
+    settings = _Settings(eos_id, pad_id, 0.0, 0, 1.0)
+    pad = [(0, 0), (0, max_new_tokens)]
+    tokens = jnp.pad(prompt_tokens.astype(jnp.int32), pad, constant_values=pad_id)
+    mask = jnp.pad(prompt_mask.astype(jnp.int32), pad)
+
+    def step(carry, index):
+        tokens, mask, done = carry
+        model = nnx.merge(graphdef, params)
+        hidden = model(tokens, mask)
+        last = jax.lax.dynamic_index_in_dim(hidden, prompt_len + index - 1, axis=1, keepdims=False)
+        token, logprob, out_mask, done = _choose(model.lm_logits(last), None, done, settings)
+        slot = prompt_len + index
+        tokens = jax.lax.dynamic_update_slice_in_dim(tokens, token[:, None], slot, axis=1)
+        # Same as the cached sampler: every generated slot is attendable (pads only follow EOS).
+        mask = jax.lax.dynamic_update_slice_in_dim(mask, jnp.ones((batch, 1), jnp.int32), slot, 1)
+        return (tokens, mask, done), (token, logprob, out_mask)
+
+    init = (tokens, mask, jnp.zeros((batch,), bool))
+    _, (new_tokens, logprobs, out_mask) = jax.lax.scan(step, init, jnp.arange(max_new_tokens))
+    return SampleOutput(tokens=new_tokens.T, logprobs=logprobs.T, mask=out_mask.T)
