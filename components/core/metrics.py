@@ -1,0 +1,160 @@
+"""Training metrics: ``metrics.jsonl``, TensorBoard event files and a progress line.
+
+Only process 0 writes; the others keep the latest values so ``summary()``
+answers everywhere. Resumed runs append to the same ``metrics.jsonl``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import time
+from collections.abc import Mapping
+from typing import Any, TextIO
+
+import numpy as np
+
+from components.core import fileio
+
+METRICS_FILE = "metrics.jsonl"
+TENSORBOARD_DIR = "tensorboard"
+
+
+def _as_float(value: Any) -> float:
+    return float(np.asarray(value).mean())
+
+
+def _duration(seconds: float) -> str:
+    if not math.isfinite(seconds):
+        return "?"
+    minutes, secs = divmod(int(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
+
+
+class MetricsLogger:
+    """Appends one JSON line per :meth:`log` call, writes TensorBoard scalars, shows progress."""
+
+    def __init__(
+        self,
+        out_dir: str,
+        *,
+        total_steps: int,
+        stage: str,
+        tensorboard: bool = True,
+        print_every: int = 10,
+        stream: TextIO | None = None,
+    ) -> None:
+        import jax
+
+        self.out_dir, self.total_steps, self.stage = out_dir, total_steps, stage
+        self.print_every = max(print_every, 1)
+        self.stream = stream if stream is not None else sys.stderr
+        self.is_writer = jax.process_index() == 0
+        self.tensorboard = tensorboard and self.is_writer
+        self._latest: dict[str, float] = {}
+        self._last_step: int | None = None
+        self._start_time = time.time()
+        self._start_step: int | None = None
+        self._logs = 0
+        self._tb_writer = None
+        self._handle = None
+        if self.is_writer:
+            fileio.makedirs(out_dir)
+            # Local files stay open for appends; remote ones are re-written at close.
+            self._path = fileio.join(out_dir, METRICS_FILE)
+            self._lines: list[str] = []
+            if "://" not in out_dir:
+                self._handle = open(self._path, "a", encoding="utf-8")
+
+    def log(self, step: int, metrics: Mapping[str, Any]) -> None:
+        """Record ``metrics`` (scalars or arrays, averaged) at ``step``."""
+        values = {name: _as_float(value) for name, value in metrics.items()}
+        self._latest.update(values)
+        self._last_step = step
+        if self._start_step is None:
+            self._start_step, self._start_time = step, time.time()
+        self._logs += 1
+        if not self.is_writer:
+            return
+        line = json.dumps({"step": int(step), "time": time.time(), "stage": self.stage, **values})
+        if self._handle is not None:
+            self._handle.write(line + "\n")
+            self._handle.flush()
+        else:
+            self._lines.append(line)
+        if self.tensorboard:
+            self._write_tensorboard(step, values)
+        self._progress(step, values)
+
+    def _write_tensorboard(self, step: int, values: Mapping[str, float]) -> None:
+        import tensorflow as tf  # deferred: TensorFlow is slow to import
+        from tensorflow.core.framework import summary_pb2
+
+        if self._tb_writer is None:
+            self._tb_writer = tf.summary.create_file_writer(
+                fileio.join(self.out_dir, TENSORBOARD_DIR)
+            )
+        # tf.summary.scalar needs the tensorboard package; the core op with the scalars
+        # plugin's metadata writes the same event without it.
+        metadata = summary_pb2.SummaryMetadata()
+        metadata.plugin_data.plugin_name = "scalars"
+        with self._tb_writer.as_default(step=int(step)):
+            for name, value in values.items():
+                tensor = tf.constant(value, tf.float32)
+                tf.summary.write(f"{self.stage}/{name}", tensor, metadata=metadata)
+
+    def _progress(self, step: int, values: Mapping[str, float]) -> None:
+        # A live line on a terminal; in logs (not a TTY) only every print_every calls.
+        is_tty = hasattr(self.stream, "isatty") and self.stream.isatty()
+        if not is_tty and self._logs % self.print_every and step != self.total_steps:
+            return
+        elapsed = time.time() - self._start_time
+        done = step - (self._start_step or 0)
+        rate = done / elapsed if elapsed > 0 and done > 0 else float("nan")
+        eta = (self.total_steps - step) / rate if rate and rate > 0 else float("nan")
+        shown = " ".join(f"{k}={v:.4g}" for k, v in list(values.items())[:6])
+        text = (
+            f"[{self.stage}] step {step}/{self.total_steps} {rate:.2f} steps/s "
+            f"eta {_duration(eta)} {shown}"
+        )
+        self.stream.write(("\r" + text) if is_tty else (text + "\n"))
+        self.stream.flush()
+
+    def summary(self) -> dict[str, float]:
+        """The latest value of every metric (for KFP ``Metrics``), plus the step reached."""
+        result = dict(self._latest)
+        if self._last_step is not None:
+            result["step"] = float(self._last_step)
+        return result
+
+    def close(self) -> None:
+        """Flush and close the files."""
+        if self._handle is not None:
+            self._handle.close()
+            self._handle = None
+        elif self.is_writer and self._lines:
+            previous = fileio.read_text(self._path) if fileio.exists(self._path) else ""
+            fileio.write_text(self._path, previous + "\n".join(self._lines) + "\n")
+            self._lines = []
+        if self._tb_writer is not None:
+            self._tb_writer.flush()
+            self._tb_writer.close()
+            self._tb_writer = None
+        if self.is_writer and hasattr(self.stream, "isatty") and self.stream.isatty():
+            self.stream.write("\n")
+
+    def __enter__(self) -> MetricsLogger:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def read_metrics(out_dir: str) -> list[dict[str, Any]]:
+    """The records of a ``metrics.jsonl`` (for reports and tests)."""
+    path = fileio.join(out_dir, METRICS_FILE)
+    if not fileio.exists(path):
+        return []
+    return [json.loads(line) for line in fileio.read_text(path).splitlines() if line.strip()]
