@@ -164,7 +164,8 @@ def encode_example(pair: TokenPair) -> bytes:
         "margin": feature_pb2.Feature(float_list=feature_pb2.FloatList(value=[pair.text.margin])),
         "prompt_hash": ints([pair.prompt_hash]),
     }
-    return example_pb2.Example(features=feature_pb2.Features(feature=features)).SerializeToString()
+    example = example_pb2.Example(features=feature_pb2.Features(feature=features))
+    return example.SerializeToString(deterministic=True)  # map order fixed across processes
 
 
 def decode_example(data: bytes) -> dict[str, Any]:

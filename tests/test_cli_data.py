@@ -1,0 +1,65 @@
+"""``alignpipe data generate | shard | validate`` as a user runs them."""
+
+import json
+import os
+
+import pytest
+
+from pipelines.cli import main
+
+
+def test_generate_then_shard_writes_eight_shards_per_split(tmp_path, capsys):
+    data, out = tmp_path / "p.jsonl", tmp_path / "shards"
+    assert main(["data", "generate", "--out", str(data), "--pairs", "400", "--seed", "1"]) == 0
+    assert len(data.read_text().splitlines()) == 400
+    code = main(["data", "shard", "--input", str(data), "--output", str(out), "--num-shards", "8"])
+    assert code == 0
+    for split in ("train", "eval"):
+        assert len(os.listdir(out / split)) == 8
+    manifest = json.loads((out / "manifest.json").read_text())
+    counts = manifest["counts"]
+    assert counts["train"] + counts["eval"] + counts["rejected"] + counts["duplicates"] == 400
+    printed = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert printed["train"] == counts["train"]
+
+
+def test_shard_passes_unknown_options_to_beam(tmp_path):
+    data = tmp_path / "p.jsonl"
+    main(["data", "generate", "--out", str(data), "--pairs", "50"])
+    args = [
+        "data",
+        "shard",
+        "--input",
+        str(data),
+        "--output",
+        str(tmp_path / "o"),
+        "--num-shards",
+        "2",
+    ]
+    assert main(args + ["--direct_runner_bundle_repeat=0"]) == 0
+
+
+def test_validate_prints_counts_per_reason_and_fails_above_threshold(tmp_path, capsys):
+    good = [json.dumps({"prompt": f"q{i}", "chosen": "yes", "rejected": "no"}) for i in range(10)]
+    bad = ["not json", "[]", '{"prompt": "q", "chosen": "a", "rejected": "a"}']
+    path = tmp_path / "mixed.jsonl"
+    path.write_text("\n".join(good + bad) + "\n")
+    assert main(["data", "validate", str(path)]) == 1
+    out = capsys.readouterr().out
+    assert "rejected 3" in out and "FAIL" in out
+    for reason in ("not_json", "not_object", "identical_responses"):
+        assert reason in out
+    assert main(["data", "validate", str(path), "--max-invalid-fraction", "0.5"]) == 0
+    assert not any(p.name != "mixed.jsonl" for p in tmp_path.iterdir())  # wrote nothing
+
+
+def test_validate_missing_file_is_a_clear_error(tmp_path, capsys):
+    assert main(["data", "validate", str(tmp_path / "none.jsonl")]) == 2
+    assert "matches no file" in capsys.readouterr().err
+
+
+def test_help_describes_shard_flags(capsys):
+    with pytest.raises(SystemExit) as done:
+        main(["data", "shard", "--help"])
+    assert done.value.code == 0
+    assert "--max-invalid-fraction" in capsys.readouterr().out
