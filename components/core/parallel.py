@@ -77,8 +77,8 @@ def unreplicate(tree: PyTree) -> PyTree:
     def take(leaf: Any) -> np.ndarray:
         if isinstance(leaf, jax.Array):
             # addressable_shards works for multi-host outputs, where leaf[0] may not be local.
-            return np.asarray(leaf.addressable_shards[0].data)[0]
-        return np.asarray(leaf)[0]
+            return np.asarray(np.asarray(leaf.addressable_shards[0].data)[0])
+        return np.asarray(np.asarray(leaf)[0])
 
     return jax.tree.map(take, tree)
 

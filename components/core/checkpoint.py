@@ -1,0 +1,230 @@
+"""Orbax checkpoints: resumable training state, and the exported model artifact.
+
+Training state (params, optimizer state, step, RNG key, data position and any
+extra pytrees or JSON a stage adds, e.g. PPO's KL controller) goes through an
+Orbax ``CheckpointManager`` under ``<artifact>/work/checkpoints``: saved every N
+steps and at the end, the last K kept, written asynchronously. Orbax finalizes a
+step only when all of it is written, so after a kill the latest step it lists
+is complete and a restarted stage resumes from it by itself.
+
+A model artifact is ``config.json`` (schema version, model config, tokenizer,
+training config, step reached) and ``params/``, an Orbax checkpoint of the
+parameters only. ``config.json`` is written last: its presence marks a whole export.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from typing import Any
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+
+from components.core import fileio
+from components.core.flags import field
+
+PyTree = Any
+MODEL_SCHEMA_VERSION = 1
+CONFIG_FILE = "config.json"
+PARAMS_DIR = "params"
+WORK_CHECKPOINTS = ("work", "checkpoints")
+
+
+class ModelArtifactError(ValueError):
+    """A model folder this version cannot load."""
+
+
+def _abs(path: str) -> str:
+    # Orbax wants absolute local paths; gs:// URIs pass through.
+    return path if "://" in path else os.path.abspath(path)
+
+
+def _scalars_as_arrays(tree: PyTree) -> PyTree:
+    # Orbax stores arrays; numpy and Python scalars become 0-d arrays.
+    def convert(leaf: Any) -> Any:
+        return np.asarray(leaf) if isinstance(leaf, np.generic | int | float) else leaf
+
+    return jax.tree.map(convert, tree)
+
+
+def work_checkpoint_dir(artifact_dir: str) -> str:
+    """Where a stage keeps its resumable training checkpoints inside its output artifact."""
+    return fileio.join(artifact_dir, *WORK_CHECKPOINTS)
+
+
+@dataclasses.dataclass(slots=True, kw_only=True)
+class CheckpointConfig:
+    """When to save training state and how many saves to keep."""
+
+    save_every: int = field(200, help="save training state every this many steps (and at the end)")
+    keep: int = field(2, help="keep this many of the latest training checkpoints")
+    async_save: bool = field(True, help="write checkpoints in the background while training")
+
+    def __post_init__(self) -> None:
+        if self.save_every < 1:
+            raise ValueError(f"save_every must be at least 1, got {self.save_every}")
+        if self.keep < 1:
+            raise ValueError(f"keep must be at least 1, got {self.keep}")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Restored:
+    """One restored training checkpoint."""
+
+    step: int
+    state: PyTree
+    rng: np.ndarray
+    data_position: dict[str, Any]
+    extra_trees: dict[str, PyTree]
+    extra_json: dict[str, Any]
+
+
+class TrainCheckpointer:
+    """Saves and restores training state with an Orbax ``CheckpointManager``."""
+
+    def __init__(self, directory: str, config: CheckpointConfig) -> None:
+        options = ocp.CheckpointManagerOptions(
+            save_interval_steps=config.save_every,
+            max_to_keep=config.keep,
+            enable_async_checkpointing=config.async_save,
+            # Leftovers of a killed save are never a step; clear them on start.
+            cleanup_tmp_directories=True,
+        )
+        self.directory = directory
+        self._manager = ocp.CheckpointManager(_abs(directory), options=options)
+
+    def save(
+        self,
+        step: int,
+        *,
+        state: PyTree,
+        rng: jax.Array | np.ndarray,
+        data_position: dict[str, Any],
+        extra_trees: dict[str, PyTree] | None = None,
+        extra_json: dict[str, Any] | None = None,
+        force: bool = False,
+    ) -> bool:
+        """Save host (unreplicated) state at ``step`` when due, or always with ``force``."""
+        tree = {"state": state, "rng": np.asarray(rng), "extra": dict(extra_trees or {})}
+        tree = _scalars_as_arrays(tree)
+        meta = {"data_position": data_position, "extra": dict(extra_json or {})}
+        return self._manager.save(
+            step,
+            args=ocp.args.Composite(
+                state=ocp.args.StandardSave(tree), meta=ocp.args.JsonSave(meta)
+            ),
+            force=force,
+        )
+
+    def latest_step(self) -> int | None:
+        """The newest complete step, or None."""
+        return self._manager.latest_step()
+
+    def all_steps(self) -> list[int]:
+        """Every complete step kept on disk, oldest first."""
+        return sorted(self._manager.all_steps())
+
+    def restore_latest(
+        self,
+        state_template: PyTree,
+        rng_template: jax.Array | np.ndarray,
+        extra_templates: dict[str, PyTree] | None = None,
+    ) -> Restored | None:
+        """The latest complete checkpoint in the templates' structure, or None if none."""
+        step = self._manager.latest_step()
+        if step is None:
+            return None
+        template = {
+            "state": state_template,
+            "rng": np.asarray(rng_template),
+            "extra": dict(extra_templates or {}),
+        }
+        template = _scalars_as_arrays(template)
+        restored = self._manager.restore(
+            step,
+            args=ocp.args.Composite(
+                state=ocp.args.StandardRestore(template), meta=ocp.args.JsonRestore()
+            ),
+        )
+        tree, meta = restored["state"], restored["meta"]
+        return Restored(
+            step=int(step),
+            state=tree["state"],
+            rng=np.asarray(tree["rng"]),
+            data_position=meta["data_position"],
+            extra_trees=dict(tree["extra"]),
+            extra_json=dict(meta["extra"]),
+        )
+
+    def wait(self) -> None:
+        """Block until background saves are on disk."""
+        self._manager.wait_until_finished()
+
+    def close(self) -> None:
+        """Finish pending saves and release the manager."""
+        self._manager.wait_until_finished()
+        self._manager.close()
+
+    def __enter__(self) -> TrainCheckpointer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def export_model(
+    model_dir: str, *, model_config: dict[str, Any], params: PyTree, extra_config: dict[str, Any]
+) -> None:
+    """Write a model artifact: ``params/`` (Orbax) then ``config.json``.
+
+    ``extra_config`` carries e.g. ``tokenizer``, ``training`` and ``step``; its keys
+    sit next to ``schema_version`` and ``model`` in ``config.json``.
+    """
+    reserved = {"schema_version", "model"} & set(extra_config)
+    if reserved:
+        raise ValueError(f"extra_config may not set {sorted(reserved)}; they are written here")
+    fileio.makedirs(model_dir)
+    with ocp.StandardCheckpointer() as checkpointer:
+        checkpointer.save(_abs(fileio.join(model_dir, PARAMS_DIR)), params, force=True)
+        checkpointer.wait_until_finished()
+    if jax.process_index() == 0:
+        config = {"schema_version": MODEL_SCHEMA_VERSION, "model": model_config, **extra_config}
+        text = json.dumps(config, indent=2, sort_keys=True, default=_json_default)
+        fileio.write_text(fileio.join(model_dir, CONFIG_FILE), text + "\n")
+
+
+def _json_default(value: Any) -> Any:
+    # numpy scalars from metrics or configs.
+    if isinstance(value, np.generic):
+        return value.item()
+    raise TypeError(f"{type(value).__name__} is not JSON serializable")
+
+
+def read_model_config(model_dir: str) -> dict[str, Any]:
+    """A model artifact's ``config.json``, checked for our schema version and its params."""
+    path = fileio.join(model_dir, CONFIG_FILE)
+    if not fileio.exists(path):
+        raise ModelArtifactError(
+            f"{path} not found: {model_dir!r} is not a complete model artifact; "
+            "pass the model output of the sft, reward or ppo stage"
+        )
+    config = json.loads(fileio.read_text(path))
+    version = config.get("schema_version")
+    if version != MODEL_SCHEMA_VERSION:
+        raise ModelArtifactError(
+            f"{path} has schema_version {version!r}; this version reads "
+            f"{MODEL_SCHEMA_VERSION}. Retrain the model with this release"
+        )
+    if not fileio.exists(fileio.join(model_dir, PARAMS_DIR)):
+        raise ModelArtifactError(f"{model_dir}/{PARAMS_DIR} is missing; export the model again")
+    return config
+
+
+def load_model_params(model_dir: str, abstract_params: PyTree) -> PyTree:
+    """The parameters of a model artifact, restored into ``abstract_params``' structure."""
+    read_model_config(model_dir)
+    with ocp.StandardCheckpointer() as checkpointer:
+        return checkpointer.restore(_abs(fileio.join(model_dir, PARAMS_DIR)), abstract_params)
