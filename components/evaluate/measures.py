@@ -1,0 +1,316 @@
+"""Evaluation measures on arrays of rewards, log-probs and masks (NumPy, pure functions).
+
+Conventions shared by every function here:
+
+- "aligned" is the policy under evaluation (PPO's output) and "reference" the one it started
+  from; paired arrays are indexed by prompt: element i of both belongs to prompt i.
+- Masks are [..., T], non-zero on response tokens (EOS included, as the sampler emits them);
+  values at masked positions are never read, so padding may hold garbage.
+- Intervals are percentile bootstraps over prompts, the independent unit: each resample draws
+  prompt indices with replacement and applies them jointly to every paired array.
+- Dict results are JSON-ready (plain floats and ints), so ``summarize`` composes them into
+  the one dict that both the report and ``eval.json`` show.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+from numpy.typing import ArrayLike
+
+from components.core import builtin_task
+from components.evaluate.config import EvalConfig
+
+SCHEMA_VERSION = 1
+HISTOGRAM_BINS = 20
+
+
+def _paired(aligned: ArrayLike, reference: ArrayLike) -> tuple[np.ndarray, np.ndarray]:
+    """Both arrays as float64, checked to be 1-D, non-empty and of one length."""
+    a = np.asarray(aligned, np.float64)
+    r = np.asarray(reference, np.float64)
+    if a.ndim != 1 or a.shape != r.shape:
+        raise ValueError(
+            f"paired values must be 1-D arrays of one length (one per prompt); "
+            f"got shapes {a.shape} and {r.shape}"
+        )
+    if a.size == 0:
+        raise ValueError("paired values are empty: evaluate at least one prompt")
+    return a, r
+
+
+def win_rate(aligned_rewards: ArrayLike, reference_rewards: ArrayLike) -> float:
+    """Share of prompts where aligned beats reference, a tie counting half: (wins + ties/2) / n."""
+    a, r = _paired(aligned_rewards, reference_rewards)
+    if np.isnan(a).any() or np.isnan(r).any():
+        # A NaN compares as neither win nor tie; counting it as a loss would hide a broken reward.
+        return math.nan
+    return float((np.sum(a > r) + 0.5 * np.sum(a == r)) / a.size)
+
+
+def reward_model_accuracy(chosen_rewards: ArrayLike, rejected_rewards: ArrayLike) -> float:
+    """Share of preference pairs the reward model orders as the labels do, a tie counting half."""
+    return win_rate(chosen_rewards, rejected_rewards)
+
+
+def bootstrap_interval(
+    statistic_fn: Callable[..., float],
+    *arrays: ArrayLike,
+    n_resamples: int,
+    confidence: float,
+    seed: int,
+) -> tuple[float, float]:
+    """Percentile-bootstrap (low, high) of ``statistic_fn(*arrays)``, resampling indices jointly."""
+    columns = [np.asarray(array) for array in arrays]
+    if not columns or len(columns[0]) == 0:
+        raise ValueError("bootstrap_interval needs at least one non-empty array")
+    n = len(columns[0])
+    if any(len(column) != n for column in columns):
+        raise ValueError(
+            f"paired arrays differ in length: {[len(c) for c in columns]}; pass one row per prompt"
+        )
+    if n_resamples < 1:
+        raise ValueError(f"n_resamples: {n_resamples} must be at least 1")
+    if not 0.0 < confidence < 1.0:
+        raise ValueError(f"confidence: {confidence} must be in (0, 1), e.g. 0.95")
+    rng = np.random.default_rng(seed)
+    stats = np.empty(n_resamples, np.float64)
+    for i in range(n_resamples):  # one index draw at a time keeps memory O(n)
+        rows = rng.integers(0, n, size=n)
+        stats[i] = statistic_fn(*(column[rows] for column in columns))
+    if np.isnan(stats).any():
+        return math.nan, math.nan
+    tail = (1.0 - confidence) / 2.0
+    low, high = np.quantile(stats, [tail, 1.0 - tail])
+    return float(low), float(high)
+
+
+def win_rate_with_interval(
+    aligned_rewards: ArrayLike,
+    reference_rewards: ArrayLike,
+    *,
+    n_resamples: int,
+    confidence: float,
+    seed: int,
+) -> dict[str, float | int]:
+    """The win rate, its bootstrap interval and the win/tie/loss counts."""
+    a, r = _paired(aligned_rewards, reference_rewards)
+    low, high = bootstrap_interval(
+        win_rate, a, r, n_resamples=n_resamples, confidence=confidence, seed=seed
+    )
+    return {
+        "value": win_rate(a, r),
+        "low": low,
+        "high": high,
+        "wins": int(np.sum(a > r)),
+        "ties": int(np.sum(a == r)),
+        "losses": int(np.sum(a < r)),
+    }
+
+
+def location(values: ArrayLike) -> dict[str, float]:
+    """Mean and median of ``values``."""
+    array = np.asarray(values, np.float64).reshape(-1)
+    if array.size == 0:
+        return {"mean": math.nan, "median": math.nan}
+    return {"mean": float(np.mean(array)), "median": float(np.median(array))}
+
+
+def _mean_difference(a: np.ndarray, r: np.ndarray) -> float:
+    return float(np.mean(a - r))
+
+
+def paired_difference(
+    aligned: ArrayLike,
+    reference: ArrayLike,
+    *,
+    n_resamples: int,
+    confidence: float,
+    seed: int,
+) -> dict[str, dict[str, float]]:
+    """Each policy's mean and median, and the mean of aligned − reference with its interval."""
+    a, r = _paired(aligned, reference)
+    low, high = bootstrap_interval(
+        _mean_difference, a, r, n_resamples=n_resamples, confidence=confidence, seed=seed
+    )
+    return {
+        "aligned": location(a),
+        "reference": location(r),
+        "difference": {"value": _mean_difference(a, r), "low": low, "high": high},
+    }
+
+
+def sequence_kl(
+    aligned_logprobs: ArrayLike, reference_logprobs: ArrayLike, mask: ArrayLike
+) -> dict[str, float]:
+    """KL(aligned ‖ reference) in nats, estimated on aligned samples: per sequence and per token.
+
+    ``aligned_logprobs`` and ``reference_logprobs`` are [..., T] log-probs of the tokens the
+    aligned policy sampled, under each policy. ``per_sequence`` is the mean over sequences of
+    Σ_t (log p_aligned − log p_ref) over response tokens; ``per_token`` is the sum over every
+    response token divided by their count. This k1 estimator is unbiased but noisy (a small
+    sample can give a negative value); identical policies give exactly 0.
+    """
+    logp = np.asarray(aligned_logprobs, np.float64)
+    ref_logp = np.asarray(reference_logprobs, np.float64)
+    real = np.asarray(mask) != 0
+    if not logp.shape == ref_logp.shape == real.shape or logp.ndim < 1:
+        raise ValueError(
+            f"log-probs and mask must share one [..., T] shape; got {logp.shape}, "
+            f"{ref_logp.shape} and {real.shape}"
+        )
+    num_tokens = int(real.sum())
+    if num_tokens == 0:
+        raise ValueError("mask has no response tokens: the KL needs at least one sampled token")
+    # `where=` skips padding entirely, so garbage such as inf − inf never becomes a NaN.
+    log_ratio = np.subtract(logp, ref_logp, out=np.zeros_like(logp), where=real)
+    per_sequence = log_ratio.reshape(-1, logp.shape[-1]).sum(axis=-1)
+    return {
+        "per_sequence": float(np.mean(per_sequence)),
+        "per_token": float(per_sequence.sum() / num_tokens),
+    }
+
+
+def response_lengths(mask: ArrayLike) -> np.ndarray:
+    """Response tokens (EOS included) of each response of a [..., T] mask, flattened to [N]."""
+    real = np.asarray(mask) != 0
+    return real.reshape(-1, real.shape[-1]).sum(axis=-1)
+
+
+def ends_with_eos(tokens: ArrayLike, mask: ArrayLike, eos_id: int) -> np.ndarray:
+    """Whether each response's last real token is EOS (not cut at max_new_tokens), flattened."""
+    tokens = np.asarray(tokens)
+    real = np.asarray(mask) != 0
+    tokens = tokens.reshape(-1, tokens.shape[-1])
+    real = real.reshape(-1, real.shape[-1])
+    last = np.maximum(real.sum(axis=-1) - 1, 0)
+    has_token = real.any(axis=-1)
+    return has_token & (tokens[np.arange(len(tokens)), last] == eos_id)
+
+
+def eos_rate(ended_with_eos: ArrayLike) -> float:
+    """Share of responses that stopped at EOS."""
+    flags = np.asarray(ended_with_eos, bool).reshape(-1)
+    return float(flags.mean()) if flags.size else math.nan
+
+
+def gold_scores(name: str, prompts: Sequence[str], responses: Sequence[str]) -> np.ndarray:
+    """The gold reward ``name`` (see builtin_task) of each (prompt, response), as float64 [N]."""
+    if len(prompts) != len(responses):
+        raise ValueError(
+            f"{len(prompts)} prompts but {len(responses)} responses: pass one prompt per "
+            "response (repeat a prompt for each of its samples)"
+        )
+    reward_fn = builtin_task.gold_reward_fn(name)
+    return np.array([reward_fn(p, r) for p, r in zip(prompts, responses, strict=True)], np.float64)
+
+
+def gold_win_rate(
+    name: str, prompts: Sequence[str], aligned: Sequence[str], reference: Sequence[str]
+) -> float:
+    """Win rate of the aligned responses over the reference ones under the gold reward."""
+    return win_rate(gold_scores(name, prompts, aligned), gold_scores(name, prompts, reference))
+
+
+def reward_histogram(
+    aligned: ArrayLike, reference: ArrayLike, bins: int = HISTOGRAM_BINS
+) -> dict[str, list[float] | list[int]]:
+    """Counts of both policies' finite rewards over shared bin edges."""
+    a = np.asarray(aligned, np.float64).reshape(-1)
+    r = np.asarray(reference, np.float64).reshape(-1)
+    a, r = a[np.isfinite(a)], r[np.isfinite(r)]
+    both = np.concatenate([a, r])
+    if both.size == 0:
+        return {"bin_edges": [], "aligned": [], "reference": []}
+    edges = np.histogram_bin_edges(both, bins=bins)
+    return {
+        "bin_edges": [float(e) for e in edges],
+        "aligned": [int(c) for c in np.histogram(a, edges)[0]],
+        "reference": [int(c) for c in np.histogram(r, edges)[0]],
+    }
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class PolicyOutputs:
+    """What one policy produced on the eval prompts, as arrays."""
+
+    rewards: ArrayLike  # [P] or [P, S]: reward-model score of each response
+    response_mask: ArrayLike  # [..., T]: non-zero on response tokens, EOS included
+    ended_with_eos: ArrayLike  # [...]: whether each response stopped at EOS
+    gold_rewards: ArrayLike | None = None  # like rewards, when a gold reward is known
+
+
+def per_prompt(rewards: ArrayLike) -> np.ndarray:
+    """[P] rewards as they are, or [P, S] samples averaged per prompt."""
+    array = np.asarray(rewards, np.float64)
+    if array.ndim == 2:
+        return array.mean(axis=1)
+    if array.ndim != 1:
+        raise ValueError(f"rewards must be [prompts] or [prompts, samples]; got {array.shape}")
+    return array
+
+
+def summarize(
+    aligned: PolicyOutputs,
+    reference: PolicyOutputs,
+    *,
+    aligned_logprobs: ArrayLike,
+    reference_logprobs: ArrayLike,
+    config: EvalConfig,
+    chosen_rewards: ArrayLike | None = None,
+    rejected_rewards: ArrayLike | None = None,
+    gold_name: str = "",
+) -> dict[str, Any]:
+    """Every measure in one JSON-ready dict: what eval.json holds and the report shows.
+
+    Rewards are compared per prompt (the mean over its samples), so the bootstrap resamples
+    prompts. ``aligned_logprobs``/``reference_logprobs`` score the aligned samples' tokens
+    (masked by ``aligned.response_mask``); chosen/rejected rewards are the reward model's
+    scores of held-out preference pairs. Optional parts are None when not given.
+    """
+    bootstrap = {
+        "n_resamples": config.bootstrap_samples,
+        "confidence": config.confidence,
+        "seed": config.seed,
+    }
+    a_rewards, r_rewards = per_prompt(aligned.rewards), per_prompt(reference.rewards)
+    rm_accuracy = None
+    if chosen_rewards is not None and rejected_rewards is not None:
+        chosen, rejected = _paired(chosen_rewards, rejected_rewards)
+        rm_accuracy = {
+            "value": reward_model_accuracy(chosen, rejected),
+            "num_pairs": int(chosen.size),
+        }
+    gold = None
+    if aligned.gold_rewards is not None and reference.gold_rewards is not None:
+        a_gold, r_gold = per_prompt(aligned.gold_rewards), per_prompt(reference.gold_rewards)
+        gold = {
+            "name": gold_name,
+            **paired_difference(a_gold, r_gold, **bootstrap),
+            "win_rate": win_rate_with_interval(a_gold, r_gold, **bootstrap),
+        }
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "num_prompts": int(a_rewards.size),
+        "samples_per_prompt": config.samples_per_prompt,
+        "confidence": config.confidence,
+        "bootstrap_samples": config.bootstrap_samples,
+        "win_rate": win_rate_with_interval(a_rewards, r_rewards, **bootstrap),
+        "reward": paired_difference(a_rewards, r_rewards, **bootstrap),
+        "reward_histogram": reward_histogram(a_rewards, r_rewards),
+        "kl": sequence_kl(aligned_logprobs, reference_logprobs, aligned.response_mask),
+        "response_length": {
+            "aligned": location(response_lengths(aligned.response_mask)),
+            "reference": location(response_lengths(reference.response_mask)),
+        },
+        "eos_rate": {
+            "aligned": eos_rate(aligned.ended_with_eos),
+            "reference": eos_rate(reference.ended_with_eos),
+        },
+        "reward_model_accuracy": rm_accuracy,
+        "gold": gold,
+    }

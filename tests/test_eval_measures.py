@@ -1,0 +1,212 @@
+"""Evaluation measures against hand-computed values on small fixed inputs."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+
+import numpy as np
+import pytest
+
+from components.core import builtin_task
+from components.core.flags import add_config_flags, config_from_flags
+from components.evaluate import measures
+from components.evaluate.config import EvalConfig
+
+BOOT = {"n_resamples": 500, "confidence": 0.95, "seed": 0}
+GOLD = builtin_task.GOLD_REWARD_NAME
+
+
+def test_win_rate_counts_ties_half() -> None:
+    assert measures.win_rate([1, 2, 3, 4], [0, 2, 5, 1]) == pytest.approx((2 + 0.5) / 4)
+    assert measures.win_rate([1, 1], [1, 1]) == 0.5
+    assert measures.win_rate([0, 0], [1, 1]) == 0.0
+
+
+def test_win_rate_rejects_bad_input_and_propagates_nan() -> None:
+    assert math.isnan(measures.win_rate([1.0, np.nan], [0.0, 0.0]))
+    with pytest.raises(ValueError, match="one length"):
+        measures.win_rate([1, 2], [1, 2, 3])
+    with pytest.raises(ValueError, match="empty"):
+        measures.win_rate([], [])
+
+
+def test_reward_model_accuracy_counts_ties_half() -> None:
+    # pair 1 right, pair 2 tied, pair 3 wrong: (1 + 0.5) / 3
+    assert measures.reward_model_accuracy([1, 1, 2], [0, 1, 3]) == pytest.approx(0.5)
+
+
+def test_win_rate_with_interval_reports_counts() -> None:
+    est = measures.win_rate_with_interval([1, 2, 3, 4], [0, 2, 5, 1], **BOOT)
+    assert (est["wins"], est["ties"], est["losses"]) == (2, 1, 1)
+    assert est["value"] == pytest.approx(0.625)
+    assert est["low"] <= est["value"] <= est["high"]
+
+
+def test_bootstrap_contains_estimate_and_narrows_with_more_data() -> None:
+    rng = np.random.default_rng(1)
+    widths = []
+    for n in (40, 1600):
+        aligned, reference = rng.normal(0.3, 1, n), rng.normal(0, 1, n)
+        low, high = measures.bootstrap_interval(measures.win_rate, aligned, reference, **BOOT)
+        assert low <= measures.win_rate(aligned, reference) <= high
+        widths.append(high - low)
+    assert widths[1] < widths[0] / 3  # width shrinks like 1/sqrt(n): about 1/6 here
+
+
+def test_bootstrap_is_seeded_and_resamples_pairs_jointly() -> None:
+    x = np.arange(30.0)
+    first = measures.bootstrap_interval(lambda a, b: np.mean(a - b), x, x - 1.0, **BOOT)
+    assert first == measures.bootstrap_interval(lambda a, b: np.mean(a - b), x, x - 1.0, **BOOT)
+    # Indices are shared across arrays, so every paired difference stays exactly 1.
+    assert first == pytest.approx((1.0, 1.0))
+
+
+def test_bootstrap_rejects_bad_arguments() -> None:
+    with pytest.raises(ValueError, match="differ in length"):
+        measures.bootstrap_interval(measures.win_rate, [1, 2], [1], **BOOT)
+    with pytest.raises(ValueError, match="confidence"):
+        measures.bootstrap_interval(np.mean, [1, 2], n_resamples=10, confidence=1.0, seed=0)
+
+
+def test_paired_difference_by_hand() -> None:
+    result = measures.paired_difference([1, 2, 3, 4], [0, 2, 5, 1], **BOOT)
+    assert result["aligned"] == {"mean": 2.5, "median": 2.5}
+    assert result["reference"] == {"mean": 2.0, "median": 1.5}
+    diff = result["difference"]
+    assert diff["value"] == pytest.approx(0.5)  # differences 1, 0, -2, 3
+    assert -2.0 <= diff["low"] <= diff["value"] <= diff["high"] <= 3.0
+
+
+def test_kl_is_zero_for_identical_policies() -> None:
+    logp = np.log(np.full((3, 5), 0.25))
+    mask = np.array([[1, 1, 1, 0, 0], [1, 0, 0, 0, 0], [1, 1, 1, 1, 1]])
+    assert measures.sequence_kl(logp, logp, mask) == {"per_sequence": 0.0, "per_token": 0.0}
+
+
+def test_kl_by_hand_ignores_padding_garbage() -> None:
+    aligned = np.array([[-1.0, -2.0, np.inf], [-0.5, np.nan, -np.inf]])
+    reference = np.array([[-1.5, -2.5, np.inf], [-1.0, 7.0, -np.inf]])
+    mask = np.array([[1, 1, 0], [1, 0, 0]])
+    kl = measures.sequence_kl(aligned, reference, mask)
+    # log ratios 0.5 + 0.5 and 0.5: sequences 1.0 and 0.5; 1.5 nats over 3 tokens
+    assert kl["per_sequence"] == pytest.approx(0.75)
+    assert kl["per_token"] == pytest.approx(0.5)
+
+
+def test_kl_estimate_matches_analytic_kl_of_two_categoricals() -> None:
+    p, q = np.array([0.7, 0.2, 0.1]), np.array([0.4, 0.4, 0.2])
+    tokens = np.random.default_rng(0).choice(3, size=(20000, 1), p=p)
+    kl = measures.sequence_kl(np.log(p)[tokens], np.log(q)[tokens], np.ones_like(tokens))
+    analytic = float(np.sum(p * np.log(p / q)))
+    assert kl["per_token"] > 0
+    assert kl["per_token"] == pytest.approx(analytic, abs=0.02)
+
+
+def test_kl_rejects_mismatched_shapes_and_empty_masks() -> None:
+    with pytest.raises(ValueError, match="shape"):
+        measures.sequence_kl(np.zeros((2, 3)), np.zeros((2, 4)), np.ones((2, 3)))
+    with pytest.raises(ValueError, match="no response tokens"):
+        measures.sequence_kl(np.zeros((2, 3)), np.zeros((2, 3)), np.zeros((2, 3)))
+
+
+def test_lengths_and_eos_from_masks_and_tokens() -> None:
+    eos = 2
+    tokens = np.array([[5, 2, 0, 0], [5, 6, 7, 8], [2, 0, 0, 0]])
+    mask = np.array([[1, 1, 0, 0], [1, 1, 1, 1], [1, 0, 0, 0]])
+    assert measures.response_lengths(mask).tolist() == [2, 4, 1]
+    ended = measures.ends_with_eos(tokens, mask, eos)
+    assert ended.tolist() == [True, False, True]
+    assert measures.eos_rate(ended) == pytest.approx(2 / 3)
+    # [P, S, T] inputs flatten to one row per response
+    assert measures.response_lengths(mask[None]).tolist() == [2, 4, 1]
+
+
+def test_gold_scores_of_known_responses() -> None:
+    prompts = ["Tell me about the river."] * 4
+    responses = ["good river.", "bad.", "", "the river is calm"]
+    scores = measures.gold_scores(GOLD, prompts, responses)
+    # sentiment per word, +0.5 for naming the topic; an empty response scores -1
+    np.testing.assert_allclose(scores, [0.5 + 0.5, -1.0, -1.0, 0.25 + 0.5])
+    assert measures.gold_win_rate(GOLD, prompts[:2], ["good.", "sad."], ["bad.", "sad."]) == 0.75
+    with pytest.raises(ValueError, match="one prompt per response"):
+        measures.gold_scores(GOLD, prompts, responses[:2])
+    with pytest.raises(KeyError, match="unknown gold reward"):
+        measures.gold_scores("nope", prompts, responses)
+
+
+def _outputs(rewards, lengths, t=6, gold=None) -> measures.PolicyOutputs:
+    mask = np.arange(t)[None, :] < np.asarray(lengths)[:, None]
+    return measures.PolicyOutputs(
+        rewards=rewards,
+        response_mask=mask,
+        ended_with_eos=np.asarray(lengths) < t,
+        gold_rewards=gold,
+    )
+
+
+def test_summarize_assembles_json_ready_measures() -> None:
+    config = EvalConfig(bootstrap_samples=200, samples_per_prompt=2)
+    aligned = _outputs([[1, 1], [1, 3], [3, 3], [4, 4]], [2, 6, 3, 1, 4, 4, 2, 2])
+    reference = _outputs([[0, 0], [2, 2], [5, 5], [0, 2]], [6, 6, 6, 6, 1, 1, 1, 1])
+    logp = np.full((8, 6), -1.0)
+    summary = measures.summarize(
+        aligned, reference, aligned_logprobs=logp, reference_logprobs=logp - 0.1, config=config
+    )
+    json.dumps(summary, allow_nan=False)  # plain numbers only
+    assert summary["win_rate"]["value"] == pytest.approx(0.625)  # per-prompt means as above
+    assert summary["reward"]["difference"]["value"] == pytest.approx(0.5)
+    assert summary["kl"]["per_token"] == pytest.approx(0.1)
+    assert summary["kl"]["per_sequence"] == pytest.approx(0.1 * 24 / 8)
+    assert summary["response_length"]["aligned"]["mean"] == pytest.approx(3.0)
+    assert summary["eos_rate"] == {"aligned": 0.875, "reference": 0.5}
+    assert summary["reward_model_accuracy"] is None and summary["gold"] is None
+    assert sum(summary["reward_histogram"]["aligned"]) == 4
+    assert summary["num_prompts"] == 4 and summary["samples_per_prompt"] == 2
+
+
+def test_summarize_with_gold_and_reward_model_pairs() -> None:
+    config = EvalConfig(bootstrap_samples=100)
+    summary = measures.summarize(
+        _outputs([1.0, 2.0], [3, 3], gold=[1.0, 0.0]),
+        _outputs([0.0, 3.0], [3, 3], gold=[0.0, 0.0]),
+        aligned_logprobs=np.zeros((2, 6)),
+        reference_logprobs=np.zeros((2, 6)),
+        config=config,
+        chosen_rewards=[1, 1, 2],
+        rejected_rewards=[0, 1, 3],
+        gold_name=GOLD,
+    )
+    assert summary["reward_model_accuracy"] == {"value": 0.5, "num_pairs": 3}
+    assert summary["gold"]["name"] == GOLD
+    assert summary["gold"]["win_rate"]["value"] == 0.75
+    assert summary["gold"]["aligned"]["mean"] == 0.5
+
+
+@pytest.mark.parametrize(
+    "overrides, field",
+    [
+        ({"samples_per_prompt": 0}, "samples_per_prompt"),
+        ({"temperature": 0.0}, "temperature"),
+        ({"confidence": 1.0}, "confidence"),
+        ({"min_win_rate_lower": 1.5}, "min_win_rate_lower"),
+        ({"max_kl": -0.1}, "max_kl"),
+        ({"bootstrap_samples": 0}, "bootstrap_samples"),
+        ({"num_report_samples": -1}, "num_report_samples"),
+        ({"gold_reward": "nope"}, "gold_reward"),
+    ],
+)
+def test_config_rejects_bad_values_naming_the_field(overrides: dict, field: str) -> None:
+    with pytest.raises(ValueError, match=field):
+        EvalConfig(**overrides)
+
+
+def test_config_flags_round_trip() -> None:
+    assert EvalConfig(greedy=True, temperature=0.0).greedy  # temperature unused when greedy
+    parser = argparse.ArgumentParser()
+    add_config_flags(parser, EvalConfig)
+    args = parser.parse_args(["--max-kl", "0.2", "--greedy", "--bootstrap-samples", "50"])
+    config = config_from_flags(EvalConfig, args)
+    assert (config.max_kl, config.greedy, config.bootstrap_samples) == (0.2, True, 50)
+    assert config.min_win_rate_lower == 0.5
