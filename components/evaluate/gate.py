@@ -1,0 +1,91 @@
+"""The promotion gate: bless the aligned policy only when it wins and stays close to its reference.
+
+Checks, each reported as one line with its figure and threshold:
+
+- the win rate's lower interval bound ≥ ``min_win_rate_lower``;
+- KL(aligned ‖ reference) per response token ≤ ``max_kl``;
+- every figure in the summary is finite (a NaN means a broken measure, not a pass).
+
+A figure exactly at its threshold passes: the thresholds are stated as the worst value that
+is still acceptable, so ``min_win_rate_lower=0.5`` blesses a policy no worse than its reference.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from components.evaluate.config import EvalConfig
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Gate:
+    """The verdict and one line per check that led to it."""
+
+    blessed: bool
+    reasons: list[str]
+
+
+def _show(value: float, threshold: float) -> tuple[str, str]:
+    """Both numbers with the fewest decimals (2 to 6) that keep unequal ones apart on screen."""
+    for decimals in range(2, 7):
+        shown = f"{value:.{decimals}f}", f"{threshold:.{decimals}f}"
+        if shown[0] != shown[1] or value == threshold:
+            return shown
+    return f"{value!r}", f"{threshold!r}"
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _check(
+    label: str, value: Any, threshold: float, *, at_least: bool, unit: str = ""
+) -> tuple[bool, str]:
+    """Whether ``value`` meets ``threshold``, and one line saying so with both figures."""
+    if not _is_number(value) or not math.isfinite(value):
+        return False, f"{label} is {value!r}, not a finite number: fail"
+    passed = value >= threshold if at_least else value <= threshold
+    shown, limit = _show(float(value), float(threshold))
+    sign = ("≥" if passed else "<") if at_least else ("≤" if passed else ">")
+    return passed, f"{label} {shown}{unit} {sign} {limit}{unit}: {'pass' if passed else 'fail'}"
+
+
+def _numbers(tree: Any, path: str = "") -> Iterator[tuple[str, Any]]:
+    """Every number in a nested dict/list with its dotted path."""
+    if isinstance(tree, Mapping):
+        for key, value in tree.items():
+            yield from _numbers(value, f"{path}.{key}" if path else str(key))
+    elif isinstance(tree, list | tuple):
+        for i, value in enumerate(tree):
+            yield from _numbers(value, f"{path}[{i}]")
+    elif _is_number(tree):
+        yield path, tree
+
+
+def _lookup(summary: Mapping[str, Any], *keys: str) -> Any:
+    """``summary[k1][k2]...``, or None where a level is missing."""
+    node: Any = summary
+    for key in keys:
+        if not isinstance(node, Mapping) or key not in node:
+            return None
+        node = node[key]
+    return node
+
+
+def decide(summary: Mapping[str, Any], config: EvalConfig) -> Gate:
+    """Bless iff win-rate lower bound ≥ min_win_rate_lower, KL ≤ max_kl and all figures finite."""
+    win_low = _lookup(summary, "win_rate", "low")
+    kl = _lookup(summary, "kl", "per_token")
+    checks = [
+        _check("win-rate lower bound", win_low, config.min_win_rate_lower, at_least=True),
+        _check("KL", kl, config.max_kl, at_least=False, unit=" nats/token"),
+    ]
+    broken = [path for path, value in _numbers(summary) if not math.isfinite(value)]
+    if broken:
+        checks.append((False, f"non-finite figures in the summary ({', '.join(broken)}): fail"))
+    else:
+        checks.append((True, "every figure in the summary is finite: pass"))
+    return Gate(blessed=all(ok for ok, _ in checks), reasons=[reason for _, reason in checks])
