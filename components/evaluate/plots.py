@@ -1,0 +1,139 @@
+"""The report's figures as PNG bytes, drawn with matplotlib's Agg canvas (no display, no pyplot).
+
+Each function returns None when its data is absent, so the report simply leaves that plot out.
+Figures are built as ``matplotlib.figure.Figure`` objects rather than through pyplot: no global
+figure registry, nothing to close, safe in a server or a test run.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+ALIGNED_COLOR = "#1f77b4"
+REFERENCE_COLOR = "#ff7f0e"
+# PPO metric names as the PPO stage logs them (TRL's names); the first panel plots rewards.
+PPO_REWARD_KEYS = ("objective/scores", "objective/rlhf_reward", "objective/non_score_reward")
+PPO_KL_KEYS = ("objective/kl",)
+
+
+def _png(figure: Figure) -> bytes:
+    """The figure encoded as PNG."""
+    FigureCanvasAgg(figure)
+    figure.tight_layout()
+    buffer = io.BytesIO()
+    # No Software/date metadata: the same data gives the same bytes.
+    figure.savefig(buffer, format="png", dpi=100, metadata={"Software": None})
+    return buffer.getvalue()
+
+
+def _is_finite_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def series(rows: Sequence[Mapping[str, Any]], key: str) -> tuple[list[float], list[float]]:
+    """(steps, values) of ``key`` over the rows that hold a finite value for it.
+
+    The step is the row's ``step`` when it has one, else the row's position.
+    """
+    steps, values = [], []
+    for position, row in enumerate(rows):
+        value = row.get(key)
+        if _is_finite_number(value):
+            step = row.get("step")
+            steps.append(float(step) if _is_finite_number(step) else float(position))
+            values.append(float(value))
+    return steps, values
+
+
+def _plot_series(axes: Any, rows: Sequence[Mapping[str, Any]], keys: Sequence[str]) -> bool:
+    """Draw each key that has data on ``axes``; whether anything was drawn."""
+    drawn = False
+    for key in keys:
+        steps, values = series(rows, key)
+        if values:
+            axes.plot(steps, values, marker="." if len(values) < 30 else None, label=key)
+            drawn = True
+    if drawn:
+        axes.set_xlabel("step")
+        axes.grid(alpha=0.3)
+        axes.legend(fontsize="small")
+    return drawn
+
+
+def ppo_curves(rows: Sequence[Mapping[str, Any]] | None) -> bytes | None:
+    """PPO rewards and KL (per sequence, as PPO logs it) over training steps."""
+    if not rows:
+        return None
+    figure = Figure(figsize=(9, 3.2))
+    reward_axes, kl_axes = figure.subplots(1, 2)
+    has_reward = _plot_series(reward_axes, rows, PPO_REWARD_KEYS)
+    has_kl = _plot_series(kl_axes, rows, PPO_KL_KEYS)
+    if not (has_reward or has_kl):
+        return None
+    reward_axes.set_title("PPO reward" if has_reward else "PPO reward: not logged")
+    kl_axes.set_title("PPO KL (nats per sequence)" if has_kl else "PPO KL: not logged")
+    return _png(figure)
+
+
+def reward_model_curves(rows: Sequence[Mapping[str, Any]] | None) -> bytes | None:
+    """Reward-model loss and accuracy over training steps, from any keys ending in those names."""
+    if not rows:
+        return None
+    keys = sorted({key for row in rows for key in row})
+    loss_keys = [key for key in keys if key.endswith("loss")]
+    accuracy_keys = [key for key in keys if key.endswith("accuracy")]
+    figure = Figure(figsize=(9, 3.2))
+    loss_axes, accuracy_axes = figure.subplots(1, 2)
+    has_loss = _plot_series(loss_axes, rows, loss_keys)
+    has_accuracy = _plot_series(accuracy_axes, rows, accuracy_keys)
+    if not (has_loss or has_accuracy):
+        return None
+    loss_axes.set_title("reward-model loss" if has_loss else "loss: not logged")
+    accuracy_axes.set_title("reward-model accuracy" if has_accuracy else "accuracy: not logged")
+    return _png(figure)
+
+
+def reward_distributions(histogram: Mapping[str, Sequence[float]] | None) -> bytes | None:
+    """Both policies' per-prompt reward histograms over shared bins."""
+    if not histogram or len(histogram.get("bin_edges", ())) < 2:
+        return None
+    edges = list(histogram["bin_edges"])
+    figure = Figure(figsize=(6, 3.2))
+    axes = figure.subplots()
+    for name, color in (("reference", REFERENCE_COLOR), ("aligned", ALIGNED_COLOR)):
+        axes.stairs(histogram[name], edges, fill=True, alpha=0.45, color=color, label=name)
+    axes.set_xlabel("reward-model reward (per prompt)")
+    axes.set_ylabel("prompts")
+    axes.set_title("reward distributions")
+    axes.legend(fontsize="small")
+    return _png(figure)
+
+
+def win_rates(estimates: Mapping[str, Mapping[str, float]], confidence: float) -> bytes | None:
+    """Each named win rate as a point with its interval, against the 0.5 parity line."""
+    shown = {
+        name: est
+        for name, est in estimates.items()
+        if all(_is_finite_number(est.get(k)) for k in ("value", "low", "high"))
+    }
+    if not shown:
+        return None
+    figure = Figure(figsize=(6, 0.9 + 0.5 * len(shown)))
+    axes = figure.subplots()
+    for row, est in enumerate(shown.values()):
+        below, above = est["value"] - est["low"], est["high"] - est["value"]
+        axes.errorbar(
+            est["value"], row, xerr=[[max(below, 0.0)], [max(above, 0.0)]], fmt="o", capsize=4
+        )
+    axes.axvline(0.5, color="grey", linestyle="--", linewidth=1)
+    axes.set_yticks(range(len(shown)), list(shown))
+    axes.set_ylim(-0.6, len(shown) - 0.4)
+    axes.set_xlim(0.0, 1.0)
+    axes.set_xlabel(f"win rate of aligned over reference ({confidence:.0%} interval)")
+    return _png(figure)

@@ -1,0 +1,350 @@
+"""The evaluation report: one self-contained HTML file, and eval.json holding the same figures.
+
+The page reads top-down: the gate's verdict and its reasons, the figures (head-to-head, then
+per policy), the plots (inline base64 PNG), then sample responses. Every number in a table
+cell carries ``data-key`` with its dotted path in the summary, so a reader (or a test) can
+match the page against eval.json. Everything that comes from data, including the gate's
+reasons, passes through ``html.escape``; the page has no scripts.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import json
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any, NamedTuple
+
+import numpy as np
+from numpy.typing import ArrayLike
+
+from components.core import fileio
+from components.evaluate import plots
+from components.evaluate.gate import Gate
+
+EVAL_JSON_SCHEMA_VERSION = 1
+REPORT_FILE = "report.html"
+EVAL_JSON_FILE = "eval.json"
+
+_CSS = """
+body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 72em; color: #222; }
+table { border-collapse: collapse; margin: 0.5em 0 1.5em; }
+th, td { border: 1px solid #ccc; padding: 0.3em 0.6em; text-align: left; vertical-align: top; }
+th { background: #f3f3f3; }
+td.num { text-align: right; font-variant-numeric: tabular-nums; }
+td.text { white-space: pre-wrap; max-width: 28em; }
+.verdict { padding: 0.6em 1em; border-radius: 6px; }
+.blessed { background: #e6f4ea; border: 1px solid #34a853; }
+.rejected { background: #fce8e6; border: 1px solid #d93025; }
+.missing { color: #777; font-style: italic; }
+figure { margin: 1em 0; }
+"""
+
+
+class ReportPaths(NamedTuple):
+    """Where ``write_report`` put its files."""
+
+    report: str
+    eval_json: str
+
+
+def json_ready(tree: Any) -> Any:
+    """``tree`` with NumPy scalars made plain and non-finite floats made None (valid JSON)."""
+    if isinstance(tree, Mapping):
+        return {str(key): json_ready(value) for key, value in tree.items()}
+    if isinstance(tree, list | tuple):
+        return [json_ready(value) for value in tree]
+    if isinstance(tree, np.generic):
+        tree = tree.item()
+    if isinstance(tree, float) and not math.isfinite(tree):
+        return None
+    return tree
+
+
+def _esc(value: Any) -> str:
+    return html.escape(str(value), quote=True)
+
+
+def _at(tree: Mapping[str, Any], path: str) -> Any:
+    """The value at a dotted ``path``, or None where it is missing."""
+    node: Any = tree
+    for key in path.split("."):
+        if not isinstance(node, Mapping) or key not in node:
+            return None
+        node = node[key]
+    return node
+
+
+def format_figure(value: Any) -> str:
+    """How the report shows a number: ints whole, floats to 4 significant digits, else n/a."""
+    if isinstance(value, bool) or value is None:
+        return "n/a"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float) and math.isfinite(value):
+        return f"{value:.4g}"
+    return "n/a"
+
+
+def _figure(summary: Mapping[str, Any], path: str, tag: str = "td") -> str:
+    """One number of the summary as an element tagged with its path."""
+    css = ' class="num"' if tag == "td" else ""
+    text = format_figure(_at(summary, path))
+    return f'<{tag}{css} data-key="{_esc(path)}">{_esc(text)}</{tag}>'
+
+
+def _interval(summary: Mapping[str, Any], path: str) -> str:
+    low, high = _figure(summary, f"{path}.low", "span"), _figure(summary, f"{path}.high", "span")
+    return f'<td class="num">[{low}, {high}]</td>'
+
+
+def _verdict(gate: Gate) -> str:
+    """The verdict and its reasons, first on the page."""
+    css, title = (
+        ("blessed", "Blessed: promote the aligned policy")
+        if gate.blessed
+        else ("rejected", "Not blessed: keep the current policy")
+    )
+    reasons = "".join(f"<li>{_esc(reason)}</li>" for reason in gate.reasons)
+    blessed = "true" if gate.blessed else "false"
+    return (
+        f'<div class="verdict {css}" data-blessed="{blessed}">'
+        f"<h2>{_esc(title)}</h2><ul>{reasons}</ul></div>"
+    )
+
+
+def _head_to_head(summary: Mapping[str, Any]) -> str:
+    """Figures that compare the two policies, with their bootstrap intervals."""
+    confidence = _at(summary, "confidence")
+    level = f"{confidence:.0%}" if isinstance(confidence, float) else "?"
+    rows = [
+        ("win rate (reward model)", "win_rate.value", "win_rate"),
+        (
+            "mean reward difference (aligned − reference)",
+            "reward.difference.value",
+            "reward.difference",
+        ),
+        ("KL(aligned ‖ reference), nats per token", "kl.per_token", None),
+        ("KL(aligned ‖ reference), nats per sequence", "kl.per_sequence", None),
+        ("reward-model accuracy on held-out pairs", "reward_model_accuracy.value", None),
+    ]
+    if _at(summary, "gold") is not None:
+        name = _at(summary, "gold.name") or "gold"
+        rows += [
+            (f"win rate ({name})", "gold.win_rate.value", "gold.win_rate"),
+            (
+                f"mean {name} difference (aligned − reference)",
+                "gold.difference.value",
+                "gold.difference",
+            ),
+        ]
+    body = []
+    for label, value_path, interval_path in rows:
+        # A part left out is None at its top key; a NaN figure inside one shows as n/a.
+        if _at(summary, value_path.split(".")[0]) is None:
+            cells = '<td class="num missing">not measured</td><td></td>'
+        else:
+            interval = _interval(summary, interval_path) if interval_path else "<td></td>"
+            cells = _figure(summary, value_path) + interval
+        body.append(f"<tr><th>{_esc(label)}</th>{cells}</tr>")
+    counts = " ".join(
+        f"{_figure(summary, f'win_rate.{key}', 'span')} {key}" for key in ("wins", "ties", "losses")
+    )
+    return (
+        f"<h2>Aligned against reference</h2><p>{_figure(summary, 'num_prompts', 'span')} "
+        f"prompts, {_figure(summary, 'samples_per_prompt', 'span')} sample(s) each; "
+        f"{_esc(level)} percentile-bootstrap intervals over prompts. Reward-model verdicts: "
+        f"{counts}.</p><table><tr><th>measure</th><th>value</th><th>{_esc(level)} interval</th>"
+        f"</tr>{''.join(body)}</table>"
+    )
+
+
+def _per_policy(summary: Mapping[str, Any]) -> str:
+    """Figures of each policy side by side."""
+    rows = [
+        ("mean reward", "reward.{}.mean"),
+        ("median reward", "reward.{}.median"),
+        ("mean response length (tokens, EOS included)", "response_length.{}.mean"),
+        ("median response length", "response_length.{}.median"),
+        ("EOS rate (stopped before max_new_tokens)", "eos_rate.{}"),
+    ]
+    if _at(summary, "gold") is not None:
+        name = _at(summary, "gold.name") or "gold"
+        rows += [(f"mean {name}", "gold.{}.mean"), (f"median {name}", "gold.{}.median")]
+    body = "".join(
+        f"<tr><th>{_esc(label)}</th>{_figure(summary, path.format('aligned'))}"
+        f"{_figure(summary, path.format('reference'))}</tr>"
+        for label, path in rows
+    )
+    return (
+        "<h2>Each policy</h2><table><tr><th>measure</th><th>aligned</th><th>reference</th></tr>"
+        f"{body}</table>"
+    )
+
+
+def _image(png: bytes | None, caption: str, missing: str) -> str:
+    if png is None:
+        return f'<p class="missing">{_esc(missing)}</p>'
+    data = base64.b64encode(png).decode("ascii")
+    return (
+        f'<figure><img alt="{_esc(caption)}" src="data:image/png;base64,{data}">'
+        f"<figcaption>{_esc(caption)}</figcaption></figure>"
+    )
+
+
+def _plots(
+    summary: Mapping[str, Any],
+    ppo_metrics: Sequence[Mapping[str, Any]] | None,
+    reward_metrics: Sequence[Mapping[str, Any]] | None,
+) -> str:
+    """Every plot whose data is present; a short note for each that is not."""
+    estimates = {"reward model": _at(summary, "win_rate") or {}}
+    if _at(summary, "gold") is not None:
+        estimates[_at(summary, "gold.name") or "gold"] = _at(summary, "gold.win_rate") or {}
+    confidence = _at(summary, "confidence") or 0.95
+    parts = [
+        _image(
+            plots.win_rates(estimates, confidence), "win rate with interval", "no win rate plot"
+        ),
+        _image(
+            plots.reward_distributions(_at(summary, "reward_histogram")),
+            "per-prompt reward distributions",
+            "no rewards to plot",
+        ),
+        _image(plots.ppo_curves(ppo_metrics), "PPO training curves", "no PPO metrics given"),
+        _image(
+            plots.reward_model_curves(reward_metrics),
+            "reward-model training curves",
+            "no reward-model metrics given",
+        ),
+    ]
+    return "<h2>Plots</h2>" + "".join(parts)
+
+
+def _reward_cell(value: Any) -> str:
+    number = (
+        float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+    )
+    return f'<td class="num">{_esc(format_figure(number))}</td>'
+
+
+def _samples(samples: Sequence[Mapping[str, Any]]) -> str:
+    """Prompts with both responses and their rewards."""
+    if not samples:
+        return '<h2>Samples</h2><p class="missing">no samples given</p>'
+    has_gold = any("aligned_gold" in s or "reference_gold" in s for s in samples)
+    head = ["#", "prompt", "aligned response", "reward", "reference response", "reward"]
+    if has_gold:
+        head += ["aligned gold", "reference gold"]
+    rows = []
+    for number, sample in enumerate(samples, start=1):
+        cells = [
+            f'<td class="num">{number}</td>',
+            f'<td class="text">{_esc(sample.get("prompt", ""))}</td>',
+            f'<td class="text">{_esc(sample.get("aligned_response", ""))}</td>',
+            _reward_cell(sample.get("aligned_reward")),
+            f'<td class="text">{_esc(sample.get("reference_response", ""))}</td>',
+            _reward_cell(sample.get("reference_reward")),
+        ]
+        if has_gold:
+            cells += [
+                _reward_cell(sample.get("aligned_gold")),
+                _reward_cell(sample.get("reference_gold")),
+            ]
+        rows.append(f"<tr>{''.join(cells)}</tr>")
+    header = "".join(f"<th>{_esc(h)}</th>" for h in head)
+    return f"<h2>Samples</h2><table><tr>{header}</tr>{''.join(rows)}</table>"
+
+
+def render_report(
+    summary: Mapping[str, Any],
+    gate: Gate,
+    *,
+    ppo_metrics: Sequence[Mapping[str, Any]] | None = None,
+    reward_metrics: Sequence[Mapping[str, Any]] | None = None,
+    samples: Sequence[Mapping[str, Any]] = (),
+) -> str:
+    """The whole report as one self-contained HTML page (verdict first)."""
+    shown = json_ready(summary)  # the page shows exactly what eval.json holds
+    return (
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+        "<title>alignpipe evaluation</title>"
+        f"<style>{_CSS}</style></head><body><h1>alignpipe evaluation</h1>"
+        f"{_verdict(gate)}{_head_to_head(shown)}{_per_policy(shown)}"
+        f"{_plots(shown, ppo_metrics, reward_metrics)}{_samples(samples)}</body></html>\n"
+    )
+
+
+def eval_record(summary: Mapping[str, Any], gate: Gate) -> dict[str, Any]:
+    """What eval.json holds: the verdict, its reasons and the summary, as valid JSON values."""
+    return {
+        "schema_version": EVAL_JSON_SCHEMA_VERSION,
+        "blessed": gate.blessed,
+        "reasons": list(gate.reasons),
+        "summary": json_ready(summary),
+    }
+
+
+def write_report(
+    out_dir: str,
+    summary: Mapping[str, Any],
+    gate: Gate,
+    *,
+    ppo_metrics: Sequence[Mapping[str, Any]] | None = None,
+    reward_metrics: Sequence[Mapping[str, Any]] | None = None,
+    samples: Sequence[Mapping[str, Any]] = (),
+) -> ReportPaths:
+    """Write report.html and eval.json into ``out_dir`` (local or gs://); returns their paths."""
+    fileio.makedirs(out_dir)
+    paths = ReportPaths(
+        report=fileio.join(out_dir, REPORT_FILE), eval_json=fileio.join(out_dir, EVAL_JSON_FILE)
+    )
+    page = render_report(
+        summary, gate, ppo_metrics=ppo_metrics, reward_metrics=reward_metrics, samples=samples
+    )
+    fileio.write_text(paths.report, page)
+    record = json.dumps(eval_record(summary, gate), indent=2, allow_nan=False, ensure_ascii=False)
+    fileio.write_text(paths.eval_json, record + "\n")
+    return paths
+
+
+def select_samples(
+    prompts: Sequence[str],
+    aligned_responses: Sequence[str],
+    reference_responses: Sequence[str],
+    aligned_rewards: ArrayLike,
+    reference_rewards: ArrayLike,
+    *,
+    num: int,
+    seed: int,
+    aligned_gold: ArrayLike | None = None,
+    reference_gold: ArrayLike | None = None,
+) -> list[dict[str, Any]]:
+    """``num`` rows for the report's sample table, drawn without replacement, in input order.
+
+    All arguments hold one entry per response pair (repeat a prompt for each of its samples).
+    A random draw rather than the best or worst pairs, so the table shows typical behaviour.
+    """
+    count = len(prompts)
+    columns = [aligned_responses, reference_responses, aligned_rewards, reference_rewards]
+    if any(len(column) != count for column in columns):
+        raise ValueError(
+            f"sample columns differ in length: prompts {count}, others "
+            f"{[len(column) for column in columns]}; pass one entry per response pair"
+        )
+    chosen = np.sort(np.random.default_rng(seed).permutation(count)[: max(num, 0)])
+    rows = []
+    for i in chosen.tolist():
+        row = {
+            "prompt": str(prompts[i]),
+            "aligned_response": str(aligned_responses[i]),
+            "reference_response": str(reference_responses[i]),
+            "aligned_reward": float(np.asarray(aligned_rewards)[i]),
+            "reference_reward": float(np.asarray(reference_rewards)[i]),
+        }
+        if aligned_gold is not None and reference_gold is not None:
+            row["aligned_gold"] = float(np.asarray(aligned_gold)[i])
+            row["reference_gold"] = float(np.asarray(reference_gold)[i])
+        rows.append(row)
+    return rows

@@ -1,0 +1,220 @@
+"""The HTML report: well-formed, self-contained, escaped, and in agreement with eval.json."""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import math
+from html.parser import HTMLParser
+
+import numpy as np
+import pytest
+
+from components.core import builtin_task
+from components.evaluate import measures, report
+from components.evaluate.config import EvalConfig
+from components.evaluate.gate import decide
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+VOID = {"meta", "img", "br", "hr", "input", "link"}
+SCRIPT = "<script>alert(1)</script>"
+GOLD = builtin_task.GOLD_REWARD_NAME
+
+
+class PageParser(HTMLParser):
+    """Checks that tags balance; collects images and elements that carry a data-key."""
+
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=True)
+        self.stack: list[str] = []
+        self.errors: list[str] = []
+        self.images: list[dict] = []
+        self.figures: dict[str, str] = {}
+        self.blessed: str | None = None
+        self._key: str | None = None
+
+    def handle_starttag(self, tag: str, attrs: list) -> None:
+        attributes = dict(attrs)
+        if tag == "img":
+            self.images.append(attributes)
+        if "data-blessed" in attributes:
+            self.blessed = attributes["data-blessed"]
+        if "data-key" in attributes:
+            self._key = attributes["data-key"]
+            self.figures[self._key] = ""
+        if tag not in VOID:
+            self.stack.append(tag)
+
+    def handle_endtag(self, tag: str) -> None:
+        if not self.stack or self.stack[-1] != tag:
+            self.errors.append(f"</{tag}> closes {self.stack[-1:]}")
+        else:
+            self.stack.pop()
+        self._key = None
+
+    def handle_data(self, data: str) -> None:
+        if self._key is not None:
+            self.figures[self._key] += data
+
+
+def parse(page: str) -> PageParser:
+    parser = PageParser()
+    parser.feed(page)
+    parser.close()
+    assert parser.errors == [] and parser.stack == []
+    return parser
+
+
+def make_summary(nan_kl: bool = False) -> dict:
+    rng = np.random.default_rng(0)
+    prompts, t = 32, 8
+    lengths = rng.integers(1, t + 1, size=(2, prompts))
+    masks = np.arange(t)[None, None, :] < lengths[..., None]
+    outputs = [
+        measures.PolicyOutputs(
+            rewards=rng.normal(mu, 1, prompts),
+            response_mask=masks[i],
+            ended_with_eos=lengths[i] < t,
+            gold_rewards=rng.normal(mu, 0.5, prompts),
+        )
+        for i, mu in enumerate((0.8, 0.0))
+    ]
+    logp = -rng.random((prompts, t))
+    return measures.summarize(
+        *outputs,
+        aligned_logprobs=logp,
+        reference_logprobs=np.full_like(logp, np.nan) if nan_kl else logp - 0.05,
+        config=EvalConfig(bootstrap_samples=200),
+        chosen_rewards=rng.normal(1, 1, 50),
+        rejected_rewards=rng.normal(0, 1, 50),
+        gold_name=GOLD,
+    )
+
+
+SAMPLES = report.select_samples(
+    ['Tell me about the "river" & <b>sea</b>.', "Describe the city."],
+    [SCRIPT, "good city."],
+    ["bad river.", "</td></tr></table>"],
+    [1.5, 0.25],
+    [-0.5, 0.0],
+    num=5,
+    seed=0,
+    aligned_gold=[0.0, 1.5],
+    reference_gold=[-1.0, -1.0],
+)
+PPO = [{"step": 10 * i, "objective/scores": 0.1 * i, "objective/kl": 0.3 * i} for i in range(8)]
+RM = [{"step": i, "loss": 1 / (i + 1), "accuracy": 0.5 + i / 40} for i in range(8)]
+
+
+@pytest.fixture(scope="module")
+def written(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, dict]:
+    """report.html and eval.json from one full write_report call."""
+    summary = make_summary()
+    gate = decide(summary, EvalConfig())
+    out = tmp_path_factory.mktemp("eval")
+    paths = report.write_report(
+        str(out), summary, gate, ppo_metrics=PPO, reward_metrics=RM, samples=SAMPLES
+    )
+    assert paths == report.ReportPaths(str(out / "report.html"), str(out / "eval.json"))
+    with open(paths.report, encoding="utf-8") as handle:
+        page = handle.read()
+    with open(paths.eval_json, encoding="utf-8") as handle:
+        record = json.load(handle)
+    return page, record
+
+
+def test_report_is_balanced_html_with_the_verdict_first(written: tuple[str, dict]) -> None:
+    page, _ = written
+    assert page.startswith("<!DOCTYPE html>")
+    parse(page)
+    assert page.index("data-blessed") < page.index("<table")
+
+
+def test_every_image_is_an_inline_png(written: tuple[str, dict]) -> None:
+    from PIL import Image
+
+    images = parse(written[0]).images
+    assert len(images) == 4  # win rates, reward histograms, PPO curves, reward-model curves
+    for image in images:
+        prefix = "data:image/png;base64,"
+        assert image["src"].startswith(prefix)
+        data = base64.b64decode(image["src"][len(prefix) :], validate=True)
+        assert data.startswith(PNG_MAGIC)
+        with Image.open(io.BytesIO(data)) as png:
+            png.verify()
+            assert png.format == "PNG" and png.size[0] > 100
+
+
+def test_user_text_is_escaped(written: tuple[str, dict]) -> None:
+    page, _ = written
+    assert "<script" not in page.lower()
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page
+    assert "&lt;/td&gt;&lt;/tr&gt;&lt;/table&gt;" in page
+    assert "Tell me about the &quot;river&quot; &amp; &lt;b&gt;sea&lt;/b&gt;." in page
+
+
+def test_report_figures_and_verdict_match_eval_json(written: tuple[str, dict]) -> None:
+    page, record = written
+    parser = parse(page)
+    assert parser.blessed == ("true" if record["blessed"] else "false")
+    for reason in record["reasons"]:
+        assert f"<li>{reason}</li>" in page  # reasons hold no markup, so escaping leaves them
+    assert len(parser.figures) > 25
+    for path, text in parser.figures.items():
+        value = record["summary"]
+        for key in path.split("."):
+            value = value[key]
+        if value is None:
+            assert text == "n/a", path
+        else:
+            assert float(text) == pytest.approx(value, rel=1e-3, abs=1e-9), path
+    for path in ("win_rate.low", "kl.per_token", "gold.win_rate.value", "eos_rate.reference"):
+        assert path in parser.figures
+
+
+def test_eval_json_holds_verdict_reasons_and_summary(written: tuple[str, dict]) -> None:
+    _, record = written
+    assert set(record) == {"schema_version", "blessed", "reasons", "summary"}
+    summary = make_summary()
+    assert record["blessed"] == decide(summary, EvalConfig()).blessed
+    assert record["summary"]["win_rate"] == summary["win_rate"]
+
+
+def test_missing_metrics_and_samples_skip_their_parts() -> None:
+    summary = make_summary()
+    summary["gold"] = None
+    summary["reward_model_accuracy"] = None
+    page = report.render_report(summary, decide(summary, EvalConfig()), samples=[])
+    parser = parse(page)
+    assert len(parser.images) == 2
+    assert "no PPO metrics given" in page and "no reward-model metrics given" in page
+    assert "no samples given" in page and "not measured" in page
+    # rows without usable values are skipped too; other key spellings are accepted
+    assert report.plots.ppo_curves([{"step": 1, "objective/kl": "n/a"}]) is None
+    assert report.plots.reward_model_curves([{"eval/accuracy": 0.7}, {"eval/accuracy": 0.8}])
+
+
+def test_non_finite_figures_become_null_and_n_a() -> None:
+    summary = make_summary(nan_kl=True)
+    gate = decide(summary, EvalConfig())
+    assert not gate.blessed
+    record = json.loads(json.dumps(report.eval_record(summary, gate), allow_nan=False))
+    assert record["summary"]["kl"]["per_token"] is None
+    figures = parse(report.render_report(summary, gate, samples=SAMPLES)).figures
+    assert figures["kl.per_token"] == "n/a"
+    assert math.isnan(summary["kl"]["per_token"])  # the caller's summary is left as it was
+
+
+def test_select_samples_is_seeded_and_bounded() -> None:
+    rows = report.select_samples(
+        ["p"] * 10, ["a"] * 10, ["r"] * 10, np.arange(10.0), np.zeros(10), num=3, seed=1
+    )
+    again = report.select_samples(
+        ["p"] * 10, ["a"] * 10, ["r"] * 10, np.arange(10.0), np.zeros(10), num=3, seed=1
+    )
+    assert rows == again and len(rows) == 3
+    assert [r["aligned_reward"] for r in rows] == sorted(r["aligned_reward"] for r in rows)
+    assert len(SAMPLES) == 2 and "aligned_gold" in SAMPLES[0]
+    with pytest.raises(ValueError, match="one entry per response pair"):
+        report.select_samples(["p"], ["a", "b"], ["r"], [0.0], [0.0], num=1, seed=0)
