@@ -182,7 +182,7 @@ def response_lengths(mask: ArrayLike) -> np.ndarray:
 
 
 def ends_with_eos(tokens: ArrayLike, mask: ArrayLike, eos_id: int) -> np.ndarray:
-    """Whether each response's last real token is EOS (not cut at max_new_tokens), flattened."""
+    """Whether each response's last real token (of a prefix mask) is EOS, flattened to [N]."""
     tokens = np.asarray(tokens)
     real = np.asarray(mask) != 0
     tokens = tokens.reshape(-1, tokens.shape[-1])
