@@ -177,7 +177,12 @@ def test_resume_from_position_gives_the_same_next_batches(shards):
         got = next(resumed)
         for name in want:
             np.testing.assert_array_equal(got[name], want[name])
-    assert resumed.position() == {"epoch": 1, "batches_in_epoch": 6}
+    assert resumed.position() == {"batches_total": 16, "epoch": 1, "batches_in_epoch": 6}
+    # Only the lockstep total is needed: each host maps it onto its own epochs.
+    from_total = fresh()
+    from_total.restore({"batches_total": 13})
+    assert from_total.position()["epoch"] == 1
+    np.testing.assert_array_equal(next(from_total)["chosen_tokens"], expected[13]["chosen_tokens"])
 
 
 def test_no_repeat_stops_after_one_epoch(shards):
@@ -238,7 +243,7 @@ def test_prompt_dataset_unique_left_padded_resumable(shards):
     ).all()
     expected = [next(prompts) for _ in range(5)]
     resumed = fresh()
-    resumed.restore({"epoch": 0, "batches_in_epoch": 1})
+    resumed.restore({"batches_total": 1})
     for want in expected:
         np.testing.assert_array_equal(next(resumed)["prompt_tokens"], want["prompt_tokens"])
 

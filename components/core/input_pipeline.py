@@ -11,14 +11,18 @@ bos is kept), down to ``max_len // 2`` tokens, and then the response is cut from
 the right. Chosen and rejected share one prompt cut, so a pair differs only in
 its responses. ``loss_mask`` marks the chosen response tokens (SFT targets).
 
-Each iterator has a position (epoch, batches consumed in that epoch) that is
-saved in checkpoints: a resumed run rebuilds that epoch's shuffled order (seeded
-by seed, epoch and host) and skips the consumed batches, so it sees exactly the
-batches an uninterrupted run would.
+Each iterator has a position (batches consumed in total, and the epoch and
+batches consumed in it) that is saved in checkpoints: a resumed run rebuilds
+that epoch's shuffled order (seeded by seed, epoch and host) and skips the
+consumed batches, so it sees exactly the batches an uninterrupted run would.
+Hosts step in lockstep, so the total is the same on every host while epochs
+may not be (shards differ in size): restoring maps the total onto this host's
+own epochs, and a checkpoint needs only process 0's position.
 """
 
 from __future__ import annotations
 
+import abc
 import json
 from collections.abc import Iterator
 from typing import Any
@@ -176,7 +180,44 @@ def _pair_fn(max_len: int, pad_id: int, bos_id: int | None):
     return to_pair
 
 
-class PreferenceBatches(Iterator[dict[str, np.ndarray]]):
+class _PositionedBatches(Iterator[dict[str, np.ndarray]]):
+    """Position bookkeeping shared by the readers: epoch, batches in it, batches in total."""
+
+    repeat: bool
+
+    def __init__(self) -> None:
+        self.epoch, self.batches_in_epoch, self.batches_total = 0, 0, 0
+
+    @abc.abstractmethod
+    def batches_per_epoch(self) -> int:
+        """Full batches in one pass over this host's data."""
+
+    def _advance(self) -> None:
+        self.batches_in_epoch += 1
+        self.batches_total += 1
+
+    def _next_epoch(self) -> None:
+        self.epoch, self.batches_in_epoch = self.epoch + 1, 0
+
+    def position(self) -> dict[str, int]:
+        """Where the next batch comes from, as JSON for a checkpoint."""
+        return {
+            "batches_total": self.batches_total,
+            "epoch": self.epoch,
+            "batches_in_epoch": self.batches_in_epoch,
+        }
+
+    def restore(self, position: dict[str, int]) -> None:
+        """Continue from a :meth:`position` (of this host or, in lockstep, of process 0)."""
+        self.batches_total = int(position["batches_total"])
+        per_epoch = self.batches_per_epoch()
+        epoch, in_epoch = divmod(self.batches_total, per_epoch)
+        if not self.repeat and epoch:
+            epoch, in_epoch = 0, per_epoch  # a single pass, already used up
+        self.epoch, self.batches_in_epoch = epoch, in_epoch
+
+
+class PreferenceBatches(_PositionedBatches):
     """Padded preference-pair batches of one host, with a saveable position."""
 
     def __init__(
@@ -195,8 +236,23 @@ class PreferenceBatches(Iterator[dict[str, np.ndarray]]):
         self.files, self.batch_size, self.max_len = files, batch_size, max_len
         self.pad_id, self.bos_id, self.seed = pad_id, bos_id, seed
         self.host_index, self.shuffle, self.repeat = host_index, shuffle, repeat
-        self.epoch, self.batches_in_epoch = 0, 0
         self._iterator: Iterator | None = None
+        self._batches_per_epoch: int | None = None
+        super().__init__()
+
+    def batches_per_epoch(self) -> int:
+        """Full batches in one pass over this host's shard files (counted once)."""
+        if self._batches_per_epoch is None:
+            import tensorflow as tf
+
+            records = tf.data.TFRecordDataset(self.files).reduce(0, lambda n, _: n + 1)
+            self._batches_per_epoch = int(records) // self.batch_size
+            if not self._batches_per_epoch:
+                raise DataError(
+                    f"{self.files} hold {int(records)} pairs, fewer than batch_size="
+                    f"{self.batch_size}; lower the batch size or use more data"
+                )
+        return self._batches_per_epoch
 
     def _epoch_dataset(self):
         import tensorflow as tf
@@ -223,7 +279,7 @@ class PreferenceBatches(Iterator[dict[str, np.ndarray]]):
                 self._iterator = self._epoch_dataset().as_numpy_iterator()
             batch = next(self._iterator, None)
             if batch is not None:
-                self.batches_in_epoch += 1
+                self._advance()
                 return batch
             if self.batches_in_epoch == 0:
                 raise DataError(
@@ -233,17 +289,12 @@ class PreferenceBatches(Iterator[dict[str, np.ndarray]]):
             self._iterator = None
             if not self.repeat:
                 raise StopIteration
-            self.epoch, self.batches_in_epoch = self.epoch + 1, 0
+            self._next_epoch()
         raise StopIteration
-
-    def position(self) -> dict[str, int]:
-        """Where the next batch comes from, as JSON for a checkpoint."""
-        return {"epoch": self.epoch, "batches_in_epoch": self.batches_in_epoch}
 
     def restore(self, position: dict[str, int]) -> None:
         """Continue from a :meth:`position`: the next batch is the one it named."""
-        self.epoch = int(position["epoch"])
-        self.batches_in_epoch = int(position["batches_in_epoch"])
+        super().restore(position)
         self._iterator = None
 
 
@@ -308,7 +359,7 @@ def _left_pad(prompt: np.ndarray, prompt_len: int, pad_id: int, bos_id: int | No
     return tokens, mask
 
 
-class PromptBatches(Iterator[dict[str, np.ndarray]]):
+class PromptBatches(_PositionedBatches):
     """Left-padded batches of one host's unique prompts (for sampling), with a position."""
 
     def __init__(
@@ -334,8 +385,12 @@ class PromptBatches(Iterator[dict[str, np.ndarray]]):
         self.masks = np.stack([mask for _, mask in pairs])
         self.batch_size, self.seed, self.host_index = batch_size, seed, host_index
         self.shuffle, self.repeat = shuffle, repeat
-        self.batches_per_epoch = len(prompts) // batch_size
-        self.epoch, self.batches_in_epoch = 0, 0
+        self._batches_per_epoch = len(prompts) // batch_size
+        super().__init__()
+
+    def batches_per_epoch(self) -> int:
+        """Full batches of unique prompts in one pass."""
+        return self._batches_per_epoch
 
     def _order(self) -> np.ndarray:
         if not self.shuffle:
@@ -344,23 +399,14 @@ class PromptBatches(Iterator[dict[str, np.ndarray]]):
         return rng.permutation(len(self.tokens))
 
     def __next__(self) -> dict[str, np.ndarray]:
-        if self.batches_in_epoch == self.batches_per_epoch:
+        if self.batches_in_epoch == self._batches_per_epoch:
             if not self.repeat:
                 raise StopIteration
-            self.epoch, self.batches_in_epoch = self.epoch + 1, 0
+            self._next_epoch()
         start = self.batches_in_epoch * self.batch_size
         rows = self._order()[start : start + self.batch_size]
-        self.batches_in_epoch += 1
+        self._advance()
         return {"prompt_tokens": self.tokens[rows], "prompt_mask": self.masks[rows]}
-
-    def position(self) -> dict[str, int]:
-        """Where the next batch comes from, as JSON for a checkpoint."""
-        return {"epoch": self.epoch, "batches_in_epoch": self.batches_in_epoch}
-
-    def restore(self, position: dict[str, int]) -> None:
-        """Continue from a :meth:`position`."""
-        self.epoch = int(position["epoch"])
-        self.batches_in_epoch = int(position["batches_in_epoch"])
 
 
 def prompt_dataset(
