@@ -1,0 +1,76 @@
+"""What every stage's ``__main__`` shares: logging set-up and user-facing errors."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+from collections.abc import Callable
+from typing import Any
+
+# Errors a user can fix from the message alone; anything else is a bug and keeps its traceback.
+USER_ERRORS: tuple[type[BaseException], ...] = (
+    ValueError,
+    FileNotFoundError,
+    FloatingPointError,
+)
+
+
+CPU_DEVICES_ENV = "ALIGNPIPE_CPU_DEVICES"
+DEFAULT_CPU_DEVICES = 8
+
+
+def configure_cpu_devices() -> None:
+    """Give the CPU backend virtual devices (default 8) so pmap runs data-parallel on CPU.
+
+    Only the CPU backend is affected: on TPU or GPU, the accelerators are the devices.
+    Must run before the first JAX computation.
+    """
+    import jax
+
+    count = int(os.environ.get(CPU_DEVICES_ENV, DEFAULT_CPU_DEVICES))
+    jax.config.update("jax_num_cpu_devices", count)
+
+
+def run_stage(body: Callable[[], dict[str, Any]]) -> int:
+    """Run a stage body; print its summary as JSON, or a one-line error and return 1."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    configure_cpu_devices()
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        summary = body()
+    except USER_ERRORS as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    print(json.dumps(summary, default=float, sort_keys=True))
+    return 0
+
+
+def stage_main(
+    argv: list[str] | None,
+    *,
+    prog: str,
+    description: str,
+    config_cls: type,
+    paths: dict[str, str],
+    run: Callable[..., dict[str, Any]],
+) -> int:
+    """A stage's container entry: ``--<path>`` flags and one flag per config field → ``run``.
+
+    ``paths`` maps each path argument of ``run`` (e.g. ``shards_dir``) to its help text;
+    its flag is the name without a ``_dir`` suffix (``--shards``).
+    """
+    import argparse
+
+    from components.core.flags import add_config_flags, config_from_flags
+
+    parser = argparse.ArgumentParser(prog=prog, description=description)
+    for name, help_text in paths.items():
+        flag = "--" + name.removesuffix("_dir").replace("_", "-")
+        parser.add_argument(flag, dest=name, required=True, help=help_text)
+    add_config_flags(parser, config_cls)
+    args = parser.parse_args(argv)
+    return run_stage(
+        lambda: run(config_from_flags(config_cls, args), **{n: getattr(args, n) for n in paths})
+    )

@@ -1,0 +1,125 @@
+"""Building models for a stage: fresh from a preset, or loaded from a model artifact."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+from flax import nnx
+
+from components.core.checkpoint import export_model, load_model_params, read_model_config
+from components.core.model import ModelConfig, Transformer, model_config
+
+
+class ModelMismatchError(ValueError):
+    """A model artifact that does not fit the data or the stage."""
+
+
+def create_model(
+    preset: str, vocab_size: int, *, scalar_head: bool, seed: int, **overrides: Any
+) -> Transformer:
+    """A freshly initialised model of ``preset`` (overrides with empty values are ignored)."""
+    overrides = {k: v for k, v in overrides.items() if v not in ("", None)}
+    config = model_config(preset, vocab_size, **overrides)
+    return Transformer(config, rngs=nnx.Rngs(seed), scalar_head=scalar_head)
+
+
+def _pure_params(model_dir: str, config: ModelConfig, has_head: bool) -> dict:
+    abstract = nnx.eval_shape(lambda: Transformer(config, rngs=nnx.Rngs(0), scalar_head=has_head))
+    return load_model_params(model_dir, nnx.state(abstract, nnx.Param)).to_pure_dict()
+
+
+def load_model(
+    model_dir: str,
+    *,
+    scalar_head: bool | None = None,
+    seed: int = 0,
+    **overrides: Any,
+) -> tuple[Transformer, dict[str, Any]]:
+    """The model of an artifact and its ``config.json``.
+
+    ``scalar_head=True`` on a policy artifact adds a fresh head (a reward model or
+    critic warm-started from the policy); ``False`` drops a stored head.
+    ``overrides`` (e.g. ``remat``, ``dtype``) change how the model computes, not its shape.
+    """
+    info = read_model_config(model_dir)
+    overrides = {k: v for k, v in overrides.items() if v not in ("", None)}
+    config = ModelConfig.from_dict({**info["model"], **overrides})
+    has_head = bool(info.get("scalar_head", False))
+    want_head = has_head if scalar_head is None else scalar_head
+    model = Transformer(config, rngs=nnx.Rngs(seed), scalar_head=want_head)
+    stored = _pure_params(model_dir, ModelConfig.from_dict(info["model"]), has_head)
+    if not want_head:
+        stored.pop("scalar_head", None)
+    target = nnx.state(model, nnx.Param)
+    pure = target.to_pure_dict()
+    pure.update({k: v for k, v in stored.items() if k != "scalar_head" or has_head})
+    target.replace_by_pure_dict(pure)
+    nnx.update(model, target)
+    return model, info
+
+
+def check_tokenizer(info: dict[str, Any], manifest: dict[str, Any], model_dir: str) -> None:
+    """Refuse a model whose tokenizer differs from the one the shards were made with."""
+    model_tok = info.get("tokenizer", {}).get("fingerprint")
+    data_tok = manifest.get("tokenizer", {}).get("fingerprint")
+    if model_tok != data_tok:
+        raise ModelMismatchError(
+            f"{model_dir} was trained with tokenizer {model_tok}, but the shards use {data_tok}; "
+            "re-shard the data with the model's tokenizer (shard --tokenizer <model>/tokenizer)"
+        )
+
+
+def save_model(
+    output: str,
+    model: Transformer,
+    params: Any,
+    *,
+    tokenizer: dict[str, Any],
+    stage: str,
+    training: dict[str, Any],
+    step: int,
+    **extra: Any,
+) -> None:
+    """Export a model artifact: ``config.json`` (model, tokenizer, training, step) + params."""
+    export_model(
+        output,
+        model_config=model.config.to_dict(),
+        params=jax.device_get(params),
+        extra_config={
+            "tokenizer": tokenizer,
+            "stage": stage,
+            "scalar_head": model.scalar_head is not None,
+            "training": training,
+            "step": step,
+            **extra,
+        },
+    )
+
+
+def stage_model(
+    manifest: dict[str, Any],
+    *,
+    base: str,
+    preset: str,
+    scalar_head: bool,
+    seed: int,
+    remat: str = "",
+    dtype: str = "",
+) -> Transformer:
+    """The model a training stage starts from: ``base`` artifact if given, else ``preset``.
+
+    Either way it must fit the shards' tokenizer, checked before any training.
+    """
+    from components.core.input_pipeline import check_vocab
+
+    if base:
+        model, info = load_model(base, scalar_head=scalar_head, seed=seed, remat=remat, dtype=dtype)
+        check_tokenizer(info, manifest, base)
+    else:
+        vocab = int(manifest["tokenizer"]["vocab_size"])
+        model = create_model(
+            preset, vocab, scalar_head=scalar_head, seed=seed, remat=remat, dtype=dtype
+        )
+    check_vocab(manifest, model.config.vocab_size)
+    return model

@@ -1,0 +1,192 @@
+"""The training loop shared by the sft and reward stages.
+
+Resumes by itself from the latest complete checkpoint in the artifact's work
+folder (state, RNG, data position), runs the pmapped step, evaluates every
+``eval_every`` steps, logs metrics, and aborts with a clear message after
+``max_nonfinite_steps`` non-finite steps in a row, the last good checkpoint kept.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Callable, Iterator
+from typing import Any, Literal
+
+import jax
+import numpy as np
+
+from components.core import parallel
+from components.core.checkpoint import CheckpointConfig, TrainCheckpointer, work_checkpoint_dir
+from components.core.flags import field
+from components.core.metrics import MetricsLogger
+from components.core.optim import OptimConfig, lr_at, make_optimizer
+
+log = logging.getLogger(__name__)
+PyTree = Any
+
+
+@dataclasses.dataclass(slots=True, kw_only=True)
+class TrainConfig:
+    """What every training stage shares: model shape, batch, schedule, checkpoints."""
+
+    preset: str = field("demo", help="model preset when starting fresh: tiny, demo, 1b, 2b, 7b")
+    remat: Literal["", "none", "full", "dots_saveable"] = field(
+        "", help="rematerialisation policy of the layer scan ('' = the preset's)"
+    )
+    dtype: Literal["", "float32", "bfloat16"] = field(
+        "", help="compute dtype ('' = the preset's); parameters stay float32"
+    )
+    max_len: int = field(96, help="tokens per sequence (prompt + response), padded or cut")
+    batch_size: int = field(64, help="global batch per step over all devices and hosts")
+    steps: int = field(300, help="optimizer steps")
+    learning_rate: float = field(1e-3, help="peak learning rate")
+    warmup_steps: int = field(30, help="linear warmup steps")
+    decay: Literal["cosine", "linear", "constant"] = field("cosine", help="decay after warmup")
+    weight_decay: float = field(0.0, help="AdamW weight decay")
+    max_grad_norm: float = field(1.0, help="global-norm gradient clipping")
+    eval_every: int = field(100, help="evaluate every this many steps (and at the end)")
+    eval_batches: int = field(0, help="eval batches per evaluation (0 = the whole eval split)")
+    save_every: int = field(100, help="checkpoint training state every this many steps")
+    keep_checkpoints: int = field(2, help="training checkpoints kept")
+    seed: int = field(0, help="random seed: initialisation, data order, dropout-free RNG")
+    max_nonfinite_steps: int = field(5, help="abort after this many non-finite steps in a row")
+
+    def __post_init__(self) -> None:
+        for name in ("max_len", "batch_size", "steps", "eval_every", "max_nonfinite_steps"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}: {getattr(self, name)} must be at least 1")
+        if self.eval_batches < 0:
+            raise ValueError(f"eval_batches: {self.eval_batches} must be >= 0 (0 = all)")
+        self.optim()  # validates the optimizer fields with their own messages
+        self.checkpoint()
+
+    def optim(self) -> OptimConfig:
+        return OptimConfig(
+            learning_rate=self.learning_rate,
+            warmup_steps=min(self.warmup_steps, self.steps),
+            decay=self.decay,
+            total_steps=self.steps,
+            weight_decay=self.weight_decay,
+            max_grad_norm=self.max_grad_norm,
+        )
+
+    def checkpoint(self) -> CheckpointConfig:
+        return CheckpointConfig(save_every=self.save_every, keep=self.keep_checkpoints)
+
+    def per_host_batch(self) -> int:
+        """This host's share of the global batch; refuses one that does not split evenly."""
+        devices, hosts = jax.device_count(), jax.process_count()
+        if self.batch_size % devices:
+            nearest = max(devices, self.batch_size // devices * devices)
+            raise ValueError(
+                f"batch_size: {self.batch_size} does not split over {devices} devices; "
+                f"use a multiple of {devices} (e.g. {nearest})"
+            )
+        return self.batch_size // hosts
+
+
+EvalFn = Callable[[PyTree], dict[str, float]]
+
+
+@dataclasses.dataclass(slots=True)
+class FitResult:
+    """What a finished training run hands back to its stage."""
+
+    params: PyTree  # host copy
+    step: int
+    metrics: dict[str, float]
+    resumed_from: int | None
+
+
+def fit(
+    *,
+    config: TrainConfig,
+    output: str,
+    stage: str,
+    params: PyTree,
+    loss_fn: parallel.LossFn,
+    train_data: Iterator[dict[str, np.ndarray]],
+    evaluate: EvalFn | None = None,
+) -> FitResult:
+    """Train ``params`` with ``loss_fn`` on ``train_data``; resume from ``output``'s checkpoints."""
+    optimizer = make_optimizer(config.optim())
+    state = parallel.TrainState.create(params, optimizer)
+    rng = np.asarray(jax.random.PRNGKey(config.seed))
+    checkpointer = TrainCheckpointer(work_checkpoint_dir(output), config.checkpoint())
+    restored = checkpointer.restore_latest(state, rng)
+    start = 0
+    if restored is not None:
+        state, rng, start = restored.state, restored.rng, restored.step
+        train_data.restore(restored.data_position)
+        log.info("%s: resuming from step %d", stage, start)
+    step_fn = parallel.make_train_step(loss_fn, optimizer)
+    guard = parallel.NonFiniteGuard(config.max_nonfinite_steps)
+    replicated = parallel.replicate(state)
+    final: dict[str, float] = {}
+    with checkpointer, MetricsLogger(output, total_steps=config.steps, stage=stage) as logger:
+        for step in range(start, config.steps):
+            rng, step_rng = _split(rng)
+            batch = parallel.shard_batch(next(train_data))
+            replicated, metrics = step_fn(replicated, batch, step_rng)
+            metrics = {k: float(np.asarray(v)[0]) for k, v in metrics.items()}
+            guard.update(step + 1, metrics["skipped"])
+            metrics["lr"] = lr_at(config.optim(), step)
+            done = step + 1
+            if evaluate is not None and (done % config.eval_every == 0 or done == config.steps):
+                metrics.update({f"eval/{k}": v for k, v in evaluate(replicated.params).items()})
+            logger.log(done, metrics)
+            if done % config.save_every == 0 or done == config.steps:
+                checkpointer.save(
+                    done,
+                    state=parallel.unreplicate(replicated),
+                    rng=rng,
+                    data_position=train_data.position(),
+                    force=True,
+                )
+        final = logger.summary()
+    host = parallel.unreplicate(replicated)
+    return FitResult(host.params, int(host.step), final, None if restored is None else start)
+
+
+def _split(rng: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Next carry key and this step's key, as raw uint32 keys (checkpoint-friendly)."""
+    carry, step = jax.random.split(rng)
+    return np.asarray(carry), np.asarray(step)
+
+
+def eval_batch_count(manifest: dict[str, Any], split: str, per_host_batch: int, limit: int) -> int:
+    """Eval batches every host can run (from the manifest's per-shard counts), capped by limit.
+
+    Hosts hold different shards; each runs the same number of batches so the
+    cross-host ``psum`` in the eval step never waits on a host that ran out.
+    """
+    hosts = jax.process_count()
+    shards = manifest["splits"][split]["shards"]
+    counts = [sum(s["pairs"] for s in shards[h::hosts]) // per_host_batch for h in range(hosts)]
+    count = min(counts)
+    if count == 0:
+        raise ValueError(
+            f"the {split} split has too few pairs per host for one batch of {per_host_batch}; "
+            "lower batch_size, raise eval_fraction in the shard stage, or use more data"
+        )
+    return min(count, limit) if limit else count
+
+
+def make_eval_step(sums_fn: Callable[[PyTree, dict], dict]) -> Callable:
+    """A pmapped ``(params, batch) -> sums`` whose sums are ``psum``-ed over every device."""
+    return jax.pmap(
+        lambda params, batch: jax.lax.psum(sums_fn(params, batch), "data"), axis_name="data"
+    )
+
+
+def run_eval(
+    eval_step: Callable, params: PyTree, batches: Iterator, count: int
+) -> dict[str, float]:
+    """Totals of ``eval_step`` over ``count`` batches (identical on every device and host)."""
+    totals: dict[str, float] = {}
+    for _ in range(count):
+        sums = eval_step(params, parallel.shard_batch(next(batches)))
+        for name, value in sums.items():
+            totals[name] = totals.get(name, 0.0) + float(np.asarray(value)[0])
+    return totals

@@ -1,0 +1,68 @@
+"""Bradley-Terry reward loss and its evaluation sums."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+
+def pair_rewards(graphdef: nnx.GraphDef, params: Any, batch: dict) -> tuple[jax.Array, jax.Array]:
+    """Rewards of the chosen and rejected sequences, from one forward pass over both."""
+    model = nnx.merge(graphdef, params)
+    tokens = jnp.concatenate([batch["chosen_tokens"], batch["rejected_tokens"]])
+    mask = jnp.concatenate([batch["chosen_mask"], batch["rejected_mask"]])
+    rewards = model.scalar(model(tokens, mask), mask)
+    return jnp.split(rewards, 2)
+
+
+def make_reward_loss(graphdef: nnx.GraphDef, *, center_coef: float, use_margin: bool):
+    """``loss_fn(params, batch, rng)``: −log σ(r_chosen − r_rejected − margin) + centring."""
+
+    def loss_fn(params: Any, batch: dict, rng: jax.Array) -> tuple[jax.Array, dict]:
+        chosen, rejected = pair_rewards(graphdef, params, batch)
+        margin = batch["margin"] if use_margin else 0.0
+        loss = -jax.nn.log_sigmoid(chosen - rejected - margin).mean()
+        if center_coef:
+            loss = loss + center_coef * jnp.mean((chosen + rejected) ** 2)
+        return loss, {
+            "accuracy": jnp.mean(chosen > rejected),
+            "reward/chosen": chosen.mean(),
+            "reward/rejected": rejected.mean(),
+            "reward/margin": (chosen - rejected).mean(),
+        }
+
+    return loss_fn
+
+
+def make_reward_eval_sums(graphdef: nnx.GraphDef):
+    """Per-device sums for eval accuracy (ties count half), loss and reward mean/std."""
+
+    def sums(params: Any, batch: dict) -> dict:
+        chosen, rejected = pair_rewards(graphdef, params, batch)
+        both = jnp.concatenate([chosen, rejected])
+        return {
+            "pairs": jnp.float32(chosen.shape[0]),
+            "correct": jnp.sum(chosen > rejected) + 0.5 * jnp.sum(chosen == rejected),
+            "loss": -jnp.sum(jax.nn.log_sigmoid(chosen - rejected)),
+            "reward_sum": jnp.sum(both),
+            "reward_sq_sum": jnp.sum(both**2),
+        }
+
+    return sums
+
+
+def summarize_eval(totals: dict[str, float]) -> dict[str, float]:
+    """Accuracy, mean loss and reward statistics from summed eval totals."""
+    pairs = totals["pairs"]
+    mean = totals["reward_sum"] / (2 * pairs)
+    variance = max(totals["reward_sq_sum"] / (2 * pairs) - mean**2, 0.0)
+    return {
+        "accuracy": totals["correct"] / pairs,
+        "loss": totals["loss"] / pairs,
+        "reward_mean": mean,
+        "reward_std": variance**0.5,
+        "pairs": pairs,
+    }
