@@ -83,7 +83,11 @@ class Restored:
 
 
 class TrainCheckpointer:
-    """Saves and restores training state with an Orbax ``CheckpointManager``."""
+    """Saves and restores training state with an Orbax ``CheckpointManager``.
+
+    On a multi-host run every process calls ``save`` and ``restore_latest`` (Orbax
+    coordinates them); the JSON items are written by process 0.
+    """
 
     def __init__(self, directory: str, config: CheckpointConfig) -> None:
         options = ocp.CheckpointManagerOptions(
