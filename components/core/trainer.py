@@ -51,11 +51,23 @@ class TrainConfig:
     keep_checkpoints: int = field(2, help="training checkpoints kept")
     seed: int = field(0, help="random seed: initialisation, data order, dropout-free RNG")
     max_nonfinite_steps: int = field(5, help="abort after this many non-finite steps in a row")
+    data_streams: int = field(
+        0,
+        help="independent readers the global batch is drawn from, spread over hosts "
+        "(0 = one per host); fix it to get the same training on any number of hosts",
+    )
 
     def __post_init__(self) -> None:
         for name in ("max_len", "batch_size", "steps", "eval_every", "max_nonfinite_steps"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}: {getattr(self, name)} must be at least 1")
+        if self.data_streams < 0:
+            raise ValueError(f"data_streams: {self.data_streams} must be >= 0 (0 = one per host)")
+        if self.data_streams and self.batch_size % self.data_streams:
+            raise ValueError(
+                f"batch_size: {self.batch_size} must be a multiple of data_streams "
+                f"({self.data_streams}); change one of them"
+            )
         if self.eval_batches < 0:
             raise ValueError(f"eval_batches: {self.eval_batches} must be >= 0 (0 = all)")
         self.optim()  # validates the optimizer fields with their own messages
@@ -155,22 +167,85 @@ def _split(rng: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return np.asarray(carry), np.asarray(step)
 
 
-def eval_batch_count(manifest: dict[str, Any], split: str, per_host_batch: int, limit: int) -> int:
-    """Eval batches every host can run (from the manifest's per-shard counts), capped by limit.
+def streams(config: TrainConfig) -> tuple[list[int], int]:
+    """This host's data streams and the batch each draws (per step).
 
-    Hosts hold different shards; each runs the same number of batches so the
-    cross-host ``psum`` in the eval step never waits on a host that ran out.
+    Stream *s* of *S* reads shards *s*, *s+S*, …; host *h* of *H* owns streams
+    *h·S/H* … *(h+1)·S/H − 1*, so the global batch is the same for any *H* that divides *S*.
     """
-    hosts = jax.process_count()
+    config.per_host_batch()  # refuses a batch that does not split over the devices
+    hosts, host = jax.process_count(), jax.process_index()
+    count = config.data_streams or hosts
+    if count % hosts:
+        raise ValueError(
+            f"data_streams: {count} must be a multiple of the {hosts} hosts of this run"
+        )
+    if config.batch_size % count:
+        raise ValueError(f"batch_size: {config.batch_size} must be a multiple of {count} streams")
+    per_host = count // hosts
+    return list(range(host * per_host, (host + 1) * per_host)), config.batch_size // count
+
+
+class StreamBatches(Iterator[dict[str, np.ndarray]]):
+    """This host's batch: one batch from each of its streams, concatenated in stream order."""
+
+    def __init__(self, readers: list) -> None:
+        self.readers = readers
+
+    def __next__(self) -> dict[str, np.ndarray]:
+        batches = [next(reader) for reader in self.readers]
+        return {k: np.concatenate([b[k] for b in batches]) for k in batches[0]}
+
+    def position(self) -> dict[str, Any]:
+        return {"streams": [reader.position() for reader in self.readers]}
+
+    def restore(self, position: dict[str, Any]) -> None:
+        for reader, saved in zip(self.readers, position["streams"], strict=True):
+            reader.restore(saved)
+
+
+def preference_streams(
+    shards_dir: str, split: str, config: TrainConfig, *, shuffle: bool, repeat: bool
+) -> StreamBatches:
+    """Preference batches of this host's streams (see :func:`streams`)."""
+    from components.core.input_pipeline import preference_dataset
+
+    own, per_stream = streams(config)
+    total = config.data_streams or jax.process_count()
+    readers = [
+        preference_dataset(
+            shards_dir,
+            split,
+            batch_size=per_stream,
+            max_len=config.max_len,
+            seed=config.seed,
+            host_index=s,
+            host_count=total,
+            shuffle=shuffle,
+            repeat=repeat,
+        )  # fmt: skip
+        for s in own
+    ]
+    return StreamBatches(readers)
+
+
+def eval_batch_count(manifest: dict[str, Any], split: str, config: TrainConfig) -> int:
+    """Eval batches every stream can supply (from the manifest's per-shard counts).
+
+    Every host must run the same number of eval batches, or the cross-host ``psum``
+    of the eval step would wait on a host that ran out.
+    """
+    _, per_stream = streams(config)
+    total = config.data_streams or jax.process_count()
     shards = manifest["splits"][split]["shards"]
-    counts = [sum(s["pairs"] for s in shards[h::hosts]) // per_host_batch for h in range(hosts)]
+    counts = [sum(s["pairs"] for s in shards[i::total]) // per_stream for i in range(total)]
     count = min(counts)
     if count == 0:
         raise ValueError(
-            f"the {split} split has too few pairs per host for one batch of {per_host_batch}; "
+            f"the {split} split has too few pairs for {total} stream(s) of {per_stream}; "
             "lower batch_size, raise eval_fraction in the shard stage, or use more data"
         )
-    return min(count, limit) if limit else count
+    return min(count, config.eval_batches) if config.eval_batches else count
 
 
 def make_eval_step(sums_fn: Callable[[PyTree, dict], dict]) -> Callable:

@@ -11,10 +11,16 @@ from flax import nnx
 
 from components.core import fileio
 from components.core.distributed import is_primary, maybe_initialize
-from components.core.input_pipeline import preference_dataset, read_manifest
+from components.core.input_pipeline import read_manifest
 from components.core.model_io import save_model, stage_model
 from components.core.parallel import replicate
-from components.core.trainer import eval_batch_count, fit, make_eval_step, run_eval
+from components.core.trainer import (
+    eval_batch_count,
+    fit,
+    make_eval_step,
+    preference_streams,
+    run_eval,
+)
 from components.reward.config import RewardConfig
 from components.reward.train import make_reward_eval_sums, make_reward_loss, summarize_eval
 
@@ -25,7 +31,6 @@ def run(config: RewardConfig, shards_dir: str, output: str) -> dict[str, Any]:
     """Train on ``shards_dir``'s train split; write the model artifact to ``output``."""
     maybe_initialize()
     manifest = read_manifest(shards_dir)
-    per_host = config.per_host_batch()
     model = stage_model(
         manifest,
         base=config.base_policy,
@@ -37,18 +42,13 @@ def run(config: RewardConfig, shards_dir: str, output: str) -> dict[str, Any]:
     )
     graphdef, params = nnx.split(model, nnx.Param)
     eval_step = make_eval_step(make_reward_eval_sums(graphdef))
-    eval_count = eval_batch_count(manifest, "eval", per_host, config.eval_batches)
+    eval_count = eval_batch_count(manifest, "eval", config)
 
     def evaluate(replicated_params: Any) -> dict[str, float]:
-        batches = preference_dataset(
-            shards_dir, "eval", batch_size=per_host, max_len=config.max_len,
-            seed=config.seed, shuffle=False, repeat=False,
-        )  # fmt: skip
+        batches = preference_streams(shards_dir, "eval", config, shuffle=False, repeat=False)
         return summarize_eval(run_eval(eval_step, replicated_params, batches, eval_count))
 
-    train_data = preference_dataset(
-        shards_dir, "train", batch_size=per_host, max_len=config.max_len, seed=config.seed
-    )
+    train_data = preference_streams(shards_dir, "train", config, shuffle=True, repeat=True)
     loss_fn = make_reward_loss(
         graphdef, center_coef=config.center_rewards_coef, use_margin=config.use_margin
     )

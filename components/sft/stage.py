@@ -8,10 +8,16 @@ from typing import Any
 from flax import nnx
 
 from components.core.distributed import maybe_initialize
-from components.core.input_pipeline import preference_dataset, read_manifest
+from components.core.input_pipeline import read_manifest
 from components.core.model_io import save_model, stage_model
 from components.core.parallel import replicate
-from components.core.trainer import eval_batch_count, fit, make_eval_step, run_eval
+from components.core.trainer import (
+    eval_batch_count,
+    fit,
+    make_eval_step,
+    preference_streams,
+    run_eval,
+)
 from components.sft.config import SFTConfig
 from components.sft.train import make_sft_eval_sums, make_sft_loss, summarize_eval
 
@@ -20,7 +26,6 @@ def run(config: SFTConfig, shards_dir: str, output: str) -> dict[str, Any]:
     """Train the initial policy on ``shards_dir``; write the model artifact to ``output``."""
     maybe_initialize()
     manifest = read_manifest(shards_dir)
-    per_host = config.per_host_batch()
     model = stage_model(
         manifest,
         base=config.base_policy,
@@ -32,18 +37,13 @@ def run(config: SFTConfig, shards_dir: str, output: str) -> dict[str, Any]:
     )
     graphdef, params = nnx.split(model, nnx.Param)
     eval_step = make_eval_step(make_sft_eval_sums(graphdef))
-    eval_count = eval_batch_count(manifest, "eval", per_host, config.eval_batches)
+    eval_count = eval_batch_count(manifest, "eval", config)
 
     def evaluate(replicated_params: Any) -> dict[str, float]:
-        batches = preference_dataset(
-            shards_dir, "eval", batch_size=per_host, max_len=config.max_len,
-            seed=config.seed, shuffle=False, repeat=False,
-        )  # fmt: skip
+        batches = preference_streams(shards_dir, "eval", config, shuffle=False, repeat=False)
         return summarize_eval(run_eval(eval_step, replicated_params, batches, eval_count))
 
-    train_data = preference_dataset(
-        shards_dir, "train", batch_size=per_host, max_len=config.max_len, seed=config.seed
-    )
+    train_data = preference_streams(shards_dir, "train", config, shuffle=True, repeat=True)
     result = fit(
         config=config, output=output, stage="sft", params=params,
         loss_fn=make_sft_loss(graphdef), train_data=train_data, evaluate=evaluate,
