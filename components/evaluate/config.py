@@ -20,6 +20,11 @@ class EvalConfig:
     temperature: float = field(1.0, help="sampling temperature when not greedy")
     max_new_tokens: int = field(48, help="longest response in tokens (EOS included)")
     max_eval_prompts: int = field(256, help="eval-split prompts used, at most")
+    batch_size: int = field(
+        64,
+        help="sequences generated or scored per step over all local devices (rounded up to a "
+        "multiple of the device count); bounds memory, not results",
+    )
     seed: int = field(0, help="seed of sampling, the bootstrap and the report's sample choice")
     bootstrap_samples: int = field(
         1000, help="percentile-bootstrap resamples (of prompts) behind every interval"
@@ -45,7 +50,7 @@ class EvalConfig:
     )
 
     def __post_init__(self) -> None:
-        for name in ("samples_per_prompt", "max_new_tokens", "max_eval_prompts"):
+        for name in ("samples_per_prompt", "max_new_tokens", "max_eval_prompts", "batch_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}: {getattr(self, name)} must be at least 1")
         if not self.greedy and not (self.temperature > 0 and math.isfinite(self.temperature)):
