@@ -15,7 +15,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 def build_parser() -> argparse.ArgumentParser:
     """The top-level parser with every sub-command registered."""
-    from pipelines import cli_data
+    from pipelines import cli_data, cli_eval
 
     parser = argparse.ArgumentParser(
         prog="alignpipe",
@@ -24,6 +24,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     cli_data.register(commands)
+    cli_eval.register(commands)
     return parser
 
 

@@ -1,0 +1,96 @@
+"""``alignpipe evaluate`` and ``alignpipe report`` as a user runs them."""
+
+import json
+import os
+
+import pytest
+from flax import nnx
+
+from components import shard
+from components.core.builtin_task import write_jsonl
+from components.core.model_io import create_model, save_model
+from components.shard import ShardConfig
+from pipelines import cli_eval
+from pipelines.cli import main
+
+
+@pytest.fixture(scope="module")
+def artifacts(tmp_path_factory):
+    """Shards plus untrained tiny policy and reward models (the CLI, not training, is tested)."""
+    root = tmp_path_factory.mktemp("cli_eval")
+    write_jsonl(str(root / "pairs.jsonl"), 200)
+    shards = str(root / "shards")
+    manifest = shard.run(
+        ShardConfig(num_shards=2, eval_fraction=0.2), [str(root / "pairs.jsonl")], shards
+    )
+    vocab = manifest["tokenizer"]["vocab_size"]
+    for name, head in (("policy", False), ("rm", True)):
+        model = create_model("tiny", vocab, scalar_head=head, seed=0)
+        save_model(
+            str(root / name), model, nnx.state(model, nnx.Param), tokenizer=manifest["tokenizer"],
+            stage="reward" if head else "sft", training={}, step=0,
+        )  # fmt: skip
+    return {"shards": shards, "policy": str(root / "policy"), "rm": str(root / "rm"), "root": root}
+
+
+def _evaluate_args(a, output, policy=None):
+    return [
+        "evaluate", "--shards", a["shards"], "--policy", policy or a["policy"],
+        "--reference", a["policy"], "--reward", a["rm"], "--output", output,
+        "--max-new-tokens", "16", "--bootstrap-samples", "50", "--greedy",
+    ]  # fmt: skip
+
+
+def test_evaluate_runs_the_stage_and_report_finds_it(artifacts, capsys):
+    run_dir = artifacts["root"] / "run"
+    output = str(run_dir / "evaluate" / "out")
+    assert main(_evaluate_args(artifacts, output)) == 0
+    printed = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert printed["blessed"] is True  # the same policy on both sides: ties, KL 0
+    assert printed["kl"]["per_token"] == 0.0
+    assert json.load(open(f"{output}/eval.json"))["blessed"] is True
+    assert main(["report", str(run_dir)]) == 0
+    assert capsys.readouterr().out.strip() == os.path.abspath(f"{output}/report.html")
+
+
+def test_evaluate_reports_a_missing_model_in_one_line(artifacts, tmp_path, capsys):
+    args = _evaluate_args(artifacts, str(tmp_path / "o"), policy=str(tmp_path / "nothing"))
+    assert main(args) == 1
+    err = capsys.readouterr().err
+    assert "error:" in err and "config.json not found" in err
+    assert not (tmp_path / "o").exists()
+
+
+def test_evaluate_help_lists_the_config_flags(capsys):
+    with pytest.raises(SystemExit) as done:
+        main(["evaluate", "--help"])
+    assert done.value.code == 0
+    out = capsys.readouterr().out
+    for flag in ("--reference", "--max-kl", "--min-win-rate-lower", "--samples-per-prompt"):
+        assert flag in out
+
+
+def _report_at(folder, mtime):
+    folder.mkdir(parents=True)
+    path = folder / "report.html"
+    path.write_text("<!DOCTYPE html><html></html>")
+    os.utime(path, (mtime, mtime))
+    return str(path)
+
+
+def test_report_lists_newest_first_and_opens_the_newest(tmp_path, capsys, monkeypatch):
+    old = _report_at(tmp_path / "a" / "evaluate", 1_000_000)
+    new = _report_at(tmp_path / "b" / "deep" / "evaluate", 2_000_000)
+    assert cli_eval.find_reports(str(tmp_path)) == [new, old]
+    opened = []
+    monkeypatch.setattr(cli_eval.webbrowser, "open", opened.append)
+    assert main(["report", str(tmp_path), "--open"]) == 0
+    assert capsys.readouterr().out.split() == [new, old]
+    assert opened == ["file://" + new]
+
+
+def test_report_without_one_is_a_clear_error(tmp_path, capsys):
+    assert main(["report", str(tmp_path)]) == 1
+    assert "no report.html under" in capsys.readouterr().err
+    assert main(["report", str(tmp_path / "missing")]) == 1
+    assert "is not a folder" in capsys.readouterr().err
