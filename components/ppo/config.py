@@ -1,0 +1,149 @@
+"""The PPO stage's configuration: the one place its defaults live.
+
+Defaults suit the local demo on the built-in task (small preset models, CPU):
+prompts of at most ~40 bytes, responses of at most ~45 bytes, a few hundred
+iterations. Scaled-up runs override the sizes, the learning rates and
+``save_every`` (e.g. 500) with flags.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Literal
+
+import jax
+
+from components.core.flags import field
+from components.core.optim import OptimConfig
+
+STATUS_COMPLETED = "completed"
+STATUS_STOPPED_KL_GUARD = "stopped_kl_guard"
+
+
+@dataclasses.dataclass(slots=True, kw_only=True)
+class PPOConfig:
+    """PPO of a policy against a reward model, with KL control and divergence guard rails."""
+
+    iterations: int = field(200, help="PPO iterations (each: one rollout, then the updates)")
+    rollout_batch_size: int = field(
+        64, help="prompts sampled per iteration, global over all devices and hosts"
+    )
+    minibatches: int = field(2, help="minibatches the rollout batch is split into per epoch")
+    ppo_epochs: int = field(4, help="passes over each rollout batch")
+    prompt_len: int = field(48, help="prompt tokens (left-padded; longer prompts keep their end)")
+    max_new_tokens: int = field(48, help="longest sampled response in tokens (EOS included)")
+    temperature: float = field(1.0, help="sampling temperature of the rollouts")
+    kl_coef: float = field(0.01, help="initial coefficient of the per-token KL penalty")
+    kl_estimator: Literal["k1", "k3"] = field(
+        "k1", help="per-token KL estimator of the penalty: k1 (log-ratio) or k3 (always >= 0)"
+    )
+    adaptive_kl: bool = field(False, help="adapt kl_coef toward kl_target (Ziegler et al.)")
+    kl_target: float = field(0.02, help="adaptive KL target in nats per response token")
+    kl_horizon: float = field(10_000.0, help="adaptive KL horizon in sampled sequences")
+    kl_stop: float = field(
+        0.05, help="guard: restore the last good checkpoint when KL exceeds this (nats/token)"
+    )
+    max_restores: int = field(3, help="guard: stop after this many restorations")
+    restore_lr_factor: float = field(
+        0.5, help="guard: multiply both learning rates by this on every restoration"
+    )
+    ref_ema_decay: float = field(
+        0.0, help="reference = EMA of the policy with this decay per iteration (0 = frozen)"
+    )
+    gamma: float = field(1.0, help="discount of the GAE")
+    lam: float = field(0.95, help="lambda of the GAE")
+    clip_eps: float = field(0.2, help="clip range of the policy ratio")
+    value_clip_eps: float = field(0.2, help="clip range of the value around its rollout value")
+    vf_coef: float = field(0.5, help="weight of the value loss")
+    entropy_coef: float = field(0.01, help="weight of the entropy bonus")
+    max_grad_norm: float = field(1.0, help="global-norm gradient clipping (policy and critic)")
+    learning_rate: float = field(1e-4, help="peak policy learning rate")
+    critic_learning_rate: float = field(3e-4, help="peak critic learning rate")
+    warmup_steps: int = field(10, help="optimizer steps of linear warmup")
+    missing_eos_penalty: float = field(
+        1.0, help="subtracted from the normalized score of a response without EOS"
+    )
+    reward_clip: float = field(5.0, help="clip normalized scores to [-c, c] (0 = no clipping)")
+    whiten_rewards: bool = field(False, help="whiten per-token rewards before the GAE")
+    save_every: int = field(20, help="checkpoint every this many iterations (and at the end)")
+    keep_checkpoints: int = field(2, help="training checkpoints kept")
+    seed: int = field(0, help="random seed: rollouts, prompt order, critic head")
+    remat: Literal["", "none", "full", "dots_saveable"] = field(
+        "", help="rematerialisation policy of the layer scan ('' = the model's)"
+    )
+    dtype: Literal["", "float32", "bfloat16"] = field(
+        "", help="compute dtype ('' = the model's); parameters stay float32"
+    )
+
+    def __post_init__(self) -> None:
+        self._check_sizes()
+        self._check_coefficients()
+        self.policy_optim()  # validates the optimizer fields with their own messages
+
+    def _check_sizes(self) -> None:
+        """Counts that must be positive, and a batch that splits into minibatches."""
+        for name in ("iterations", "rollout_batch_size", "minibatches", "ppo_epochs"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}: {getattr(self, name)} must be at least 1")
+        for name in ("prompt_len", "max_new_tokens", "save_every", "keep_checkpoints"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}: {getattr(self, name)} must be at least 1")
+        if self.rollout_batch_size % self.minibatches:
+            raise ValueError(
+                f"rollout_batch_size: {self.rollout_batch_size} must be a multiple of "
+                f"minibatches ({self.minibatches}); change one of them"
+            )
+        if self.max_restores < 0:
+            raise ValueError(f"max_restores: {self.max_restores} must be >= 0")
+
+    def _check_coefficients(self) -> None:
+        """Coefficients and ranges of the PPO objective and the guard."""
+        if not self.temperature > 0:
+            raise ValueError(f"temperature: {self.temperature} must be > 0 for PPO rollouts")
+        for name in ("kl_coef", "vf_coef", "entropy_coef", "missing_eos_penalty", "reward_clip"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name}: {getattr(self, name)} must be >= 0")
+        for name in ("kl_target", "kl_horizon", "kl_stop", "clip_eps", "value_clip_eps"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name}: {getattr(self, name)} must be > 0")
+        if not 0 < self.restore_lr_factor <= 1:
+            raise ValueError(
+                f"restore_lr_factor: {self.restore_lr_factor} must be in (0, 1] "
+                "(the learning rate is multiplied by it after each restoration)"
+            )
+        if not 0 <= self.ref_ema_decay < 1:
+            raise ValueError(f"ref_ema_decay: {self.ref_ema_decay} must be in [0, 1) (0 = frozen)")
+        if not 0 <= self.gamma <= 1 or not 0 <= self.lam <= 1:
+            raise ValueError(f"gamma ({self.gamma}) and lam ({self.lam}) must be in [0, 1]")
+        if not self.critic_learning_rate > 0:
+            raise ValueError(f"critic_learning_rate: {self.critic_learning_rate} must be > 0")
+
+    @property
+    def update_steps(self) -> int:
+        """Optimizer steps in the whole run (for the learning-rate schedule)."""
+        return self.iterations * self.ppo_epochs * self.minibatches
+
+    def policy_optim(self) -> OptimConfig:
+        """AdamW of the policy: warmup, then a constant rate (TRL's PPO default)."""
+        return OptimConfig(
+            learning_rate=self.learning_rate,
+            warmup_steps=min(self.warmup_steps, self.update_steps),
+            decay="constant",
+            total_steps=self.update_steps,
+            max_grad_norm=self.max_grad_norm,
+        )
+
+    def critic_optim(self) -> OptimConfig:
+        """AdamW of the critic: the policy's schedule at ``critic_learning_rate``."""
+        return dataclasses.replace(self.policy_optim(), learning_rate=self.critic_learning_rate)
+
+    def per_host_batch(self) -> int:
+        """This host's share of the rollout batch; refuses one that does not split evenly."""
+        devices = jax.device_count()
+        per_device_quantum = devices * self.minibatches
+        if self.rollout_batch_size % per_device_quantum:
+            raise ValueError(
+                f"rollout_batch_size: {self.rollout_batch_size} must be a multiple of "
+                f"{devices} devices x {self.minibatches} minibatches = {per_device_quantum}"
+            )
+        return self.rollout_batch_size // jax.process_count()

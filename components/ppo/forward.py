@@ -1,0 +1,77 @@
+"""Forward passes over prompt + response shared by the rollout and the update.
+
+A rollout row is a LEFT-padded prompt [P] followed by a response [N] that is
+right-padded after EOS. Response token ``i`` sits at sequence position ``P + i``
+and is predicted by the hidden state at ``P + i - 1``; its value (the critic's
+estimate before emitting it) is read at the same position, as TRL does.
+Rollout and update call the same functions, so the first PPO ratio is 1.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+PyTree = Any
+
+
+def sequence(batch: dict[str, jax.Array]) -> tuple[jax.Array, jax.Array]:
+    """Tokens and mask [B, P + N] of prompt followed by response."""
+    tokens = jnp.concatenate([batch["prompt_tokens"], batch["response_tokens"]], axis=1)
+    mask = jnp.concatenate(
+        [batch["prompt_mask"].astype(jnp.int32), batch["response_mask"].astype(jnp.int32)], axis=1
+    )
+    return tokens, mask
+
+
+def _response_hidden(
+    graphdef: nnx.GraphDef, params: PyTree, batch: dict[str, jax.Array]
+) -> tuple[nnx.Module, jax.Array]:
+    """The merged model and its hidden states [B, N, D] that predict the response tokens."""
+    model = nnx.merge(graphdef, params)
+    tokens, mask = sequence(batch)
+    prompt_len = batch["prompt_tokens"].shape[1]
+    hidden = model(tokens, mask)
+    return model, hidden[:, prompt_len - 1 : -1]
+
+
+def response_logits(
+    graphdef: nnx.GraphDef, params: PyTree, batch: dict[str, jax.Array]
+) -> jax.Array:
+    """Float32 next-token logits [B, N, V] at the response positions."""
+    model, hidden = _response_hidden(graphdef, params, batch)
+    return model.lm_logits(hidden)
+
+
+def logprobs_of(logits: jax.Array, tokens: jax.Array) -> jax.Array:
+    """log p(token) [B, N] under ``logits`` [B, N, V]."""
+    picked = jnp.take_along_axis(logits, tokens[..., None], axis=-1)[..., 0]
+    return picked - jax.nn.logsumexp(logits, axis=-1)
+
+
+def response_logprobs(
+    graphdef: nnx.GraphDef, params: PyTree, batch: dict[str, jax.Array]
+) -> jax.Array:
+    """log p(response token) [B, N] (padding positions hold garbage; mask them)."""
+    return logprobs_of(response_logits(graphdef, params, batch), batch["response_tokens"])
+
+
+def response_values(
+    graphdef: nnx.GraphDef, params: PyTree, batch: dict[str, jax.Array]
+) -> jax.Array:
+    """Critic values [B, N] (float32) of the state before each response token."""
+    model, hidden = _response_hidden(graphdef, params, batch)
+    # The scalar head on every position (Transformer.scalar reads only the last one).
+    return model.scalar_head(hidden.astype(jnp.float32))[..., 0]
+
+
+def sequence_scores(
+    graphdef: nnx.GraphDef, params: PyTree, batch: dict[str, jax.Array]
+) -> jax.Array:
+    """Reward-model scores [B] of prompt + response, read at the last real token."""
+    model = nnx.merge(graphdef, params)
+    tokens, mask = sequence(batch)
+    return model.scalar(model(tokens, mask), mask)

@@ -1,0 +1,235 @@
+"""The PPO loop: rollout, guard check, checkpoint, update, log; resumable and self-restoring.
+
+Iteration ``k`` (0-based) rolls out the policy reached after ``k`` updates. The
+guard checks that rollout first; only a policy that passed is checkpointed
+(at step ``k``, with the prompt position before its batch), so the latest
+checkpoint is always a good policy to return to. A final rollout after the
+last update checks the policy that becomes the output.
+
+Randomness is a pure function of (seed, iteration, restorations), and every
+other input of an iteration (policy, critic, both optimizer states, reference,
+KL controller, prompt position) is in the checkpoint, so a killed and restarted
+run ends with the same parameters as an uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from typing import Any
+
+import jax
+import numpy as np
+
+from components.core import fileio, parallel
+from components.core.checkpoint import CheckpointConfig, TrainCheckpointer, work_checkpoint_dir
+from components.core.metrics import MetricsLogger
+from components.core.optim import lr_at
+from components.ppo.config import STATUS_COMPLETED, STATUS_STOPPED_KL_GUARD, PPOConfig
+from components.ppo.guard import KL_METRIC, KLGuard
+from components.ppo.kl_control import KLControllerState, init_kl_controller, update_kl_controller
+from components.ppo.rollout import Models, RolloutParams, ScoreNorm, TokenIds, make_rollout
+from components.ppo.update import PPOState, make_ema_update, make_update
+
+log = logging.getLogger(__name__)
+PyTree = Any
+
+
+@dataclasses.dataclass(slots=True)
+class Networks:
+    """Everything the loop starts from: graph definitions and host parameters."""
+
+    models: Models
+    policy: PyTree
+    critic: PyTree
+    reward: PyTree
+    ids: TokenIds
+    norm: ScoreNorm
+
+
+@dataclasses.dataclass(slots=True)
+class LoopResult:
+    """What the loop hands back to the stage."""
+
+    policy: PyTree  # host copy of the last good policy
+    iteration: int
+    status: str
+    metrics: dict[str, float]
+    guard_events: list[dict[str, Any]]
+
+
+def host_floats(metrics: dict[str, jax.Array]) -> dict[str, float]:
+    """Replicated pmap metrics as Python floats (this process's first device)."""
+    return {name: float(value) for name, value in parallel.unreplicate(metrics).items()}
+
+
+class PPOLoop:
+    """One PPO run's mutable state and its phases."""
+
+    def __init__(self, config: PPOConfig, nets: Networks, prompts: Any, output: str) -> None:
+        self.config, self.nets, self.prompts, self.output = config, nets, prompts, output
+        self.rollout = make_rollout(nets.models, config, nets.ids, nets.norm)
+        self.update = make_update(nets.models, config)
+        self.ema = make_ema_update(config.ref_ema_decay) if config.ref_ema_decay else None
+        self.checkpointer = TrainCheckpointer(
+            work_checkpoint_dir(output),
+            CheckpointConfig(save_every=config.save_every, keep=config.keep_checkpoints),
+        )
+        self.guard = KLGuard(
+            kl_stop=config.kl_stop,
+            max_restores=config.max_restores,
+            lr_factor=config.restore_lr_factor,
+            work_dir=fileio.join(output, "work"),
+        )
+        self.key = np.asarray(jax.random.PRNGKey(config.seed))
+        self.last_saved = -1
+        self.template = PPOState.create(nets.policy, nets.critic, config)
+        self._set(self.template, nets.policy, self._initial_controller(), 0)
+        self.tokens_per_iteration = config.rollout_batch_size * (
+            config.prompt_len + config.max_new_tokens
+        )
+
+    def _initial_controller(self) -> KLControllerState:
+        kind = "adaptive" if self.config.adaptive_kl else "fixed"
+        c = self.config
+        return init_kl_controller(kind, c.kl_coef, target=c.kl_target, horizon=c.kl_horizon)
+
+    def _set(self, state: PPOState, reference: PyTree, ctrl: KLControllerState, it: int) -> None:
+        """Place host state on the devices."""
+        self.state, self.reference = parallel.replicate(state), parallel.replicate(reference)
+        self.controller, self.iteration = ctrl, it
+
+    def resume(self) -> int | None:
+        """Continue from the latest checkpoint, if any; returns its iteration."""
+        self.checkpointer.wait()
+        extra = {"reference": self.nets.policy} if self.ema else None
+        restored = self.checkpointer.restore_latest(self.template, self.key, extra)
+        if restored is None:
+            return None
+        reference = restored.extra_trees["reference"] if self.ema else self.nets.policy
+        ctrl = KLControllerState.from_json_dict(restored.extra_json["kl_controller"])
+        self._set(restored.state, reference, ctrl, restored.step)
+        self.key = restored.rng
+        self.prompts.restore(restored.data_position)
+        self.last_saved = restored.step
+        return restored.step
+
+    def _save(self, position: dict[str, Any]) -> None:
+        """Checkpoint the state at the start of this iteration (a policy that passed the guard)."""
+        extra = {"reference": parallel.unreplicate(self.reference)} if self.ema else None
+        self.checkpointer.save(
+            self.iteration,
+            state=parallel.unreplicate(self.state),
+            rng=self.key,
+            data_position=position,
+            extra_trees=extra,
+            extra_json={"kl_controller": self.controller.to_json_dict()},
+            force=True,
+        )
+        self.last_saved = self.iteration
+
+    def _rng(self, phase: int) -> jax.Array:
+        """The key of this iteration's phase: a function of seed, iteration and restorations."""
+        key = jax.random.fold_in(jax.random.fold_in(self.key, self.iteration), phase)
+        return jax.random.fold_in(key, self.guard.state.restores)
+
+    def _rollout(self) -> tuple[dict, dict[str, float], float]:
+        """Sample and score this iteration's batch; returns batch, metrics, seconds."""
+        start = time.perf_counter()
+        params = RolloutParams(
+            policy=self.state.policy.params,
+            reference=self.reference,
+            critic=self.state.critic.params,
+            reward=self.reward,
+        )
+        prompts = parallel.shard_batch(next(self.prompts))
+        batch, metrics = self.rollout(params, prompts, self._rng(0), self.controller.kl_coef)
+        metrics = host_floats(metrics)  # waits for the devices
+        return batch, metrics, time.perf_counter() - start
+
+    def _update(self, batch: dict) -> tuple[dict[str, float], float]:
+        """All PPO epochs on ``batch``; returns metrics and seconds."""
+        start = time.perf_counter()
+        lr_scale = np.float32(self.guard.state.lr_scale)
+        self.state, metrics = self.update(self.state, batch, self._rng(1), lr_scale)
+        metrics = host_floats(metrics)
+        return metrics, time.perf_counter() - start
+
+    def _trip(self, reason: str) -> bool:
+        """Restore the last good checkpoint; returns False when the run must stop."""
+        stopped = self.guard.exhausted
+        failed_at = self.iteration
+        restored = self.resume()
+        if restored is None:
+            raise FloatingPointError(
+                f"ppo: {reason} at iteration {failed_at} before any good checkpoint existed; "
+                "check the policy and reward artifacts, or lower learning_rate"
+            )
+        self.guard.record(iteration=failed_at, reason=reason, restored_to=restored, stopped=stopped)
+        return not stopped
+
+    def _iteration_metrics(
+        self, rollout: dict[str, float], update: dict[str, float], seconds: tuple[float, float]
+    ) -> dict[str, float]:
+        """Everything logged for one iteration."""
+        t_rollout, t_update = seconds
+        steps = (self.iteration + 1) * self.config.ppo_epochs * self.config.minibatches
+        metrics = {**rollout, **update}
+        metrics.update(
+            {
+                "lr": lr_at(self.config.policy_optim(), steps - 1) * self.guard.state.lr_scale,
+                "objective/kl_coef": float(self.controller.kl_coef),
+                "episode": float((self.iteration + 1) * self.config.rollout_batch_size),
+                "guard/restores": float(self.guard.state.restores),
+                "guard/lr_scale": self.guard.state.lr_scale,
+                "time/rollout_s": t_rollout,
+                "time/update_s": t_update,
+                "time/rollout_tokens_per_s": self.tokens_per_iteration / t_rollout,
+                "time/update_tokens_per_s": self.tokens_per_iteration / t_update,
+                "time/tokens_per_s": self.tokens_per_iteration / (t_rollout + t_update),
+            }
+        )
+        return metrics
+
+    def _step(self, logger: MetricsLogger) -> str | None:
+        """One iteration; returns a final status when the run ends, else None."""
+        position = self.prompts.position()
+        batch, rollout, t_rollout = self._rollout()
+        reason = self.guard.rollout_trip(rollout)
+        if reason is None:
+            last = self.iteration == self.config.iterations
+            due = self.iteration % self.config.save_every == 0 or last
+            if due and self.iteration > self.last_saved:
+                self._save(position)
+            if last:
+                return STATUS_COMPLETED
+            update, t_update = self._update(batch)
+            reason = self.guard.update_trip(update)
+        if reason is not None:
+            return None if self._trip(reason) else STATUS_STOPPED_KL_GUARD
+        metrics = self._iteration_metrics(rollout, update, (t_rollout, t_update))
+        if self.ema is not None:
+            self.reference = self.ema(self.reference, self.state.policy.params)
+        self.controller = update_kl_controller(
+            self.controller, rollout[KL_METRIC], self.config.rollout_batch_size
+        )
+        self.iteration += 1
+        logger.log(self.iteration, metrics)
+        return None
+
+    def run(self, reward_params: PyTree) -> LoopResult:
+        """Iterate to ``config.iterations`` (or a guard stop), resuming from checkpoints."""
+        self.reward = parallel.replicate(reward_params)
+        resumed = self.resume()
+        if resumed is not None:
+            log.info("ppo: resuming from iteration %d", resumed)
+        logger = MetricsLogger(self.output, total_steps=self.config.iterations, stage="ppo")
+        status = None
+        with self.checkpointer, logger:
+            while status is None:
+                status = self._step(logger)
+            summary = logger.summary()
+        host = parallel.unreplicate(self.state)
+        events = self.guard.state.events
+        return LoopResult(host.policy.params, self.iteration, status, summary, events)

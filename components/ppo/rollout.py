@@ -1,0 +1,178 @@
+"""The rollout phase: sample responses, score them, and turn scores into advantages.
+
+One pmapped function per iteration: the KV-cache sampler draws a response per
+prompt; the policy, the reference, the critic and the reward model each run one
+forward pass over prompt + response; scores are normalized with the reward
+model's ``reward_stats.json``, penalized when EOS is missing and clipped; the
+per-token KL penalty is added; GAE gives advantages, whitened with statistics
+global over every device (``axis_name``). Metrics come back averaged over all
+devices, named as TRL names them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+from jax import lax
+
+from components.core.sampler import generate
+from components.ppo import forward, losses
+from components.ppo.config import PPOConfig
+
+PyTree = Any
+AXIS = "data"
+
+
+class Models(NamedTuple):
+    """The graph definitions (static structure) of the three networks."""
+
+    policy: nnx.GraphDef
+    critic: nnx.GraphDef
+    reward: nnx.GraphDef
+
+
+class RolloutParams(NamedTuple):
+    """Parameters one rollout reads (each with a leading device axis under pmap)."""
+
+    policy: PyTree
+    reference: PyTree
+    critic: PyTree
+    reward: PyTree
+
+
+class TokenIds(NamedTuple):
+    """Special token ids of the tokenizer."""
+
+    eos_id: int
+    pad_id: int
+
+
+class ScoreNorm(NamedTuple):
+    """How raw reward-model scores become the scalar reward of a response."""
+
+    mean: float
+    std: float
+    missing_eos_penalty: float
+    clip: float  # 0 = none
+
+
+def normalize_scores(raw: jax.Array, has_eos: jax.Array, norm: ScoreNorm) -> jax.Array:
+    """(raw − mean) / std, minus the penalty where EOS is missing, clipped to [−clip, clip]."""
+    scores = (raw - norm.mean) / max(norm.std, 1e-6)
+    scores = scores - norm.missing_eos_penalty * (~has_eos).astype(jnp.float32)
+    if norm.clip > 0:
+        scores = jnp.clip(scores, -norm.clip, norm.clip)
+    return scores
+
+
+def _sample(
+    models: Models, params: RolloutParams, prompts: dict, rng: jax.Array, config: PPOConfig, ids
+) -> dict[str, jax.Array]:
+    """Prompts plus one sampled response each (tokens and mask)."""
+    sample = generate(
+        (models.policy, params.policy),
+        prompts["prompt_tokens"],
+        prompts["prompt_mask"],
+        rng,
+        max_new_tokens=config.max_new_tokens,
+        eos_id=ids.eos_id,
+        pad_id=ids.pad_id,
+        temperature=config.temperature,
+    )
+    return {
+        "prompt_tokens": prompts["prompt_tokens"].astype(jnp.int32),
+        "prompt_mask": prompts["prompt_mask"].astype(jnp.int32),
+        "response_tokens": sample.tokens,
+        "response_mask": sample.mask,
+    }
+
+
+def _advantages(
+    rewards: jax.Array, values: jax.Array, mask: jax.Array, config: PPOConfig
+) -> tuple[jax.Array, jax.Array]:
+    """Whitened GAE advantages and returns (statistics global over the devices)."""
+    if config.whiten_rewards:
+        rewards = losses.masked_whiten(rewards, mask, shift_mean=False, axis_name=AXIS)
+    advantages, returns = losses.gae(rewards, values, mask, config.gamma, config.lam)
+    return losses.masked_whiten(advantages, mask, axis_name=AXIS), returns
+
+
+def _metrics(
+    batch: dict, kl: jax.Array, logprobs: jax.Array, ref_logprobs: jax.Array, extra: dict
+) -> dict[str, jax.Array]:
+    """TRL-named rollout metrics, averaged over every device."""
+    mask = batch["response_mask"]
+    real = mask != 0
+    # The guard's KL: k3 is >= 0 per token, so noise cannot hide a divergence behind a sign.
+    k3 = losses.kl_penalty(logprobs, ref_logprobs, mask, "k3")
+    metrics = {
+        "objective/kl": jnp.mean(jnp.sum(kl, axis=1)),
+        "objective/kl_per_token": losses.masked_mean(k3, mask, axis_name=AXIS),
+        "objective/entropy": jnp.mean(jnp.sum(jnp.where(real, -logprobs, 0.0), axis=1)),
+        "objective/non_score_reward": jnp.mean(extra["non_score"]),
+        "objective/rlhf_reward": jnp.mean(extra["scores"] + extra["non_score"]),
+        "objective/scores": jnp.mean(extra["scores"]),
+        "objective/raw_scores": jnp.mean(extra["raw_scores"]),
+        "response_length": jnp.mean(jnp.sum(mask, axis=1).astype(jnp.float32)),
+        "eos_fraction": jnp.mean(extra["has_eos"].astype(jnp.float32)),
+        "val/mean": losses.masked_mean(extra["values"], mask, axis_name=AXIS),
+    }
+    # Every device holds the same number of sequences: pmean of means is the global mean.
+    return {name: lax.pmean(value, AXIS) for name, value in metrics.items()}
+
+
+def rollout_step(
+    models: Models,
+    params: RolloutParams,
+    prompts: dict[str, jax.Array],
+    rng: jax.Array,
+    kl_coef: jax.Array,
+    *,
+    config: PPOConfig,
+    ids: TokenIds,
+    norm: ScoreNorm,
+) -> tuple[dict[str, jax.Array], dict[str, jax.Array]]:
+    """One device's rollout batch for the update, and the global rollout metrics."""
+    rng = jax.random.fold_in(rng, lax.axis_index(AXIS))
+    batch = _sample(models, params, prompts, rng, config, ids)
+    mask = batch["response_mask"]
+    logprobs = forward.response_logprobs(models.policy, params.policy, batch)
+    ref_logprobs = forward.response_logprobs(models.policy, params.reference, batch)
+    values = forward.response_values(models.critic, params.critic, batch)
+    raw_scores = forward.sequence_scores(models.reward, params.reward, batch)
+    has_eos = jnp.any((batch["response_tokens"] == ids.eos_id) & (mask != 0), axis=1)
+    scores = normalize_scores(raw_scores, has_eos, norm)
+    kl = losses.kl_penalty(logprobs, ref_logprobs, mask, config.kl_estimator)
+    rewards, non_score = losses.token_rewards(scores, kl, mask, kl_coef)
+    advantages, returns = _advantages(rewards, values, mask, config)
+    extra = dict(scores=scores, raw_scores=raw_scores, non_score=non_score, has_eos=has_eos)
+    metrics = _metrics(batch, kl, logprobs, ref_logprobs, {**extra, "values": values})
+    real = mask != 0
+    batch.update(
+        logprobs=jnp.where(real, logprobs, 0.0),
+        values=jnp.where(real, values, 0.0),
+        advantages=advantages,
+        returns=returns,
+    )
+    return batch, metrics
+
+
+def make_rollout(
+    models: Models, config: PPOConfig, ids: TokenIds, norm: ScoreNorm
+) -> Callable[..., tuple[dict, dict]]:
+    """``rollout(params, prompts, rng, kl_coef) -> (batch, metrics)`` pmapped over devices.
+
+    ``params`` and ``prompts`` carry a leading device axis; ``rng`` and ``kl_coef``
+    are shared (each device folds its index into the key).
+    """
+
+    def step(params: RolloutParams, prompts: dict, rng: jax.Array, kl_coef: jax.Array):
+        return rollout_step(
+            models, params, prompts, rng, kl_coef, config=config, ids=ids, norm=norm
+        )
+
+    return jax.pmap(step, axis_name=AXIS, in_axes=(0, 0, None, None))

@@ -1,0 +1,126 @@
+"""The ppo stage: align the sft policy against the reward model and export it.
+
+Inputs: the shard stage's prompts (train split; each host its own shards), the
+policy artifact (sft) and the reward artifact (with ``reward_stats.json``).
+The critic starts as a copy of the reward model; the reference is the initial
+policy (or its EMA). Output: the aligned policy as a model artifact
+(``config.json`` with ``"stage": "ppo"``, ``params/``), ``metrics.jsonl``,
+TensorBoard events and ``ppo_status.json`` (status, guard events, gold reward
+before and after when the data names a gold reward).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any
+
+import jax
+from flax import nnx
+
+from components.core import fileio
+from components.core.distributed import is_primary, maybe_initialize
+from components.core.input_pipeline import check_vocab, prompt_dataset, read_manifest
+from components.core.model_io import ModelMismatchError, check_tokenizer, load_model, save_model
+from components.ppo.config import STATUS_STOPPED_KL_GUARD, PPOConfig
+from components.ppo.gold import mean_gold_reward
+from components.ppo.loop import Networks, PPOLoop
+from components.ppo.rollout import Models, ScoreNorm, TokenIds
+
+STATUS_FILE = "ppo_status.json"
+REWARD_STATS_FILE = "reward_stats.json"
+
+
+def read_reward_stats(reward_dir: str, info: dict[str, Any]) -> dict[str, float]:
+    """The reward model's score statistics (``reward_stats.json``, else its config.json)."""
+    path = fileio.join(reward_dir, REWARD_STATS_FILE)
+    stats = json.loads(fileio.read_text(path)) if fileio.exists(path) else info.get("reward_stats")
+    if not stats or "mean" not in stats or "std" not in stats:
+        raise ModelMismatchError(
+            f"{path} is missing: {reward_dir!r} has no reward statistics; pass the output "
+            "of the reward stage (it writes reward_stats.json)"
+        )
+    return {"mean": float(stats["mean"]), "std": float(stats["std"])}
+
+
+def _load(model_dir: str, manifest: dict, config: PPOConfig, *, scalar_head: bool | None):
+    """A model artifact checked against the shards' tokenizer."""
+    model, info = load_model(
+        model_dir, scalar_head=scalar_head, seed=config.seed, remat=config.remat, dtype=config.dtype
+    )
+    check_tokenizer(info, manifest, model_dir)
+    check_vocab(manifest, model.config.vocab_size)
+    return model, info
+
+
+def build_networks(
+    config: PPOConfig, manifest: dict, policy_dir: str, reward_dir: str
+) -> tuple[nnx.Module, Networks]:
+    """The policy model and every network's graph and parameters, ready for the loop."""
+    policy, _ = _load(policy_dir, manifest, config, scalar_head=False)
+    reward, reward_info = _load(reward_dir, manifest, config, scalar_head=None)
+    if reward.scalar_head is None:
+        raise ModelMismatchError(
+            f"{reward_dir} has no scalar head: it is a policy, not a reward model; "
+            "pass the output of the reward stage as --reward"
+        )
+    critic, _ = _load(reward_dir, manifest, config, scalar_head=True)
+    stats = read_reward_stats(reward_dir, reward_info)
+    policy_graph, policy_params = nnx.split(policy, nnx.Param)
+    critic_graph, critic_params = nnx.split(critic, nnx.Param)
+    reward_graph, reward_params = nnx.split(reward, nnx.Param)
+    tokenizer = manifest["tokenizer"]
+    nets = Networks(
+        models=Models(policy_graph, critic_graph, reward_graph),
+        policy=jax.device_get(policy_params),
+        critic=jax.device_get(critic_params),
+        reward=jax.device_get(reward_params),
+        ids=TokenIds(eos_id=int(tokenizer["eos_id"]), pad_id=int(tokenizer["pad_id"])),
+        norm=ScoreNorm(stats["mean"], stats["std"], config.missing_eos_penalty, config.reward_clip),
+    )
+    return policy, nets
+
+
+def _gold(nets: Networks, params: Any, shards_dir: str, manifest: dict, config: PPOConfig):
+    """Mean gold reward on eval prompts, or None when the data names no gold reward."""
+    if not manifest.get("gold_reward"):
+        return None
+    return mean_gold_reward(
+        nets.models.policy, params, shards_dir, manifest,
+        prompt_len=config.prompt_len, max_new_tokens=config.max_new_tokens,
+        temperature=config.temperature, seed=config.seed,
+    )  # fmt: skip
+
+
+def run(
+    config: PPOConfig, shards_dir: str, policy_dir: str, reward_dir: str, output: str
+) -> dict[str, float]:
+    """Align ``policy_dir`` against ``reward_dir`` on ``shards_dir``'s prompts into ``output``."""
+    maybe_initialize()
+    manifest = read_manifest(shards_dir)
+    policy, nets = build_networks(config, manifest, policy_dir, reward_dir)
+    prompts = prompt_dataset(
+        shards_dir, "train", batch_size=config.per_host_batch(),
+        prompt_len=config.prompt_len, seed=config.seed, shuffle=True, repeat=True,
+    )  # fmt: skip
+    gold_before = _gold(nets, nets.policy, shards_dir, manifest, config)
+    result = PPOLoop(config, nets, prompts, output).run(nets.reward)
+    gold_after = _gold(nets, result.policy, shards_dir, manifest, config)
+    status = {
+        "status": result.status,
+        "iterations": result.iteration,
+        "guard_events": result.guard_events,
+        "gold_reward": {"initial": gold_before, "final": gold_after},
+    }
+    save_model(
+        output, policy, result.policy, tokenizer=manifest["tokenizer"], stage="ppo",
+        training=dataclasses.asdict(config), step=result.iteration, status=result.status,
+        base_policy=policy_dir, reward_model=reward_dir,
+    )  # fmt: skip
+    if is_primary():
+        fileio.write_text(fileio.join(output, STATUS_FILE), json.dumps(status, indent=2) + "\n")
+    metrics = dict(result.metrics)
+    metrics["stopped_kl_guard"] = float(result.status == STATUS_STOPPED_KL_GUARD)
+    if gold_before is not None:
+        metrics.update({"gold/initial": gold_before, "gold/final": gold_after})
+    return metrics
