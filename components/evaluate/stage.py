@@ -37,10 +37,9 @@ ROLES = ("policy", "reference", "reward")
 
 
 class Inputs(NamedTuple):
-    """The checked inputs: manifest, each model's config.json by role, the gold reward's name."""
+    """The checked inputs: the shards' manifest and the gold reward's name ('' for none)."""
 
     manifest: dict[str, Any]
-    infos: dict[str, dict[str, Any]]
     gold_name: str
 
 
@@ -74,7 +73,7 @@ def check_inputs(config: EvalConfig, shards_dir: str, dirs: dict[str, str]) -> I
             raise ModelMismatchError(
                 f"{dirs[role]} is a reward model; pass a policy (sft or ppo output) as --{role}"
             )
-    return Inputs(manifest, infos, gold_reward_name(config, manifest))
+    return Inputs(manifest, gold_reward_name(config, manifest))
 
 
 def gold_reward_name(config: EvalConfig, manifest: dict[str, Any]) -> str:
@@ -212,24 +211,16 @@ def report_samples(
     )  # fmt: skip
 
 
-def run(
+def measure(
     config: EvalConfig,
     shards_dir: str,
-    policy_dir: str,
-    reference_dir: str,
-    reward_dir: str,
-    output: str,
-) -> dict[str, Any]:
-    """Evaluate ``policy_dir`` against ``reference_dir``; write the report; return the figures.
-
-    The result is the summary (as in eval.json) plus ``blessed``; ``output`` receives
-    report.html, eval.json and metrics.json.
-    """
-    maybe_initialize()
-    dirs = {"policy": policy_dir, "reference": reference_dir, "reward": reward_dir}
-    manifest, _, gold_name = check_inputs(config, shards_dir, dirs)
-    tokenizer = load_tokenizer(fileio.join(shards_dir, "tokenizer"))
-    models = load_models(dirs, config.seed)
+    manifest: dict[str, Any],
+    models: dict[str, generation.LoadedModel],
+    *,
+    tokenizer: Tokenizer,
+    gold_name: str,
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Sample both policies on the eval prompts and measure them: the summary and report samples."""
     prompt_len, pair_len = sequence_lengths(config, manifest, models)
     prompts = generation.load_prompts(
         shards_dir, max_prompts=config.max_eval_prompts, prompt_len=prompt_len
@@ -252,6 +243,7 @@ def run(
         )  # fmt: skip
         for role in ("policy", "reference")
     )
+    # Both log-probs of the aligned samples by the same forward pass: identical policies give 0.
     logprobs = {
         role: generation.response_logprobs(
             models[role], prompts, aligned.responses, batch_size=config.batch_size
@@ -266,8 +258,31 @@ def run(
         aligned_logprobs=logprobs["policy"], reference_logprobs=logprobs["reference"],
         config=config, chosen_rewards=chosen, rejected_rewards=rejected, gold_name=gold_name,
     )  # fmt: skip
+    return summary, report_samples(prompt_texts, aligned, reference, config)
+
+
+def run(
+    config: EvalConfig,
+    shards_dir: str,
+    policy_dir: str,
+    reference_dir: str,
+    reward_dir: str,
+    output: str,
+) -> dict[str, Any]:
+    """Evaluate ``policy_dir`` against ``reference_dir``; write the report; return the figures.
+
+    The result is the summary (as in eval.json) plus ``blessed``; ``output`` receives
+    report.html, eval.json and metrics.json.
+    """
+    maybe_initialize()
+    dirs = {"policy": policy_dir, "reference": reference_dir, "reward": reward_dir}
+    inputs = check_inputs(config, shards_dir, dirs)
+    tokenizer = load_tokenizer(fileio.join(shards_dir, "tokenizer"))
+    summary, samples = measure(
+        config, shards_dir, inputs.manifest, load_models(dirs, config.seed),
+        tokenizer=tokenizer, gold_name=inputs.gold_name,
+    )  # fmt: skip
     gate = decide(summary, config)
-    samples = report_samples(prompt_texts, aligned, reference, config)
     write_outputs(output, summary, gate, dirs=dirs, samples=samples)
     _log_verdict(summary, gate, output)
     return {**json_ready(summary), "blessed": gate.blessed}
