@@ -1,0 +1,235 @@
+"""The pipeline's lightweight components: each body imports its stage and calls ``run``.
+
+The functions below are plain Python; :func:`build_components` turns them into
+``@dsl.component`` definitions on a given base image when a pipeline is built for a
+target, so no image is ever read from the environment at import. The bodies run as
+they are under kfp.local and inside our images on Vertex AI or GKE (kfp is installed
+there, so no task installs anything at run time).
+
+Config fields arrive as parameters named like the fields; ``stage_io.config_from``
+builds the stage's config from them, so the stage dataclass stays the one place of
+each default and check.
+"""
+
+# No `from __future__ import annotations`: kfp reads the real annotations at build time.
+from typing import Any, NamedTuple
+
+from kfp import dsl
+from kfp.dsl import HTML, Artifact, Dataset, Input, Metrics, Model, Output
+
+
+def builtin_data(pairs: int, seed: int, data: Output[Dataset]) -> str:
+    """Generate the built-in preference task as JSONL; returns the shard stage's sources."""
+    import json
+
+    from components.core.builtin_task import write_jsonl
+    from components.core.fileio import join
+
+    data.metadata["pairs"] = write_jsonl(join(data.path, "pairs.jsonl"), pairs, seed=seed)
+    return json.dumps([{"uri": join(data.uri, "pairs.jsonl")}])
+
+
+def find_data(data_uri: str) -> str:
+    """List the files ``data_uri`` matches, with fingerprints (never cached: a glob moves)."""
+    import json
+
+    from pipelines import stage_io
+
+    return json.dumps(stage_io.find_sources(data_uri))
+
+
+def shard(
+    sources: str,
+    format: str,
+    tokenizer: str,
+    max_prompt_tokens: int,
+    max_response_tokens: int,
+    num_shards: int,
+    eval_fraction: float,
+    max_invalid_fraction: float,
+    beam_args: str,
+    shards: Output[Dataset],
+    metrics: Output[Metrics],
+):
+    """Validate, dedupe, tokenize and shard the sources (Beam; DirectRunner unless told)."""
+    import json
+    import shlex
+    import time
+
+    from components.shard import run
+    from components.shard.config import ShardConfig
+    from pipelines import stage_io
+
+    started = time.time()
+    config = stage_io.config_from(ShardConfig, locals())
+    inputs = [source["uri"] for source in json.loads(sources)]
+    manifest = run(config, inputs, shards.path, beam_args=shlex.split(beam_args))
+    shards.metadata["counts"] = manifest["counts"]
+    stage_io.write_metrics(metrics, "shard", manifest["counts"], started)
+
+
+def sft(
+    shards: Input[Dataset],
+    base_policy: str,
+    preset: str,
+    max_len: int,
+    seed: int,
+    steps: int,
+    batch_size: int,
+    learning_rate: float,
+    model: Output[Model],
+    metrics: Output[Metrics],
+) -> str:
+    """Train the initial policy on the chosen responses; returns a reference to it."""
+    import time
+
+    from pipelines import stage_io
+
+    started = time.time()
+    stage_io.start_jax()
+    from components.sft import SFTConfig, run
+
+    summary = run(stage_io.config_from(SFTConfig, locals()), shards.path, model.path)
+    stage_io.write_metrics(metrics, "sft", summary, started)
+    return stage_io.reference(model.uri, stage_io.now())
+
+
+def check_policy(base_policy: str) -> str:
+    """Check the warm-start policy folder; returns a reference with its fingerprint."""
+    from pipelines import stage_io
+
+    return stage_io.check_policy(base_policy)
+
+
+def reward(
+    shards: Input[Dataset],
+    preset: str,
+    max_len: int,
+    seed: int,
+    steps: int,
+    batch_size: int,
+    learning_rate: float,
+    model: Output[Model],
+    metrics: Output[Metrics],
+):
+    """Train the Bradley-Terry reward model on the preference shards."""
+    import time
+
+    from pipelines import stage_io
+
+    started = time.time()
+    stage_io.start_jax()
+    from components.reward import RewardConfig, run
+
+    summary = run(stage_io.config_from(RewardConfig, locals()), shards.path, model.path)
+    stage_io.write_metrics(metrics, "reward", summary, started)
+
+
+def ppo(
+    shards: Input[Dataset],
+    policy: str,
+    reward: Input[Model],
+    seed: int,
+    iterations: int,
+    rollout_batch_size: int,
+    minibatches: int,
+    learning_rate: float,
+    critic_learning_rate: float,
+    ppo_epochs: int,
+    kl_coef: float,
+    adaptive_kl: bool,
+    kl_target: float,
+    kl_stop: float,
+    max_new_tokens: int,
+    model: Output[Model],
+    metrics: Output[Metrics],
+):
+    """Align the policy against the reward model with PPO (resumes from its checkpoints)."""
+    import time
+
+    from pipelines import stage_io
+
+    started = time.time()
+    stage_io.start_jax()
+    from components.ppo import run
+    from components.ppo.config import PPOConfig
+
+    config = stage_io.config_from(PPOConfig, locals())
+    policy_dir = stage_io.reference_uri(policy)
+    summary = run(config, shards.path, policy_dir, reward.path, model.path)
+    stage_io.write_metrics(metrics, "ppo", summary, started)
+
+
+def evaluate(
+    shards: Input[Dataset],
+    policy: Input[Model],
+    reference: str,
+    reward: Input[Model],
+    seed: int,
+    min_win_rate_lower: float,
+    max_kl: float,
+    max_eval_prompts: int,
+    gold_reward: str,
+    max_new_tokens: int,
+    evaluation: Output[Artifact],
+    report: Output[HTML],
+    metrics: Output[Metrics],
+) -> bool:
+    """Measure the aligned policy against its reference; returns whether it is blessed."""
+    import time
+
+    from pipelines import stage_io
+
+    started = time.time()
+    stage_io.start_jax()
+    from components.evaluate import run
+    from components.evaluate.config import EvalConfig
+
+    config = stage_io.config_from(EvalConfig, locals())
+    reference_dir = stage_io.reference_uri(reference)
+    summary = run(config, shards.path, policy.path, reference_dir, reward.path, evaluation.path)
+    stage_io.publish_report(evaluation.path, report.path)
+    evaluation.metadata["blessed"] = bool(summary["blessed"])
+    stage_io.write_metrics(metrics, "evaluate", summary, started)
+    return bool(summary["blessed"])
+
+
+def promote(policy: Input[Model], promoted_policy_uri: str, promoted: Output[Model]):
+    """Copy the blessed policy to its artifact and, when given, to ``promoted_policy_uri``."""
+    from pipelines import stage_io
+
+    stage_io.promote(policy.path, promoted.path, promoted_policy_uri)
+    promoted.metadata["promoted_policy_uri"] = promoted_policy_uri
+
+
+class Components(NamedTuple):
+    """The pipeline's components, bound to one base image."""
+
+    builtin_data: Any
+    find_data: Any
+    shard: Any
+    sft: Any
+    check_policy: Any
+    reward: Any
+    ppo: Any
+    evaluate: Any
+    promote: Any
+
+
+DATA_COMPONENTS = ("builtin_data", "find_data", "shard")
+
+
+def build_components(image: str, data_image: str = "") -> Components:
+    """Every component as a ``@dsl.component``: the data ones on ``data_image`` (if given).
+
+    kfp comes with our images, so no task installs it at run time.
+    """
+    built = {
+        name: dsl.component(
+            globals()[name],
+            base_image=(data_image or image) if name in DATA_COMPONENTS else image,
+            install_kfp_package=False,
+        )
+        for name in Components._fields
+    }
+    return Components(**built)

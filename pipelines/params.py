@@ -1,0 +1,235 @@
+"""The pipeline's parameters: names, defaults and help drawn from the stage configs, and checks.
+
+A stage parameter names the config field it sets (``sft_steps`` → ``SFTConfig.steps``) and
+takes that field's default and help, so each default lives once, in its stage's dataclass.
+The few parameters no stage config owns (where the data is, where to promote) are defined
+here. ``validate`` runs at compile (and local run) time, before anything is submitted.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from typing import Any
+
+from components.core.model_config import PRESETS
+from components.evaluate.config import EvalConfig
+from components.ppo.config import PPOConfig
+from components.reward.config import RewardConfig
+from components.sft.config import SFTConfig
+from components.shard.config import ShardConfig
+
+STAGE_CONFIGS: dict[str, type] = {
+    "shard": ShardConfig,
+    "sft": SFTConfig,
+    "reward": RewardConfig,
+    "ppo": PPOConfig,
+    "evaluate": EvalConfig,
+}
+
+
+class ParamError(ValueError):
+    """A pipeline parameter a run must not start with; the message names it and the fix."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Param:
+    """One pipeline parameter: the stage config fields it sets, or its own default."""
+
+    name: str
+    targets: tuple[tuple[str, str], ...] = ()  # (stage, config field) pairs it sets
+    default: Any = None  # only for parameters no stage config owns
+    help: str = ""
+    kind: type | None = None
+
+    @property
+    def source(self) -> dataclasses.Field | None:
+        """The config field the default and help come from (the first target)."""
+        if not self.targets:
+            return None
+        stage, name = self.targets[0]
+        return {f.name: f for f in dataclasses.fields(STAGE_CONFIGS[stage])}[name]
+
+    def default_value(self) -> Any:
+        """The default: the stage config's, else this parameter's own."""
+        source = self.source
+        if source is None:
+            return self.default
+        if source.default_factory is not dataclasses.MISSING:
+            return source.default_factory()
+        return source.default
+
+    def help_text(self) -> str:
+        """The help: the stage config field's, else this parameter's own."""
+        source = self.source
+        if self.help or source is None:
+            return self.help
+        return source.metadata.get("help", "")
+
+    def type(self) -> type:
+        """The scalar Python type the pipeline declares (str, int, float or bool)."""
+        if self.kind is not None:
+            return self.kind
+        stage, name = self.targets[0]
+        hint = typing.get_type_hints(STAGE_CONFIGS[stage])[name]
+        if typing.get_origin(hint) is typing.Literal:
+            return type(typing.get_args(hint)[0])
+        return hint
+
+
+def _stage(stage: str, *fields: str, prefix: str = "") -> tuple[Param, ...]:
+    """Parameters ``prefix + field`` for fields of one stage's config."""
+    return tuple(Param(prefix + f, ((stage, f),)) for f in fields)
+
+
+def _shared(name: str, field: str, *stages: str) -> Param:
+    """One parameter that sets the same field in several stages' configs."""
+    return Param(name, tuple((s, field) for s in stages))
+
+
+PARAMS: tuple[Param, ...] = (
+    Param(
+        "data_uri",
+        default="",
+        kind=str,
+        help="preference files (JSONL/Parquet), comma-separated paths or globs, local or gs://; "
+        "'' = generate the built-in task into the run",
+    ),
+    Param("builtin_pairs", default=2000, kind=int, help="pairs of the built-in task (data_uri '')"),
+    Param("data_format", (("shard", "format"),)),
+    *_stage("shard", "tokenizer", "max_prompt_tokens", "max_response_tokens", "num_shards"),
+    *_stage("shard", "eval_fraction", "max_invalid_fraction"),
+    Param(
+        "beam_args",
+        default="",
+        kind=str,
+        help="Beam pipeline options of the shard stage, e.g. '--runner=DataflowRunner "
+        "--project=P --region=R --temp_location=gs://B/tmp --sdk_container_image=IMAGE'; "
+        "'' = DirectRunner in the task",
+    ),
+    Param(
+        "base_policy",
+        (("sft", "base_policy"),),
+        help="policy model folder to warm-start PPO from (skips sft); '' = train one with sft",
+    ),
+    _shared("preset", "preset", "sft", "reward"),
+    _shared("max_len", "max_len", "sft", "reward"),
+    _shared("seed", "seed", "sft", "reward", "ppo", "evaluate"),
+    *_stage("sft", "steps", "batch_size", "learning_rate", prefix="sft_"),
+    *_stage("reward", "steps", "batch_size", "learning_rate", prefix="reward_"),
+    *_stage("ppo", "iterations", "rollout_batch_size", "minibatches", prefix="ppo_"),
+    *_stage("ppo", "learning_rate", "critic_learning_rate", prefix="ppo_"),
+    Param("ppo_epochs", (("ppo", "ppo_epochs"),)),
+    *_stage("ppo", "kl_coef", "adaptive_kl", "kl_target", "kl_stop", "max_new_tokens"),
+    *_stage("evaluate", "min_win_rate_lower", "max_kl", "max_eval_prompts", "gold_reward"),
+    Param("eval_max_new_tokens", (("evaluate", "max_new_tokens"),)),
+    Param(
+        "promoted_policy_uri",
+        default="",
+        kind=str,
+        help="folder (local or gs://) the policy is copied to when evaluation blesses it; "
+        "'' = keep it only as the promote task's artifact",
+    ),
+)
+BY_NAME: dict[str, Param] = {p.name: p for p in PARAMS}
+# Stages whose tasks hold the accelerator: their batches must split over its chips.
+BATCHES_PER_CHIP = {"sft_batch_size": "sft", "reward_batch_size": "reward"}
+
+
+def defaults() -> dict[str, Any]:
+    """Every parameter's default, by name."""
+    return {p.name: p.default_value() for p in PARAMS}
+
+
+def stage_values(stage: str, values: dict[str, Any]) -> dict[str, Any]:
+    """The config fields of ``stage`` that ``values`` (parameter → value) set."""
+    return {
+        field: values[p.name]
+        for p in PARAMS
+        for s, field in p.targets
+        if s == stage and p.name in values
+    }
+
+
+def coerce(name: str, text: str) -> Any:
+    """A parameter value from command-line text, in the parameter's type."""
+    if name not in BY_NAME:
+        raise ParamError(f"unknown parameter {name!r}; known: {', '.join(BY_NAME)}")
+    kind = BY_NAME[name].type()
+    if kind is bool:
+        lowered = text.strip().lower()
+        if lowered not in ("true", "false", "1", "0", "yes", "no"):
+            raise ParamError(f"{name}: expected true or false, got {text!r}")
+        return lowered in ("true", "1", "yes")
+    try:
+        return kind(text)
+    except ValueError:
+        raise ParamError(f"{name}: expected {kind.__name__}, got {text!r}") from None
+
+
+def validate(values: dict[str, Any], chips: int) -> dict[str, Any]:
+    """Every parameter's value (defaults filled in), checked; raises ParamError on the first fault.
+
+    ``chips`` is the accelerator count each training task gets (the virtual CPU
+    devices for local runs): global batches must split evenly over them.
+    """
+    unknown = sorted(set(values) - set(BY_NAME))
+    if unknown:
+        raise ParamError(f"unknown parameter(s) {unknown}; known: {', '.join(BY_NAME)}")
+    merged = {**defaults(), **values}
+    for name, value in merged.items():
+        _check_type(name, value)
+    if merged["preset"] not in PRESETS:
+        raise ParamError(
+            f"preset: {merged['preset']!r} is not a model preset; use one of {sorted(PRESETS)}"
+        )
+    if merged["builtin_pairs"] < 1:
+        raise ParamError(f"builtin_pairs: {merged['builtin_pairs']} must be at least 1")
+    for stage, config_cls in STAGE_CONFIGS.items():
+        try:
+            config_cls(**stage_values(stage, merged))
+        except ValueError as error:
+            raise ParamError(f"{stage} parameters: {error}") from None
+    _check_batches(merged, chips)
+    return merged
+
+
+def _check_type(name: str, value: Any) -> None:
+    """Refuse a value of the wrong type (an int is accepted for a float)."""
+    kind = BY_NAME[name].type()
+    ok = isinstance(value, kind) and not (kind is int and isinstance(value, bool))
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        ok = True
+    if not ok:
+        raise ParamError(f"{name}: expected {kind.__name__}, got {value!r}")
+
+
+def _check_batches(values: dict[str, Any], chips: int) -> None:
+    """Global batches must split evenly over the chips of one training task."""
+    if chips < 1:
+        raise ParamError(f"chip count: {chips} must be at least 1")
+    for name in BATCHES_PER_CHIP:
+        if values[name] % chips:
+            nearest = max(chips, values[name] // chips * chips)
+            raise ParamError(
+                f"{name}: {values[name]} does not split over {chips} chips; "
+                f"use a multiple of {chips} (e.g. {nearest})"
+            )
+    quantum = chips * values["ppo_minibatches"]
+    if values["ppo_rollout_batch_size"] % quantum:
+        raise ParamError(
+            f"ppo_rollout_batch_size: {values['ppo_rollout_batch_size']} must be a multiple of "
+            f"{chips} chips x {values['ppo_minibatches']} ppo_minibatches = {quantum}"
+        )
+
+
+def markdown_table() -> str:
+    """The parameter table for the README: name, type, default, what it does."""
+    rows = ["| parameter | type | default | what it sets |", "| --- | --- | --- | --- |"]
+    for p in PARAMS:
+        where = ", ".join(f"`{s}.{f}`" for s, f in p.targets) or "pipeline"
+        text = p.help_text().replace("|", "\\|")
+        rows.append(
+            f"| `{p.name}` | {p.type().__name__} | `{p.default_value()!r}` | {text} ({where}) |"
+        )
+    return "\n".join(rows)

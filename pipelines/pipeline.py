@@ -1,0 +1,171 @@
+"""The alignment pipeline (KFP v2), built for one target.
+
+Steps:
+1. data      the built-in task generated into the run (``data_uri`` '') or the files
+             ``data_uri`` matches (a glob: the newest data of a periodic run)
+2. shard     validate, dedupe, tokenize and shard by prompt hash (Beam)
+3. sft       train the initial policy, only when no ``base_policy`` is given; otherwise
+             the given policy (e.g. the last promoted one) is checked and used
+4. reward    train the Bradley-Terry reward model
+5. ppo       align the policy against the reward model, KL to the initial policy
+6. evaluate  win rate, KL, rewards against the initial policy; HTML report; ``blessed``
+7. promote   only when blessed: copy the policy to ``promoted_policy_uri``
+
+Parameter defaults come from the stage configs (``pipelines/params.py``); placement
+per target from ``pipelines/targets.py``.
+"""
+
+# No `from __future__ import annotations`: kfp reads the real annotations of the pipeline.
+from typing import Any, NamedTuple
+
+from kfp import dsl
+from kfp.dsl import HTML, Artifact, Metrics
+
+from pipelines import params
+from pipelines.components import build_components
+from pipelines.targets import DATA, LIGHT, TRAIN, Placement, place
+
+PIPELINE_NAME = "alignpipe"
+STAGES = ("data", "shard", "sft", "reward", "ppo", "evaluate", "promote")
+UPSTREAM = {
+    "shard": ("data",),
+    "sft": ("shard",),
+    "reward": ("shard",),
+    "ppo": ("sft", "reward"),
+    "evaluate": ("ppo",),
+    "promote": ("evaluate",),
+}
+# Task names (as kfp names them after their components) of each stage.
+STAGE_TASKS = {
+    "data": ("builtin-data", "find-data"),
+    "shard": ("shard",),
+    "sft": ("sft", "check-policy"),
+    "reward": ("reward",),
+    "ppo": ("ppo",),
+    "evaluate": ("evaluate",),
+    "promote": ("promote",),
+}
+D = params.defaults()
+
+
+class Outputs(NamedTuple):
+    """What a run hands back: each stage's metrics, the evaluation folder and its report."""
+
+    shard_metrics: Metrics
+    reward_metrics: Metrics
+    ppo_metrics: Metrics
+    eval_metrics: Metrics
+    evaluation: Artifact
+    report: HTML
+
+
+def downstream(stage: str) -> tuple[str, ...]:
+    """``stage`` and every stage that depends on it, in pipeline order."""
+    if stage not in STAGES:
+        raise ValueError(f"stage: {stage!r} is unknown; use one of {STAGES}")
+    found = {stage}
+    for name in STAGES:
+        if any(up in found for up in UPSTREAM.get(name, ())):
+            found.add(name)
+    return tuple(s for s in STAGES if s in found)
+
+
+def build_pipeline(placement: Placement, fresh_from: str | None = None) -> Any:
+    """The pipeline with tasks placed for ``placement``; no caching from ``fresh_from`` on."""
+    c = build_components(placement.image_for(TRAIN), placement.image_for(DATA))
+    fresh = set(downstream(fresh_from)) if fresh_from else set()
+
+    def configure(task: Any, stage: str, role: str, cache: bool = True) -> Any:
+        task.set_caching_options(cache and stage not in fresh)
+        return place(task, role, placement)
+
+    @dsl.pipeline(name=PIPELINE_NAME, description="RLHF: shard, sft, reward, PPO, evaluate.")
+    def alignment_pipeline(
+        data_uri: str = D["data_uri"],
+        builtin_pairs: int = D["builtin_pairs"],
+        data_format: str = D["data_format"],
+        tokenizer: str = D["tokenizer"],
+        max_prompt_tokens: int = D["max_prompt_tokens"],
+        max_response_tokens: int = D["max_response_tokens"],
+        num_shards: int = D["num_shards"],
+        eval_fraction: float = D["eval_fraction"],
+        max_invalid_fraction: float = D["max_invalid_fraction"],
+        beam_args: str = D["beam_args"],
+        base_policy: str = D["base_policy"],
+        preset: str = D["preset"],
+        max_len: int = D["max_len"],
+        seed: int = D["seed"],
+        sft_steps: int = D["sft_steps"],
+        sft_batch_size: int = D["sft_batch_size"],
+        sft_learning_rate: float = D["sft_learning_rate"],
+        reward_steps: int = D["reward_steps"],
+        reward_batch_size: int = D["reward_batch_size"],
+        reward_learning_rate: float = D["reward_learning_rate"],
+        ppo_iterations: int = D["ppo_iterations"],
+        ppo_rollout_batch_size: int = D["ppo_rollout_batch_size"],
+        ppo_minibatches: int = D["ppo_minibatches"],
+        ppo_learning_rate: float = D["ppo_learning_rate"],
+        ppo_critic_learning_rate: float = D["ppo_critic_learning_rate"],
+        ppo_epochs: int = D["ppo_epochs"],
+        kl_coef: float = D["kl_coef"],
+        adaptive_kl: bool = D["adaptive_kl"],
+        kl_target: float = D["kl_target"],
+        kl_stop: float = D["kl_stop"],
+        max_new_tokens: int = D["max_new_tokens"],
+        min_win_rate_lower: float = D["min_win_rate_lower"],
+        max_kl: float = D["max_kl"],
+        max_eval_prompts: int = D["max_eval_prompts"],
+        gold_reward: str = D["gold_reward"],
+        eval_max_new_tokens: int = D["eval_max_new_tokens"],
+        promoted_policy_uri: str = D["promoted_policy_uri"],
+    ) -> Outputs:
+        p = dict(locals())  # the parameter channels by name, for params.stage_values
+
+        with dsl.If(data_uri == "", name="builtin-data"):
+            generated = configure(c.builtin_data(pairs=builtin_pairs, seed=seed), "data", DATA)
+        with dsl.Else(name="given-data"):
+            # Never cached: the same glob matches new files on a later run.
+            found = configure(c.find_data(data_uri=data_uri), "data", DATA, cache=False)
+        sources = dsl.OneOf(generated.outputs["Output"], found.output)
+        shard = c.shard(sources=sources, beam_args=beam_args, **params.stage_values("shard", p))
+        shards = configure(shard, "shard", DATA).outputs["shards"]
+
+        with dsl.If(base_policy == "", name="train-policy"):
+            sft = configure(c.sft(shards=shards, **params.stage_values("sft", p)), "sft", TRAIN)
+        with dsl.Else(name="warm-start"):
+            # Never cached: a policy promoted again to the same folder must be re-read.
+            given = configure(c.check_policy(base_policy=base_policy), "sft", LIGHT, cache=False)
+        initial_policy = dsl.OneOf(sft.outputs["Output"], given.output)
+
+        reward = c.reward(shards=shards, **params.stage_values("reward", p))
+        reward_model = configure(reward, "reward", TRAIN).outputs["model"]
+        ppo = c.ppo(
+            shards=shards,
+            policy=initial_policy,
+            reward=reward_model,
+            **params.stage_values("ppo", p),
+        )
+        policy = configure(ppo, "ppo", TRAIN).outputs["model"]
+        evaluate = c.evaluate(
+            shards=shards,
+            policy=policy,
+            reference=initial_policy,
+            reward=reward_model,
+            **params.stage_values("evaluate", p),
+        )
+        configure(evaluate, "evaluate", TRAIN)
+
+        # A pipeline condition (compiled to the backend), not a Python comparison.
+        with dsl.If(evaluate.outputs["Output"] == True, name="blessed"):  # noqa: E712
+            promote = c.promote(policy=policy, promoted_policy_uri=promoted_policy_uri)
+            configure(promote, "promote", LIGHT)
+        return Outputs(
+            shard_metrics=shard.outputs["metrics"],
+            reward_metrics=reward.outputs["metrics"],
+            ppo_metrics=ppo.outputs["metrics"],
+            eval_metrics=evaluate.outputs["metrics"],
+            evaluation=evaluate.outputs["evaluation"],
+            report=evaluate.outputs["report"],
+        )
+
+    return alignment_pipeline

@@ -1,0 +1,162 @@
+"""What the pipeline's component bodies share: metrics files, source and policy references, copies.
+
+Component bodies import this module inside the task (locally or in the image), so it
+imports nothing heavy at module level.
+
+References passed between tasks as JSON strings: kfp.local cannot select between two
+artifacts (``dsl.OneOf`` of artifacts), so the policy PPO starts from and the input files of
+the shard stage travel as ``{"uri": …}`` strings. Each carries a fingerprint of what it
+points to (size and modification time), so a cached task is reused only while its input
+is unchanged — a re-run over a glob that matches new files, or a policy promoted again at
+the same folder, reruns what depends on it.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import math
+import os
+import shutil
+import time
+from typing import Any
+
+from components.core import fileio
+
+
+def now() -> str:
+    """The current UTC time, ISO 8601 (what a stage records as its ``executed_at``)."""
+    return datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+
+
+def scalar_metrics(summary: dict[str, Any], prefix: str = "") -> dict[str, float]:
+    """The finite numbers of a nested summary, flattened to ``a/b`` names."""
+    flat: dict[str, float] = {}
+    for key, value in summary.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            flat.update(scalar_metrics(value, prefix=f"{name}/"))
+        elif isinstance(value, bool):
+            flat[name] = float(value)
+        elif isinstance(value, int | float) and math.isfinite(value):
+            flat[name] = float(value)
+    return flat
+
+
+def write_metrics(metrics: Any, stage: str, summary: dict[str, Any], started: float) -> None:
+    """Log the summary's scalars on the Metrics artifact and write them to its file.
+
+    The file matters: kfp.local counts a cached task as a miss when an output artifact
+    has no file, and a Metrics artifact filled only by ``log_metric`` has none.
+    """
+    values = scalar_metrics(summary)
+    for name, value in values.items():
+        metrics.log_metric(name, value)
+    record = {
+        "stage": stage,
+        "executed_at": now(),
+        "seconds": round(time.time() - started, 3),
+        "metrics": values,
+    }
+    metrics.metadata["executed_at"] = record["executed_at"]
+    fileio.write_text(metrics.path, json.dumps(record, indent=2, sort_keys=True))
+
+
+def reference(uri: str, fingerprint: str = "") -> str:
+    """A JSON reference to a file or folder, with an optional content fingerprint."""
+    return json.dumps({"uri": uri, "fingerprint": fingerprint}, sort_keys=True)
+
+
+def reference_uri(ref: str) -> str:
+    """The URI of a reference made by :func:`reference`."""
+    return json.loads(ref)["uri"]
+
+
+def fingerprint(path: str) -> str:
+    """Size and modification time of a file, or of a folder's ``config.json``."""
+    target = fileio.join(path, "config.json") if fileio.isdir(path) else path
+    if "://" not in target:
+        stat = os.stat(target)
+        return f"{stat.st_size}@{stat.st_mtime_ns}"
+    import tensorflow as tf  # only remote paths need TensorFlow's filesystems
+
+    remote = tf.io.gfile.stat(target)
+    return f"{remote.length}@{remote.mtime_nsec}"
+
+
+def find_sources(data_uri: str) -> list[dict[str, str]]:
+    """Every file the comma-separated paths or globs match, with fingerprints, sorted."""
+    patterns = [p.strip() for p in data_uri.split(",") if p.strip()]
+    files = sorted({f for pattern in patterns for f in (fileio.glob(pattern) or [])})
+    if not files:
+        raise FileNotFoundError(
+            f"data_uri {data_uri!r} matches no file; check the path or glob "
+            "(local or gs://), or pass '' for the built-in task"
+        )
+    return [{"uri": f, "fingerprint": fingerprint(f)} for f in files]
+
+
+def check_policy(base_policy: str) -> str:
+    """A reference to a policy folder, refused unless it holds ``config.json`` and ``params/``."""
+    for name in ("config.json", "params"):
+        if not fileio.exists(fileio.join(base_policy, name)):
+            raise FileNotFoundError(
+                f"base_policy {base_policy!r} has no {name}; pass a model folder written by "
+                "the sft, ppo or promote stage (config.json + params/), or '' to train one"
+            )
+    return reference(base_policy, fingerprint(base_policy))
+
+
+def copy_tree(source: str, destination: str) -> int:
+    """Copy a folder (local or gs://) file by file, replacing ``destination``; returns the count."""
+    if fileio.exists(destination):
+        fileio.remove_tree(destination)
+    if "://" not in source and "://" not in destination:
+        shutil.copytree(source, destination)
+        return sum(len(names) for _, _, names in os.walk(destination))
+    import tensorflow as tf  # only remote paths need TensorFlow's filesystems
+
+    count = 0
+    for folder, _, names in tf.io.gfile.walk(source):
+        relative = os.path.relpath(folder, source) if folder != source else ""
+        target = fileio.join(destination, relative) if relative else destination
+        fileio.makedirs(target)
+        for name in names:
+            tf.io.gfile.copy(fileio.join(folder, name), fileio.join(target, name), overwrite=True)
+            count += 1
+    return count
+
+
+def config_from(config_cls: type, values: dict[str, Any]) -> Any:
+    """A stage config from the component's parameters named like its fields (others ignored)."""
+    import dataclasses
+
+    names = {f.name for f in dataclasses.fields(config_cls) if f.init}
+    return config_cls(**{k: v for k, v in values.items() if k in names})
+
+
+def start_jax() -> None:
+    """Before JAX starts in a task: virtual CPU devices for local runs, quiet TensorFlow."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    from components.core.entry import configure_cpu_devices
+
+    configure_cpu_devices()
+
+
+def publish_report(evaluation_dir: str, report_path: str) -> None:
+    """Copy the evaluate stage's report.html to the pipeline's HTML artifact file."""
+    fileio.write_bytes(report_path, fileio.read_bytes(fileio.join(evaluation_dir, "report.html")))
+
+
+def promote(policy_dir: str, artifact_dir: str, promoted_policy_uri: str) -> None:
+    """Copy the blessed policy to the promote task's artifact and to ``promoted_policy_uri``.
+
+    The destination's ``PROMOTED.json`` is written last, so a reader that sees it sees
+    a complete copy.
+    """
+    copy_tree(policy_dir, artifact_dir)
+    if not promoted_policy_uri:
+        return
+    copy_tree(policy_dir, promoted_policy_uri)
+    record = {"source": policy_dir, "promoted_at": now()}
+    fileio.write_text(fileio.join(promoted_policy_uri, "PROMOTED.json"), json.dumps(record))
