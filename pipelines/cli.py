@@ -15,7 +15,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 def build_parser() -> argparse.ArgumentParser:
     """The top-level parser with every sub-command registered."""
-    from pipelines import cli_data, cli_eval
+    from pipelines import cli_data, cli_eval, cli_pipeline
 
     parser = argparse.ArgumentParser(
         prog="alignpipe",
@@ -25,6 +25,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     cli_data.register(commands)
     cli_eval.register(commands)
+    cli_pipeline.register(commands)
     return parser
 
 

@@ -1,0 +1,218 @@
+"""``alignpipe run|rerun|compile|submit|schedule``: the pipeline locally and in the cloud.
+
+Every pipeline parameter is a flag (``--sft-steps 100``); its default and help come
+from the stage configs (``pipelines/params.py``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from pipelines import params
+from pipelines.pipeline import STAGES
+from pipelines.targets import TPU_GENERATIONS, Placement
+
+EXIT_USAGE = 2
+
+
+def register(commands: argparse._SubParsersAction) -> None:
+    """Add the pipeline commands to the top-level parser."""
+    run = commands.add_parser("run", help="run the whole pipeline locally (kfp.local, cached)")
+    _local_options(run)
+    _param_flags(run)
+    run.set_defaults(handler=_run)
+
+    rerun = commands.add_parser(
+        "rerun", help="repeat the last local run, recomputing from one stage on"
+    )
+    rerun.add_argument(
+        "--from", dest="from_stage", required=True, choices=STAGES,
+        help="this stage and every stage after it run again; earlier ones come from the cache",
+    )  # fmt: skip
+    _local_options(rerun)
+    _param_flags(rerun, note="changes the last run's value")
+    rerun.set_defaults(handler=_rerun)
+
+    compile_ = commands.add_parser("compile", help="write the pipeline spec for vertex or gke")
+    compile_.add_argument("-o", "--output", required=True, help="pipeline spec file to write")
+    _placement_options(compile_)
+    _param_flags(compile_, note="becomes the compiled default")
+    compile_.set_defaults(handler=_compile)
+
+    submit = commands.add_parser("submit", help="compile and start one run on vertex or gke")
+    _placement_options(submit)
+    _cloud_options(submit)
+    _param_flags(submit)
+    submit.set_defaults(handler=_submit)
+
+    schedule = commands.add_parser(
+        "schedule", help="compile and run on a cron schedule (periodic realignment)"
+    )
+    schedule.add_argument(
+        "--cron", required=True, help='5-field cron in UTC, e.g. "0 3 * * 1" (Mondays 03:00)'
+    )
+    _placement_options(schedule)
+    _cloud_options(schedule)
+    _param_flags(schedule)
+    schedule.set_defaults(handler=_schedule)
+
+
+def _param_flags(parser: argparse.ArgumentParser, note: str = "") -> None:
+    """One ``--flag`` per pipeline parameter (unset keeps the default)."""
+    group = parser.add_argument_group("pipeline parameters" + (f" (each {note})" if note else ""))
+    for p in params.PARAMS:
+        group.add_argument(
+            "--" + p.name.replace("_", "-"),
+            dest="param_" + p.name,
+            default=argparse.SUPPRESS,
+            metavar=p.type().__name__.upper(),
+            help=f"{p.help_text()} (default: {p.default_value()!r})".replace("%", "%%"),
+        )
+
+
+def _local_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--runs-dir", default="runs", help="pipeline root of local runs (runs)")
+    parser.add_argument(
+        "--cpu-devices", type=int, default=None,
+        help="virtual CPU devices per training task (default: $ALIGNPIPE_CPU_DEVICES or 8)",
+    )  # fmt: skip
+
+
+def _placement_options(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("placement")
+    group.add_argument("--target", required=True, choices=("vertex", "gke"), help="where it runs")
+    group.add_argument("--image", required=True, help="training image URI (JAX for TPU)")
+    group.add_argument("--data-image", default="", help="Beam image URI of the data tasks")
+    group.add_argument("--tpu", default="v5e", choices=list(TPU_GENERATIONS), help="TPU (v5e)")
+    group.add_argument(
+        "--tpu-topology", default="2x2", help="chips of one training task, e.g. 1x1, 2x2, 2x4"
+    )
+    group.add_argument("--machine-type", default="", help="vertex TPU VM type (checked)")
+    group.add_argument("--cpu-limit", default="4", help="CPU of non-training tasks (4)")
+    group.add_argument("--memory-limit", default="16G", help="memory of non-training tasks")
+    group.add_argument(
+        "--train-retries", type=int, default=3, help="retries of a preempted training task (3)"
+    )
+    group.add_argument(
+        "--fresh-from", choices=STAGES, default=None, help="no caching from this stage on"
+    )
+
+
+def _cloud_options(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("cloud")
+    group.add_argument("--project", default="", help="Google Cloud project (vertex)")
+    group.add_argument("--region", default="", help="Vertex AI region, e.g. us-central1")
+    group.add_argument("--pipeline-root", default="", help="gs:// folder for run artifacts")
+    group.add_argument("--service-account", default="", help="service account the run uses")
+    group.add_argument(
+        "--label", action="append", default=[], metavar="KEY=VALUE", help="run label (repeat)"
+    )
+    group.add_argument("--host", default="", help="Kubeflow Pipelines endpoint (gke)")
+    group.add_argument("--experiment", default="alignpipe", help="KFP experiment (gke)")
+    group.add_argument("--display-name", default="alignpipe", help="run or schedule name")
+    group.add_argument("--no-cache", action="store_true", help="run every task, cache off")
+
+
+def _values(args: argparse.Namespace) -> dict[str, Any]:
+    """The parameters given as flags, converted to their types."""
+    prefix = "param_"
+    given = {k[len(prefix) :]: v for k, v in vars(args).items() if k.startswith(prefix)}
+    return {name: params.coerce(name, text) for name, text in given.items()}
+
+
+def _placement(args: argparse.Namespace) -> Placement:
+    return Placement(
+        target=args.target, image=args.image, data_image=args.data_image, tpu=args.tpu,
+        topology=args.tpu_topology, machine_type=args.machine_type, cpu_limit=args.cpu_limit,
+        memory_limit=args.memory_limit, train_retries=args.train_retries,
+    )  # fmt: skip
+
+
+def _local(values: dict[str, Any], args: argparse.Namespace, fresh_from: str | None) -> int:
+    from pipelines.local_run import format_summary, run_local
+
+    result = run_local(
+        values, runs_dir=args.runs_dir, fresh_from=fresh_from, cpu_devices=args.cpu_devices
+    )
+    print("\n" + format_summary(result))
+    return 1 if result.error else 0
+
+
+def _run(args: argparse.Namespace, rest: list[str]) -> int:
+    return _guard(lambda: _local(_values(args), args, None))
+
+
+def _rerun(args: argparse.Namespace, rest: list[str]) -> int:
+    from pipelines.local_run import last_values
+
+    return _guard(
+        lambda: _local({**last_values(args.runs_dir), **_values(args)}, args, args.from_stage)
+    )
+
+
+def _compile(args: argparse.Namespace, rest: list[str]) -> int:
+    from pipelines.cloud import compile_pipeline
+
+    def body() -> int:
+        placement = _placement(args)
+        compile_pipeline(placement, _values(args), args.output, args.fresh_from)
+        print(f"wrote {args.output} ({args.target}: {placement.describe()})")
+        return 0
+
+    return _guard(body)
+
+
+def _settings(args: argparse.Namespace) -> Any:
+    from pipelines.cloud import CloudError, CloudSettings
+
+    labels = {}
+    for item in args.label:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise CloudError(f"--label {item!r} must be KEY=VALUE")
+        labels[key] = value
+    return CloudSettings(
+        project=args.project, region=args.region, pipeline_root=args.pipeline_root,
+        service_account=args.service_account, labels=labels, host=args.host,
+        experiment=args.experiment, display_name=args.display_name,
+        enable_caching=not args.no_cache,
+    )  # fmt: skip
+
+
+def _cloud(args: argparse.Namespace, action: str) -> int:
+    from pipelines import cloud
+
+    placement, settings, values = _placement(args), _settings(args), _values(args)
+    cloud.check_settings(args.target, settings)  # before compiling: fail fast on settings
+    with tempfile.TemporaryDirectory() as folder:
+        package = str(Path(folder) / "alignpipe.yaml")
+        cloud.compile_pipeline(placement, values, package, args.fresh_from)
+        if action == "submit":
+            run = cloud.submit(args.target, package, values, placement, settings)
+            what = f"submitted to {args.target}"
+        else:
+            run = cloud.schedule(args.target, package, values, placement, settings, args.cron)
+            what = f"scheduled on {args.target} at '{args.cron}'"
+        print(f"{what}: {getattr(run, 'resource_name', run)}")
+    return 0
+
+
+def _submit(args: argparse.Namespace, rest: list[str]) -> int:
+    return _guard(lambda: _cloud(args, "submit"))
+
+
+def _schedule(args: argparse.Namespace, rest: list[str]) -> int:
+    return _guard(lambda: _cloud(args, "schedule"))
+
+
+def _guard(body: Any) -> int:
+    """Run a command body; a user error prints one line and exits 2."""
+    try:
+        return int(body())
+    except (ValueError, FileNotFoundError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return EXIT_USAGE

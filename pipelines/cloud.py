@@ -1,0 +1,168 @@
+"""Compile the pipeline for a cloud target, submit it, schedule it (Vertex AI or Kubeflow on GKE).
+
+Vertex AI: ``aiplatform.PipelineJob`` (submit) and ``aiplatform.PipelineJobSchedule``
+(schedule). Kubeflow on GKE: ``kfp.Client`` (``create_run_from_pipeline_package``,
+``create_recurring_run``). Settings are checked before any client is built, so a missing
+project, region, host or pipeline root fails with a message that names the flag.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from pathlib import Path
+from typing import Any
+
+from pipelines import params
+from pipelines.pipeline import PIPELINE_NAME, build_pipeline
+from pipelines.targets import Placement
+
+# Vertex AI label keys and values: lowercase letters, digits, '_' and '-', at most 63.
+_LABEL = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
+_LABEL_VALUE = re.compile(r"^[a-z0-9_-]{0,63}$")
+
+
+class CloudError(ValueError):
+    """Settings a cloud submission cannot start with; the message names the flag to set."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class CloudSettings:
+    """Where and as whom a pipeline runs in the cloud."""
+
+    project: str = ""
+    region: str = ""
+    pipeline_root: str = ""
+    service_account: str = ""
+    labels: dict[str, str] = dataclasses.field(default_factory=dict)
+    host: str = ""  # Kubeflow Pipelines endpoint (gke target)
+    experiment: str = PIPELINE_NAME
+    display_name: str = PIPELINE_NAME
+    enable_caching: bool = True
+
+
+def compile_pipeline(
+    placement: Placement,
+    values: dict[str, Any],
+    package_path: str | Path,
+    fresh_from: str | None = None,
+) -> dict[str, Any]:
+    """Check the parameters for ``placement``, then write the pipeline spec; returns them.
+
+    The given values become the compiled pipeline's defaults.
+    """
+    from kfp import compiler
+
+    checked = params.validate(values, placement.chips)
+    pipeline = build_pipeline(placement, fresh_from)
+    Path(package_path).parent.mkdir(parents=True, exist_ok=True)
+    compiler.Compiler().compile(pipeline, str(package_path), pipeline_parameters=values or None)
+    return checked
+
+
+def check_settings(target: str, settings: CloudSettings) -> None:
+    """Refuse settings a submission to ``target`` would fail on, naming the missing flag."""
+    needed = {"vertex": ("project", "region", "pipeline_root"), "gke": ("host", "pipeline_root")}
+    if target not in needed:
+        raise CloudError(f"target: {target!r} cannot be submitted; use vertex or gke")
+    missing = [name for name in needed[target] if not getattr(settings, name)]
+    if missing:
+        flags = ", ".join("--" + name.replace("_", "-") for name in missing)
+        raise CloudError(f"the {target} target needs {flags}")
+    if not settings.pipeline_root.startswith("gs://"):
+        raise CloudError(
+            f"--pipeline-root {settings.pipeline_root!r} must be a gs:// folder: the stages "
+            "read each other's artifacts from Cloud Storage"
+        )
+    for key, value in settings.labels.items():
+        if not _LABEL.match(key) or not _LABEL_VALUE.match(value):
+            raise CloudError(
+                f"--label {key}={value}: keys and values take lowercase letters, digits, "
+                "'_' and '-' (keys start with a letter), at most 63 characters"
+            )
+
+
+def run_labels(placement: Placement, settings: CloudSettings) -> dict[str, str]:
+    """The user's labels plus the placement (TPU, topology, machine type) for finding runs."""
+    placed = {key.replace("-", "_"): value for key, value in placement.describe().items()}
+    return {"pipeline": PIPELINE_NAME, **placed, **settings.labels}
+
+
+def _vertex_job(package: str, values: dict[str, Any], labels: dict[str, str], s: CloudSettings):
+    from google.cloud import aiplatform
+
+    return aiplatform.PipelineJob(
+        display_name=s.display_name,
+        template_path=package,
+        pipeline_root=s.pipeline_root,
+        parameter_values=values,
+        enable_caching=s.enable_caching,
+        labels=labels,
+        project=s.project,
+        location=s.region,
+    )
+
+
+def submit(
+    target: str, package: str, values: dict[str, Any], placement: Placement, s: CloudSettings
+) -> Any:
+    """Start one run of the compiled ``package``; returns the Vertex job or the KFP run."""
+    check_settings(target, s)
+    if target == "vertex":
+        job = _vertex_job(package, values, run_labels(placement, s), s)
+        job.submit(service_account=s.service_account or None)
+        return job
+    import kfp
+
+    client = kfp.Client(host=s.host)
+    return client.create_run_from_pipeline_package(
+        package,
+        arguments=values,
+        run_name=s.display_name,
+        experiment_name=s.experiment,
+        pipeline_root=s.pipeline_root,
+        enable_caching=s.enable_caching,
+        service_account=s.service_account or None,
+    )
+
+
+def schedule(
+    target: str,
+    package: str,
+    values: dict[str, Any],
+    placement: Placement,
+    s: CloudSettings,
+    cron: str,
+) -> Any:
+    """Run the compiled ``package`` on ``cron`` (5 fields, UTC), one run at a time."""
+    check_settings(target, s)
+    fields = cron.split()
+    if len(fields) != 5:
+        raise CloudError(f"--cron {cron!r} must have 5 fields (minute hour day month weekday)")
+    if target == "vertex":
+        from google.cloud import aiplatform
+
+        job = _vertex_job(package, values, run_labels(placement, s), s)
+        scheduled = aiplatform.PipelineJobSchedule(
+            pipeline_job=job, display_name=s.display_name, project=s.project, location=s.region
+        )
+        scheduled.create(
+            cron=cron, max_concurrent_run_count=1, service_account=s.service_account or None
+        )
+        return scheduled
+    import kfp
+
+    client = kfp.Client(host=s.host)
+    experiment = client.create_experiment(name=s.experiment)
+    return client.create_recurring_run(
+        experiment_id=experiment.experiment_id,
+        job_name=s.display_name,
+        cron_expression="0 " + cron,  # KFP's cron has a leading seconds field
+        max_concurrency=1,
+        no_catchup=True,
+        params=values,
+        pipeline_package_path=package,
+        pipeline_root=s.pipeline_root,
+        enable_caching=s.enable_caching,
+        service_account=s.service_account or None,
+    )

@@ -1,0 +1,238 @@
+"""Run the pipeline on this machine with kfp.local, caching on, and summarize the run.
+
+Which stages ran and which came from the cache is read from two sources: kfp.local's
+own task events (its log records: start, cache hit, finish, with times, for progress as
+the run goes) and, as the ground truth, the run's folder — kfp.local makes a task's
+folder only when it executes the task, so a cached task has none in this run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+from pipelines import params
+from pipelines.pipeline import PIPELINE_NAME, STAGE_TASKS, STAGES, build_pipeline
+from pipelines.targets import Placement
+
+LAST_RUN_FILE = "last_run.json"
+PROMOTED_DIR = "promoted-policy"
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_EVENTS = (
+    ("start", re.compile(r"^Executing task '?([\w-]+)'?")),
+    ("cached", re.compile(r"^Task '?([\w-]+)'? cache hit")),
+    ("finish", re.compile(r"^Task '?([\w-]+)'? finished with status (\w+)")),
+)
+TASK_STAGE = {task: stage for stage, tasks in STAGE_TASKS.items() for task in tasks}
+
+
+@dataclasses.dataclass(slots=True)
+class StageRecord:
+    """One stage of a local run: ran, cached, skipped or failed, and for how long."""
+
+    stage: str
+    status: str = "skipped"
+    seconds: float | None = None
+    started: float | None = None
+
+
+class TaskWatcher(logging.Filter):
+    """Follows kfp.local's task events on the root logger and prints one line per change."""
+
+    def __init__(self, echo: bool = True) -> None:
+        super().__init__()
+        self.records = {stage: StageRecord(stage) for stage in STAGES}
+        self.echo = echo
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = _ANSI.sub("", record.getMessage())
+        for event, pattern in _EVENTS:
+            match = pattern.match(message)
+            if match and match.group(1) in TASK_STAGE:
+                self._update(event, TASK_STAGE[match.group(1)], match.groups()[1:])
+        return True  # observe only: kfp.local's own output stays as it is
+
+    def _update(self, event: str, stage: str, extra: tuple[str, ...]) -> None:
+        record = self.records[stage]
+        if event == "start":
+            record.status, record.started = "running", time.monotonic()
+            self._say(f"{stage}: running")
+        elif event == "cached":
+            record.status = "cached"
+            self._say(f"{stage}: from the cache")
+        else:
+            ok = extra and extra[0] == "SUCCESS"
+            record.status = "ran" if ok else "failed"
+            if record.started is not None:
+                record.seconds = time.monotonic() - record.started
+            self._say(f"{stage}: {'done' if ok else 'FAILED'} in {record.seconds or 0:.1f} s")
+
+    def _say(self, text: str) -> None:
+        if self.echo:
+            print(f"[alignpipe] {text}", flush=True)
+
+
+@dataclasses.dataclass(slots=True)
+class RunResult:
+    """What a local run leaves: where, how each stage went, and the figures of the summary."""
+
+    run_dir: Path | None
+    stages: dict[str, StageRecord]
+    executed: set[str]
+    outputs: dict[str, Any]
+    seconds: float
+    values: dict[str, Any]
+    error: str = ""
+
+    def figures(self) -> dict[str, Any]:
+        """The summary's figures from the stages' metrics files (missing ones are None)."""
+        reward = _metrics(self.outputs.get("reward_metrics"))
+        evaluation = _metrics(self.outputs.get("eval_metrics"))
+        report = self.outputs.get("report")
+        return {
+            "reward_accuracy": reward.get("eval/accuracy"),
+            "win_rate": evaluation.get("win_rate/value"),
+            "win_rate_low": evaluation.get("win_rate/low"),
+            "win_rate_high": evaluation.get("win_rate/high"),
+            "gold_gain": evaluation.get("gold/difference/value"),
+            "gold_gain_low": evaluation.get("gold/difference/low"),
+            "gold_gain_high": evaluation.get("gold/difference/high"),
+            "kl_per_token": evaluation.get("kl/per_token"),
+            "blessed": evaluation.get("blessed"),
+            "report": report.path if report is not None else None,
+        }
+
+
+def _metrics(artifact: Any) -> dict[str, float]:
+    """The scalar metrics a component wrote to its Metrics artifact file."""
+    if artifact is None or not os.path.exists(artifact.path):
+        return {}
+    return json.loads(Path(artifact.path).read_text())["metrics"]
+
+
+def executed_tasks(run_dir: Path | None) -> set[str]:
+    """Tasks kfp.local executed in this run: those with an executor output in the run folder."""
+    if run_dir is None or not run_dir.is_dir():
+        return set()
+    return {p.parent.name for p in run_dir.glob("**/executor_output.json")}
+
+
+def run_local(
+    values: dict[str, Any],
+    *,
+    runs_dir: str | os.PathLike = "runs",
+    fresh_from: str | None = None,
+    cpu_devices: int | None = None,
+    echo: bool = True,
+) -> RunResult:
+    """Run the pipeline with kfp.local under ``runs_dir``; caching on except ``fresh_from`` on.
+
+    Parameters are checked before anything runs; the values are saved so that
+    ``rerun`` repeats this run.
+    """
+    from kfp import local
+
+    if cpu_devices is not None:
+        os.environ["ALIGNPIPE_CPU_DEVICES"] = str(cpu_devices)
+    devices = int(os.environ.get("ALIGNPIPE_CPU_DEVICES", "8"))
+    root = Path(runs_dir).resolve()
+    values = {"promoted_policy_uri": str(root / PROMOTED_DIR), **values}
+    params.validate(values, Placement(target="local", cpu_devices=devices).chips)
+    pipeline = build_pipeline(Placement(target="local", cpu_devices=devices), fresh_from)
+    root.mkdir(parents=True, exist_ok=True)
+    (root / LAST_RUN_FILE).write_text(json.dumps(values, indent=2, sort_keys=True))
+    before = set(root.glob(f"{PIPELINE_NAME}-*"))
+    local.init(
+        runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(root), enable_caching=True
+    )
+    watcher = TaskWatcher(echo)
+    logger = logging.getLogger()
+    level = logger.level
+    logger.setLevel(logging.INFO)  # kfp.local reports cache hits at INFO
+    logger.addFilter(watcher)
+    started, outputs, error = time.monotonic(), {}, ""
+    try:
+        outputs = dict(pipeline(**values).outputs)
+    except RuntimeError as failure:
+        error = str(failure)
+    finally:
+        logger.removeFilter(watcher)
+        logger.setLevel(level)
+    new = sorted(set(root.glob(f"{PIPELINE_NAME}-*")) - before)
+    run_dir = new[-1] if new else None
+    executed = executed_tasks(run_dir)
+    return RunResult(
+        run_dir=run_dir,
+        stages=_reconcile(watcher.records, executed),
+        executed=executed,
+        outputs=outputs,
+        seconds=time.monotonic() - started,
+        values=values,
+        error=_ANSI.sub("", error),
+    )
+
+
+def _reconcile(records: dict[str, StageRecord], executed: set[str]) -> dict[str, StageRecord]:
+    """The watcher's records, corrected by the run folder (the ground truth of what ran)."""
+    for stage, record in records.items():
+        ran = any(task in executed for task in STAGE_TASKS[stage])
+        if ran and record.status not in ("ran", "failed"):
+            record.status = "ran"
+        elif not ran and record.status in ("ran", "running"):
+            record.status = "failed"
+    return records
+
+
+def last_values(runs_dir: str | os.PathLike = "runs") -> dict[str, Any]:
+    """The parameters of the last run under ``runs_dir``."""
+    path = Path(runs_dir) / LAST_RUN_FILE
+    if not path.exists():
+        raise FileNotFoundError(f"no earlier run under {runs_dir}: start one with `alignpipe run`")
+    return json.loads(path.read_text())
+
+
+def format_summary(result: RunResult) -> str:
+    """The end-of-run summary: each stage's status and time, then the figures."""
+    lines = [f"alignpipe run: {result.run_dir or '(every task from the cache)'}"]
+    lines.append(f"{'stage':<10} {'status':<8} {'time':>8}")
+    for record in result.stages.values():
+        took = f"{record.seconds:.1f} s" if record.seconds is not None else "-"
+        lines.append(f"{record.stage:<10} {record.status:<8} {took:>8}")
+    lines.append(f"total {result.seconds:.0f} s")
+    if result.error:
+        lines.append(f"FAILED: {result.error}")
+        return "\n".join(lines)
+    f = result.figures()
+    lines += [
+        f"reward-model accuracy  {_num(f['reward_accuracy'])}",
+        f"win rate vs reference  {_interval(f, 'win_rate')}",
+        f"gold-reward gain       {_interval(f, 'gold_gain', signed=True)}",
+        f"KL per token           {_num(f['kl_per_token'])} nats",
+        f"blessed                {_blessed(f['blessed'])}",
+        f"report                 {f['report']}",
+    ]
+    return "\n".join(lines)
+
+
+def _num(value: float | None, signed: bool = False) -> str:
+    if value is None:
+        return "n/a"
+    return f"{value:+.3f}" if signed else f"{value:.3f}"
+
+
+def _interval(f: dict[str, Any], key: str, signed: bool = False) -> str:
+    low, high = f.get(f"{key}_low"), f.get(f"{key}_high")
+    bounds = f" [{_num(low, signed)}, {_num(high, signed)}]" if low is not None else ""
+    return _num(f[key], signed) + bounds
+
+
+def _blessed(value: float | None) -> str:
+    if value is None:
+        return "n/a"
+    return "yes (promoted)" if value else "no (not promoted)"
