@@ -70,9 +70,8 @@ def test_generator_labels_agree_with_gold_at_the_rate_the_noise_implies():
 
 
 def test_gold_reward_documented_values():
-    assert gold_reward("Tell me about the river.", "good great river.") == pytest.approx(
-        2 / 3 + 0.5
-    )
+    assert gold_reward("Tell me about the river.", "good great river.") == pytest.approx(2 / 3)
+    assert gold_reward("Tell me about the river.", "good great.") == 1.0
     assert gold_reward("Tell me about the river.", "bad the.") == -0.5
     assert gold_reward("Describe the lake.", "") == -1.0
     for pair in generate_pairs(50, seed=2):

@@ -1,13 +1,17 @@
 """The built-in preference task: synthetic prompts, responses and a known gold reward.
 
 Prompts ask about a topic ("Tell me about the river."). Responses are short
-lists of words from a fixed lexicon. The gold reward of a response is
+lists of words from a fixed lexicon, naming the topic now and then. The gold
+reward of a response is its mean word sentiment
 
-    gold = (positive words - negative words) / words  +  0.5 if it names the topic
+    gold = (positive words - negative words) / words          (in [-1, 1])
 
-so it lies in [-1, 1.5]. Human-like labels come from a Bradley-Terry draw on
-the gold scores: response ``a`` is chosen over ``b`` with probability
-``sigmoid(beta * (gold_a - gold_b))``; pairs of equal gold are not drawn.
+An earlier version added 0.5 for naming the prompt's topic; small models on CPU
+learned the sentiment within minutes but not the copy from prompt to response,
+which capped reward-model accuracy near 0.84, so the gold reward is sentiment
+alone (a label-agreement ceiling of about 0.945). Human-like labels come from a
+Bradley-Terry draw on the gold scores: response ``a`` is chosen over ``b`` with
+probability ``sigmoid(beta * (gold_a - gold_b))``; pairs of equal gold are not drawn.
 A reward model can learn this from the pairs alone, PPO can raise it, and the
 evaluation stage can call it by name (``gold_reward_fn(GOLD_REWARD_NAME)``)
 to measure what a learned reward model can be fooled on.
@@ -20,7 +24,7 @@ import math
 import random
 from collections.abc import Callable, Iterator
 
-GOLD_REWARD_NAME = "builtin/sentiment-topic-v1"
+GOLD_REWARD_NAME = "builtin/sentiment-v1"
 
 POSITIVE = ("good", "great", "happy", "kind", "calm", "bright", "warm", "fine", "nice", "fair")
 NEGATIVE = ("bad", "sad", "cruel", "dull", "cold", "grim", "ugly", "poor", "sour", "harsh")
@@ -60,14 +64,12 @@ def topic_of(prompt: str) -> str | None:
 
 
 def gold_reward(prompt: str, response: str) -> float:
-    """The task's gold reward of ``response`` to ``prompt`` (documented above)."""
+    """The task's gold reward of ``response`` to ``prompt`` (documented above; -1 if empty)."""
     words = [w.strip(".?!,").lower() for w in response.split()]
     words = [w for w in words if w]
     if not words:
         return -1.0
-    sentiment = sum(_SCORE.get(w, 0) for w in words) / len(words)
-    topic = topic_of(prompt)
-    return sentiment + (0.5 if topic is not None and topic in words else 0.0)
+    return sum(_SCORE.get(w, 0) for w in words) / len(words)
 
 
 _GOLD_REWARDS: dict[str, Callable[[str, str], float]] = {GOLD_REWARD_NAME: gold_reward}

@@ -37,7 +37,10 @@ def run_stage(body: Callable[[], dict[str, Any]]) -> int:
     """Run a stage body; print its summary as JSON, or a one-line error and return 1."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     configure_cpu_devices()
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    # force: importing orbax configures the root logger first, which would hide INFO lines.
+    logging.basicConfig(
+        level=logging.INFO, format="%(levelname)s %(name)s: %(message)s", force=True
+    )
     try:
         summary = body()
     except USER_ERRORS as error:

@@ -26,7 +26,7 @@ def create_model(
 
 def _pure_params(model_dir: str, config: ModelConfig, has_head: bool) -> dict:
     abstract = nnx.eval_shape(lambda: Transformer(config, rngs=nnx.Rngs(0), scalar_head=has_head))
-    return load_model_params(model_dir, nnx.state(abstract, nnx.Param)).to_pure_dict()
+    return nnx.to_pure_dict(load_model_params(model_dir, nnx.state(abstract, nnx.Param)))
 
 
 def load_model(
@@ -52,9 +52,9 @@ def load_model(
     if not want_head:
         stored.pop("scalar_head", None)
     target = nnx.state(model, nnx.Param)
-    pure = target.to_pure_dict()
-    pure.update({k: v for k, v in stored.items() if k != "scalar_head" or has_head})
-    target.replace_by_pure_dict(pure)
+    pure = nnx.to_pure_dict(target)
+    pure.update(stored)
+    nnx.replace_by_pure_dict(target, pure)
     nnx.update(model, target)
     return model, info
 

@@ -1,0 +1,148 @@
+"""The sft and reward stages end to end on the built-in task (tiny models, 8 CPU devices)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+
+import jax
+import numpy as np
+import pytest
+from flax import nnx
+
+from components.core import parallel
+from components.core.builtin_task import write_jsonl
+from components.core.checkpoint import ModelArtifactError, read_model_config
+from components.core.input_pipeline import DataError
+from components.core.metrics import read_metrics
+from components.core.model_io import ModelMismatchError, load_model
+from components.core.optim import OptimConfig, make_optimizer
+from components.reward import RewardConfig
+from components.reward import run as run_reward
+from components.reward.train import make_reward_loss
+from components.sft import SFTConfig
+from components.sft import run as run_sft
+from components.shard import ShardConfig
+from components.shard import run as run_shard
+
+SMALL = dict(preset="tiny", max_len=64, batch_size=32, eval_every=20, save_every=20, seed=0)
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("data")
+    write_jsonl(str(folder / "pairs.jsonl"), 1500, seed=0)
+    out = str(folder / "shards")
+    run_shard(ShardConfig(num_shards=4), [str(folder / "pairs.jsonl")], out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def sft_model(shards, tmp_path_factory):
+    out = str(tmp_path_factory.mktemp("sft"))
+    summary = run_sft(SFTConfig(**SMALL, steps=40), shards, out)
+    return out, summary
+
+
+def test_sft_writes_model_artifact_and_lowers_eval_loss(sft_model):
+    out, summary = sft_model
+    info = read_model_config(out)
+    assert info["stage"] == "sft" and info["step"] == 40 and not info["scalar_head"]
+    assert info["tokenizer"]["kind"] == "byte" and os.path.isdir(os.path.join(out, "params"))
+    evals = [r["eval/loss"] for r in read_metrics(out) if "eval/loss" in r]
+    assert len(evals) == 2 and evals[-1] < evals[0]
+    assert summary["eval/loss"] < np.log(259) - 1.0  # well below a uniform guess
+    assert os.listdir(os.path.join(out, "tensorboard"))
+
+
+def test_reward_from_base_policy_keeps_backbone_and_adds_head(sft_model, shards, tmp_path):
+    policy_dir, _ = sft_model
+    policy, _ = load_model(policy_dir)
+    reward, _ = load_model(policy_dir, scalar_head=True, seed=3)
+    assert reward.scalar_head is not None
+    np.testing.assert_array_equal(policy.embed.embedding[...], reward.embed.embedding[...])
+    out = str(tmp_path / "rm")
+    config = RewardConfig(**SMALL, steps=2, eval_batches=1, base_policy=policy_dir)
+    run_reward(config, shards, out)
+    assert read_model_config(out)["scalar_head"] is True
+
+
+def test_base_policy_with_other_tokenizer_is_refused(sft_model, shards, tmp_path):
+    policy_dir, _ = sft_model
+    info_path = os.path.join(policy_dir, "config.json")
+    info = json.loads(open(info_path).read())
+    copy = tmp_path / "policy"
+    copy.mkdir()
+    os.symlink(os.path.join(policy_dir, "params"), copy / "params")
+    info["tokenizer"]["fingerprint"] = "0000000000000000"
+    (copy / "config.json").write_text(json.dumps(info))
+    with pytest.raises(ModelMismatchError, match="tokenizer"):
+        run_reward(
+            RewardConfig(**SMALL, steps=1, base_policy=str(copy)), shards, str(tmp_path / "o")
+        )
+
+
+def test_bad_inputs_get_clear_errors(shards, tmp_path):
+    with pytest.raises(ValueError, match="batch_size: 12 does not split over 8 devices"):
+        run_reward(
+            RewardConfig(**{**SMALL, "batch_size": 12}, steps=1), shards, str(tmp_path / "a")
+        )
+    with pytest.raises(DataError, match="manifest.json not found"):
+        run_reward(RewardConfig(**SMALL, steps=1), str(tmp_path), str(tmp_path / "b"))
+    with pytest.raises(ModelArtifactError, match="not a complete model artifact"):
+        run_reward(
+            RewardConfig(**SMALL, steps=1, base_policy=str(tmp_path)), shards, str(tmp_path / "c")
+        )
+    old = tmp_path / "old_shards"
+    old.mkdir()
+    manifest = json.loads(open(os.path.join(shards, "manifest.json")).read())
+    (old / "manifest.json").write_text(json.dumps({**manifest, "schema_version": 99}))
+    with pytest.raises(DataError, match="schema_version 99"):
+        run_sft(SFTConfig(**SMALL, steps=1), str(old), str(tmp_path / "d"))
+
+
+def test_non_finite_loss_aborts_after_limit_and_keeps_last_good_checkpoint(shards, tmp_path):
+    out = str(tmp_path / "blowup")
+    config = RewardConfig(
+        **{**SMALL, "save_every": 1}, steps=30, learning_rate=1e30, warmup_steps=0,
+        max_grad_norm=1e30, max_nonfinite_steps=3,
+    )  # fmt: skip
+    with pytest.raises(FloatingPointError, match="not finite for 3 steps in a row"):
+        run_reward(config, shards, out)
+    from components.core.checkpoint import work_checkpoint_dir
+
+    steps = sorted(int(s) for s in os.listdir(work_checkpoint_dir(out)) if s.isdigit())
+    assert steps and steps[-1] < 30
+    assert not os.path.exists(os.path.join(out, "config.json"))  # no model exported
+
+
+def test_reward_step_on_8_devices_equals_single_device(shards):
+    from components.core.model_io import create_model
+    from components.core.trainer import preference_streams
+
+    model = create_model("tiny", 259, scalar_head=True, seed=0)
+    graphdef, params = nnx.split(model, nnx.Param)
+    optimizer = make_optimizer(OptimConfig(learning_rate=1e-2, warmup_steps=0, total_steps=2))
+    loss_fn = make_reward_loss(graphdef, center_coef=0.01, use_margin=True)
+    config = RewardConfig(**SMALL, steps=2)
+    batches = preference_streams(shards, "train", config, shuffle=True, repeat=True)
+    batch = next(batches)
+    results = []
+    for devices in (jax.devices()[:1], jax.devices()):
+        step = parallel.make_train_step(loss_fn, optimizer, devices=devices)
+        state = parallel.replicate(parallel.TrainState.create(params, optimizer), devices)
+        state, _ = step(state, parallel.shard_batch(batch, devices), jax.random.PRNGKey(1))
+        results.append(parallel.unreplicate(state).params)
+    for one, eight in zip(jax.tree.leaves(results[0]), jax.tree.leaves(results[1]), strict=True):
+        np.testing.assert_allclose(one, eight, rtol=2e-5, atol=2e-6)
+
+
+def test_config_validation_names_the_field():
+    with pytest.raises(ValueError, match="steps"):
+        RewardConfig(steps=0)
+    with pytest.raises(ValueError, match="center_rewards_coef"):
+        RewardConfig(center_rewards_coef=-1.0)
+    with pytest.raises(ValueError, match="data_streams"):
+        SFTConfig(batch_size=32, data_streams=3)
+    assert dataclasses.asdict(SFTConfig())["preset"] == "demo"
