@@ -42,3 +42,23 @@ bench: install ## Run the benchmarks (prints figures and ratios; minutes).
 
 clean: ## Remove the virtual environment, caches and local runs.
 	rm -rf $(VENV) runs .pytest_cache .ruff_cache build *.egg-info
+
+# Images and cloud pipeline specs (see containers/ and `alignpipe compile --help`).
+REGISTRY ?= us-central1-docker.pkg.dev/PROJECT/alignpipe
+TAG ?= $(shell git rev-parse --short HEAD 2>/dev/null || echo dev)
+TRAIN_IMAGE ?= $(REGISTRY)/train:$(TAG)
+DATA_IMAGE ?= $(REGISTRY)/data:$(TAG)
+
+.PHONY: images push compile
+
+images: ## Build the training (JAX TPU) and data (Beam) images: REGISTRY=… TAG=…
+	DOCKER_BUILDKIT=1 docker build -f containers/Dockerfile.train -t $(TRAIN_IMAGE) .
+	DOCKER_BUILDKIT=1 docker build -f containers/Dockerfile.data -t $(DATA_IMAGE) .
+
+push: ## Push both images to $(REGISTRY).
+	docker push $(TRAIN_IMAGE)
+	docker push $(DATA_IMAGE)
+
+compile: install ## Write build/pipeline-vertex.yaml and build/pipeline-gke.yaml for the images.
+	$(BIN)/alignpipe compile --target vertex --image $(TRAIN_IMAGE) --data-image $(DATA_IMAGE) -o build/pipeline-vertex.yaml
+	$(BIN)/alignpipe compile --target gke --image $(TRAIN_IMAGE) --data-image $(DATA_IMAGE) -o build/pipeline-gke.yaml
