@@ -1,0 +1,240 @@
+"""The compiled pipeline per target: DAG, conditions, TPU placement, images, caching, retries."""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import math
+from pathlib import Path
+
+import pytest
+import yaml
+
+from pipelines import params
+from pipelines.cli import main
+from pipelines.cloud import compile_pipeline
+from pipelines.components import Components, build_components
+from pipelines.pipeline import downstream
+from pipelines.targets import Placement, PlacementError
+
+TRAIN_IMAGE = "us-docker.pkg.dev/p/alignpipe/train:1"
+DATA_IMAGE = "us-docker.pkg.dev/p/alignpipe/data:1"
+TRAINING = ("sft", "reward", "ppo", "evaluate")
+CPU_TASKS = ("builtin-data", "find-data", "shard", "check-policy", "promote")
+
+
+def _compile(tmp_path: Path, target: str, values: dict | None = None, **placement) -> list:
+    path = tmp_path / f"{target}.yaml"
+    options = {"image": TRAIN_IMAGE, "data_image": DATA_IMAGE, **placement}
+    compile_pipeline(Placement(target=target, **options), values or {}, path, None)
+    with open(path) as handle:
+        return list(yaml.safe_load_all(handle))
+
+
+@pytest.fixture(scope="module")
+def vertex(tmp_path_factory) -> dict:
+    return _compile(tmp_path_factory.mktemp("vertex"), "vertex")[0]
+
+
+@pytest.fixture(scope="module")
+def gke(tmp_path_factory) -> list:
+    return _compile(tmp_path_factory.mktemp("gke"), "gke", topology="2x4")
+
+
+def _tasks(spec: dict) -> dict[str, dict]:
+    """Every task of the pipeline by name, nested condition DAGs included."""
+    found = dict(spec["root"]["dag"]["tasks"])
+    for component in spec["components"].values():
+        found.update(component.get("dag", {}).get("tasks", {}))
+    return found
+
+
+def _executor(spec: dict, task: str) -> dict:
+    return spec["deploymentSpec"]["executors"][f"exec-{task}"]["container"]
+
+
+def test_dag_order_and_conditions(vertex):
+    tasks = _tasks(vertex)
+    assert set(tasks["ppo"]["dependentTasks"]) >= {"reward", "shard"}
+    assert set(tasks["evaluate"]["dependentTasks"]) >= {"ppo", "reward"}
+    conditions = {t["taskInfo"]["name"]: t.get("triggerPolicy", {}) for t in tasks.values()}
+    assert conditions["train-policy"]["condition"] == (
+        "inputs.parameter_values['pipelinechannel--base_policy'] == ''"
+    )
+    assert conditions["warm-start"]["condition"].startswith("!(")
+    assert conditions["builtin-data"]["condition"].endswith("data_uri'] == ''")
+    assert conditions["blessed"]["condition"] == (
+        "inputs.parameter_values['pipelinechannel--evaluate-Output'] == true"
+    )
+    # promote is the only task of the branch the blessed condition guards
+    blessed = next(t for t in tasks.values() if t["taskInfo"]["name"] == "blessed")
+    branch = vertex["components"][blessed["componentRef"]["name"]]["dag"]["tasks"]
+    assert list(branch) == ["promote"]
+    assert set(blessed["dependentTasks"]) == {"evaluate", "ppo"}
+
+
+def test_parameters_default_to_the_stage_configs(vertex):
+    compiled = vertex["root"]["inputDefinitions"]["parameters"]
+    assert set(compiled) == set(params.BY_NAME)
+    for name, default in params.defaults().items():
+        assert compiled[name].get("defaultValue", "") == default, name
+
+
+def test_vertex_places_training_on_tpu_and_the_rest_on_cpu(vertex):
+    for task in TRAINING:
+        container = _executor(vertex, task)
+        assert container["image"] == TRAIN_IMAGE
+        assert container["resources"]["accelerator"] == {
+            "count": "4", "resourceCount": "4",
+            "type": "TPU_V5_LITEPOD", "resourceType": "TPU_V5_LITEPOD",
+        }  # fmt: skip
+    for task in CPU_TASKS:
+        container = _executor(vertex, task)
+        assert "accelerator" not in container["resources"]
+        assert container["resources"]["resourceCpuLimit"] == "4"
+        assert container["resources"]["resourceMemoryLimit"] == "16G"
+    for task in ("builtin-data", "find-data", "shard"):
+        assert _executor(vertex, task)["image"] == DATA_IMAGE
+    # kfp comes with the image: no task installs packages when it starts.
+    assert "pip install" not in yaml.safe_dump(vertex["deploymentSpec"])
+
+
+def test_retries_on_training_tasks_only(vertex):
+    tasks = _tasks(vertex)
+    for task in TRAINING:
+        policy = tasks[task]["retryPolicy"]
+        assert policy["maxRetryCount"] == 3 and policy["backoffDuration"] == "60s"
+    for task in CPU_TASKS:
+        assert "retryPolicy" not in tasks[task]
+
+
+def test_caching_on_except_for_listings(vertex):
+    tasks = _tasks(vertex)
+    for task in ("builtin-data", "shard", "sft", "reward", "ppo", "evaluate", "promote"):
+        assert tasks[task]["cachingOptions"].get("enableCache") is True, task
+    # A glob and a promoted folder change behind the same string: always re-read.
+    for task in ("find-data", "check-policy"):
+        assert not tasks[task]["cachingOptions"].get("enableCache"), task
+
+
+def test_fresh_from_ppo_turns_caching_off_downstream(tmp_path):
+    path = tmp_path / "fresh.yaml"
+    placement = Placement(target="vertex", image=TRAIN_IMAGE)
+    compile_pipeline(placement, {}, path, fresh_from="ppo")
+    tasks = _tasks(yaml.safe_load(path.read_text()))
+    for task in ("ppo", "evaluate", "promote"):
+        assert not tasks[task]["cachingOptions"].get("enableCache"), task
+    for task in ("shard", "sft", "reward"):
+        assert tasks[task]["cachingOptions"]["enableCache"] is True, task
+    assert downstream("sft") == ("sft", "ppo", "evaluate", "promote")
+    assert downstream("shard") == ("shard", "sft", "reward", "ppo", "evaluate", "promote")
+
+
+def test_gke_node_selectors_limit_and_toleration(gke):
+    spec, platform = gke
+    executors = platform["platforms"]["kubernetes"]["deploymentSpec"]["executors"]
+    assert set(executors) == {f"exec-{t}" for t in TRAINING}
+    for task in TRAINING:
+        k8s = executors[f"exec-{task}"]
+        assert k8s["nodeSelector"]["labels"] == {
+            "cloud.google.com/gke-tpu-accelerator": "tpu-v5-lite-podslice",
+            "cloud.google.com/gke-tpu-topology": "2x4",
+        }
+        assert k8s["tolerations"] == [
+            {"key": "google.com/tpu", "operator": "Exists", "effect": "NoSchedule"}
+        ]
+        accelerator = _executor(spec, task)["resources"]["accelerator"]
+        assert accelerator["resourceType"] == "google.com/tpu"
+        assert accelerator["resourceCount"] == "8"
+
+
+def test_compile_time_values_become_defaults(tmp_path):
+    spec = _compile(tmp_path, "vertex", {"ppo_iterations": 7, "kl_coef": 0.2})[0]
+    compiled = spec["root"]["inputDefinitions"]["parameters"]
+    assert compiled["ppo_iterations"]["defaultValue"] == 7
+    assert compiled["kl_coef"]["defaultValue"] == 0.2
+
+
+@pytest.mark.parametrize(
+    ("values", "placement", "message"),
+    [
+        ({"sft_batch_size": 6}, {}, "sft_batch_size: 6 does not split over 4 chips"),
+        ({"ppo_rollout_batch_size": 12}, {}, "multiple of 4 chips x 2 ppo_minibatches"),
+        ({"reward_batch_size": 12}, {"topology": "2x4"}, "over 8 chips"),
+        ({"preset": "huge"}, {}, "preset: 'huge' is not a model preset"),
+        ({"sft_steps": -5}, {}, "steps: -5 must be at least 1"),
+        ({"ppo_iterations": 0}, {}, "iterations: 0 must be at least 1"),
+        ({"kl_coef": "x"}, {}, "kl_coef: expected float"),
+        ({"no_such": 1}, {}, "unknown parameter"),
+    ],
+)
+def test_bad_parameters_refused_before_writing(tmp_path, values, placement, message):
+    path = tmp_path / "bad.yaml"
+    options = {"target": "vertex", "image": TRAIN_IMAGE, **placement}
+    with pytest.raises(params.ParamError, match=message):
+        compile_pipeline(Placement(**options), values, path)
+    assert not path.exists()
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"target": "aws"}, "target: 'aws' is unknown"),
+        ({"target": "vertex", "image": ""}, "needs the training image"),
+        ({"target": "gke", "topology": "4x4"}, "not a single-host v5e slice"),
+        ({"target": "vertex", "machine_type": "ct5lp-hightpu-8t"}, "use ct5lp-hightpu-4t"),
+        ({"target": "vertex", "tpu": "v9"}, "tpu: 'v9' is unknown"),
+    ],
+)
+def test_bad_placement_refused(options, message):
+    with pytest.raises(PlacementError, match=message):
+        Placement(**{"image": TRAIN_IMAGE, **options})
+
+
+def test_cli_compile_writes_a_spec_or_refuses(tmp_path, capsys):
+    out = tmp_path / "g.yaml"
+    base = ["compile", "--target", "gke", "--image", TRAIN_IMAGE, "-o", str(out)]
+    assert main(base + ["--tpu-topology", "2x4", "--sft-steps", "12"]) == 0
+    spec = next(yaml.safe_load_all(out.read_text()))
+    assert spec["root"]["inputDefinitions"]["parameters"]["sft_steps"]["defaultValue"] == 12
+    out.unlink()
+    assert main(base + ["--sft-batch-size", "10"]) == 2
+    assert "sft_batch_size: 10 does not split over 4 chips" in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_components_take_exactly_their_stage_fields():
+    built = build_components("python:3.11")
+    stage_of = {"shard": "shard", "sft": "sft", "reward": "reward", "ppo": "ppo"}
+    stage_of["evaluate"] = "evaluate"
+    for component, stage in stage_of.items():
+        fields = set(params.stage_values(stage, params.defaults()))
+        signature = inspect.signature(getattr(built, component).python_func)
+        config_fields = {f.name for f in dataclasses.fields(params.STAGE_CONFIGS[stage])}
+        taken = set(signature.parameters) & config_fields
+        assert taken == fields, component
+    assert set(Components._fields) >= set(stage_of)
+
+
+def test_placement_chips_and_machine_type():
+    placement = Placement(target="vertex", image=TRAIN_IMAGE, topology="2x4")
+    assert placement.chips == math.prod((2, 4)) == 8
+    assert placement.describe()["machine-type"] == "ct5lp-hightpu-8t"
+    assert Placement(target="local", cpu_devices=8).chips == 8
+
+
+def test_images_build_config():
+    containers = Path(__file__).resolve().parents[1] / "containers"
+    build = yaml.safe_load((containers / "cloudbuild.yaml").read_text())
+    files = {step["args"][1] for step in build["steps"]}
+    assert files == {"--file=containers/Dockerfile.train", "--file=containers/Dockerfile.data"}
+    assert {image.rsplit("/", 1)[1].split(":")[0] for image in build["images"]} == {
+        "train",
+        "data",
+    }
+    for name in ("Dockerfile.train", "Dockerfile.data"):
+        lines = (containers / name).read_text().splitlines()
+        base = next(line for line in lines if line.startswith("ARG ") and "_IMAGE=" in line)
+        assert ":latest" not in base and base.split(":")[-1][0].isdigit(), base
+        assert "USER 10001:10001" in lines  # never root at run time
+        assert any("pip install" in line and '".[cloud]"' in line for line in lines)

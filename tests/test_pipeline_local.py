@@ -1,0 +1,133 @@
+"""The pipeline end to end under kfp.local on the tiny preset, and what the cache reuses."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from pipelines import stage_io
+from pipelines.cli import main
+from pipelines.local_run import PROMOTED_DIR, TaskWatcher, format_summary, run_local
+
+# Tiny model, few steps, little data: the whole pipeline in a couple of minutes on 2 cores.
+TINY = {
+    "preset": "tiny",
+    "builtin_pairs": 200,
+    "num_shards": 2,
+    "max_prompt_tokens": 48,
+    "max_response_tokens": 48,
+    "sft_steps": 4,
+    "sft_batch_size": 16,
+    "reward_steps": 4,
+    "reward_batch_size": 16,
+    "ppo_iterations": 2,
+    "ppo_rollout_batch_size": 16,
+    "ppo_epochs": 1,
+    "max_new_tokens": 16,
+    "eval_max_new_tokens": 16,
+    "max_eval_prompts": 16,
+    # Bless whatever comes out, so the promotion branch runs too.
+    "min_win_rate_lower": 0.0,
+}
+ALL_TASKS = {"builtin-data", "shard", "sft", "reward", "ppo", "evaluate", "promote"}
+
+
+def _statuses(result) -> dict[str, str]:
+    return {stage: record.status for stage, record in result.stages.items()}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_local_run_cache_and_rerun(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("ALIGNPIPE_CPU_DEVICES", "8")
+    first = run_local(TINY, runs_dir=tmp_path, echo=False)
+    assert not first.error, first.error
+    assert first.executed == ALL_TASKS
+    assert set(_statuses(first).values()) == {"ran"}
+    figures = first.figures()
+    assert 0.0 <= figures["reward_accuracy"] <= 1.0
+    assert 0.0 <= figures["win_rate_low"] <= figures["win_rate"] <= figures["win_rate_high"]
+    assert figures["gold_gain"] is not None and figures["kl_per_token"] is not None
+    assert figures["blessed"] == 1.0
+    assert "<html" in Path(figures["report"]).read_text().lower()
+    promoted = tmp_path / PROMOTED_DIR
+    assert (promoted / "config.json").exists() and (promoted / "params").is_dir()
+    assert json.loads((promoted / "PROMOTED.json").read_text())["source"].endswith("ppo/model")
+
+    # One PPO parameter changed: shard, sft and reward come from the cache.
+    second = run_local({**TINY, "kl_coef": 0.05}, runs_dir=tmp_path, echo=False)
+    assert not second.error, second.error
+    # promote follows evaluate whenever it blesses; nothing upstream of ppo executed.
+    assert second.executed == {"ppo", "evaluate", "promote"}
+    statuses = _statuses(second)
+    assert [statuses[s] for s in ("data", "shard", "sft", "reward")] == ["cached"] * 4
+    assert [statuses[s] for s in ("ppo", "evaluate")] == ["ran", "ran"]
+    summary = format_summary(second)
+    assert "reward     cached" in summary and "ppo        ran" in summary
+
+    # rerun --from evaluate: the last run's values again, caching off from evaluate on.
+    capsys.readouterr()
+    assert main(["rerun", "--from", "evaluate", "--runs-dir", str(tmp_path)]) == 0
+    printed = capsys.readouterr().out
+    assert "ppo        cached" in printed and "evaluate   ran" in printed
+    assert "win rate vs reference" in printed
+
+
+def test_watcher_reads_kfp_local_events():
+    watcher = TaskWatcher(echo=False)
+    events = [
+        "Executing task \x1b[96m'ppo'\x1b[0m",
+        "Task reward cache hit (key=0123456789ab); skipping execution.",
+        "Task \x1b[96m'ppo'\x1b[0m finished with status \x1b[92mSUCCESS\x1b[0m",
+        "Executing task 'evaluate'",
+        "Task 'evaluate' finished with status FAILURE",
+    ]
+    for message in events:
+        watcher.filter(_record(message))
+    assert watcher.records["reward"].status == "cached"
+    assert watcher.records["ppo"].status == "ran"
+    assert watcher.records["ppo"].seconds is not None
+    assert watcher.records["evaluate"].status == "failed"
+    assert watcher.records["shard"].status == "skipped"
+
+
+def _record(message: str):
+    import logging
+
+    return logging.LogRecord("root", logging.INFO, __file__, 0, message, None, None)
+
+
+def test_sources_policy_check_and_promotion(tmp_path):
+    (tmp_path / "a.jsonl").write_text("{}\n")
+    (tmp_path / "b.jsonl").write_text("{}\n")
+    sources = stage_io.find_sources(f"{tmp_path}/*.jsonl")
+    assert [Path(s["uri"]).name for s in sources] == ["a.jsonl", "b.jsonl"]
+    assert all("@" in s["fingerprint"] for s in sources)
+    with pytest.raises(FileNotFoundError, match="matches no file"):
+        stage_io.find_sources(f"{tmp_path}/*.parquet")
+
+    policy = tmp_path / "policy"
+    with pytest.raises(FileNotFoundError, match="has no config.json"):
+        stage_io.check_policy(str(policy))
+    (policy / "params").mkdir(parents=True)
+    (policy / "params" / "weights").write_text("w")
+    (policy / "config.json").write_text("{}")
+    assert stage_io.reference_uri(stage_io.check_policy(str(policy))) == str(policy)
+
+    destination = tmp_path / "promoted"
+    (destination / "stale").mkdir(parents=True)
+    stage_io.promote(str(policy), str(tmp_path / "artifact"), str(destination))
+    assert (destination / "params" / "weights").read_text() == "w"
+    assert not (destination / "stale").exists()
+    assert json.loads((destination / "PROMOTED.json").read_text())["source"] == str(policy)
+    assert (tmp_path / "artifact" / "config.json").exists()
+
+
+def test_run_refuses_bad_parameters_before_running(tmp_path, capsys):
+    argv = ["run", "--runs-dir", str(tmp_path), "--preset", "tiny", "--sft-batch-size", "12"]
+    assert main(argv) == 2
+    assert "sft_batch_size: 12 does not split over 8 chips" in capsys.readouterr().err
+    assert not any(tmp_path.glob("alignpipe-*"))
+    assert main(["rerun", "--from", "ppo", "--runs-dir", str(tmp_path / "none")]) == 2
