@@ -75,6 +75,7 @@ def _param_flags(parser: argparse.ArgumentParser, note: str = "") -> None:
 
 
 def _local_options(parser: argparse.ArgumentParser) -> None:
+    """Where local runs go and how many virtual devices they get."""
     parser.add_argument("--runs-dir", default="runs", help="pipeline root of local runs (runs)")
     parser.add_argument(
         "--cpu-devices", type=int, default=None,
@@ -83,6 +84,7 @@ def _local_options(parser: argparse.ArgumentParser) -> None:
 
 
 def _placement_options(parser: argparse.ArgumentParser) -> None:
+    """Images, TPU and resources of a cloud target."""
     group = parser.add_argument_group("placement")
     group.add_argument("--target", required=True, choices=("vertex", "gke"), help="where it runs")
     group.add_argument("--image", required=True, help="training image URI (JAX for TPU)")
@@ -103,6 +105,7 @@ def _placement_options(parser: argparse.ArgumentParser) -> None:
 
 
 def _cloud_options(parser: argparse.ArgumentParser) -> None:
+    """Project, region, pipeline root, identity and labels of a cloud run."""
     group = parser.add_argument_group("cloud")
     group.add_argument("--project", default="", help="Google Cloud project (vertex)")
     group.add_argument("--region", default="", help="Vertex AI region, e.g. us-central1")
@@ -125,6 +128,7 @@ def _values(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _placement(args: argparse.Namespace) -> Placement:
+    """The placement the flags describe (checked on construction)."""
     return Placement(
         target=args.target, image=args.image, data_image=args.data_image, tpu=args.tpu,
         topology=args.tpu_topology, machine_type=args.machine_type, cpu_limit=args.cpu_limit,
@@ -133,6 +137,7 @@ def _placement(args: argparse.Namespace) -> Placement:
 
 
 def _local(values: dict[str, Any], args: argparse.Namespace, fresh_from: str | None) -> int:
+    """Run locally, print the summary; 1 if the pipeline failed."""
     from pipelines.local_run import format_summary, run_local
 
     result = run_local(
@@ -143,10 +148,12 @@ def _local(values: dict[str, Any], args: argparse.Namespace, fresh_from: str | N
 
 
 def _run(args: argparse.Namespace, rest: list[str]) -> int:
+    """alignpipe run."""
     return _guard(lambda: _local(_values(args), args, None))
 
 
 def _rerun(args: argparse.Namespace, rest: list[str]) -> int:
+    """alignpipe rerun --from STAGE: the last run's values, caching off from STAGE on."""
     from pipelines.local_run import last_values
 
     return _guard(
@@ -155,6 +162,7 @@ def _rerun(args: argparse.Namespace, rest: list[str]) -> int:
 
 
 def _compile(args: argparse.Namespace, rest: list[str]) -> int:
+    """alignpipe compile."""
     from pipelines.cloud import compile_pipeline
 
     def body() -> int:
@@ -167,6 +175,7 @@ def _compile(args: argparse.Namespace, rest: list[str]) -> int:
 
 
 def _settings(args: argparse.Namespace) -> Any:
+    """The cloud settings the flags describe."""
     from pipelines.cloud import CloudError, CloudSettings
 
     labels = {}
@@ -184,6 +193,7 @@ def _settings(args: argparse.Namespace) -> Any:
 
 
 def _cloud(args: argparse.Namespace, action: str) -> int:
+    """Check settings, compile to a temporary file, then submit or schedule it."""
     from pipelines import cloud
 
     placement, settings, values = _placement(args), _settings(args), _values(args)
@@ -202,10 +212,12 @@ def _cloud(args: argparse.Namespace, action: str) -> int:
 
 
 def _submit(args: argparse.Namespace, rest: list[str]) -> int:
+    """alignpipe submit."""
     return _guard(lambda: _cloud(args, "submit"))
 
 
 def _schedule(args: argparse.Namespace, rest: list[str]) -> int:
+    """alignpipe schedule."""
     return _guard(lambda: _cloud(args, "schedule"))
 
 

@@ -89,6 +89,7 @@ def run_labels(placement: Placement, settings: CloudSettings) -> dict[str, str]:
 
 
 def _vertex_job(package: str, values: dict[str, Any], labels: dict[str, str], s: CloudSettings):
+    """The Vertex AI PipelineJob of one run of ``package``."""
     from google.cloud import aiplatform
 
     return aiplatform.PipelineJob(

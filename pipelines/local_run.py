@@ -51,6 +51,7 @@ class TaskWatcher(logging.Filter):
         self.echo = echo
 
     def filter(self, record: logging.LogRecord) -> bool:
+        """Note a task event if the record is one; never drops the record."""
         message = _ANSI.sub("", record.getMessage())
         for event, pattern in _EVENTS:
             match = pattern.match(message)
@@ -59,6 +60,7 @@ class TaskWatcher(logging.Filter):
         return True  # observe only: kfp.local's own output stays as it is
 
     def _update(self, event: str, stage: str, extra: tuple[str, ...]) -> None:
+        """Apply one task event to its stage's record and say so."""
         record = self.records[stage]
         if event == "start":
             record.status, record.started = "running", time.monotonic()
@@ -74,6 +76,7 @@ class TaskWatcher(logging.Filter):
             self._say(f"{stage}: {'done' if ok else 'FAILED'} in {record.seconds or 0:.1f} s")
 
     def _say(self, text: str) -> None:
+        """Print a progress line (unless quiet)."""
         if self.echo:
             print(f"[alignpipe] {text}", flush=True)
 
@@ -221,18 +224,21 @@ def format_summary(result: RunResult) -> str:
 
 
 def _num(value: float | None, signed: bool = False) -> str:
+    """A figure with three decimals, or n/a."""
     if value is None:
         return "n/a"
     return f"{value:+.3f}" if signed else f"{value:.3f}"
 
 
 def _interval(f: dict[str, Any], key: str, signed: bool = False) -> str:
+    """A figure with its bootstrap interval when there is one."""
     low, high = f.get(f"{key}_low"), f.get(f"{key}_high")
     bounds = f" [{_num(low, signed)}, {_num(high, signed)}]" if low is not None else ""
     return _num(f[key], signed) + bounds
 
 
 def _blessed(value: float | None) -> str:
+    """The promotion gate's verdict in words."""
     if value is None:
         return "n/a"
     return "yes (promoted)" if value else "no (not promoted)"

@@ -76,6 +76,7 @@ def build_pipeline(placement: Placement, fresh_from: str | None = None) -> Any:
     fresh = set(downstream(fresh_from)) if fresh_from else set()
 
     def configure(task: Any, stage: str, role: str, cache: bool = True) -> Any:
+        """Caching (off from ``fresh_from`` on) and placement of one task."""
         task.set_caching_options(cache and stage not in fresh)
         return place(task, role, placement)
 
@@ -119,6 +120,7 @@ def build_pipeline(placement: Placement, fresh_from: str | None = None) -> Any:
         eval_max_new_tokens: int = D["eval_max_new_tokens"],
         promoted_policy_uri: str = D["promoted_policy_uri"],
     ) -> Outputs:
+        """Align a policy to the preference data; promote it only when evaluation blesses it."""
         p = dict(locals())  # the parameter channels by name, for params.stage_values
 
         with dsl.If(data_uri == "", name="builtin-data"):
