@@ -9,7 +9,7 @@ reward of a response is its mean word sentiment
 An earlier version added 0.5 for naming the prompt's topic; small models on CPU
 learned the sentiment within minutes but not the copy from prompt to response,
 which capped reward-model accuracy near 0.84, so the gold reward is sentiment
-alone (a label-agreement ceiling of about 0.945). Human-like labels come from a
+alone (a label-agreement ceiling of about 0.95). Human-like labels come from a
 Bradley-Terry draw on the gold scores: response ``a`` is chosen over ``b`` with
 probability ``sigmoid(beta * (gold_a - gold_b))``; pairs of equal gold are not drawn.
 A reward model can learn this from the pairs alone, PPO can raise it, and the
@@ -56,13 +56,6 @@ def all_prompts() -> list[tuple[str, str]]:
     ]
 
 
-def topic_of(prompt: str) -> str | None:
-    """The topic a prompt asks about (its last lexicon topic word), or None."""
-    words = [w.strip(".?!,").lower() for w in prompt.split()]
-    found = [w for w in words if w in TOPICS]
-    return found[-1] if found else None
-
-
 def gold_reward(prompt: str, response: str) -> float:
     """The task's gold reward of ``response`` to ``prompt`` (documented above; -1 if empty)."""
     words = [w.strip(".?!,").lower() for w in response.split()]
@@ -83,12 +76,18 @@ def gold_reward_fn(name: str) -> Callable[[str, str], float]:
 
 
 def sample_response(rng: random.Random, topic: str) -> str:
-    """A random response: 2-6 lexicon words, the topic named with probability 0.3."""
+    """A random response: 2-6 lexicon words, the topic named with probability 0.3.
+
+    Each response has its own tilt ``u ~ U(0, 1)``: a word is positive with
+    probability 0.7u, negative with 0.7(1 - u), neutral with 0.3. Responses thus
+    range from harsh to kind, as real ones range in quality, instead of all
+    hovering near neutral.
+    """
+    tilt = rng.random()
+    weights = (0.7 * tilt, 0.7 * (1.0 - tilt), 0.3)
     pools = (POSITIVE, NEGATIVE, NEUTRAL)
-    words = [
-        rng.choice(rng.choices(pools, weights=(0.35, 0.35, 0.3))[0])
-        for _ in range(rng.randint(2, 6))
-    ]
+    count = rng.randint(2, 6)
+    words = [rng.choice(rng.choices(pools, weights=weights)[0]) for _ in range(count)]
     if rng.random() < 0.3:
         words.insert(rng.randrange(len(words) + 1), topic)
     return " ".join(words) + "."
