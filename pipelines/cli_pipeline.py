@@ -17,6 +17,8 @@ from pipelines.pipeline import STAGES
 from pipelines.targets import TPU_GENERATIONS, Placement
 
 EXIT_USAGE = 2
+# What `make images` tags without a registry; a cloud run needs the pushed URI (--image).
+DEFAULT_IMAGE = "alignpipe/train:0.1.0"
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -87,7 +89,9 @@ def _placement_options(parser: argparse.ArgumentParser) -> None:
     """Images, TPU and resources of a cloud target."""
     group = parser.add_argument_group("placement")
     group.add_argument("--target", required=True, choices=("vertex", "gke"), help="where it runs")
-    group.add_argument("--image", required=True, help="training image URI (JAX for TPU)")
+    group.add_argument(
+        "--image", default=None, help=f"training image URI, JAX for TPU (default: {DEFAULT_IMAGE})"
+    )
     group.add_argument("--data-image", default="", help="Beam image URI of the data tasks")
     group.add_argument("--tpu", default="v5e", choices=list(TPU_GENERATIONS), help="TPU (v5e)")
     group.add_argument(
@@ -129,10 +133,12 @@ def _values(args: argparse.Namespace) -> dict[str, Any]:
 
 def _placement(args: argparse.Namespace) -> Placement:
     """The placement the flags describe (checked on construction)."""
+    if args.image is None:
+        print(f"note: no --image given; the spec names {DEFAULT_IMAGE}", file=sys.stderr)
     return Placement(
-        target=args.target, image=args.image, data_image=args.data_image, tpu=args.tpu,
-        topology=args.tpu_topology, machine_type=args.machine_type, cpu_limit=args.cpu_limit,
-        memory_limit=args.memory_limit, train_retries=args.train_retries,
+        target=args.target, image=args.image or DEFAULT_IMAGE, data_image=args.data_image,
+        tpu=args.tpu, topology=args.tpu_topology, machine_type=args.machine_type,
+        cpu_limit=args.cpu_limit, memory_limit=args.memory_limit, train_retries=args.train_retries,
     )  # fmt: skip
 
 

@@ -201,6 +201,9 @@ def test_cli_compile_writes_a_spec_or_refuses(tmp_path, capsys):
     assert main(base + ["--sft-batch-size", "10"]) == 2
     assert "sft_batch_size: 10 does not split over 4 chips" in capsys.readouterr().err
     assert not out.exists()
+    # The done-when command: no image given, the spec names the default tag.
+    assert main(["compile", "--target", "vertex", "-o", str(out)]) == 0
+    assert "alignpipe/train:0.1.0" in out.read_text()
 
 
 def test_components_take_exactly_their_stage_fields():
