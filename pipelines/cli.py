@@ -1,6 +1,8 @@
 """The ``alignpipe`` command line: one sub-command group per concern.
 
-alignpipe data generate|shard|validate   preference data (pipelines/cli_data.py)
+    alignpipe data generate|shard|validate        preference data (cli_data.py)
+    alignpipe evaluate | report                   evaluation (cli_eval.py)
+    alignpipe run | rerun | compile | submit | schedule   the pipeline (cli_pipeline.py)
 """
 
 from __future__ import annotations
@@ -31,7 +33,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``alignpipe`` console script."""
+    import logging
+
+    from components.core.entry import configure_logging
+
     argv = sys.argv[1:] if argv is None else argv
+    configure_logging(logging.WARNING)
     parser = build_parser()
     args, rest = parser.parse_known_args(argv)
     if rest and not getattr(args, "accepts_extra", False):

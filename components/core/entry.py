@@ -33,14 +33,26 @@ def configure_cpu_devices() -> None:
     jax.config.update("jax_num_cpu_devices", count)
 
 
+class _DropImportNoise(logging.Filter):
+    """Drops Beam's import-time warning about optional GCP clients we do not use."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "apitools not found" not in record.getMessage()
+
+
+def configure_logging(level: int = logging.INFO) -> None:
+    """Root logging to stderr at ``level``, without known import-time noise."""
+    # force: importing orbax configures the root logger first, which would hide INFO lines.
+    logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s", force=True)
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(_DropImportNoise())
+
+
 def run_stage(body: Callable[[], dict[str, Any]]) -> int:
     """Run a stage body; print its summary as JSON, or a one-line error and return 1."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     configure_cpu_devices()
-    # force: importing orbax configures the root logger first, which would hide INFO lines.
-    logging.basicConfig(
-        level=logging.INFO, format="%(levelname)s %(name)s: %(message)s", force=True
-    )
+    configure_logging()
     try:
         summary = body()
     except USER_ERRORS as error:

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import sys
 
+from components.core.entry import configure_logging
 from components.core.flags import add_config_flags, config_from_flags
 from components.shard.config import ShardConfig
 
@@ -34,7 +34,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m components.shard"
     from components.shard.stage import ShardError, run
 
     args, beam_args = parser(prog).parse_known_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    configure_logging()
     try:
         config = config_from_flags(ShardConfig, args)
         manifest = run(config, args.input, args.output, beam_args)
