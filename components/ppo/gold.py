@@ -8,6 +8,7 @@ gained, free of the learned reward model's errors.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import jax
@@ -38,6 +39,22 @@ def eval_prompts(shards_dir: str, prompt_len: int, seed: int) -> dict[str, np.nd
     return {"prompt_tokens": everything.tokens[:count], "prompt_mask": everything.masks[:count]}
 
 
+@functools.lru_cache(maxsize=4)
+def _sampler(
+    graphdef: nnx.GraphDef, max_new_tokens: int, eos_id: int, pad_id: int, temperature: float
+):
+    """A pmapped sampler (cached: runs before and after PPO share one compilation)."""
+
+    def sample(params: PyTree, batch: dict, rng: jax.Array):
+        rng = jax.random.fold_in(rng, jax.lax.axis_index("data"))
+        return generate(
+            (graphdef, params), batch["prompt_tokens"], batch["prompt_mask"], rng,
+            max_new_tokens=max_new_tokens, eos_id=eos_id, pad_id=pad_id, temperature=temperature,
+        )  # fmt: skip
+
+    return jax.pmap(sample, axis_name="data", in_axes=(0, 0, None))
+
+
 def mean_gold_reward(
     graphdef: nnx.GraphDef,
     params: PyTree,
@@ -56,17 +73,9 @@ def mean_gold_reward(
     prompts = eval_prompts(shards_dir, prompt_len, seed)
     prompts = {k: np.repeat(v, samples_per_prompt, axis=0) for k, v in prompts.items()}
 
-    def sample(params: PyTree, batch: dict, rng: jax.Array):
-        rng = jax.random.fold_in(rng, jax.lax.axis_index("data"))
-        return generate(
-            (graphdef, params), batch["prompt_tokens"], batch["prompt_mask"], rng,
-            max_new_tokens=max_new_tokens, eos_id=tokenizer.eos_id, pad_id=tokenizer.pad_id,
-            temperature=temperature,
-        )  # fmt: skip
-
-    sharded = parallel.shard_batch(prompts)
-    out = jax.pmap(sample, axis_name="data", in_axes=(0, 0, None))(
-        parallel.replicate(params), sharded, jax.random.PRNGKey(seed)
+    sample = _sampler(graphdef, max_new_tokens, tokenizer.eos_id, tokenizer.pad_id, temperature)
+    out = sample(
+        parallel.replicate(params), parallel.shard_batch(prompts), jax.random.PRNGKey(seed)
     )
     tokens = np.asarray(out.tokens).reshape(-1, max_new_tokens)
     mask = np.asarray(out.mask).reshape(-1, max_new_tokens)

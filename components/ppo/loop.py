@@ -57,6 +57,25 @@ class LoopResult:
     status: str
     metrics: dict[str, float]
     guard_events: list[dict[str, Any]]
+    final_kl: float | None
+
+
+# Compiled phases by (graphs, config, ids, norm): repeated runs in one process (tests, a
+# guard-free resume) reuse the compiled rollout and update instead of tracing them again.
+_PHASES: dict[tuple, tuple[Any, Any, Any]] = {}
+_PHASES_KEPT = 4
+
+
+def compiled_phases(config: PPOConfig, nets: Networks) -> tuple[Any, Any, Any]:
+    """The pmapped rollout, update and EMA functions of this configuration (cached)."""
+    key = (nets.models, dataclasses.astuple(config), nets.ids, nets.norm)
+    if key not in _PHASES:
+        if len(_PHASES) >= _PHASES_KEPT:
+            _PHASES.pop(next(iter(_PHASES)))
+        ema = make_ema_update(config.ref_ema_decay) if config.ref_ema_decay else None
+        rollout = make_rollout(nets.models, config, nets.ids, nets.norm)
+        _PHASES[key] = (rollout, make_update(nets.models, config), ema)
+    return _PHASES[key]
 
 
 def host_floats(metrics: dict[str, jax.Array]) -> dict[str, float]:
@@ -69,9 +88,7 @@ class PPOLoop:
 
     def __init__(self, config: PPOConfig, nets: Networks, prompts: Any, output: str) -> None:
         self.config, self.nets, self.prompts, self.output = config, nets, prompts, output
-        self.rollout = make_rollout(nets.models, config, nets.ids, nets.norm)
-        self.update = make_update(nets.models, config)
-        self.ema = make_ema_update(config.ref_ema_decay) if config.ref_ema_decay else None
+        self.rollout, self.update, self.ema = compiled_phases(config, nets)
         self.checkpointer = TrainCheckpointer(
             work_checkpoint_dir(output),
             CheckpointConfig(save_every=config.save_every, keep=config.keep_checkpoints),
@@ -84,6 +101,7 @@ class PPOLoop:
         )
         self.key = np.asarray(jax.random.PRNGKey(config.seed))
         self.last_saved = -1
+        self.final_kl: float | None = None  # KL per token of the output policy's check rollout
         self.template = PPOState.create(nets.policy, nets.critic, config)
         self._set(self.template, nets.policy, self._initial_controller(), 0)
         self.tokens_per_iteration = config.rollout_batch_size * (
@@ -203,6 +221,7 @@ class PPOLoop:
             if due and self.iteration > self.last_saved:
                 self._save(position)
             if last:
+                self.final_kl = rollout[KL_METRIC]
                 return STATUS_COMPLETED
             update, t_update = self._update(batch)
             reason = self.guard.update_trip(update)
@@ -232,4 +251,6 @@ class PPOLoop:
             summary = logger.summary()
         host = parallel.unreplicate(self.state)
         events = self.guard.state.events
-        return LoopResult(host.policy.params, self.iteration, status, summary, events)
+        return LoopResult(
+            host.policy.params, self.iteration, status, summary, events, self.final_kl
+        )

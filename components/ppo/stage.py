@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 from typing import Any
 
 import jax
@@ -27,6 +28,7 @@ from components.ppo.gold import mean_gold_reward
 from components.ppo.loop import Networks, PPOLoop
 from components.ppo.rollout import Models, ScoreNorm, TokenIds
 
+log = logging.getLogger(__name__)
 STATUS_FILE = "ppo_status.json"
 REWARD_STATS_FILE = "reward_stats.json"
 
@@ -81,9 +83,19 @@ def build_networks(
     return policy, nets
 
 
+def known_gold_rewards() -> set[str]:
+    """Names of the gold rewards this release can compute."""
+    from components.core import builtin_task
+
+    return {builtin_task.GOLD_REWARD_NAME}
+
+
 def _gold(nets: Networks, params: Any, shards_dir: str, manifest: dict, config: PPOConfig):
-    """Mean gold reward on eval prompts, or None when the data names no gold reward."""
-    if not manifest.get("gold_reward"):
+    """Mean gold reward on eval prompts, or None when the data names no gold reward we know."""
+    name = manifest.get("gold_reward")
+    if not name or name not in known_gold_rewards():
+        if name:
+            log.warning("ppo: gold reward %r is unknown to this release; not measured", name)
         return None
     return mean_gold_reward(
         nets.models.policy, params, shards_dir, manifest,
@@ -109,6 +121,8 @@ def run(
     status = {
         "status": result.status,
         "iterations": result.iteration,
+        "final_kl_per_token": result.final_kl,
+        "kl_stop": config.kl_stop,
         "guard_events": result.guard_events,
         "gold_reward": {"initial": gold_before, "final": gold_after},
     }

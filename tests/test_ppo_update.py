@@ -1,0 +1,131 @@
+"""PPO update phase: 8 devices equal 1 on the same global batch; non-finite steps are skipped.
+
+Tiny model, synthetic rollout batch; the 8-device and 1-device updates compile once each.
+"""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+import pytest
+from flax import nnx
+
+from components.core import parallel
+from components.core.model_io import create_model
+from components.ppo import PPOConfig
+from components.ppo.forward import response_logprobs
+from components.ppo.rollout import Models
+from components.ppo.update import PPOState, make_update, strided_minibatches
+
+VOCAB, PROMPT, RESPONSE, BATCH = 40, 6, 5, 16
+CONFIG = PPOConfig(
+    rollout_batch_size=BATCH,
+    minibatches=2,
+    ppo_epochs=2,
+    prompt_len=PROMPT,
+    max_new_tokens=RESPONSE,
+    learning_rate=3e-3,
+    critic_learning_rate=3e-3,
+    warmup_steps=0,
+)
+
+
+def _networks():
+    policy = create_model("tiny", VOCAB, scalar_head=False, seed=1, max_seq_len=32)
+    critic = create_model("tiny", VOCAB, scalar_head=True, seed=2, max_seq_len=32)
+    policy_graph, policy_params = nnx.split(policy, nnx.Param)
+    critic_graph, critic_params = nnx.split(critic, nnx.Param)
+    models = Models(policy_graph, critic_graph, critic_graph)
+    return models, jax.device_get(policy_params), jax.device_get(critic_params)
+
+
+def _batch(models: Models, policy_params, seed: int = 0) -> dict[str, np.ndarray]:
+    """A rollout-shaped batch: left-padded prompts, responses ending early, random targets."""
+    rng = np.random.default_rng(seed)
+    prompt_lengths = rng.integers(1, PROMPT + 1, BATCH)
+    response_lengths = rng.integers(1, RESPONSE + 1, BATCH)
+    prompt_mask = (np.arange(PROMPT)[None] >= PROMPT - prompt_lengths[:, None]).astype(np.int32)
+    response_mask = (np.arange(RESPONSE)[None] < response_lengths[:, None]).astype(np.int32)
+    batch = {
+        "prompt_tokens": rng.integers(3, VOCAB, (BATCH, PROMPT)).astype(np.int32) * prompt_mask,
+        "prompt_mask": prompt_mask,
+        "response_tokens": rng.integers(3, VOCAB, (BATCH, RESPONSE)).astype(np.int32),
+        "response_mask": response_mask,
+    }
+    old = np.asarray(response_logprobs(models.policy, policy_params, batch))
+    # Old log-probs a little off the current policy, so ratios and clipping are exercised.
+    noise = rng.normal(0.0, 0.3, old.shape)
+    batch.update(
+        logprobs=((old + noise) * response_mask).astype(np.float32),
+        values=(rng.normal(size=old.shape) * response_mask).astype(np.float32),
+        advantages=(rng.normal(size=old.shape) * response_mask).astype(np.float32),
+        returns=(rng.normal(size=old.shape) * response_mask).astype(np.float32),
+    )
+    return batch
+
+
+@pytest.fixture(scope="module")
+def setup():
+    models, policy_params, critic_params = _networks()
+    return models, policy_params, critic_params, _batch(models, policy_params)
+
+
+@pytest.fixture(scope="module")
+def update_8(setup):
+    return make_update(setup[0], CONFIG)
+
+
+def _run(update, state: PPOState, batch: dict, devices=None):
+    replicated = parallel.replicate(state, devices)
+    scale = np.float32(1.0)
+    new_state, metrics = update(
+        replicated, parallel.shard_batch(batch, devices), jax.random.PRNGKey(7), scale
+    )
+    return parallel.unreplicate(new_state), parallel.unreplicate(metrics)
+
+
+def test_strided_minibatches_take_every_mth_row() -> None:
+    rows = {"x": np.arange(12)}
+    split = strided_minibatches(rows, 3)["x"]
+    np.testing.assert_array_equal(split, [[0, 3, 6, 9], [1, 4, 7, 10], [2, 5, 8, 11]])
+
+
+def test_eight_devices_equal_one_device(setup, update_8) -> None:
+    models, policy_params, critic_params, batch = setup
+    assert jax.local_device_count() == 8
+    state = PPOState.create(policy_params, critic_params, CONFIG)
+    one = [jax.local_devices()[0]]
+    new_8, metrics_8 = _run(update_8, state, batch)
+    new_1, metrics_1 = _run(make_update(models, CONFIG, devices=one), state, batch, one)
+    assert int(new_8.policy.step) == CONFIG.ppo_epochs * CONFIG.minibatches
+    moved = jax.tree.leaves(jax.tree.map(lambda a, b: np.abs(a - b).max(), new_8, state))
+    assert max(float(m) for m in moved) > 1e-4  # the update really changed the parameters
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=2e-4, atol=2e-6), new_8, new_1)
+    for name in ("loss/policy", "loss/value", "policy/clipfrac", "policy/entropy", "val/clipfrac"):
+        np.testing.assert_allclose(metrics_8[name], metrics_1[name], rtol=1e-4, atol=1e-6)
+    assert metrics_8["skipped"] == 0.0
+
+
+def test_non_finite_minibatch_is_skipped(setup, update_8) -> None:
+    _, policy_params, critic_params, batch = setup
+    state = PPOState.create(policy_params, critic_params, CONFIG)
+    poisoned = dict(batch, advantages=np.full_like(batch["advantages"], np.nan))
+    new_state, metrics = _run(update_8, state, poisoned)
+    assert metrics["skipped"] == CONFIG.ppo_epochs * CONFIG.minibatches
+    jax.tree.map(np.testing.assert_array_equal, new_state.policy.params, state.policy.params)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "field"),
+    [
+        ({"rollout_batch_size": 10, "minibatches": 4}, "rollout_batch_size"),
+        ({"kl_stop": 0.0}, "kl_stop"),
+        ({"restore_lr_factor": 1.5}, "restore_lr_factor"),
+        ({"ref_ema_decay": 1.0}, "ref_ema_decay"),
+        ({"temperature": 0.0}, "temperature"),
+        ({"ppo_epochs": 0}, "ppo_epochs"),
+    ],
+)
+def test_config_names_the_bad_field(overrides: dict, field: str) -> None:
+    with pytest.raises(ValueError, match=field):
+        PPOConfig(**overrides)
