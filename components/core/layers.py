@@ -1,14 +1,20 @@
-"""Llama-style transformer layers: RMSNorm, rotary positions, grouped-query attention, SwiGLU.
+"""Decoder layers: RMSNorm, rotary positions, grouped-query attention, gated MLP.
 
-Parameter layouts follow the Hugging Face Llama checkpoints (kernels stored as
+Parameter layouts follow the Hugging Face checkpoints (kernels stored as
 ``[in, out]``, rotary embedding in the "rotate half" form), so real weights can
-be loaded by transposing ``nn.Linear`` matrices and nothing else.
+be loaded by transposing ``nn.Linear`` matrices and nothing else. The family
+differences (Qwen2's q/k/v biases; Gemma 2's (1 + w) norms, extra post-norms,
+soft-capping, query scalar and GeGLU) are fields of ``ModelConfig``; the
+defaults are Llama.
 """
 
 from __future__ import annotations
 
+import math
+
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from components.core.model_config import ModelConfig
@@ -16,13 +22,21 @@ from components.core.model_config import ModelConfig
 # Llama and Qwen2 initialise every matrix with N(0, 0.02); one place for that default.
 INIT_STD = 0.02
 
+ACTIVATIONS = {
+    "silu": jax.nn.silu,
+    # Gemma's gelu_pytorch_tanh is the tanh approximation of GELU.
+    "gelu_tanh": lambda x: jax.nn.gelu(x, approximate=True),
+}
 
-def dense(in_features: int, out_features: int, config: ModelConfig, rngs: nnx.Rngs) -> nnx.Linear:
-    """A bias-free projection with fp32 params that computes in the config's dtype."""
+
+def dense(
+    in_features: int, out_features: int, config: ModelConfig, rngs: nnx.Rngs, bias: bool = False
+) -> nnx.Linear:
+    """A projection (bias only if asked) with fp32 params, computing in the config dtype."""
     return nnx.Linear(
         in_features,
         out_features,
-        use_bias=False,
+        use_bias=bias,
         dtype=config.compute_dtype,
         param_dtype=jnp.float32,
         kernel_init=nnx.initializers.normal(INIT_STD),
@@ -31,10 +45,15 @@ def dense(in_features: int, out_features: int, config: ModelConfig, rngs: nnx.Rn
 
 
 class RMSNorm(nnx.Module):
-    """Root-mean-square norm computed in fp32 (bf16 statistics drift), output in compute dtype."""
+    """Root-mean-square norm computed in fp32 (bf16 statistics drift), output in compute dtype.
+
+    The applied scale is ``norm_scale_offset + scale``: Gemma stores ``w`` and applies
+    ``1 + w``, so its weights load unchanged; a fresh norm starts as the identity either way.
+    """
 
     def __init__(self, dim: int, config: ModelConfig):
-        self.scale = nnx.Param(jnp.ones((dim,), jnp.float32))
+        self.offset = config.norm_scale_offset
+        self.scale = nnx.Param(jnp.full((dim,), 1.0 - self.offset, jnp.float32))
         self.eps = config.norm_eps
         self.dtype = config.compute_dtype
 
@@ -42,14 +61,33 @@ class RMSNorm(nnx.Module):
         """Normalise the last axis and apply the learned scale."""
         x = x.astype(jnp.float32)
         x = x * jax.lax.rsqrt(jnp.mean(jnp.square(x), axis=-1, keepdims=True) + self.eps)
-        return (x * self.scale[...]).astype(self.dtype)
+        return (x * (self.offset + self.scale[...])).astype(self.dtype)
 
 
-def apply_rope(x: jax.Array, positions: jax.Array, theta: float) -> jax.Array:
+def rope_inv_freq(config: ModelConfig) -> np.ndarray:
+    """Rotary inverse frequencies [head_dim / 2] (fp32), with Llama 3.1's scaling if set."""
+    half = config.resolved_head_dim // 2
+    inv_freq = 1.0 / (config.rope_theta ** (np.arange(half, dtype=np.float32) / half))
+    if config.rope_scaling_factor is None:
+        return inv_freq.astype(np.float32)
+    # Llama 3.1: long wavelengths slowed by `factor`, short ones kept, a smooth blend between.
+    factor, low, high = (
+        config.rope_scaling_factor,
+        config.rope_low_freq_factor,
+        config.rope_high_freq_factor,
+    )
+    old_len = config.rope_original_max_len
+    wavelen = 2 * math.pi / inv_freq
+    scaled = np.where(wavelen > old_len / low, inv_freq / factor, inv_freq)
+    smooth = (old_len / wavelen - low) / (high - low)
+    blended = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = (wavelen >= old_len / high) & (wavelen <= old_len / low)
+    return np.where(medium, blended, scaled).astype(np.float32)
+
+
+def apply_rope(x: jax.Array, positions: jax.Array, inv_freq: np.ndarray) -> jax.Array:
     """Rotate ``x`` [B, T, N, Hd] by its ``positions`` [B, T] (HF "rotate half" layout)."""
-    half = x.shape[-1] // 2
-    inv_freq = 1.0 / (theta ** (jnp.arange(half, dtype=jnp.float32) / half))
-    angles = positions[..., None].astype(jnp.float32) * inv_freq  # [B, T, half]
+    angles = positions[..., None].astype(jnp.float32) * jnp.asarray(inv_freq)  # [B, T, half]
     sin = jnp.sin(angles)[:, :, None, :]
     cos = jnp.cos(angles)[:, :, None, :]
     x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
@@ -57,13 +95,22 @@ def apply_rope(x: jax.Array, positions: jax.Array, theta: float) -> jax.Array:
     return rotated.astype(x.dtype)
 
 
-def attend(q: jax.Array, k: jax.Array, v: jax.Array, allowed: jax.Array) -> jax.Array:
+def attend(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    allowed: jax.Array,
+    scale: float,
+    softcap: float | None = None,
+) -> jax.Array:
     """Grouped-query attention: q [B,T,H,Hd], k/v [B,S,Kv,Hd], allowed [B,T,S] -> [B,T,H,Hd]."""
     batch, length, n_heads, head_dim = q.shape
     n_kv = k.shape[2]
     # Each kv head serves n_heads // n_kv query heads; grouping avoids materialising repeats.
-    q = q.reshape(batch, length, n_kv, n_heads // n_kv, head_dim) * (head_dim**-0.5)
+    q = q.reshape(batch, length, n_kv, n_heads // n_kv, head_dim) * scale
     logits = jnp.einsum("btkgd,bskd->bkgts", q, k, preferred_element_type=jnp.float32)
+    if softcap is not None:
+        logits = jnp.tanh(logits / softcap) * softcap
     # A finite floor keeps fully masked rows (pad queries) finite instead of NaN.
     logits = jnp.where(allowed[:, None, None], logits, jnp.finfo(jnp.float32).min)
     probs = jax.nn.softmax(logits, axis=-1).astype(v.dtype)
@@ -76,13 +123,14 @@ class Attention(nnx.Module):
 
     def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
         head_dim = config.resolved_head_dim
+        self.config = config
         self.n_heads = config.n_heads
         self.n_kv_heads = config.n_kv_heads
         self.head_dim = head_dim
-        self.rope_theta = config.rope_theta
-        self.wq = dense(config.dim, config.n_heads * head_dim, config, rngs)
-        self.wk = dense(config.dim, config.n_kv_heads * head_dim, config, rngs)
-        self.wv = dense(config.dim, config.n_kv_heads * head_dim, config, rngs)
+        self.scale = (config.query_pre_attn_scalar or head_dim) ** -0.5
+        self.wq = dense(config.dim, config.n_heads * head_dim, config, rngs, config.qkv_bias)
+        self.wk = dense(config.dim, config.n_kv_heads * head_dim, config, rngs, config.qkv_bias)
+        self.wv = dense(config.dim, config.n_kv_heads * head_dim, config, rngs, config.qkv_bias)
         self.wo = dense(config.n_heads * head_dim, config.dim, config, rngs)
 
     def __call__(
@@ -102,37 +150,44 @@ class Attention(nnx.Module):
         q = self.wq(x).reshape(batch, length, self.n_heads, self.head_dim)
         k = self.wk(x).reshape(batch, length, self.n_kv_heads, self.head_dim)
         v = self.wv(x).reshape(batch, length, self.n_kv_heads, self.head_dim)
-        q = apply_rope(q, positions, self.rope_theta)
-        k = apply_rope(k, positions, self.rope_theta)
+        inv_freq = rope_inv_freq(self.config)
+        q = apply_rope(q, positions, inv_freq)
+        k = apply_rope(k, positions, inv_freq)
         keys, values = k, v
         if cache_kv is not None:
             keys = jax.lax.dynamic_update_slice_in_dim(cache_kv[0], k, cache_index, axis=1)
             values = jax.lax.dynamic_update_slice_in_dim(cache_kv[1], v, cache_index, axis=1)
-        out = attend(q, keys, values, allowed)
+        out = attend(q, keys, values, allowed, self.scale, self.config.attn_logit_softcap)
         return self.wo(out.reshape(batch, length, -1)), (k, v)
 
 
-class SwiGLU(nnx.Module):
-    """Gated MLP: down(silu(gate(x)) * up(x))."""
+class GatedMLP(nnx.Module):
+    """Gated MLP: down(act(gate(x)) * up(x)); SwiGLU with silu, GeGLU with gelu_tanh."""
 
     def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
+        self.activation = config.mlp_activation
         self.w_gate = dense(config.dim, config.hidden_dim, config, rngs)
         self.w_up = dense(config.dim, config.hidden_dim, config, rngs)
         self.w_down = dense(config.hidden_dim, config.dim, config, rngs)
 
     def __call__(self, x: jax.Array) -> jax.Array:
         """Apply the gated MLP."""
-        return self.w_down(jax.nn.silu(self.w_gate(x)) * self.w_up(x))
+        return self.w_down(ACTIVATIONS[self.activation](self.w_gate(x)) * self.w_up(x))
 
 
 class Block(nnx.Module):
-    """One pre-norm decoder layer: x + attn(norm(x)), then x + mlp(norm(x))."""
+    """One pre-norm decoder layer: x + attn(norm(x)), then x + mlp(norm(x)).
+
+    With ``post_norms`` (Gemma 2) each sub-layer's output is normed again before the add.
+    """
 
     def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
         self.attn_norm = RMSNorm(config.dim, config)
         self.attn = Attention(config, rngs=rngs)
         self.mlp_norm = RMSNorm(config.dim, config)
-        self.mlp = SwiGLU(config, rngs=rngs)
+        self.mlp = GatedMLP(config, rngs=rngs)
+        self.post_attn_norm = RMSNorm(config.dim, config) if config.post_norms else None
+        self.post_mlp_norm = RMSNorm(config.dim, config) if config.post_norms else None
 
     def __call__(
         self,
@@ -144,6 +199,10 @@ class Block(nnx.Module):
     ) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
         """Run the layer; returns the new residual stream and this call's (k, v)."""
         attn_out, kv = self.attn(self.attn_norm(x), positions, allowed, cache_kv, cache_index)
+        if self.post_attn_norm is not None:
+            attn_out = self.post_attn_norm(attn_out)
         x = x + attn_out
-        x = x + self.mlp(self.mlp_norm(x))
-        return x, kv
+        mlp_out = self.mlp(self.mlp_norm(x))
+        if self.post_mlp_norm is not None:
+            mlp_out = self.post_mlp_norm(mlp_out)
+        return x + mlp_out, kv

@@ -1,4 +1,4 @@
-"""Decoder-only Llama-style transformer (Flax NNX) with stacked, scanned, rematerialised layers.
+"""Decoder-only transformer (Flax NNX) with stacked, scanned, rematerialised layers.
 
 The layers' parameters carry a leading ``n_layers`` axis and run under one
 ``lax.scan``: XLA compiles one layer, and ``jax.checkpoint`` around the scan body
@@ -7,6 +7,9 @@ unrolled loop saves nothing on XLA CPU, the scanned form saves ~90%).
 
 The model holds only ``nnx.Param`` state, so ``nnx.split(model, nnx.Param)`` /
 ``nnx.merge`` round-trip it inside ``jax.pmap``.
+
+Gemma 2's sliding-window layers run inside the same scan: each layer gets a flag,
+and picks the windowed or the full attention mask with it.
 """
 
 from __future__ import annotations
@@ -51,6 +54,21 @@ def last_real_index(mask: jax.Array) -> jax.Array:
     return length - 1 - jnp.argmax(mask[:, ::-1].astype(bool), axis=-1)
 
 
+def sliding_allowed(
+    config: ModelConfig, allowed: jax.Array, query_pos: jax.Array, key_pos: jax.Array
+) -> jax.Array | None:
+    """``allowed`` [B,T,S] narrowed to keys less than ``sliding_window`` positions back."""
+    if config.sliding_window is None:
+        return None
+    near = (query_pos[:, :, None] - key_pos[:, None, :]) < config.sliding_window
+    return allowed & near
+
+
+def layer_allowed(allowed: jax.Array, window: jax.Array | None, is_sliding: jax.Array) -> jax.Array:
+    """The attention mask of one scanned layer: windowed where the layer slides."""
+    return allowed if window is None else jnp.where(is_sliding, window, allowed)
+
+
 def _lm_head(config: ModelConfig, rngs: nnx.Rngs) -> nnx.Param:
     """An untied output projection [D, V]."""
     init = nnx.initializers.normal(INIT_STD)
@@ -70,7 +88,7 @@ def _scalar_head(config: ModelConfig, rngs: nnx.Rngs) -> nnx.Linear:
 
 
 class Transformer(nnx.Module):
-    """Llama-architecture decoder: embeddings, scanned blocks, final norm, LM and scalar heads."""
+    """Decoder: embeddings, scanned blocks, final norm, LM and scalar heads."""
 
     def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs, scalar_head: bool = False):
         self.config = config
@@ -95,6 +113,17 @@ class Transformer(nnx.Module):
         self.lm_head = None if config.tie_embeddings else _lm_head(config, rngs)
         self.scalar_head = _scalar_head(config, rngs) if scalar_head else None
 
+    def _embed(self, tokens: jax.Array) -> jax.Array:
+        """Token embeddings in compute dtype, times sqrt(dim) for Gemma (rounded like HF's)."""
+        x = self.embed(tokens)
+        if self.config.embed_scale:
+            x = x * jnp.asarray(self.config.dim**0.5, dtype=x.dtype)
+        return x
+
+    def _sliding_flags(self) -> jax.Array:
+        """[L] bool: which scanned layers use the sliding window."""
+        return jnp.asarray(self.config.sliding_layers(), dtype=bool)
+
     def __call__(self, tokens: jax.Array, mask: jax.Array) -> jax.Array:
         """Final-norm hidden states [B,T,D] (compute dtype) of ``tokens`` [B,T] under ``mask``.
 
@@ -103,10 +132,13 @@ class Transformer(nnx.Module):
         """
         positions = positions_from_mask(mask)
         allowed = causal_allowed(mask)
+        window = sliding_allowed(self.config, allowed, positions, positions)
         graphdef, layers = nnx.split(self.blocks)
 
-        def layer(x: jax.Array, layer_params: nnx.State) -> tuple[jax.Array, None]:
-            x, _ = nnx.merge(graphdef, layer_params)(x, positions, allowed)
+        def layer(x: jax.Array, inputs: tuple[nnx.State, jax.Array]) -> tuple[jax.Array, None]:
+            layer_params, is_sliding = inputs
+            block = nnx.merge(graphdef, layer_params)
+            x, _ = block(x, positions, layer_allowed(allowed, window, is_sliding))
             return x, None
 
         if self.config.remat != "none":
@@ -114,7 +146,7 @@ class Transformer(nnx.Module):
             layer = jax.checkpoint(
                 layer, policy=REMAT_POLICIES[self.config.remat], prevent_cse=False
             )
-        x, _ = jax.lax.scan(layer, self.embed(tokens), layers)
+        x, _ = jax.lax.scan(layer, self._embed(tokens), (layers, self._sliding_flags()))
         return self.final_norm(x)
 
     def lm_logits(self, hidden: jax.Array) -> jax.Array:
@@ -122,9 +154,12 @@ class Transformer(nnx.Module):
         dtype = self.config.compute_dtype
         if self.lm_head is None:
             table = self.embed.embedding[...].astype(dtype)
-            return jnp.einsum("...d,vd->...v", hidden, table, preferred_element_type=jnp.float32)
-        kernel = self.lm_head[...].astype(dtype)
-        return jnp.einsum("...d,dv->...v", hidden, kernel, preferred_element_type=jnp.float32)
+            logits = jnp.einsum("...d,vd->...v", hidden, table, preferred_element_type=jnp.float32)
+        else:
+            kernel = self.lm_head[...].astype(dtype)
+            logits = jnp.einsum("...d,dv->...v", hidden, kernel, preferred_element_type=jnp.float32)
+        cap = self.config.final_logit_softcap
+        return logits if cap is None else jnp.tanh(logits / cap) * cap
 
     def scalar(self, hidden: jax.Array, mask: jax.Array) -> jax.Array:
         """Scalar head (reward / value) [B] float32 on the hidden state of the last real token."""
@@ -150,12 +185,15 @@ class Transformer(nnx.Module):
             raise ValueError(f"cache_size ({cache_size}) must be >= prompt length ({length})")
         positions = positions_from_mask(mask)
         allowed = causal_allowed(mask)
+        window = sliding_allowed(self.config, allowed, positions, positions)
         graphdef, layers = nnx.split(self.blocks)
 
-        def layer(x: jax.Array, layer_params: nnx.State):
-            return nnx.merge(graphdef, layer_params)(x, positions, allowed)
+        def layer(x: jax.Array, inputs: tuple[nnx.State, jax.Array]):
+            layer_params, is_sliding = inputs
+            block = nnx.merge(graphdef, layer_params)
+            return block(x, positions, layer_allowed(allowed, window, is_sliding))
 
-        x, (k, v) = jax.lax.scan(layer, self.embed(tokens), layers)
+        x, (k, v) = jax.lax.scan(layer, self._embed(tokens), (layers, self._sliding_flags()))
         pad = [(0, 0), (0, 0), (0, cache_size - length), (0, 0), (0, 0)]
         cache = KVCache(
             k=jnp.pad(k, pad),
@@ -173,15 +211,20 @@ class Transformer(nnx.Module):
         )
         positions = cache.next_position[:, None]
         allowed = key_mask[:, None, :]
+        # Filled slots hold consecutive positions of real tokens, so cumsum recovers them.
+        window = sliding_allowed(self.config, allowed, positions, positions_from_mask(key_mask))
         graphdef, layers = nnx.split(self.blocks)
 
-        def layer(x: jax.Array, inputs: tuple[nnx.State, jax.Array, jax.Array]):
-            layer_params, k, v = inputs
+        def layer(x: jax.Array, inputs: tuple[nnx.State, jax.Array, jax.Array, jax.Array]):
+            layer_params, is_sliding, k, v = inputs
             block = nnx.merge(graphdef, layer_params)
-            return block(x, positions, allowed, (k, v), cache.length)
+            layer_mask = layer_allowed(allowed, window, is_sliding)
+            return block(x, positions, layer_mask, (k, v), cache.length)
 
         x, (k_new, v_new) = jax.lax.scan(
-            layer, self.embed(tokens[:, None]), (layers, cache.k, cache.v)
+            layer,
+            self._embed(tokens[:, None]),
+            (layers, self._sliding_flags(), cache.k, cache.v),
         )
         # Write only the new token's keys: a loop-carried cache is then updated in place.
         cache = KVCache(

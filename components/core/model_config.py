@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
+MLP_ACTIVATIONS = ("silu", "gelu_tanh")
 
 # None: keep every activation; full: keep only layer inputs; dots_saveable: keep matmul
 # outputs (less recompute, more memory). Batch-dim dots (attention) are recomputed.
@@ -21,7 +22,11 @@ REMAT_POLICIES = {
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class ModelConfig:
-    """Shape and numerics of a Llama-style decoder-only transformer."""
+    """Shape and numerics of a decoder-only transformer; the defaults are Llama's.
+
+    The fields after ``remat`` describe the Llama 3.1, Qwen2 and Gemma 2 variations
+    (see ``components/hf``), so one model class serves every imported family.
+    """
 
     vocab_size: int
     dim: int
@@ -36,6 +41,23 @@ class ModelConfig:
     tie_embeddings: bool = True
     dtype: str = "float32"  # compute dtype; params are always float32
     remat: str = "full"  # none | full | dots_saveable
+    # Llama 3.1 rotary scaling (rope_type "llama3"); None: plain rotary.
+    rope_scaling_factor: float | None = None
+    rope_low_freq_factor: float = 1.0
+    rope_high_freq_factor: float = 4.0
+    rope_original_max_len: int = 8192
+    qkv_bias: bool = False  # Qwen2: biases on the q, k and v projections
+    mlp_activation: str = "silu"  # silu (SwiGLU) | gelu_tanh (Gemma's GeGLU)
+    norm_scale_offset: float = 0.0  # Gemma: norms apply (1 + w)
+    post_norms: bool = False  # Gemma 2: norm each sub-layer's output before the residual add
+    embed_scale: bool = False  # Gemma: embeddings times sqrt(dim)
+    query_pre_attn_scalar: float | None = None  # attention scale is this ** -0.5; None: head_dim
+    attn_logit_softcap: float | None = None  # Gemma 2: cap * tanh(logits / cap) in attention
+    final_logit_softcap: float | None = None  # Gemma 2: the same on the output logits
+    # Gemma 2: layers i with (i + 1) % sliding_window_pattern != 0 attend only to the last
+    # sliding_window tokens (Gemma 2: every even layer, pattern 2); None: every layer global.
+    sliding_window: int | None = None
+    sliding_window_pattern: int = 2
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "dim", "n_layers", "n_heads", "n_kv_heads", "hidden_dim"):
@@ -68,6 +90,42 @@ class ModelConfig:
             )
         if self.rope_theta <= 0 or self.norm_eps <= 0:
             raise ValueError("ModelConfig.rope_theta and norm_eps must be positive")
+        self._check_variations()
+
+    def _check_variations(self) -> None:
+        """Validate the family-specific fields (activation, caps, window, rotary scaling)."""
+        if self.mlp_activation not in MLP_ACTIVATIONS:
+            raise ValueError(
+                f"ModelConfig.mlp_activation must be one of {MLP_ACTIVATIONS}, "
+                f"got {self.mlp_activation!r}"
+            )
+        for name in ("query_pre_attn_scalar", "attn_logit_softcap", "final_logit_softcap"):
+            value = getattr(self, name)
+            if value is not None and not value > 0:
+                raise ValueError(f"ModelConfig.{name} must be positive or None, got {value}")
+        if self.sliding_window is not None and self.sliding_window < 1:
+            raise ValueError(
+                f"ModelConfig.sliding_window must be >= 1 or None, got {self.sliding_window}"
+            )
+        if self.sliding_window_pattern < 1:
+            raise ValueError(
+                "ModelConfig.sliding_window_pattern must be >= 1, "
+                f"got {self.sliding_window_pattern}"
+            )
+        if self.rope_scaling_factor is not None and not (
+            self.rope_scaling_factor > 0 and self.rope_high_freq_factor > self.rope_low_freq_factor
+        ):
+            raise ValueError(
+                "ModelConfig rotary scaling needs rope_scaling_factor > 0 and "
+                "rope_high_freq_factor > rope_low_freq_factor"
+            )
+
+    def sliding_layers(self) -> list[bool]:
+        """Per layer: whether it uses the sliding window (all False without one)."""
+        if self.sliding_window is None:
+            return [False] * self.n_layers
+        pattern = self.sliding_window_pattern
+        return [(i + 1) % pattern != 0 for i in range(self.n_layers)]
 
     @property
     def resolved_head_dim(self) -> int:
