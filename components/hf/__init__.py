@@ -1,0 +1,1 @@
+"""Hugging Face interop: import checkpoints and tokenizers as model artifacts, export back."""

@@ -1,0 +1,134 @@
+"""Export a policy artifact as a Hugging Face folder that ``transformers`` loads unchanged.
+
+The HF family (Llama, Qwen2 or Gemma 2) follows from the model's config, so a
+policy trained by sft or ppo exports as well as a freshly imported one. The
+folder gets ``config.json``, ``generation_config.json``, safetensors weights
+(sharded with an index above ``max_shard_bytes``) and the tokenizer files the
+model was trained with, checked against the fingerprint in its ``config.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+from flax import nnx
+
+from components.core import fileio
+from components.core.checkpoint import load_model_params, read_model_config
+from components.core.model import ModelConfig, Transformer
+from components.core.tokenizers import TokenizerError, load_tokenizer
+from components.hf import safetensors_io
+from components.hf.families import family_of_config, hf_config_from_model, tensor_specs
+from components.hf.importer import TOKENIZER_DIR
+
+EXPORT_DTYPES = {
+    "float32": np.dtype(np.float32),
+    "bfloat16": np.dtype(ml_dtypes.bfloat16),
+    "float16": np.dtype(np.float16),
+}
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+DEFAULT_SHARD_BYTES = 5 * 2**30  # transformers' customary shard size
+
+
+class ExportError(ValueError):
+    """A model artifact that cannot be exported as asked."""
+
+
+def _tokenizer_dir(model_dir: str, info: dict[str, Any], tokenizer_dir: str) -> str:
+    """The tokenizer folder to ship, checked against the model's recorded fingerprint."""
+    folder = tokenizer_dir or fileio.join(model_dir, TOKENIZER_DIR)
+    if not fileio.exists(fileio.join(folder, "tokenizer.json")):
+        raise ExportError(
+            f"no tokenizer.json in {folder}; pass --tokenizer with the tokenizer folder the "
+            "model was trained with (the shards' tokenizer/ or the imported model's tokenizer/)"
+        )
+    tokenizer = load_tokenizer(folder)
+    recorded = info.get("tokenizer", {}).get("fingerprint")
+    if recorded and tokenizer.fingerprint != recorded:
+        raise ExportError(
+            f"tokenizer {folder} has fingerprint {tokenizer.fingerprint}, but {model_dir} was "
+            f"trained with {recorded}; pass the tokenizer folder the model was trained with"
+        )
+    return folder
+
+
+def _token_ids(tokenizer_dir: str) -> dict[str, int | None]:
+    """bos/eos/pad ids for config.json; a pad past the tokenizer's own ids is left out."""
+    from tokenizers import Tokenizer as RustTokenizer
+
+    tokenizer = load_tokenizer(tokenizer_dir)
+    text = fileio.read_text(fileio.join(tokenizer_dir, "tokenizer.json"))
+    count = RustTokenizer.from_str(text).get_vocab_size(with_added_tokens=True)
+    pad = tokenizer.pad_id if tokenizer.pad_id < count else None
+    return {"bos_token_id": tokenizer.bos_id, "eos_token_id": tokenizer.eos_id, "pad_token_id": pad}
+
+
+def _hf_tensors(config: ModelConfig, family: str, params: dict, dtype: np.dtype) -> dict:
+    """HF name -> array in ``dtype``, transposed back to ``nn.Linear`` layout."""
+    tensors = {}
+    for spec in tensor_specs(config, family):
+        value = params
+        for key in spec.path:
+            value = value[key]
+        value = np.asarray(value)
+        value = value[spec.layer] if spec.layer is not None else value
+        value = value.T if spec.transpose else value
+        tensors[spec.hf_name] = np.ascontiguousarray(value).astype(dtype)
+    return tensors
+
+
+def export_hf(
+    model_dir: str,
+    out: str,
+    *,
+    tokenizer_dir: str = "",
+    dtype: str = "",
+    max_shard_bytes: int = DEFAULT_SHARD_BYTES,
+) -> dict[str, Any]:
+    """Write ``out`` as an HF model folder from the policy artifact ``model_dir``.
+
+    ``dtype`` of the weights: '' = the imported checkpoint's, else bfloat16.
+    """
+    info = read_model_config(model_dir)
+    if info.get("scalar_head"):
+        raise ExportError(
+            f"{model_dir} has a scalar (reward/value) head; export writes causal LM policies"
+        )
+    config = ModelConfig.from_dict(info["model"])
+    try:
+        family = family_of_config(config)
+    except ValueError as error:
+        raise ExportError(f"{model_dir}: {error}") from error
+    dtype = dtype or info.get("hf", {}).get("dtype", "bfloat16")
+    if dtype not in EXPORT_DTYPES:
+        raise ExportError(f"export dtype must be one of {sorted(EXPORT_DTYPES)}, got {dtype!r}")
+    try:
+        folder = _tokenizer_dir(model_dir, info, tokenizer_dir)
+    except TokenizerError as error:
+        raise ExportError(str(error)) from error
+    abstract = nnx.eval_shape(lambda: Transformer(config, rngs=nnx.Rngs(0)))
+    params = nnx.to_pure_dict(load_model_params(model_dir, nnx.state(abstract, nnx.Param)))
+    tensors = _hf_tensors(config, family, params, EXPORT_DTYPES[dtype])
+    del params
+    os.makedirs(out, exist_ok=True)
+    files = safetensors_io.write_checkpoint(out, tensors, max_shard_bytes)
+    token_ids = _token_ids(folder)
+    hf_config = hf_config_from_model(config, family, token_ids, dtype)
+    _write_json(os.path.join(out, "config.json"), hf_config)
+    generation = {k: v for k, v in token_ids.items() if v is not None}
+    _write_json(os.path.join(out, "generation_config.json"), generation)
+    for name in TOKENIZER_FILES:
+        source = fileio.join(folder, name)
+        if fileio.exists(source):
+            fileio.write_bytes(os.path.join(out, name), fileio.read_bytes(source))
+    return {"family": family, "dtype": dtype, "files": files, "out": out}
+
+
+def _write_json(path: str, data: dict) -> None:
+    with open(path, "w") as handle:
+        json.dump(data, handle, indent=2, sort_keys=True)
+        handle.write("\n")

@@ -1,0 +1,264 @@
+"""Import a local Hugging Face model folder as an alignpipe model artifact.
+
+Every check runs before a weight is read: the architecture and its options, the
+tokenizer against the embedding, and each tensor's name and shape against the
+config (all mismatches listed at once). Weights are then read shard by shard,
+one tensor at a time, into float32 arrays of the stacked-layer layout, so memory
+stays near one fp32 copy of the model. The artifact holds ``config.json``,
+``params/`` and the tokenizer in ``tokenizer/`` (pass that folder to
+``alignpipe data shard --tokenizer``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import numpy as np
+from flax import nnx
+
+from components.core import fileio
+from components.core.checkpoint import export_model, read_model_config
+from components.core.model import ModelConfig, Transformer
+from components.core.tokenizers import HFTokenizer
+from components.hf import safetensors_io
+from components.hf.families import (
+    HFImportError,
+    TensorSpec,
+    family_of_hf,
+    model_config_from_hf,
+    tensor_specs,
+)
+
+TOKENIZER_DIR = "tokenizer"
+# Reserved tokens that serve as pad when the tokenizer names none apart from eos
+# (Llama 3.1+ ships <|finetune_right_pad_id|> for exactly this).
+PAD_CANDIDATES = ("<|finetune_right_pad_id|>", "<|reserved_special_token_0|>", "<pad>", "[PAD]")
+# Buffers some checkpoints carry that are not parameters.
+IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+SOURCE_DTYPES = {"BF16": "bfloat16", "F16": "float16", "F32": "float32", "F64": "float64"}
+MAX_LISTED = 20
+
+
+def read_hf_config(hf_dir: str) -> dict[str, Any]:
+    """The folder's ``config.json``, or an error saying what the folder must hold."""
+    path = os.path.join(hf_dir, "config.json")
+    if "://" in hf_dir:
+        raise HFImportError(
+            f"{hf_dir}: import reads local folders; copy it first (gcloud storage cp -r)"
+        )
+    if not os.path.exists(path):
+        raise HFImportError(
+            f"{hf_dir} has no config.json; pass a Hugging Face model folder "
+            "(config.json, *.safetensors, tokenizer.json, tokenizer_config.json)"
+        )
+    with open(path) as handle:
+        return json.load(handle)
+
+
+def is_hf_dir(path: str) -> bool:
+    """Whether ``path`` is a local HF model folder rather than an alignpipe artifact."""
+    config = os.path.join(path, "config.json")
+    if "://" in path or not os.path.exists(config):
+        return False
+    with open(config) as handle:
+        data = json.load(handle)
+    return "schema_version" not in data and ("architectures" in data or "model_type" in data)
+
+
+def import_tokenizer(hf_dir: str, embedding_rows: int) -> HFTokenizer:
+    """The folder's tokenizer, with a pad that fits the embedding, or a clear error."""
+    from tokenizers import Tokenizer as RustTokenizer
+
+    json_path = os.path.join(hf_dir, "tokenizer.json")
+    if not os.path.exists(json_path):
+        raise HFImportError(
+            f"{hf_dir} has no tokenizer.json; alignpipe reads fast tokenizers: save one with "
+            "transformers (AutoTokenizer.from_pretrained(dir).save_pretrained(dir))"
+        )
+    tokenizer_json = fileio.read_bytes(json_path)
+    config_path = os.path.join(hf_dir, "tokenizer_config.json")
+    config_bytes = fileio.read_bytes(config_path) if os.path.exists(config_path) else None
+    vocab = RustTokenizer.from_str(tokenizer_json.decode()).get_vocab(with_added_tokens=True)
+    token_rows = max(vocab.values()) + 1
+    if token_rows > embedding_rows:
+        raise HFImportError(
+            f"{hf_dir}: the tokenizer has ids up to {token_rows - 1} but the embedding has "
+            f"{embedding_rows} rows (config.json vocab_size); the tokenizer belongs to "
+            "another model: use the tokenizer files released with these weights"
+        )
+    tokenizer = HFTokenizer(tokenizer_json, config_bytes)
+    if tokenizer.vocab_size > embedding_rows:
+        # Its pad was added past the vocabulary: use a reserved token instead of a new row.
+        pad = next((name for name in PAD_CANDIDATES if name in vocab), None)
+        if pad is None:
+            raise HFImportError(
+                f"{hf_dir}: the tokenizer has no pad token apart from eos and the embedding "
+                f"({embedding_rows} rows) has no spare row for one; set 'pad_token' in "
+                "tokenizer_config.json to an unused special token"
+            )
+        config = json.loads(config_bytes) if config_bytes else {}
+        config["pad_token"] = pad
+        config_bytes = (json.dumps(config, indent=2, ensure_ascii=False) + "\n").encode()
+        tokenizer = HFTokenizer(tokenizer_json, config_bytes)
+    return tokenizer
+
+
+def _expected_shapes(config: ModelConfig, specs: list[TensorSpec]) -> dict[str, tuple]:
+    """HF name -> the shape the checkpoint must hold, from the abstract model."""
+    abstract = nnx.eval_shape(lambda: Transformer(config, rngs=nnx.Rngs(0)))
+    pure = nnx.to_pure_dict(nnx.state(abstract, nnx.Param))
+    covered = {spec.path for spec in specs}
+    leaves = {path for path, _ in _walk(pure)}
+    assert covered == leaves, f"tensor map and model disagree: {covered ^ leaves}"
+    shapes = {}
+    for spec in specs:
+        shape = _get(pure, spec.path).shape
+        shape = shape[1:] if spec.layer is not None else shape
+        shapes[spec.hf_name] = tuple(reversed(shape)) if spec.transpose else tuple(shape)
+    return shapes
+
+
+def _walk(tree: dict, prefix: tuple = ()) -> list[tuple[tuple, Any]]:
+    """(path, leaf) of a nested dict."""
+    items = []
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            items.extend(_walk(value, (*prefix, key)))
+        else:
+            items.append(((*prefix, key), value))
+    return items
+
+
+def _get(tree: dict, path: tuple) -> Any:
+    for key in path:
+        tree = tree[key]
+    return tree
+
+
+def _listed(lines: list[str]) -> str:
+    shown = lines[:MAX_LISTED]
+    more = f"\n  … and {len(lines) - MAX_LISTED} more" if len(lines) > MAX_LISTED else ""
+    return "\n  " + "\n  ".join(shown) + more
+
+
+def check_tensors(
+    infos: dict[str, safetensors_io.TensorInfo], expected: dict[str, tuple], tied: bool
+) -> None:
+    """Refuse missing, mis-shaped or unexpected tensors, listing each by name and shape."""
+    missing = [f"{n} {list(s)}" for n, s in expected.items() if n not in infos]
+    wrong = [
+        f"{n}: checkpoint {list(infos[n].shape)}, config expects {list(s)}"
+        for n, s in expected.items()
+        if n in infos and infos[n].shape != s
+    ]
+    ignorable = {"lm_head.weight"} if tied else set()
+    extra = [
+        f"{n} {list(info.shape)}"
+        for n, info in infos.items()
+        if n not in expected and n not in ignorable and not n.endswith(IGNORED_SUFFIXES)
+    ]
+    problems = []
+    if missing:
+        problems.append(f"missing tensors (name, expected shape):{_listed(missing)}")
+    if wrong:
+        problems.append(f"tensors whose shape does not match config.json:{_listed(wrong)}")
+    if extra:
+        problems.append(f"tensors the config does not account for:{_listed(extra)}")
+    if problems:
+        raise HFImportError(
+            "the checkpoint does not match its config.json; re-download it or fix the "
+            "config:\n" + "\n".join(problems)
+        )
+
+
+def read_params(
+    infos: dict[str, safetensors_io.TensorInfo],
+    specs: list[TensorSpec],
+    expected: dict[str, tuple],
+    n_layers: int,
+) -> dict:
+    """Our params as a nested dict of float32 arrays, read file by file, tensor by tensor."""
+    flat: dict[tuple, np.ndarray] = {}
+    for spec in specs:
+        if spec.layer is not None and spec.path not in flat:
+            shape = expected[spec.hf_name]
+            shape = tuple(reversed(shape)) if spec.transpose else shape
+            flat[spec.path] = np.empty((n_layers, *shape), np.float32)
+    by_name = {spec.hf_name: spec for spec in specs}
+    by_file: dict[str, list[str]] = {}
+    for name in by_name:
+        by_file.setdefault(infos[name].file, []).append(name)
+    for path, names in sorted(by_file.items()):
+        for name, array in safetensors_io.read_file_tensors(path, names):
+            spec = by_name[name]
+            value = np.asarray(array, dtype=np.float32)
+            value = value.T if spec.transpose else value
+            if spec.layer is None:
+                flat[spec.path] = np.ascontiguousarray(value)
+            else:
+                flat[spec.path][spec.layer] = value
+    nested: dict = {}
+    for path, value in flat.items():
+        node = nested
+        for key in path[:-1]:
+            node = node.setdefault(key, {})
+        node[path[-1]] = value
+    return nested
+
+
+def import_hf(hf_dir: str, out: str, *, dtype: str = "", remat: str = "full") -> dict[str, Any]:
+    """Write ``out`` (a model artifact) from the HF folder ``hf_dir``; returns a summary.
+
+    ``dtype`` is the compute dtype ('' = bfloat16 for 16-bit checkpoints, else float32);
+    parameters are float32 either way.
+    """
+    hf = read_hf_config(hf_dir)
+    family = family_of_hf(hf)
+    infos = safetensors_io.tensor_infos(safetensors_io.checkpoint_files(hf_dir))
+    embed = infos.get("model.embed_tokens.weight")
+    source_dtype = SOURCE_DTYPES.get(embed.dtype, "float32") if embed else "float32"
+    if not dtype:
+        dtype = "float32" if source_dtype in ("float32", "float64") else "bfloat16"
+    try:
+        config = model_config_from_hf(hf, dtype=dtype, remat=remat)
+    except ValueError as error:
+        raise HFImportError(f"{hf_dir}/config.json: {error}") from error
+    tokenizer = import_tokenizer(hf_dir, config.vocab_size)
+    specs = tensor_specs(config, family)
+    expected = _expected_shapes(config, specs)
+    check_tensors(infos, expected, config.tie_embeddings)
+    params = read_params(infos, specs, expected, config.n_layers)
+    abstract = nnx.eval_shape(lambda: Transformer(config, rngs=nnx.Rngs(0)))
+    state = nnx.state(abstract, nnx.Param)
+    nnx.replace_by_pure_dict(state, params)
+    source = {"family": family, "architecture": hf["architectures"][0], "dtype": source_dtype}
+    export_model(
+        out,
+        model_config=config.to_dict(),
+        params=state,
+        extra_config={
+            "tokenizer": tokenizer.info(),
+            "stage": "import",
+            "scalar_head": False,
+            "training": {"source": os.path.abspath(hf_dir)},
+            "step": 0,
+            "hf": source,
+        },
+    )
+    tokenizer.save(fileio.join(out, TOKENIZER_DIR))
+    count = sum(int(np.prod(expected[spec.hf_name])) for spec in specs)
+    return {**source, "params": count, "vocab_size": config.vocab_size, "out": out}
+
+
+def resolve_base(path: str, workdir: str) -> str:
+    """A model artifact for ``path``: itself, or its import into ``workdir`` if an HF folder."""
+    if not path or not is_hf_dir(path):
+        return path
+    out = fileio.join(workdir, "imported_base")
+    if fileio.exists(fileio.join(out, "config.json")):
+        read_model_config(out)
+        return out
+    import_hf(path, out)
+    return out
