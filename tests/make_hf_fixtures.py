@@ -1,0 +1,307 @@
+"""Write the Hugging Face fixtures of tests/test_hf_*.py (run by hand; needs torch + transformers).
+
+For each family (Llama 3.1, Qwen2, Gemma 2) a tiny randomly initialised
+checkpoint, saved as ``transformers`` saves it, with a byte-level BPE tokenizer,
+its chat template, reference logits and tokenizer cases::
+
+    .venv/bin/python tests/make_hf_fixtures.py            # (re)write tests/fixtures/hf
+    .venv/bin/python tests/make_hf_fixtures.py --verify-export
+
+``--verify-export`` imports each fixture with alignpipe, exports it back, and
+checks that ``transformers`` loads the export unchanged (model, tokenizer, chat
+template) and computes the reference logits from it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import sys
+import tempfile
+
+import numpy as np
+import torch
+import transformers
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+ROOT = pathlib.Path(__file__).resolve().parent / "fixtures" / "hf"
+BPE_VOCAB = 300
+SEQ_LEN = 8
+CORPUS = [
+    "The quick brown fox jumps over the lazy dog.",
+    "Reward models score the chosen reply above the rejected one.",
+    "Proximal policy optimisation keeps the policy near the reference.",
+    "def main():\n    return 0\n",
+    "Ünïcödé, emoji 🙂 and   spaces\tand tabs.",
+]
+TEXT_CASES = [
+    "Hello world!",
+    "The policy keeps close to its reference.",
+    "  leading spaces, trailing tab\t",
+    "ünïcode 🙂 and numbers 12345",
+    "",
+]
+CHAT_CASES = [
+    [{"role": "user", "content": "How are you?"}],
+    [
+        {"role": "user", "content": "Name a colour."},
+        {"role": "assistant", "content": "Blue."},
+        {"role": "user", "content": "Another one?"},
+    ],
+]
+
+LLAMA_TEMPLATE = (
+    "{{ bos_token }}{% for message in messages %}"
+    "<|start_header_id|>{{ message['role'] }}<|end_header_id|>\n\n"
+    "{{ message['content'] | trim }}<|eot_id|>{% endfor %}"
+    "{% if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>\n\n{% endif %}"
+)
+QWEN_TEMPLATE = (
+    "{% for message in messages %}"
+    "{% if loop.first and message['role'] != 'system' %}"
+    "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n{% endif %}"
+    "<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+GEMMA_TEMPLATE = (
+    "{{ bos_token }}{% for message in messages %}"
+    "{% if message['role'] == 'system' %}{{ raise_exception('System role not supported') }}"
+    "{% endif %}{% set role = 'model' if message['role'] == 'assistant' else message['role'] %}"
+    "<start_of_turn>{{ role }}\n{{ message['content'] | trim }}<end_of_turn>\n{% endfor %}"
+    "{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}"
+)
+
+FAMILIES = {
+    "llama": dict(
+        specials=[
+            "<|begin_of_text|>",
+            "<|end_of_text|>",
+            "<|start_header_id|>",
+            "<|end_header_id|>",
+            "<|eot_id|>",
+            "<|finetune_right_pad_id|>",
+        ],
+        bos="<|begin_of_text|>",
+        eos="<|eot_id|>",
+        pad=None,  # as Llama 3: no pad token; alignpipe picks the reserved pad token
+        template=LLAMA_TEMPLATE,
+        dtype=torch.bfloat16,
+        extra_rows=0,
+        shard_size="40KB",  # several shards and an index, as real checkpoints have
+    ),
+    "qwen2": dict(
+        specials=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+        bos=None,
+        eos="<|im_end|>",
+        pad="<|endoftext|>",
+        template=QWEN_TEMPLATE,
+        dtype=torch.float32,
+        extra_rows=20,  # Qwen pads its embedding past the tokenizer (151936 vs 151665)
+        shard_size="10MB",
+    ),
+    "gemma2": dict(
+        specials=["<pad>", "<eos>", "<bos>", "<start_of_turn>", "<end_of_turn>"],
+        bos="<bos>",
+        eos="<eos>",
+        pad="<pad>",
+        template=GEMMA_TEMPLATE,
+        dtype=torch.bfloat16,
+        extra_rows=0,
+        shard_size="10MB",
+    ),
+}
+
+
+def train_tokenizer(specials: list[str], bos: str | None) -> Tokenizer:
+    """A byte-level BPE of BPE_VOCAB ids trained on CORPUS, specials first."""
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=BPE_VOCAB,
+        special_tokens=specials,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tokenizer.train_from_iterator(CORPUS, trainer)
+    if bos:
+        bos_id = tokenizer.token_to_id(bos)
+        tokenizer.post_processor = processors.TemplateProcessing(
+            single=f"{bos} $A", pair=f"{bos} $A {bos} $B", special_tokens=[(bos, bos_id)]
+        )
+    return tokenizer
+
+
+def write_tokenizer(out: pathlib.Path, spec: dict) -> Tokenizer:
+    """tokenizer.json + tokenizer_config.json (chat template included)."""
+    tokenizer = train_tokenizer(spec["specials"], spec["bos"])
+    tokenizer.save(str(out / "tokenizer.json"))
+    config = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "bos_token": spec["bos"],
+        "eos_token": spec["eos"],
+        "pad_token": spec["pad"],
+        "model_max_length": 128,
+        "chat_template": spec["template"],
+    }
+    text = json.dumps({k: v for k, v in config.items() if v is not None}, indent=2)
+    (out / "tokenizer_config.json").write_text(text + "\n")
+    return tokenizer
+
+
+def hf_config(family: str, vocab: int, ids: dict) -> transformers.PretrainedConfig:
+    """A tiny config of the family that still exercises every feature alignpipe maps."""
+    common = dict(
+        vocab_size=vocab,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+        **ids,
+    )
+    if family == "llama":
+        rope = dict(
+            rope_type="llama3",
+            rope_theta=500000.0,
+            factor=8.0,
+            low_freq_factor=1.0,
+            high_freq_factor=4.0,
+            original_max_position_embeddings=16,  # small, so the scaling bends real frequencies
+        )
+        return transformers.LlamaConfig(
+            **common, rope_parameters=rope, tie_word_embeddings=False, rms_norm_eps=1e-5
+        )
+    if family == "qwen2":
+        return transformers.Qwen2Config(
+            **common,
+            rope_parameters=dict(rope_type="default", rope_theta=1e6),
+            tie_word_embeddings=True,
+            rms_norm_eps=1e-6,
+        )
+    return transformers.Gemma2Config(
+        **common,
+        head_dim=16,  # != hidden / heads, as Gemma 2 9B's
+        query_pre_attn_scalar=24,  # != head_dim, so the scale is really read
+        sliding_window=4,  # < SEQ_LEN, so the windowed layer differs from a global one
+        attn_logit_softcapping=2.0,  # small caps so tanh bends the fixture's logits
+        final_logit_softcapping=3.0,
+        rms_norm_eps=1e-6,
+    )
+
+
+def randomise(model: torch.nn.Module, family: str) -> None:
+    """Non-trivial values everywhere (HF starts norms at 1 or 0 and biases at 0)."""
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            noise = torch.randn(param.shape, generator=generator)
+            if "norm" in name:
+                base = 0.0 if family == "gemma2" else 1.0
+                param.copy_(base + 0.2 * noise)
+            elif name.endswith("bias"):
+                param.copy_(0.2 * noise)
+            else:
+                param.copy_(0.25 * noise)
+
+
+def write_family(family: str, spec: dict) -> None:
+    """Write one family's checkpoint, tokenizer and reference logits."""
+    out = ROOT / family
+    out.mkdir(parents=True, exist_ok=True)
+    for old in out.glob("*"):
+        old.unlink()
+    tokenizer = write_tokenizer(out, spec)
+    vocab = tokenizer.get_vocab_size() + spec["extra_rows"]
+    ids = {
+        f"{k}_token_id": tokenizer.token_to_id(spec[k]) if spec[k] else None
+        for k in ("bos", "eos", "pad")
+    }
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(
+        hf_config(family, vocab, ids), attn_implementation="eager"
+    )
+    randomise(model, family)
+    model.to(spec["dtype"]).save_pretrained(out, max_shard_size=spec["shard_size"])
+    write_reference(out, family, tokenizer.get_vocab_size())
+    write_tokenizer_cases(out, tokenizer)
+
+
+def write_reference(out: pathlib.Path, family: str, token_count: int) -> None:
+    """Logits of the saved checkpoint loaded in fp32 (as alignpipe will load it)."""
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        out, dtype=torch.float32, attn_implementation="eager"
+    )
+    tokens = np.random.default_rng(0).integers(0, token_count, size=(2, SEQ_LEN))
+    with torch.no_grad():
+        logits = model(torch.tensor(tokens)).logits.numpy()
+    np.savez_compressed(out / "reference.npz", tokens=tokens, logits=logits.astype(np.float32))
+    print(f"{family}: {sum(p.numel() for p in model.parameters())} params")
+
+
+def write_tokenizer_cases(out: pathlib.Path, tokenizer: Tokenizer) -> None:
+    """Token ids (``tokenizers``) and rendered chats (``transformers``) to compare against."""
+    fast = transformers.AutoTokenizer.from_pretrained(out)
+    chats = []
+    for messages in CHAT_CASES:
+        for generation in (True, False):
+            rendered = fast.apply_chat_template(
+                messages, tokenize=False, add_generation_prompt=generation
+            )
+            chats.append(dict(messages=messages, add_generation_prompt=generation, text=rendered))
+    cases = {
+        "texts": [
+            dict(text=text, ids=tokenizer.encode(text, add_special_tokens=False).ids)
+            for text in TEXT_CASES
+        ],
+        "chats": chats,
+    }
+    (out / "tokenizer_cases.json").write_text(json.dumps(cases, indent=1, ensure_ascii=False))
+
+
+def verify_export() -> None:
+    """Import and export each fixture with alignpipe; transformers must load it unchanged."""
+    sys.path.insert(0, str(ROOT.parents[2]))
+    from components.hf.export import export_hf
+    from components.hf.importer import import_hf
+
+    for family in FAMILIES:
+        with tempfile.TemporaryDirectory() as tmp:
+            artifact, exported = f"{tmp}/artifact", f"{tmp}/hf"
+            import_hf(str(ROOT / family), artifact)
+            export_hf(artifact, exported)
+            model = transformers.AutoModelForCausalLM.from_pretrained(
+                exported, dtype=torch.float32, attn_implementation="eager"
+            )
+            reference = np.load(ROOT / family / "reference.npz")
+            with torch.no_grad():
+                logits = model(torch.tensor(reference["tokens"])).logits.numpy()
+            error = float(np.abs(logits - reference["logits"]).max())
+            fast = transformers.AutoTokenizer.from_pretrained(exported)
+            chat = fast.apply_chat_template(CHAT_CASES[0], tokenize=False)
+            original = transformers.AutoTokenizer.from_pretrained(ROOT / family)
+            same_chat = chat == original.apply_chat_template(CHAT_CASES[0], tokenize=False)
+            print(f"{family}: export loads in transformers {transformers.__version__}, "
+                  f"max |logit diff| {error:.2e}, chat template same: {same_chat}")  # fmt: skip
+            assert error < 1e-4 and same_chat
+
+
+def main() -> None:
+    """Write every family's fixture, or verify exports with ``--verify-export``."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--verify-export", action="store_true")
+    args = parser.parse_args()
+    if args.verify_export:
+        verify_export()
+        return
+    torch.set_num_threads(1)
+    for family, spec in FAMILIES.items():
+        write_family(family, spec)
+    total = sum(p.stat().st_size for p in ROOT.rglob("*") if p.is_file())
+    print(f"wrote {ROOT} ({total / 1024:.0f} KiB)")
+
+
+if __name__ == "__main__":
+    main()
