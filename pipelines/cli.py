@@ -17,7 +17,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 def build_parser() -> argparse.ArgumentParser:
     """The top-level parser with every sub-command registered."""
-    from pipelines import cli_data, cli_eval, cli_pipeline
+    from pipelines import cli_data, cli_eval, cli_model, cli_pipeline
 
     parser = argparse.ArgumentParser(
         prog="alignpipe",
@@ -28,6 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
     cli_data.register(commands)
     cli_eval.register(commands)
     cli_pipeline.register(commands)
+    cli_model.register(commands)
     return parser
 
 

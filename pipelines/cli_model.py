@@ -1,0 +1,101 @@
+"""``alignpipe model import | export``: Hugging Face checkpoints in and aligned policies out."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from components.core.model_config import DTYPES, REMAT_POLICIES
+
+
+def register(commands: argparse._SubParsersAction) -> None:
+    """Add the ``model`` group to the top-level parser."""
+    model = commands.add_parser(
+        "model", help="import Hugging Face checkpoints as model artifacts, export policies back"
+    )
+    sub = model.add_subparsers(dest="model_command", required=True, metavar="ACTION")
+
+    imp = sub.add_parser(
+        "import",
+        help="a local HF folder (Llama 3.x, Qwen2/2.5, Gemma 2) -> a model artifact",
+        description="Write a model artifact (config.json, params/, tokenizer/) from a local "
+        "Hugging Face model folder. Shard data with --tokenizer OUT/tokenizer and start "
+        "sft/reward from it with base_policy=OUT.",
+    )
+    imp.add_argument("hf_dir", metavar="HF_DIR", help="folder with config.json, *.safetensors, "
+                     "tokenizer.json, tokenizer_config.json")  # fmt: skip
+    imp.add_argument("out", metavar="OUT", help="the model artifact folder to write")
+    imp.add_argument(
+        "--dtype",
+        choices=sorted(DTYPES),
+        default="",
+        help="compute dtype (params are float32); default: bfloat16 for 16-bit checkpoints",
+    )
+    imp.add_argument("--remat", choices=list(REMAT_POLICIES), default="full")
+    imp.set_defaults(handler=_import)
+
+    exp = sub.add_parser(
+        "export",
+        help="a policy artifact -> a HF folder that transformers loads",
+        description="Write config.json, safetensors weights and tokenizer files that "
+        "transformers' AutoModelForCausalLM / AutoTokenizer load unchanged.",
+    )
+    exp.add_argument("model_dir", metavar="MODEL_DIR", help="a policy artifact (import/sft/ppo)")
+    exp.add_argument("out", metavar="HF_OUT", help="the Hugging Face folder to write")
+    exp.add_argument(
+        "--tokenizer",
+        default="",
+        help="tokenizer folder the model was trained with (default: MODEL_DIR/tokenizer)",
+    )
+    exp.add_argument(
+        "--dtype",
+        choices=["bfloat16", "float16", "float32"],
+        default="",
+        help="weight dtype (default: the imported checkpoint's, else bfloat16)",
+    )
+    exp.add_argument(
+        "--max-shard-gb", type=float, default=5.0, help="largest safetensors file (GiB)"
+    )
+    exp.set_defaults(handler=_export)
+
+
+def _errors() -> tuple[type[Exception], ...]:
+    """The user-fixable errors of import and export (printed, exit status 2)."""
+    from components.core.checkpoint import ModelArtifactError
+    from components.core.tokenizers import TokenizerError
+    from components.hf.export import ExportError
+    from components.hf.families import HFImportError
+    from components.hf.safetensors_io import CheckpointFileError
+
+    return HFImportError, CheckpointFileError, ExportError, ModelArtifactError, TokenizerError
+
+
+def _import(args: argparse.Namespace, rest: list[str]) -> int:
+    from components.hf.importer import import_hf
+
+    try:
+        summary = import_hf(args.hf_dir, args.out, dtype=args.dtype, remat=args.remat)
+    except _errors() as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    print(json.dumps(summary))
+    return 0
+
+
+def _export(args: argparse.Namespace, rest: list[str]) -> int:
+    from components.hf.export import export_hf
+
+    try:
+        summary = export_hf(
+            args.model_dir,
+            args.out,
+            tokenizer_dir=args.tokenizer,
+            dtype=args.dtype,
+            max_shard_bytes=int(args.max_shard_gb * 2**30),
+        )
+    except _errors() as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    print(json.dumps(summary))
+    return 0

@@ -1,0 +1,255 @@
+"""Hugging Face import: parity with transformers, tokenizers, pipeline use, bad inputs, CLI.
+
+The fixtures under tests/fixtures/hf come from tests/make_hf_fixtures.py (run by
+hand with torch and transformers); these tests read them and need neither.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import pathlib
+import shutil
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from components.core.checkpoint import read_model_config
+from components.core.input_pipeline import DataError
+from components.core.model import Transformer
+from components.core.model_io import load_model, stage_model
+from components.core.tokenizers import load_tokenizer
+from components.hf import safetensors_io
+from components.hf.families import HFImportError
+from components.hf.importer import import_hf, resolve_base
+from pipelines.cli import main
+
+FIXTURES = pathlib.Path(__file__).parent / "fixtures" / "hf"
+FAMILIES = ("llama", "qwen2", "gemma2")
+# Chat templates that print {{ bos_token }}: HFTokenizer.render_chat does not pass the
+# special-token strings that transformers passes, so the BOS text goes missing.
+BOS_IN_TEMPLATE = pytest.mark.xfail(
+    strict=True, reason="HFTokenizer.render_chat passes no bos_token/eos_token to the template"
+)
+
+
+@pytest.fixture(scope="module")
+def artifacts(tmp_path_factory) -> dict[str, str]:
+    """Each family's fixture imported once as a model artifact."""
+    root = tmp_path_factory.mktemp("imported")
+    return {f: import_hf(str(FIXTURES / f), str(root / f))["out"] for f in FAMILIES}
+
+
+def reference(family: str) -> tuple[jax.Array, np.ndarray]:
+    """The fixture's tokens and transformers' fp32 logits for them."""
+    data = np.load(FIXTURES / family / "reference.npz")
+    return jnp.asarray(data["tokens"], jnp.int32), data["logits"]
+
+
+def fp32_logits(model: Transformer, tokens: jax.Array) -> np.ndarray:
+    return np.asarray(model.lm_logits(model(tokens, jnp.ones_like(tokens))))
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_logits_match_transformers(artifacts, family):
+    model, info = load_model(artifacts[family], dtype="float32")
+    tokens, expected = reference(family)
+    np.testing.assert_allclose(fp32_logits(model, tokens), expected, atol=1e-4, rtol=0)
+    assert info["hf"]["family"] == family and info["stage"] == "import"
+
+
+def test_imported_config_carries_the_family_features(artifacts):
+    llama = read_model_config(artifacts["llama"])["model"]
+    assert llama["rope_scaling_factor"] == 8.0 and not llama["tie_embeddings"]
+    assert llama["dtype"] == "bfloat16"  # a bf16 checkpoint computes in bf16 by default
+    assert read_model_config(artifacts["qwen2"])["model"]["qkv_bias"]
+    gemma = read_model_config(artifacts["gemma2"])["model"]
+    assert gemma["sliding_window"] == 4 and gemma["query_pre_attn_scalar"] == 24
+    assert gemma["norm_scale_offset"] == 1.0 and gemma["embed_scale"] and gemma["post_norms"]
+
+
+def test_gemma_sliding_window_is_exercised(artifacts):
+    model, _ = load_model(artifacts["gemma2"], dtype="float32")
+    tokens, expected = reference("gemma2")
+    unwindowed = Transformer(
+        dataclasses.replace(model.config, sliding_window=None), rngs=nnx.Rngs(0)
+    )
+    nnx.update(unwindowed, nnx.state(model, nnx.Param))
+    assert np.abs(fp32_logits(unwindowed, tokens) - expected).max() > 1e-2
+
+
+@pytest.mark.parametrize("family", ["gemma2", "llama"])
+def test_kv_cache_decode_matches_full_forward(artifacts, family):
+    model, _ = load_model(artifacts[family], dtype="float32")
+    tokens, expected = reference(family)
+    prompt = 3
+    hidden, cache = model.prefill(tokens[:, :prompt], jnp.ones_like(tokens[:, :prompt]), 8)
+    steps = [model.lm_logits(hidden[:, -1])]
+    for t in range(prompt, tokens.shape[1] - 1):
+        last, cache = model.decode(tokens[:, t], cache)
+        steps.append(model.lm_logits(last))
+    got = np.stack([np.asarray(s) for s in steps], axis=1)
+    np.testing.assert_allclose(got, expected[:, prompt - 1 : -1], atol=1e-4, rtol=0)
+
+
+def test_bf16_shards_are_read_exactly():
+    files = safetensors_io.checkpoint_files(str(FIXTURES / "llama"))
+    assert len(files) == 2  # sharded, through model.safetensors.index.json
+    infos = safetensors_io.tensor_infos(files)
+    name = "model.layers.1.mlp.down_proj.weight"
+    assert infos[name].dtype == "BF16" and infos[name].shape == (32, 64)
+    ((_, array),) = safetensors_io.read_file_tensors(infos[name].file, [name])
+    assert str(array.dtype) == "bfloat16" and np.isfinite(array.astype(np.float32)).all()
+    assert len(np.unique(array.astype(np.float32))) > 100
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_tokenization_equals_the_tokenizers_library(artifacts, family):
+    tokenizer = load_tokenizer(f"{artifacts[family]}/tokenizer")
+    cases = json.loads((FIXTURES / family / "tokenizer_cases.json").read_text())
+    for case in cases["texts"]:
+        assert tokenizer.encode(case["text"]) == case["ids"], case["text"]
+
+
+@pytest.mark.parametrize(
+    "family",
+    [
+        pytest.param("llama", marks=BOS_IN_TEMPLATE),
+        "qwen2",
+        pytest.param("gemma2", marks=BOS_IN_TEMPLATE),
+    ],
+)
+def test_chat_template_renders_as_transformers_does(artifacts, family):
+    tokenizer = load_tokenizer(f"{artifacts[family]}/tokenizer")
+    cases = json.loads((FIXTURES / family / "tokenizer_cases.json").read_text())
+    for case in cases["chats"]:
+        rendered = tokenizer.render_chat(case["messages"], case["add_generation_prompt"])
+        assert rendered == case["text"]
+
+
+def test_llama_pad_is_the_reserved_token_not_a_new_row(artifacts):
+    tokenizer = load_tokenizer(f"{artifacts['llama']}/tokenizer")
+    assert (
+        tokenizer.vocab_size == 300 == read_model_config(artifacts["llama"])["model"]["vocab_size"]
+    )
+    assert tokenizer.decode([tokenizer.pad_id]) == ""  # a special token
+    assert tokenizer.pad_id == 5 and tokenizer.pad_id != tokenizer.eos_id
+
+
+@pytest.mark.parametrize(
+    "family",
+    [
+        "llama",
+        "gemma2",
+        pytest.param(
+            "qwen2",
+            marks=pytest.mark.xfail(
+                strict=True,
+                raises=DataError,
+                reason="check_vocab wants tokenizer vocab == embedding rows; Qwen pads its "
+                "embedding past the tokenizer (151936 vs 151665)",
+            ),
+        ),
+    ],
+)
+def test_a_stage_starts_from_the_imported_model(artifacts, family):
+    tokenizer = load_tokenizer(f"{artifacts[family]}/tokenizer")
+    manifest = {"tokenizer": tokenizer.info()}  # what shard --tokenizer ARTIFACT/tokenizer records
+    reward = stage_model(manifest, base=artifacts[family], preset="tiny", scalar_head=True, seed=0)
+    assert reward.scalar_head is not None and reward.config.vocab_size >= tokenizer.vocab_size
+
+
+def test_resolve_base_imports_an_hf_folder_once(tmp_path, artifacts):
+    assert resolve_base(artifacts["gemma2"], str(tmp_path)) == artifacts["gemma2"]
+    out = resolve_base(str(FIXTURES / "gemma2"), str(tmp_path))
+    assert read_model_config(out)["hf"]["family"] == "gemma2"
+    assert resolve_base(str(FIXTURES / "gemma2"), str(tmp_path)) == out
+
+
+def copy_fixture(family: str, tmp_path: pathlib.Path) -> pathlib.Path:
+    """A writable copy of a fixture folder (without the reference files)."""
+    folder = tmp_path / family
+    shutil.copytree(FIXTURES / family, folder, ignore=shutil.ignore_patterns("reference.npz"))
+    return folder
+
+
+def edit_json(path: pathlib.Path, **changes) -> None:
+    data = json.loads(path.read_text())
+    data.update(changes)
+    path.write_text(json.dumps(data))
+
+
+def rewrite_weights(folder: pathlib.Path, drop: str = "", reshape: str = "") -> None:
+    """Rewrite model.safetensors without ``drop`` / with ``reshape`` cut in half."""
+    path = folder / "model.safetensors"
+    infos = safetensors_io.tensor_infos([str(path)])
+    tensors = dict(safetensors_io.read_file_tensors(str(path), list(infos)))
+    tensors.pop(drop, None)
+    if reshape:
+        tensors[reshape] = tensors[reshape][: tensors[reshape].shape[0] // 2]
+    safetensors_io.write_file(str(path), tensors)
+
+
+BAD_INPUTS = {
+    "unknown_architecture": (
+        lambda d: edit_json(d / "config.json", architectures=["MistralForCausalLM"]),
+        ["MistralForCausalLM", "Qwen2ForCausalLM"],
+    ),
+    "unmodelled_rope": (
+        lambda d: edit_json(
+            d / "config.json", rope_parameters={"rope_type": "yarn", "factor": 4.0}
+        ),
+        ["rope_type 'yarn'"],
+    ),
+    "qwen_sliding_window": (
+        lambda d: edit_json(d / "config.json", use_sliding_window=True),
+        ["use_sliding_window=true"],
+    ),
+    "missing_tensor": (
+        lambda d: rewrite_weights(d, drop="model.layers.1.mlp.up_proj.weight"),
+        ["missing tensors", "model.layers.1.mlp.up_proj.weight [64, 32]"],
+    ),
+    "mismatched_tensor": (
+        lambda d: rewrite_weights(d, reshape="model.layers.0.self_attn.k_proj.weight"),
+        ["model.layers.0.self_attn.k_proj.weight: checkpoint [8, 32], config expects [16, 32]"],
+    ),
+    "config_disagrees_with_weights": (
+        lambda d: edit_json(d / "config.json", intermediate_size=48),
+        ["model.layers.0.mlp.gate_proj.weight: checkpoint [64, 32], config expects [48, 32]"],
+    ),
+    "tokenizer_larger_than_embedding": (
+        lambda d: edit_json(d / "config.json", vocab_size=290),
+        ["ids up to 299", "290 rows"],
+    ),
+    "no_tokenizer": (
+        lambda d: (d / "tokenizer.json").unlink(),
+        ["no tokenizer.json"],
+    ),
+    "pytorch_bin_only": (
+        lambda d: (d / "model.safetensors").rename(d / "pytorch_model.bin"),
+        ["PyTorch .bin", "safetensors"],
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_INPUTS))
+def test_bad_input_is_refused_before_anything_is_written(tmp_path, case):
+    edit, fragments = BAD_INPUTS[case]
+    folder = copy_fixture("qwen2", tmp_path)
+    edit(folder)
+    with pytest.raises((HFImportError, safetensors_io.CheckpointFileError)) as raised:
+        import_hf(str(folder), str(tmp_path / "out"))
+    for fragment in fragments:
+        assert fragment in str(raised.value), str(raised.value)
+    assert not (tmp_path / "out").exists()
+
+
+def test_cli_import_prints_a_summary_and_reports_errors(tmp_path, capsys):
+    assert main(["model", "import", str(FIXTURES / "gemma2"), str(tmp_path / "m")]) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert summary["family"] == "gemma2" and summary["params"] == 34464
+    assert main(["model", "import", str(tmp_path / "nowhere"), str(tmp_path / "x")]) == 2
+    assert "has no config.json" in capsys.readouterr().err
