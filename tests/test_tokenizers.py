@@ -81,3 +81,18 @@ def test_bad_tokenizer_inputs_name_the_fix(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(TokenizerError, match="holds no tokenizer.json"):
         load_tokenizer(str(tmp_path / "empty"))
+
+
+def test_builtin_word_tokenizer_covers_the_task_one_token_per_word():
+    from components.core.builtin_task import generate_pairs
+
+    tok = load_tokenizer("builtin-words")
+    assert tok.kind == "hf" and len({tok.pad_id, tok.eos_id, tok.bos_id}) == 3
+    (unk,) = tok.encode("xyzzy")  # a word outside the task maps to <unk>
+    for pair in generate_pairs(200, seed=9):
+        for text in (pair["prompt"], pair["chosen"], pair["rejected"]):
+            ids = tok.encode(text)
+            assert unk not in ids and len(ids) == len(
+                text.replace(".", " .").replace("?", " ?").split()
+            )
+            assert tok.decode([tok.bos_id, *ids, tok.eos_id, tok.pad_id]) == text

@@ -133,6 +133,33 @@ def expected_label_agreement(pairs: list[dict], beta: float = 10.0) -> float:
     return total / max(len(pairs), 1)
 
 
+def task_vocabulary() -> list[str]:
+    """Every word and punctuation mark the task's prompts and responses use."""
+    words: set[str] = set(POSITIVE + NEGATIVE + NEUTRAL + TOPICS) | {".", "?"}
+    for template in TEMPLATES:
+        words.update(template.replace("{topic}", "").replace(".", " ").replace("?", " ").split())
+    words.update(m.strip() for m in MODIFIERS if m.strip())
+    return sorted(words)
+
+
+def word_tokenizer_files() -> tuple[bytes, bytes]:
+    """``tokenizer.json`` and ``tokenizer_config.json`` of a word-level tokenizer for the task.
+
+    One token per word keeps sequences ~6x shorter than bytes and makes each
+    word's sentiment one embedding: the local demo trains in minutes on CPU.
+    """
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    specials = ["<pad>", "<s>", "</s>", "<unk>"]
+    vocab = {token: i for i, token in enumerate(specials + task_vocabulary())}
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer.decoder = decoders.WordPiece(prefix="##", cleanup=True)  # "river ." -> "river."
+    tokenizer.add_special_tokens(specials)  # dropped when decoding
+    config = {"pad_token": "<pad>", "bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"}
+    return tokenizer.to_str().encode("utf-8"), json.dumps(config).encode("utf-8")
+
+
 def write_jsonl(path: str, num_pairs: int, seed: int = 0, beta: float = 10.0) -> int:
     """Write ``num_pairs`` generated pairs to ``path`` as JSONL; returns the count."""
     from components.core import fileio

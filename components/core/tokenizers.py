@@ -251,11 +251,18 @@ def _load_files(directory: str, kind: str) -> Tokenizer:
     raise TokenizerError(f"tokenizer {directory}: unknown kind {kind!r}")
 
 
+BUILTIN_WORDS = "builtin-words"
+
+
 def load_tokenizer(spec: str) -> Tokenizer:
-    """Load a tokenizer from ``"byte"``, a saved folder, a HF folder or ``tokenizer.json``, or a
-    SentencePiece ``.model`` file."""
+    """Load a tokenizer from ``"byte"``, ``"builtin-words"`` (the built-in task's word-level
+    tokenizer), a saved folder, a HF folder or ``tokenizer.json``, or a SentencePiece ``.model``."""
     if spec in ("", "byte"):
         return ByteTokenizer()
+    if spec == BUILTIN_WORDS:
+        from components.core.builtin_task import word_tokenizer_files
+
+        return HFTokenizer(*word_tokenizer_files())
     if fileio.isdir(spec):
         if fileio.exists(fileio.join(spec, INFO_FILE)):
             return _load_saved(spec)
