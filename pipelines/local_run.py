@@ -97,7 +97,7 @@ class RunResult:
         """The summary's figures from the stages' metrics files (missing ones are None)."""
         reward = _metrics(self.outputs.get("reward_metrics"))
         evaluation = _metrics(self.outputs.get("eval_metrics"))
-        report = self.outputs.get("report")
+        eval_folder = self.outputs.get("evaluation")
         return {
             "reward_accuracy": reward.get("eval/accuracy"),
             "win_rate": evaluation.get("win_rate/value"),
@@ -108,8 +108,18 @@ class RunResult:
             "gold_gain_high": evaluation.get("gold/difference/high"),
             "kl_per_token": evaluation.get("kl/per_token"),
             "blessed": evaluation.get("blessed"),
-            "report": report.path if report is not None else None,
+            "gate": _gate_reasons(eval_folder),
+            # The evaluation folder's copy ends in .html, so a browser opens it as a page.
+            "report": str(Path(eval_folder.path) / "report.html") if eval_folder else None,
         }
+
+
+def _gate_reasons(artifact: Any) -> list[str]:
+    """The promotion gate's checks with pass/fail, from the evaluate stage's eval.json."""
+    path = Path(artifact.path) / "eval.json" if artifact is not None else None
+    if path is None or not path.exists():
+        return []
+    return list(json.loads(path.read_text()).get("reasons", []))
 
 
 def _metrics(artifact: Any) -> dict[str, float]:
@@ -218,6 +228,7 @@ def format_summary(result: RunResult) -> str:
         f"gold-reward gain       {_interval(f, 'gold_gain', signed=True)}",
         f"KL per token           {_num(f['kl_per_token'])} nats",
         f"blessed                {_blessed(f['blessed'])}",
+        *(f"  gate: {reason}" for reason in f["gate"]),
         f"report                 {f['report']}",
     ]
     return "\n".join(lines)
