@@ -160,6 +160,20 @@ PRESETS: dict[str, dict[str, Any]] = {
     "tiny": dict(dim=32, n_layers=2, n_heads=4, n_kv_heads=2, hidden_dim=64, max_seq_len=128),
     # Local CPU pipeline runs.
     "demo": dict(dim=128, n_layers=4, n_heads=4, n_kv_heads=2, hidden_dim=384, max_seq_len=512),
+    # Qwen2.5-0.5B (vocab 151936: 4.94e8 params).
+    "0.5b": dict(
+        dim=896,
+        n_layers=24,
+        n_heads=14,
+        n_kv_heads=2,
+        hidden_dim=4864,
+        max_seq_len=32768,
+        rope_theta=1000000.0,
+        norm_eps=1e-6,
+        qkv_bias=True,
+        dtype="bfloat16",
+        remat="full",
+    ),  # fmt: skip
     # Llama-3.2-1B (vocab 128256: 1.24e9 params).
     "1b": dict(
         dim=2048,
@@ -167,13 +181,13 @@ PRESETS: dict[str, dict[str, Any]] = {
         n_heads=32,
         n_kv_heads=8,
         hidden_dim=8192,
-        max_seq_len=8192,
+        max_seq_len=131072,
         rope_theta=500000.0,
+        rope_scaling_factor=32.0,
         dtype="bfloat16",
         remat="full",
     ),  # fmt: skip
-    # Gemma-2-2B widths (vocab 256000: 2.6e9 params); Gemma's soft-capping, extra norms
-    # and GeGLU are not modelled here.
+    # Gemma-2-2B (vocab 256000: 2.61e9 params).
     "2b": dict(
         dim=2304,
         n_layers=26,
@@ -183,6 +197,14 @@ PRESETS: dict[str, dict[str, Any]] = {
         hidden_dim=9216,
         max_seq_len=8192,
         norm_eps=1e-6,
+        mlp_activation="gelu_tanh",
+        norm_scale_offset=1.0,
+        post_norms=True,
+        embed_scale=True,
+        query_pre_attn_scalar=256.0,
+        attn_logit_softcap=50.0,
+        final_logit_softcap=30.0,
+        sliding_window=4096,
         dtype="bfloat16",
         remat="full",
     ),  # fmt: skip
