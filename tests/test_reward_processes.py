@@ -22,7 +22,7 @@ from components.shard import ShardConfig
 from components.shard import run as run_shard
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-FLAGS = ["--preset", "tiny", "--max-len", "64", "--batch-size", "32", "--eval-every", "1000"]
+FLAGS = ["--preset", "tiny", "--max-len", "24", "--batch-size", "32", "--eval-every", "1000"]
 
 
 @pytest.fixture(scope="module")
@@ -30,7 +30,9 @@ def shards(tmp_path_factory):
     folder = tmp_path_factory.mktemp("data")
     write_jsonl(str(folder / "pairs.jsonl"), 1200, seed=4)
     out = str(folder / "shards")
-    run_shard(ShardConfig(num_shards=4), [str(folder / "pairs.jsonl")], out)
+    run_shard(
+        ShardConfig(num_shards=4, tokenizer="builtin-words"), [str(folder / "pairs.jsonl")], out
+    )
     return out
 
 
