@@ -23,7 +23,7 @@ from components.core.model import Transformer
 from components.core.model_io import load_model, stage_model
 from components.core.tokenizers import load_tokenizer
 from components.hf import safetensors_io
-from components.hf.families import HFImportError
+from components.hf.families import HFImportError, model_config_from_hf
 from components.hf.importer import import_hf, resolve_base
 from pipelines.cli import main
 
@@ -167,6 +167,21 @@ def test_resolve_base_imports_an_hf_folder_once(tmp_path, artifacts):
     out = resolve_base(str(FIXTURES / "gemma2"), str(tmp_path))
     assert read_model_config(out)["hf"]["family"] == "gemma2"
     assert resolve_base(str(FIXTURES / "gemma2"), str(tmp_path)) == out
+
+
+def test_transformers_4_config_keys_read_the_same():
+    for family in FAMILIES:
+        current = json.loads((FIXTURES / family / "config.json").read_text())
+        legacy = {k: v for k, v in current.items() if k not in ("rope_parameters", "dtype")}
+        rope = dict(current["rope_parameters"])
+        legacy["rope_theta"] = rope.pop("rope_theta")
+        legacy["rope_scaling"] = rope if rope.pop("rope_type") == "llama3" else None
+        if legacy["rope_scaling"]:
+            legacy["rope_scaling"]["rope_type"] = "llama3"
+        legacy["torch_dtype"] = current["dtype"]
+        assert model_config_from_hf(legacy, dtype="float32") == model_config_from_hf(
+            current, dtype="float32"
+        )
 
 
 def copy_fixture(family: str, tmp_path: pathlib.Path) -> pathlib.Path:

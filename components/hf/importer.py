@@ -258,7 +258,8 @@ def resolve_base(path: str, workdir: str) -> str:
         return path
     out = fileio.join(workdir, "imported_base")
     if fileio.exists(fileio.join(out, "config.json")):
-        read_model_config(out)
-        return out
+        source = read_model_config(out).get("training", {}).get("source")
+        if source == os.path.abspath(path):
+            return out  # imported by an earlier attempt of this stage
     import_hf(path, out)
     return out
