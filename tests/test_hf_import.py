@@ -19,7 +19,7 @@ from flax import nnx
 
 from components.core.checkpoint import read_model_config
 from components.core.input_pipeline import DataError
-from components.core.model import Transformer
+from components.core.model import Transformer, model_config
 from components.core.model_io import load_model, stage_model
 from components.core.tokenizers import load_tokenizer
 from components.hf import safetensors_io
@@ -268,3 +268,78 @@ def test_cli_import_prints_a_summary_and_reports_errors(tmp_path, capsys):
     assert summary["family"] == "gemma2" and summary["params"] == 34464
     assert main(["model", "import", str(tmp_path / "nowhere"), str(tmp_path / "x")]) == 2
     assert "has no config.json" in capsys.readouterr().err
+
+
+# config.json of released checkpoints (transcribed; keys that do not affect the model dropped).
+PUBLISHED = {
+    "1b": {  # meta-llama/Llama-3.2-1B-Instruct
+        "architectures": ["LlamaForCausalLM"],
+        "attention_bias": False,
+        "head_dim": 64,
+        "hidden_act": "silu",
+        "hidden_size": 2048,
+        "intermediate_size": 8192,
+        "max_position_embeddings": 131072,
+        "mlp_bias": False,
+        "num_attention_heads": 32,
+        "num_hidden_layers": 16,
+        "num_key_value_heads": 8,
+        "rms_norm_eps": 1e-05,
+        "rope_scaling": {
+            "factor": 32.0,
+            "high_freq_factor": 4.0,
+            "low_freq_factor": 1.0,
+            "original_max_position_embeddings": 8192,
+            "rope_type": "llama3",
+        },
+        "rope_theta": 500000.0,
+        "tie_word_embeddings": True,
+        "vocab_size": 128256,
+    },
+    "0.5b": {  # Qwen/Qwen2.5-0.5B-Instruct
+        "architectures": ["Qwen2ForCausalLM"],
+        "hidden_act": "silu",
+        "hidden_size": 896,
+        "intermediate_size": 4864,
+        "max_position_embeddings": 32768,
+        "max_window_layers": 21,
+        "num_attention_heads": 14,
+        "num_hidden_layers": 24,
+        "num_key_value_heads": 2,
+        "rms_norm_eps": 1e-06,
+        "rope_theta": 1000000.0,
+        "sliding_window": 32768,
+        "tie_word_embeddings": True,
+        "use_sliding_window": False,
+        "vocab_size": 151936,
+    },
+    "2b": {  # google/gemma-2-2b-it
+        "architectures": ["Gemma2ForCausalLM"],
+        "attention_bias": False,
+        "attn_logit_softcapping": 50.0,
+        "cache_implementation": "hybrid",
+        "final_logit_softcapping": 30.0,
+        "head_dim": 256,
+        "hidden_act": "gelu_pytorch_tanh",
+        "hidden_activation": "gelu_pytorch_tanh",
+        "hidden_size": 2304,
+        "intermediate_size": 9216,
+        "max_position_embeddings": 8192,
+        "num_attention_heads": 8,
+        "num_hidden_layers": 26,
+        "num_key_value_heads": 4,
+        "query_pre_attn_scalar": 256,
+        "rms_norm_eps": 1e-06,
+        "rope_theta": 10000.0,
+        "sliding_window": 4096,
+        "vocab_size": 256000,
+    },
+}
+
+
+@pytest.mark.parametrize("preset", sorted(PUBLISHED))
+def test_published_configs_map_to_the_presets(preset):
+    hf = PUBLISHED[preset]
+    imported = model_config_from_hf(hf, dtype="bfloat16")
+    expected = model_config(preset, hf["vocab_size"])
+    assert imported == dataclasses.replace(expected, head_dim=expected.resolved_head_dim)
