@@ -113,20 +113,3 @@ def conserved(counts: dict[str, int]) -> bool:
 
 def write_manifest(output: str, manifest: dict[str, Any]) -> None:
     fileio.write_text(fileio.join(output, MANIFEST_FILE), json.dumps(manifest, indent=2) + "\n")
-
-
-def read_manifest(shards_dir: str) -> dict[str, Any]:
-    """The manifest of a shard folder; refuses a missing one or another schema version."""
-    path = fileio.join(shards_dir, MANIFEST_FILE)
-    if not fileio.exists(path):
-        raise FileNotFoundError(
-            f"{path}: no manifest; the shard stage did not finish writing {shards_dir}. "
-            "Run `alignpipe data shard` (or the pipeline's shard step) to produce it"
-        )
-    manifest = json.loads(fileio.read_text(path))
-    if manifest.get("schema_version") != SCHEMA_VERSION:
-        raise ValueError(
-            f"{path}: schema_version {manifest.get('schema_version')!r}, this alignpipe reads "
-            f"{SCHEMA_VERSION}; re-run the shard stage with this version"
-        )
-    return manifest
