@@ -18,7 +18,6 @@ import pytest
 from flax import nnx
 
 from components.core.checkpoint import read_model_config
-from components.core.input_pipeline import DataError
 from components.core.model import Transformer, model_config
 from components.core.model_io import load_model, stage_model
 from components.core.tokenizers import load_tokenizer
@@ -29,11 +28,6 @@ from pipelines.cli import main
 
 FIXTURES = pathlib.Path(__file__).parent / "fixtures" / "hf"
 FAMILIES = ("llama", "qwen2", "gemma2")
-# Chat templates that print {{ bos_token }}: HFTokenizer.render_chat does not pass the
-# special-token strings that transformers passes, so the BOS text goes missing.
-BOS_IN_TEMPLATE = pytest.mark.xfail(
-    strict=True, reason="HFTokenizer.render_chat passes no bos_token/eos_token to the template"
-)
 
 
 @pytest.fixture(scope="module")
@@ -117,9 +111,9 @@ def test_tokenization_equals_the_tokenizers_library(artifacts, family):
 @pytest.mark.parametrize(
     "family",
     [
-        pytest.param("llama", marks=BOS_IN_TEMPLATE),
+        "llama",
         "qwen2",
-        pytest.param("gemma2", marks=BOS_IN_TEMPLATE),
+        "gemma2",
     ],
 )
 def test_chat_template_renders_as_transformers_does(artifacts, family):
@@ -144,15 +138,7 @@ def test_llama_pad_is_the_reserved_token_not_a_new_row(artifacts):
     [
         "llama",
         "gemma2",
-        pytest.param(
-            "qwen2",
-            marks=pytest.mark.xfail(
-                strict=True,
-                raises=DataError,
-                reason="check_vocab wants tokenizer vocab == embedding rows; Qwen pads its "
-                "embedding past the tokenizer (151936 vs 151665)",
-            ),
-        ),
+        "qwen2",
     ],
 )
 def test_a_stage_starts_from_the_imported_model(artifacts, family):

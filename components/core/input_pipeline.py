@@ -62,7 +62,9 @@ def check_vocab(manifest: dict[str, Any], model_vocab_size: int) -> None:
     """Refuse shards tokenized with a larger vocabulary than the model's embedding."""
     tokenizer = manifest.get("tokenizer", {})
     data_vocab = tokenizer.get("vocab_size")
-    if data_vocab is None or data_vocab != model_vocab_size:
+    # Larger embeddings are fine: checkpoints pad their vocabulary (Qwen: 151936 rows for
+    # 151665 tokens); ids past the embedding are not.
+    if data_vocab is None or data_vocab > model_vocab_size:
         raise DataError(
             f"the shards were tokenized with vocab_size {data_vocab} "
             f"({tokenizer.get('kind', 'unknown')} tokenizer), but the model expects "

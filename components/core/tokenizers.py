@@ -84,10 +84,17 @@ class Tokenizer(abc.ABC):
             "schema_version": SCHEMA_VERSION,
         }
 
+    def special_tokens(self) -> dict[str, str]:
+        """``bos_token``/``eos_token``/``pad_token`` strings, as chat templates expect them."""
+        return {}
+
     def render_chat(self, messages: list[dict[str, str]], add_generation_prompt: bool) -> str:
         """Messages rendered with the tokenizer's chat template (or the default one)."""
         return render_chat_template(
-            self.chat_template or DEFAULT_CHAT_TEMPLATE, messages, add_generation_prompt
+            self.chat_template or DEFAULT_CHAT_TEMPLATE,
+            messages,
+            add_generation_prompt,
+            **self.special_tokens(),
         )
 
     def save(self, directory: str) -> None:
@@ -163,6 +170,11 @@ class HFTokenizer(Tokenizer):
     def encode(self, text: str) -> list[int]:
         return self._tok.encode(text, add_special_tokens=False).ids
 
+    def special_tokens(self) -> dict[str, str]:
+        ids = {"bos_token": self.bos_id, "eos_token": self.eos_id, "pad_token": self.pad_id}
+        tokens = {name: self._tok.id_to_token(i) for name, i in ids.items() if i is not None}
+        return {name: token for name, token in tokens.items() if token is not None}
+
     def decode(self, ids: Any) -> str:
         limit = self._tok.get_vocab_size(with_added_tokens=True)
         return self._tok.decode([int(i) for i in ids if int(i) < limit], skip_special_tokens=True)
@@ -197,6 +209,11 @@ class SentencePieceTokenizer(Tokenizer):
 
     def encode(self, text: str) -> list[int]:
         return list(self._sp.encode(text))
+
+    def special_tokens(self) -> dict[str, str]:
+        ids = {"bos_token": self.bos_id, "eos_token": self.eos_id, "pad_token": self.pad_id}
+        size = self._sp.get_piece_size()
+        return {n: self._sp.id_to_piece(i) for n, i in ids.items() if i is not None and i < size}
 
     def decode(self, ids: Any) -> str:
         size = self._sp.get_piece_size()

@@ -39,6 +39,7 @@ def run(config: RewardConfig, shards_dir: str, output: str) -> dict[str, Any]:
         seed=config.seed,
         remat=config.remat,
         dtype=config.dtype,
+        workdir=fileio.join(output, "work"),
     )
     graphdef, params = nnx.split(model, nnx.Param)
     eval_step = make_eval_step(make_reward_eval_sums(graphdef))

@@ -7,6 +7,7 @@ from typing import Any
 
 from flax import nnx
 
+from components.core import fileio
 from components.core.distributed import maybe_initialize
 from components.core.input_pipeline import read_manifest
 from components.core.model_io import save_model, stage_model
@@ -34,6 +35,7 @@ def run(config: SFTConfig, shards_dir: str, output: str) -> dict[str, Any]:
         seed=config.seed,
         remat=config.remat,
         dtype=config.dtype,
+        workdir=fileio.join(output, "work"),
     )
     graphdef, params = nnx.split(model, nnx.Param)
     eval_step = make_eval_step(make_sft_eval_sums(graphdef))

@@ -74,9 +74,9 @@ def tokenize(
     pair: TextPair, tokenizer: Tokenizer, config: ShardConfig
 ) -> tuple[list, list, list, bool]:
     """Token ids of prompt (bos first) and responses (eos last), cut or refused when too long."""
-    prompt = ([tokenizer.bos_id] if tokenizer.bos_id is not None else []) + tokenizer.encode(
-        pair.prompt
-    )
+    prompt = tokenizer.encode(pair.prompt)
+    if tokenizer.bos_id is not None and prompt[:1] != [tokenizer.bos_id]:
+        prompt = [tokenizer.bos_id] + prompt  # chat templates may already start with bos
     chosen = tokenizer.encode(pair.chosen) + [tokenizer.eos_id]
     rejected = tokenizer.encode(pair.rejected) + [tokenizer.eos_id]
     limits = (config.max_prompt_tokens, config.max_response_tokens, config.max_response_tokens)
