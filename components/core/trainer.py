@@ -265,3 +265,60 @@ def run_eval(
         for name, value in sums.items():
             totals[name] = totals.get(name, 0.0) + float(np.asarray(value)[0])
     return totals
+
+
+@dataclasses.dataclass(slots=True)
+class PreferenceTraining:
+    """A trained model of a preference-data stage (sft, reward), ready to export."""
+
+    model: Any  # the Transformer whose graph the params belong to
+    manifest: dict[str, Any]
+    result: FitResult
+    final_eval: dict[str, float]
+
+    def summary(self) -> dict[str, float]:
+        """The last training metrics and the final evaluation, for the stage's caller."""
+        return {**self.result.metrics, **{f"eval/{k}": v for k, v in self.final_eval.items()}}
+
+
+def train_on_preferences(
+    config: TrainConfig,
+    shards_dir: str,
+    output: str,
+    *,
+    stage: str,
+    base: str,
+    scalar_head: bool,
+    make_loss: Callable[[Any], parallel.LossFn],
+    make_eval_sums: Callable[[Any], Callable],
+    summarize_eval: Callable[[dict[str, float]], dict[str, float]],
+) -> PreferenceTraining:
+    """Build the stage's model, train it on the train split, evaluate it on the eval split."""
+    from flax import nnx
+
+    from components.core import fileio
+    from components.core.distributed import maybe_initialize
+    from components.core.input_pipeline import read_manifest
+    from components.core.model_io import stage_model
+
+    maybe_initialize()
+    manifest = read_manifest(shards_dir)
+    model = stage_model(
+        manifest, base=base, preset=config.preset, scalar_head=scalar_head, seed=config.seed,
+        remat=config.remat, dtype=config.dtype, workdir=fileio.join(output, "work"),
+    )  # fmt: skip
+    graphdef, params = nnx.split(model, nnx.Param)
+    eval_step = make_eval_step(make_eval_sums(graphdef))
+    eval_count = eval_batch_count(manifest, "eval", config)
+
+    def evaluate(replicated_params: PyTree) -> dict[str, float]:
+        batches = preference_streams(shards_dir, "eval", config, shuffle=False, repeat=False)
+        return summarize_eval(run_eval(eval_step, replicated_params, batches, eval_count))
+
+    result = fit(
+        config=config, output=output, stage=stage, params=params, loss_fn=make_loss(graphdef),
+        train_data=preference_streams(shards_dir, "train", config, shuffle=True, repeat=True),
+        evaluate=evaluate,
+    )  # fmt: skip
+    final_eval = evaluate(parallel.replicate(result.params))
+    return PreferenceTraining(model, manifest, result, final_eval)

@@ -6,21 +6,10 @@ import dataclasses
 import json
 from typing import Any
 
-import jax
-from flax import nnx
-
 from components.core import fileio
-from components.core.distributed import is_primary, maybe_initialize
-from components.core.input_pipeline import read_manifest
-from components.core.model_io import save_model, stage_model
-from components.core.parallel import replicate
-from components.core.trainer import (
-    eval_batch_count,
-    fit,
-    make_eval_step,
-    preference_streams,
-    run_eval,
-)
+from components.core.distributed import is_primary
+from components.core.model_io import save_model
+from components.core.trainer import train_on_preferences
 from components.reward.config import RewardConfig
 from components.reward.train import make_reward_eval_sums, make_reward_loss, summarize_eval
 
@@ -29,47 +18,33 @@ REWARD_STATS_FILE = "reward_stats.json"
 
 def run(config: RewardConfig, shards_dir: str, output: str) -> dict[str, Any]:
     """Train on ``shards_dir``'s train split; write the model artifact to ``output``."""
-    maybe_initialize()
-    manifest = read_manifest(shards_dir)
-    model = stage_model(
-        manifest,
+    trained = train_on_preferences(
+        config,
+        shards_dir,
+        output,
+        stage="reward",
         base=config.base_policy,
-        preset=config.preset,
         scalar_head=True,
-        seed=config.seed,
-        remat=config.remat,
-        dtype=config.dtype,
-        workdir=fileio.join(output, "work"),
+        make_loss=lambda graphdef: make_reward_loss(
+            graphdef, center_coef=config.center_rewards_coef, use_margin=config.use_margin
+        ),
+        make_eval_sums=make_reward_eval_sums,
+        summarize_eval=summarize_eval,
     )
-    graphdef, params = nnx.split(model, nnx.Param)
-    eval_step = make_eval_step(make_reward_eval_sums(graphdef))
-    eval_count = eval_batch_count(manifest, "eval", config)
-
-    def evaluate(replicated_params: Any) -> dict[str, float]:
-        batches = preference_streams(shards_dir, "eval", config, shuffle=False, repeat=False)
-        return summarize_eval(run_eval(eval_step, replicated_params, batches, eval_count))
-
-    train_data = preference_streams(shards_dir, "train", config, shuffle=True, repeat=True)
-    loss_fn = make_reward_loss(
-        graphdef, center_coef=config.center_rewards_coef, use_margin=config.use_margin
-    )
-    result = fit(
-        config=config, output=output, stage="reward", params=params,
-        loss_fn=loss_fn, train_data=train_data, evaluate=evaluate,
-    )  # fmt: skip
-    final_eval = evaluate(replicate(result.params))
+    final = trained.final_eval
+    # PPO normalizes rewards with these; the accuracy is the reward model's on held-out pairs.
     stats = {
-        "mean": final_eval["reward_mean"],
-        "std": final_eval["reward_std"],
-        "pairs": final_eval["pairs"],
-        "accuracy": final_eval["accuracy"],
+        "mean": final["reward_mean"],
+        "std": final["reward_std"],
+        "pairs": final["pairs"],
+        "accuracy": final["accuracy"],
         "split": "eval",
     }
     save_model(
-        output, model, result.params, tokenizer=manifest["tokenizer"], stage="reward",
-        training=dataclasses.asdict(config), step=result.step, reward_stats=stats,
+        output, trained.model, trained.result.params, tokenizer=trained.manifest["tokenizer"],
+        stage="reward", training=dataclasses.asdict(config), step=trained.result.step,
+        reward_stats=stats,
     )  # fmt: skip
     if is_primary():
         fileio.write_text(fileio.join(output, REWARD_STATS_FILE), json.dumps(stats, indent=2))
-    jax.block_until_ready(result.params)
-    return {**result.metrics, **{f"eval/{k}": v for k, v in final_eval.items()}}
+    return trained.summary()
