@@ -1,7 +1,7 @@
 """Shard-stage throughput: Beam (DirectRunner, 1 and 2 workers) vs a plain-Python baseline.
 
 The baseline does the same work in one process with the same functions: read
-and parse, validate, tokenize, deduplicate, sort and write TFRecord shards.
+and parse, validate, tokenize, encode, deduplicate, sort and write TFRecord shards.
 Prints pairs/s of each and the ratios. Target: Beam at 2 workers >= 0.5x.
 
     .venv/bin/python benchmarks/bench_shard.py [--pairs 200000]
@@ -23,12 +23,11 @@ from components.shard import ShardConfig, run  # noqa: E402
 from components.shard.beam_pipeline import shard_path  # noqa: E402
 from components.shard.records import Rejection, encode_example, process_item  # noqa: E402
 from components.shard.sources import read_source  # noqa: E402
+from components.shard.tfrecord import write_tfrecords  # noqa: E402
 
 
 def plain_python_shard(path: str, config: ShardConfig, output: str) -> int:
     """The baseline: one process, same parse/validate/tokenize/dedupe/sort/write."""
-    import tensorflow as tf
-
     tokenizer = load_tokenizer(config.tokenizer)
     shards: dict[tuple[str, int], list] = {}
     for value in read_source(path, config.format, config.lines_per_bundle):
@@ -43,12 +42,13 @@ def plain_python_shard(path: str, config: ShardConfig, output: str) -> int:
     for (split, shard), entries in shards.items():
         os.makedirs(os.path.join(output, split), exist_ok=True)
         seen = set()
-        with tf.io.TFRecordWriter(shard_path(output, split, shard, config.num_shards)) as writer:
-            for _, key, data in sorted(entries):
-                if key not in seen:
-                    seen.add(key)
-                    writer.write(data)
-                    written += 1
+        kept = []
+        for _, key, data in sorted(entries):
+            if key not in seen:
+                seen.add(key)
+                kept.append(data)
+        write_tfrecords(shard_path(output, split, shard, config.num_shards), kept)
+        written += len(kept)
     return written
 
 
@@ -68,8 +68,6 @@ def main() -> None:
         data = os.path.join(work, "pairs.jsonl")
         write_jsonl(data, args.pairs, seed=0)
         config = ShardConfig(num_shards=args.num_shards)
-        import tensorflow  # noqa: F401  (import cost kept out of both timings)
-
         base_s, base_n = timed(plain_python_shard, data, config, os.path.join(work, "baseline"))
         results = {}
         for workers in (1, 2):

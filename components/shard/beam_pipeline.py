@@ -25,6 +25,7 @@ from components.core import fileio
 from components.shard.config import ShardConfig
 from components.shard.records import Rejection, TokenPair, encode_example, process_item
 from components.shard.sources import read_source
+from components.shard.tfrecord import write_tfrecords
 
 SPLITS = ("train", "eval")
 STATS_FILE = "_stats.json"
@@ -107,8 +108,6 @@ class WriteShard(beam.DoFn):
         self._num_shards = num_shards
 
     def process(self, element: tuple[tuple[str, int], Iterable[list]]) -> Iterator[dict]:
-        import tensorflow as tf
-
         (split, shard), groups = element
         entries = sorted(entry for group in groups for entry in group)
         kept, seen = [], set()
@@ -118,9 +117,7 @@ class WriteShard(beam.DoFn):
                 kept.append(entry)
         path = shard_path(self._output, split, shard, self._num_shards)
         fileio.makedirs(fileio.join(self._output, split))
-        with tf.io.TFRecordWriter(path) as writer:
-            for entry in kept:
-                writer.write(entry[4])
+        write_tfrecords(path, (entry[4] for entry in kept))
         yield {
             "kind": "shard",
             "split": split,

@@ -13,6 +13,7 @@ import unicodedata
 from typing import Any
 
 from components.core.tokenizers import Tokenizer
+from components.shard import tfrecord
 from components.shard.config import ShardConfig
 from components.shard.formats import Invalid, TextPair, to_text_pair
 
@@ -146,26 +147,18 @@ def process_item(
 
 def encode_example(pair: TokenPair) -> bytes:
     """The ``tf.train.Example`` of a pair, serialized (features as in ARCHITECTURE.md)."""
-    from tensorflow.core.example import example_pb2, feature_pb2
-
-    def ints(values: list[int]) -> feature_pb2.Feature:
-        return feature_pb2.Feature(int64_list=feature_pb2.Int64List(value=values))
-
-    def text(value: str) -> feature_pb2.Feature:
-        return feature_pb2.Feature(bytes_list=feature_pb2.BytesList(value=[value.encode("utf-8")]))
-
-    features = {
-        "prompt_ids": ints(pair.prompt_ids),
-        "chosen_ids": ints(pair.chosen_ids),
-        "rejected_ids": ints(pair.rejected_ids),
-        "prompt": text(pair.text.prompt),
-        "chosen": text(pair.text.chosen),
-        "rejected": text(pair.text.rejected),
-        "margin": feature_pb2.Feature(float_list=feature_pb2.FloatList(value=[pair.text.margin])),
-        "prompt_hash": ints([pair.prompt_hash]),
-    }
-    example = example_pb2.Example(features=feature_pb2.Features(feature=features))
-    return example.SerializeToString(deterministic=True)  # map order fixed across processes
+    return tfrecord.encode_example(
+        {
+            "prompt_ids": ("int64", pair.prompt_ids),
+            "chosen_ids": ("int64", pair.chosen_ids),
+            "rejected_ids": ("int64", pair.rejected_ids),
+            "prompt": ("bytes", [pair.text.prompt.encode("utf-8")]),
+            "chosen": ("bytes", [pair.text.chosen.encode("utf-8")]),
+            "rejected": ("bytes", [pair.text.rejected.encode("utf-8")]),
+            "margin": ("float", [pair.text.margin]),
+            "prompt_hash": ("int64", [pair.prompt_hash]),
+        }
+    )
 
 
 def decode_example(data: bytes) -> dict[str, Any]:
