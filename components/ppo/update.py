@@ -22,6 +22,7 @@ import jax
 import jax.numpy as jnp
 import optax
 from jax import lax
+from jax.flatten_util import ravel_pytree
 
 from components.core.optim import make_optimizer
 from components.core.parallel import TrainState
@@ -82,8 +83,7 @@ def _ppo_loss(
     entropy = losses.entropy_from_logits(logits, mask)
     loss = pg_loss + config.vf_coef * vf_loss - config.entropy_coef * entropy
     # Local token mean × (local tokens / mean tokens per device): pmean gives the global mean.
-    count = jnp.sum((mask != 0).astype(jnp.float32))
-    weight = count / jnp.maximum(lax.pmean(count, AXIS), 1.0)
+    weight = minibatch["weight"]
     metrics = {**pg_metrics, **vf_metrics, "policy/entropy": entropy, "loss/total": loss}
     return loss * weight, {name: value * weight for name, value in metrics.items()}
 
@@ -99,6 +99,22 @@ def _apply(
     return state.replace(step=state.step + 1, params=params, opt_state=opt_state)
 
 
+def _pmean_flat(tree: PyTree) -> PyTree:
+    """``lax.pmean`` of a pytree as ONE all-reduce of its leaves raveled into a vector.
+
+    Each collective is a rendezvous of every device thread; on CPU one per leaf costs
+    more than the arithmetic it averages.
+    """
+    flat, unravel = ravel_pytree(tree)
+    return unravel(lax.pmean(flat, AXIS))
+
+
+def _token_weights(minibatches: dict) -> jax.Array:
+    """[M] local real tokens / mean real tokens per device, of each minibatch (one pmean)."""
+    counts = jnp.sum((minibatches["response_mask"] != 0).astype(jnp.float32), axis=(1, 2))
+    return counts / jnp.maximum(lax.pmean(counts, AXIS), 1.0)
+
+
 def minibatch_step(
     state: PPOState, minibatch: dict, lr_scale: jax.Array, models: Models, config: PPOConfig
 ) -> tuple[PPOState, dict[str, jax.Array]]:
@@ -106,7 +122,7 @@ def minibatch_step(
     grad_fn = jax.value_and_grad(_ppo_loss, has_aux=True)
     params = (state.policy.params, state.critic.params)
     (loss, metrics), grads = grad_fn(params, minibatch, models, config)
-    loss, metrics, grads = lax.pmean((loss, metrics, grads), AXIS)
+    loss, metrics, grads = _pmean_flat((loss, metrics, grads))
     policy_norm, critic_norm = optax.tree.norm(grads[0]), optax.tree.norm(grads[1])
     # Decided after pmean: every device takes the same branch.
     finite = jnp.isfinite(loss) & jnp.isfinite(policy_norm) & jnp.isfinite(critic_norm)
@@ -145,6 +161,7 @@ def update_step(
 ) -> tuple[PPOState, dict[str, jax.Array]]:
     """All epochs and minibatches of one iteration; metrics averaged over the steps."""
     minibatches = strided_minibatches({k: batch[k] for k in UPDATE_FIELDS}, config.minibatches)
+    minibatches["weight"] = _token_weights(minibatches)
 
     def one_step(carry: PPOState, minibatch: dict):
         return minibatch_step(carry, minibatch, lr_scale, models, config)
