@@ -16,7 +16,10 @@ only alignpipe's figures print.
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import subprocess
+import sys
 import tempfile
 import time
 
@@ -145,6 +148,15 @@ def trl_seconds(iterations: int) -> float | None:
     return float(np.min(times))
 
 
+def trl_in_subprocess(iterations: int) -> float | None:
+    """TRL's figure from a fresh process: JAX's idle CPU threads never share torch's cores."""
+    command = [sys.executable, os.path.abspath(__file__), "--trl-only"]
+    result = subprocess.run(
+        [*command, "--iterations", str(iterations)], capture_output=True, text=True, check=True
+    )
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--iterations", type=int, default=4, help="timed iterations per side")
@@ -153,7 +165,11 @@ def main() -> None:
         help="alignpipe's layer remat (TRL runs without gradient checkpointing)",
     )  # fmt: skip
     parser.add_argument("--skip-trl", action="store_true", help="only alignpipe's figures")
+    parser.add_argument("--trl-only", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.trl_only:  # the child process of trl_in_subprocess: print seconds, nothing else
+        print(json.dumps(trl_seconds(args.iterations)))
+        return
     tokens = BATCH * (PROMPT + RESPONSE)
     print(
         f"PPO iteration: batch {BATCH}, prompt {PROMPT} + response {RESPONSE} tokens, "
@@ -165,7 +181,7 @@ def main() -> None:
     print(f"  rollout {rollout_s * 1e3:8.1f} ms  {tokens / rollout_s:10,.0f} tokens/s")
     print(f"  update  {update_s * 1e3:8.1f} ms  {tokens / update_s:10,.0f} tokens/s")
     print(f"  total   {(rollout_s + update_s) * 1e3:8.1f} ms  {ours:10,.0f} tokens/s")
-    trl_s = None if args.skip_trl else trl_seconds(args.iterations)
+    trl_s = None if args.skip_trl else trl_in_subprocess(args.iterations)
     if trl_s is None:
         print("TRL: skipped or not installed (pip install -e '.[bench]'); no ratio")
         return

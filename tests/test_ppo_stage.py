@@ -33,7 +33,14 @@ pytestmark = pytest.mark.slow
 
 TRAIN = dict(preset="tiny", batch_size=64, max_len=96, warmup_steps=20, eval_every=1000)
 # The PPO run every test below shares (compiled once): small, but long enough to learn.
-RUN = dict(iterations=20, rollout_batch_size=64, minibatches=2, learning_rate=3e-5, save_every=10)
+RUN = dict(
+    iterations=20,
+    rollout_batch_size=64,
+    minibatches=2,
+    learning_rate=3e-5,
+    critic_learning_rate=3e-4,
+    save_every=10,
+)
 TRL_NAMES = (
     "objective/kl",
     "objective/entropy",
