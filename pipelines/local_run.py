@@ -226,7 +226,8 @@ def format_summary(result: RunResult) -> str:
         f"reward-model accuracy  {_num(f['reward_accuracy'])}",
         f"win rate vs reference  {_interval(f, 'win_rate')}",
         f"gold-reward gain       {_interval(f, 'gold_gain', signed=True)}",
-        f"KL per token           {_num(f['kl_per_token'])} nats",
+        # General format: a small KL stays visible instead of rounding to 0.000.
+        f"KL per token           {_general(f['kl_per_token'])} nats",
         f"blessed                {_blessed(f['blessed'])}",
         *(f"  gate: {reason}" for reason in f["gate"]),
         f"report                 {f['report']}",
@@ -239,6 +240,11 @@ def _num(value: float | None, signed: bool = False) -> str:
     if value is None:
         return "n/a"
     return f"{value:+.3f}" if signed else f"{value:.3f}"
+
+
+def _general(value: float | None) -> str:
+    """A figure with three significant digits, or n/a."""
+    return "n/a" if value is None else f"{value:.3g}"
 
 
 def _interval(f: dict[str, Any], key: str, signed: bool = False) -> str:
