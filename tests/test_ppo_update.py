@@ -14,8 +14,9 @@ from components.core import parallel
 from components.core.model_io import create_model
 from components.ppo import PPOConfig
 from components.ppo.forward import response_logprobs
+from components.ppo.guard import KL_METRIC, KLGuard
 from components.ppo.rollout import Models
-from components.ppo.update import PPOState, make_update, strided_minibatches
+from components.ppo.update import PPOState, make_ema_update, make_update, strided_minibatches
 
 VOCAB, PROMPT, RESPONSE, BATCH = 40, 6, 5, 16
 CONFIG = PPOConfig(
@@ -129,3 +130,23 @@ def test_non_finite_minibatch_is_skipped(setup, update_8) -> None:
 def test_config_names_the_bad_field(overrides: dict, field: str) -> None:
     with pytest.raises(ValueError, match=field):
         PPOConfig(**overrides)
+
+
+def test_ema_reference_moves_toward_the_policy() -> None:
+    reference = parallel.replicate({"w": np.zeros(3, np.float32)})
+    policy = parallel.replicate({"w": np.ones(3, np.float32)})
+    updated = parallel.unreplicate(make_ema_update(0.9)(reference, policy))
+    np.testing.assert_allclose(updated["w"], 0.1, rtol=1e-6)
+
+
+def test_guard_trips_restores_then_stops_and_persists(tmp_path) -> None:
+    guard = KLGuard(kl_stop=0.05, max_restores=1, lr_factor=0.5, work_dir=str(tmp_path))
+    assert guard.rollout_trip({KL_METRIC: 0.01}) is None
+    assert "kl_stop" in guard.rollout_trip({KL_METRIC: 0.2})
+    assert "non-finite" in guard.rollout_trip({KL_METRIC: float("nan")})
+    assert "non-finite" in guard.update_trip({"skipped": 2.0, "loss/total": 1.0})
+    assert not guard.exhausted
+    guard.record(iteration=3, reason="test", restored_to=2, stopped=False)
+    assert guard.exhausted and guard.state.lr_scale == 0.5
+    again = KLGuard(kl_stop=0.05, max_restores=1, lr_factor=0.5, work_dir=str(tmp_path))
+    assert again.state.restores == 1 and again.state.events[0]["restored_to"] == 2
