@@ -40,6 +40,7 @@ class StageRecord:
     status: str = "skipped"
     seconds: float | None = None
     started: float | None = None
+    task: str = ""  # the task that stood for the stage (sft's is check-policy on warm starts)
 
 
 class TaskWatcher(logging.Filter):
@@ -56,6 +57,7 @@ class TaskWatcher(logging.Filter):
         for event, pattern in _EVENTS:
             match = pattern.match(message)
             if match and match.group(1) in TASK_STAGE:
+                self.records[TASK_STAGE[match.group(1)]].task = match.group(1)
                 self._update(event, TASK_STAGE[match.group(1)], match.groups()[1:])
         return True  # observe only: kfp.local's own output stays as it is
 
@@ -194,7 +196,10 @@ def run_local(
 def _reconcile(records: dict[str, StageRecord], executed: set[str]) -> dict[str, StageRecord]:
     """The watcher's records, corrected by the run folder (the ground truth of what ran)."""
     for stage, record in records.items():
-        ran = any(task in executed for task in STAGE_TASKS[stage])
+        ran_tasks = [task for task in STAGE_TASKS[stage] if task in executed]
+        ran = bool(ran_tasks)
+        if ran:
+            record.task = ran_tasks[0]
         if ran and record.status not in ("ran", "failed"):
             record.status = "ran"
         elif not ran and record.status in ("ran", "running"):
@@ -213,10 +218,10 @@ def last_values(runs_dir: str | os.PathLike = "runs") -> dict[str, Any]:
 def format_summary(result: RunResult) -> str:
     """The end-of-run summary: each stage's status and time, then the figures."""
     lines = [f"alignpipe run: {result.run_dir or '(every task from the cache)'}"]
-    lines.append(f"{'stage':<10} {'status':<8} {'time':>8}")
+    lines.append(f"{'stage':<10} {'status':<8} {'time':>8}  task")
     for record in result.stages.values():
         took = f"{record.seconds:.1f} s" if record.seconds is not None else "-"
-        lines.append(f"{record.stage:<10} {record.status:<8} {took:>8}")
+        lines.append(f"{record.stage:<10} {record.status:<8} {took:>8}  {record.task}".rstrip())
     lines.append(f"total {result.seconds:.0f} s")
     if result.error:
         lines.append(f"FAILED: {result.error}")

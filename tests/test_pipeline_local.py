@@ -74,6 +74,14 @@ def test_local_run_cache_and_rerun(tmp_path, monkeypatch, capsys):
     assert "ppo        cached" in printed and "evaluate   ran" in printed
     assert "win rate vs reference" in printed
 
+    # Periodic realignment: warm-start from the promoted policy; sft gives way to its check.
+    warm = {**TINY, "kl_coef": 0.05, "base_policy": str(promoted)}
+    third = run_local(warm, runs_dir=tmp_path, echo=False)
+    assert not third.error, third.error
+    assert third.executed == {"check-policy", "ppo", "evaluate", "promote"}
+    assert third.stages["sft"].task == "check-policy"
+    assert [third.stages[s].status for s in ("data", "shard", "reward")] == ["cached"] * 3
+
 
 def test_watcher_reads_kfp_local_events():
     watcher = TaskWatcher(echo=False)
