@@ -121,7 +121,9 @@ def _cloud_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--host", default="", help="Kubeflow Pipelines endpoint (gke)")
     group.add_argument("--experiment", default="alignpipe", help="KFP experiment (gke)")
     group.add_argument("--display-name", default="alignpipe", help="run or schedule name")
-    group.add_argument("--no-cache", action="store_true", help="run every task, cache off")
+    group.add_argument(
+        "--no-cache", action="store_true", help="run every task (default: the compiled caching)"
+    )
 
 
 def _values(args: argparse.Namespace) -> dict[str, Any]:
@@ -194,7 +196,7 @@ def _settings(args: argparse.Namespace) -> Any:
         project=args.project, region=args.region, pipeline_root=args.pipeline_root,
         service_account=args.service_account, labels=labels, host=args.host,
         experiment=args.experiment, display_name=args.display_name,
-        enable_caching=not args.no_cache,
+        enable_caching=False if args.no_cache else None,
     )  # fmt: skip
 
 

@@ -38,7 +38,9 @@ class CloudSettings:
     host: str = ""  # Kubeflow Pipelines endpoint (gke target)
     experiment: str = PIPELINE_NAME
     display_name: str = PIPELINE_NAME
-    enable_caching: bool = True
+    # None keeps each task's compiled setting (listings never cached, --fresh-from);
+    # True or False would apply to every task alike.
+    enable_caching: bool | None = None
 
 
 def compile_pipeline(

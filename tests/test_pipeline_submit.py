@@ -49,7 +49,8 @@ def test_submit_vertex_pipeline_job(vertex_job):
     assert kwargs["project"] == "proj" and kwargs["location"] == "us-central1"
     assert kwargs["pipeline_root"] == "gs://bucket/runs"
     assert kwargs["parameter_values"] == {"ppo_iterations": 50}
-    assert kwargs["enable_caching"] is True
+    # None keeps the compiled per-task caching (listings off, --fresh-from); True would not.
+    assert kwargs["enable_caching"] is None
     assert kwargs["labels"] == {
         "pipeline": "alignpipe", "target": "vertex", "tpu": "v5e", "tpu_topology": "2x2",
         "tpu_chips": "4", "machine_type": "ct5lp-hightpu-4t", "team": "align",
@@ -98,7 +99,7 @@ def test_submit_and_schedule_gke_with_the_kfp_client():
         args, kwargs = client.create_run_from_pipeline_package.call_args
         assert kwargs == {
             "arguments": {"kl_coef": 0.05}, "run_name": "alignpipe", "experiment_name": "alignpipe",
-            "pipeline_root": "gs://bucket/runs", "enable_caching": True, "service_account": None,
+            "pipeline_root": "gs://bucket/runs", "enable_caching": None, "service_account": None,
         }  # fmt: skip
         assert seen["spec"]["root"]["inputDefinitions"]["parameters"]["kl_coef"]
 
