@@ -63,7 +63,9 @@ def shard(
     started = time.time()
     config = stage_io.config_from(ShardConfig, locals())
     inputs = [source["uri"] for source in json.loads(sources)]
-    manifest = run(config, inputs, shards.path, beam_args=shlex.split(beam_args))
+    # Dataflow workers write to the artifact's gs:// URI; they cannot see this task's files.
+    output = shards.uri if "DataflowRunner" in beam_args else shards.path
+    manifest = run(config, inputs, output, beam_args=shlex.split(beam_args))
     shards.metadata["counts"] = manifest["counts"]
     stage_io.write_metrics(metrics, "shard", manifest["counts"], started)
 
