@@ -127,8 +127,8 @@ def test_gold_scores_of_known_responses() -> None:
     prompts = ["Tell me about the river."] * 4
     responses = ["good river.", "bad.", "", "the river is calm"]
     scores = measures.gold_scores(GOLD, prompts, responses)
-    # sentiment per word, +0.5 for naming the topic; an empty response scores -1
-    np.testing.assert_allclose(scores, [0.5 + 0.5, -1.0, -1.0, 0.25 + 0.5])
+    # mean sentiment per word (the topic is a neutral word); an empty response scores -1
+    np.testing.assert_allclose(scores, [0.5, -1.0, -1.0, 0.25])
     assert measures.gold_win_rate(GOLD, prompts[:2], ["good.", "sad."], ["bad.", "sad."]) == 0.75
     with pytest.raises(ValueError, match="one prompt per response"):
         measures.gold_scores(GOLD, prompts, responses[:2])
