@@ -58,6 +58,26 @@ def read_manifest(shards_dir: str) -> dict[str, Any]:
     return manifest
 
 
+def longest_lengths(manifest: dict[str, Any]) -> tuple[int, int]:
+    """The longest prompt and the longest response of the shards, in tokens (from the manifest).
+
+    Stages size their sequences from these when a length is left at 0, so short data
+    (like the built-in task's ~20 word tokens) is not padded to a long default.
+    """
+
+    def longest(name: str) -> int:
+        return max(
+            int(split.get("token_lengths", {}).get(name, {}).get("max", 0))
+            for split in manifest.get("splits", {}).values()
+        )
+
+    prompt = longest("prompt")
+    response = max(longest("chosen"), longest("rejected"))
+    if prompt < 1 or response < 1:
+        raise DataError("the manifest records no token lengths; set the lengths explicitly")
+    return prompt, response
+
+
 def check_vocab(manifest: dict[str, Any], model_vocab_size: int) -> None:
     """Refuse shards tokenized with a larger vocabulary than the model's embedding."""
     tokenizer = manifest.get("tokenizer", {})

@@ -37,7 +37,10 @@ class TrainConfig:
     dtype: Literal["", "float32", "bfloat16"] = field(
         "", help="compute dtype ('' = the preset's); parameters stay float32"
     )
-    max_len: int = field(96, help="tokens per sequence (prompt + response), padded or cut")
+    max_len: int = field(
+        0,
+        help="tokens per sequence (prompt + response), padded or cut; 0 = the longest in the data",
+    )
     batch_size: int = field(64, help="global batch per step over all devices and hosts")
     steps: int = field(300, help="optimizer steps")
     learning_rate: float = field(1e-3, help="peak learning rate")
@@ -58,7 +61,9 @@ class TrainConfig:
     )
 
     def __post_init__(self) -> None:
-        for name in ("max_len", "batch_size", "steps", "eval_every", "max_nonfinite_steps"):
+        if self.max_len < 0:
+            raise ValueError(f"max_len: {self.max_len} must be >= 0 (0 = from the data)")
+        for name in ("batch_size", "steps", "eval_every", "max_nonfinite_steps"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}: {getattr(self, name)} must be at least 1")
         if self.data_streams < 0:
@@ -298,11 +303,13 @@ def train_on_preferences(
 
     from components.core import fileio
     from components.core.distributed import maybe_initialize
-    from components.core.input_pipeline import read_manifest
+    from components.core.input_pipeline import longest_lengths, read_manifest
     from components.core.model_io import stage_model
 
     maybe_initialize()
     manifest = read_manifest(shards_dir)
+    if not config.max_len:
+        config = dataclasses.replace(config, max_len=sum(longest_lengths(manifest)))
     model = stage_model(
         manifest, base=base, preset=config.preset, scalar_head=scalar_head, seed=config.seed,
         remat=config.remat, dtype=config.dtype, workdir=fileio.join(output, "work"),

@@ -18,7 +18,9 @@ class EvalConfig:
     )
     greedy: bool = field(False, help="decode greedily (temperature is then ignored)")
     temperature: float = field(1.0, help="sampling temperature when not greedy")
-    max_new_tokens: int = field(48, help="longest response in tokens (EOS included)")
+    max_new_tokens: int = field(
+        0, help="longest response in tokens (EOS included); 0 = the longest in the data"
+    )
     max_eval_prompts: int = field(256, help="eval-split prompts used, at most")
     batch_size: int = field(
         64,
@@ -50,7 +52,11 @@ class EvalConfig:
     )
 
     def __post_init__(self) -> None:
-        for name in ("samples_per_prompt", "max_new_tokens", "max_eval_prompts", "batch_size"):
+        if self.max_new_tokens < 0:
+            raise ValueError(
+                f"max_new_tokens: {self.max_new_tokens} must be >= 0 (0 = from the data)"
+            )
+        for name in ("samples_per_prompt", "max_eval_prompts", "batch_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}: {getattr(self, name)} must be at least 1")
         if not self.greedy and not (self.temperature > 0 and math.isfinite(self.temperature)):

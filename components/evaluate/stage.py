@@ -12,6 +12,7 @@ Every host computes the same figures from every eval shard; process 0 writes the
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 from typing import Any, NamedTuple
@@ -21,7 +22,7 @@ import numpy as np
 from components.core import builtin_task, fileio
 from components.core.checkpoint import read_model_config
 from components.core.distributed import is_primary, maybe_initialize
-from components.core.input_pipeline import DataError, check_vocab, read_manifest
+from components.core.input_pipeline import DataError, check_vocab, longest_lengths, read_manifest
 from components.core.metrics import read_metrics
 from components.core.model_io import ModelMismatchError, check_tokenizer, load_model
 from components.core.tokenizers import Tokenizer, load_tokenizer
@@ -277,6 +278,8 @@ def run(
     maybe_initialize()
     dirs = {"policy": policy_dir, "reference": reference_dir, "reward": reward_dir}
     inputs = check_inputs(config, shards_dir, dirs)
+    if not config.max_new_tokens:
+        config = dataclasses.replace(config, max_new_tokens=longest_lengths(inputs.manifest)[1])
     tokenizer = load_tokenizer(fileio.join(shards_dir, "tokenizer"))
     summary, samples = measure(
         config, shards_dir, inputs.manifest, load_models(dirs, config.seed),

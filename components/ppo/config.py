@@ -34,8 +34,12 @@ class PPOConfig:
     )
     minibatches: int = field(2, help="minibatches the rollout batch is split into per epoch")
     ppo_epochs: int = field(4, help="passes over each rollout batch")
-    prompt_len: int = field(48, help="prompt tokens (left-padded; longer prompts keep their end)")
-    max_new_tokens: int = field(48, help="longest sampled response in tokens (EOS included)")
+    prompt_len: int = field(
+        0, help="prompt tokens (left-padded; longer keep their end); 0 = the longest in the data"
+    )
+    max_new_tokens: int = field(
+        0, help="longest sampled response in tokens (EOS included); 0 = the longest in the data"
+    )
     temperature: float = field(1.0, help="sampling temperature of the rollouts")
     kl_coef: float = field(0.01, help="initial coefficient of the per-token KL penalty")
     kl_estimator: Literal["k1", "k3"] = field(
@@ -89,9 +93,12 @@ class PPOConfig:
         for name in ("iterations", "rollout_batch_size", "minibatches", "ppo_epochs"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}: {getattr(self, name)} must be at least 1")
-        for name in ("prompt_len", "max_new_tokens", "save_every", "keep_checkpoints"):
+        for name in ("save_every", "keep_checkpoints"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}: {getattr(self, name)} must be at least 1")
+        for name in ("prompt_len", "max_new_tokens"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name}: {getattr(self, name)} must be >= 0 (0 = from the data)")
         if self.rollout_batch_size % self.minibatches:
             raise ValueError(
                 f"rollout_batch_size: {self.rollout_batch_size} must be a multiple of "

@@ -21,7 +21,12 @@ from flax import nnx
 
 from components.core import fileio
 from components.core.distributed import is_primary, maybe_initialize
-from components.core.input_pipeline import check_vocab, prompt_dataset, read_manifest
+from components.core.input_pipeline import (
+    check_vocab,
+    longest_lengths,
+    prompt_dataset,
+    read_manifest,
+)
 from components.core.model_io import ModelMismatchError, check_tokenizer, load_model, save_model
 from components.ppo.config import STATUS_STOPPED_KL_GUARD, PPOConfig
 from components.ppo.gold import mean_gold_reward
@@ -110,6 +115,12 @@ def run(
     """Align ``policy_dir`` against ``reward_dir`` on ``shards_dir``'s prompts into ``output``."""
     maybe_initialize()
     manifest = read_manifest(shards_dir)
+    prompt_max, response_max = longest_lengths(manifest)
+    config = dataclasses.replace(
+        config,
+        prompt_len=config.prompt_len or prompt_max,
+        max_new_tokens=config.max_new_tokens or response_max,
+    )
     policy, nets = build_networks(config, manifest, policy_dir, reward_dir)
     prompts = prompt_dataset(
         shards_dir, "train", batch_size=config.per_host_batch(),
