@@ -24,9 +24,11 @@ def builtin_data(pairs: int, seed: int, data: Output[Dataset]) -> str:
 
     from components.core.builtin_task import write_jsonl
     from components.core.fileio import join
+    from components.core.tokenizers import BUILTIN_WORDS
 
     data.metadata["pairs"] = write_jsonl(join(data.path, "pairs.jsonl"), pairs, seed=seed)
-    return json.dumps([{"uri": join(data.uri, "pairs.jsonl")}])
+    # The task's own word-level tokenizer: what an empty ``tokenizer`` parameter picks.
+    return json.dumps([{"uri": join(data.uri, "pairs.jsonl"), "tokenizer": BUILTIN_WORDS}])
 
 
 def find_data(data_uri: str) -> str:
@@ -61,8 +63,10 @@ def shard(
     from pipelines import stage_io
 
     started = time.time()
+    found = json.loads(sources)
+    inputs = [source["uri"] for source in found]
+    tokenizer = tokenizer or stage_io.data_tokenizer(found)
     config = stage_io.config_from(ShardConfig, locals())
-    inputs = [source["uri"] for source in json.loads(sources)]
     # Dataflow workers write to the artifact's gs:// URI; they cannot see this task's files.
     output = shards.uri if "DataflowRunner" in beam_args else shards.path
     manifest = run(config, inputs, output, beam_args=shlex.split(beam_args))

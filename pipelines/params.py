@@ -38,7 +38,7 @@ class Param:
 
     name: str
     targets: tuple[tuple[str, str], ...] = ()  # (stage, config field) pairs it sets
-    default: Any = None  # only for parameters no stage config owns
+    default: Any = None  # parameters no stage config owns, or a pipeline-level default
     help: str = ""
     kind: type | None = None
 
@@ -51,9 +51,9 @@ class Param:
         return {f.name: f for f in dataclasses.fields(STAGE_CONFIGS[stage])}[name]
 
     def default_value(self) -> Any:
-        """The default: the stage config's, else this parameter's own."""
+        """The default: this parameter's own when it sets one, else the stage config's."""
         source = self.source
-        if source is None:
+        if source is None or self.default is not None:
             return self.default
         if source.default_factory is not dataclasses.MISSING:
             return source.default_factory()
@@ -97,7 +97,15 @@ PARAMS: tuple[Param, ...] = (
     ),
     Param("builtin_pairs", default=2000, kind=int, help="pairs of the built-in task (data_uri '')"),
     Param("data_format", (("shard", "format"),)),
-    *_stage("shard", "tokenizer", "max_prompt_tokens", "max_response_tokens", "num_shards"),
+    Param(
+        "tokenizer",
+        (("shard", "tokenizer"),),
+        default="",
+        kind=str,
+        help="'' = the data's own (builtin-words for the built-in task, else byte), 'byte', "
+        "a Hugging Face tokenizer.json or folder, or a SentencePiece .model",
+    ),
+    *_stage("shard", "max_prompt_tokens", "max_response_tokens", "num_shards"),
     *_stage("shard", "eval_fraction", "max_invalid_fraction"),
     Param(
         "beam_args",

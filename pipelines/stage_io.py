@@ -127,6 +127,12 @@ def copy_tree(source: str, destination: str) -> int:
     return count
 
 
+def data_tokenizer(sources: list[dict[str, Any]]) -> str:
+    """The tokenizer the sources name (the built-in task names its own), else the byte one."""
+    named = {source.get("tokenizer") for source in sources}
+    return named.pop() if len(named) == 1 and None not in named else "byte"
+
+
 def config_from(config_cls: type, values: dict[str, Any]) -> Any:
     """A stage config from the component's parameters named like its fields (others ignored)."""
     import dataclasses

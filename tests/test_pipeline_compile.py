@@ -241,3 +241,13 @@ def test_images_build_config():
         assert ":latest" not in base and base.split(":")[-1][0].isdigit(), base
         assert "USER 10001:10001" in lines  # never root at run time
         assert any("pip install" in line and '".[cloud]"' in line for line in lines)
+
+
+def test_empty_tokenizer_means_the_datas_own():
+    from pipelines import stage_io
+
+    assert params.defaults()["tokenizer"] == ""
+    builtin = [{"uri": "a/pairs.jsonl", "tokenizer": "builtin-words"}]
+    assert stage_io.data_tokenizer(builtin) == "builtin-words"
+    assert stage_io.data_tokenizer([{"uri": "gs://b/p.jsonl"}]) == "byte"
+    assert stage_io.data_tokenizer(builtin + [{"uri": "gs://b/p.jsonl"}]) == "byte"
