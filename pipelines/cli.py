@@ -1,8 +1,9 @@
 """The ``alignpipe`` command line: one sub-command group per concern.
 
-    alignpipe data generate|shard|validate        preference data (cli_data.py)
-    alignpipe evaluate | report                   evaluation (cli_eval.py)
-    alignpipe run | rerun | compile | submit | schedule   the pipeline (cli_pipeline.py)
+- ``alignpipe data generate|shard|validate``: preference data (cli_data.py)
+- ``alignpipe evaluate|report``: evaluation (cli_eval.py)
+- ``alignpipe run|rerun|compile|submit|schedule``: the pipeline (cli_pipeline.py)
+- ``alignpipe model import|export``: Hugging Face checkpoints (cli_model.py)
 """
 
 from __future__ import annotations
