@@ -37,8 +37,14 @@ format: install ## Format the code with ruff.
 	$(BIN)/ruff check --fix .
 	$(BIN)/ruff format .
 
-bench: install ## Run the benchmarks (prints figures and ratios; minutes).
+bench: install ## Run every benchmark (prints figures and ratios; ~15 min; installs the [bench] extra for TRL).
+	$(BIN)/pip install -q -e '.[bench]' 2>&1 | $(PIP_QUIET)
 	$(BIN)/python benchmarks/bench_shard.py
+	$(BIN)/python benchmarks/bench_remat.py
+	$(BIN)/python benchmarks/bench_pmap.py
+	$(BIN)/python benchmarks/bench_sampler.py
+	$(BIN)/python benchmarks/bench_ppo.py
+	$(BIN)/python benchmarks/bench_ppo_memory.py
 
 clean: ## Remove the virtual environment, caches and local runs.
 	rm -rf $(VENV) runs .pytest_cache .ruff_cache build *.egg-info
