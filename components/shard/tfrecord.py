@@ -18,6 +18,8 @@ Feature = list[int] | list[float] | list[bytes]
 
 
 def _varint(value: int) -> bytes:
+    if 0 <= value < 0x80:
+        return bytes((value,))
     value &= (1 << 64) - 1  # negative int64 values are encoded as two's complement
     out = bytearray()
     while value > 0x7F:
@@ -27,9 +29,16 @@ def _varint(value: int) -> bytes:
     return bytes(out)
 
 
+def _packed_varints(values: list[int]) -> bytes:
+    # Token ids below 128 are one byte each: the common case, without a Python loop per id.
+    if all(0 <= v < 0x80 for v in values):
+        return bytes(values)
+    return b"".join(map(_varint, values))
+
+
 def _field(number: int, payload: bytes) -> bytes:
     """A length-delimited field (wire type 2)."""
-    return _varint(number << 3 | 2) + _varint(len(payload)) + payload
+    return bytes((number << 3 | 2,)) + _varint(len(payload)) + payload  # field numbers < 16
 
 
 def _feature(values: Feature, kind: str) -> bytes:
@@ -39,8 +48,7 @@ def _feature(values: Feature, kind: str) -> bytes:
     if kind == "float":
         packed = struct.pack(f"<{len(values)}f", *values)
         return _field(2, _field(1, packed) if values else b"")
-    packed = b"".join(_varint(v) for v in values)
-    return _field(3, _field(1, packed) if values else b"")
+    return _field(3, _field(1, _packed_varints(values)) if values else b"")
 
 
 def encode_example(features: dict[str, tuple[str, Feature]]) -> bytes:
