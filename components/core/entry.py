@@ -46,6 +46,10 @@ def configure_logging(level: int = logging.INFO) -> None:
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s", force=True)
     for handler in logging.getLogger().handlers:
         handler.addFilter(_DropImportNoise())
+    # Orbax logs every checkpoint step at INFO through absl, and JAX each backend it
+    # probes (TPU on a CPU machine); keep their warnings only.
+    for noisy in ("absl", "jax._src.xla_bridge"):
+        logging.getLogger(noisy).setLevel(max(level, logging.WARNING))
 
 
 def run_stage(body: Callable[[], dict[str, Any]]) -> int:
