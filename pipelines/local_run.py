@@ -98,10 +98,13 @@ class RunResult:
     def figures(self) -> dict[str, Any]:
         """The summary's figures from the stages' metrics files (missing ones are None)."""
         reward = _metrics(self.outputs.get("reward_metrics"))
+        ppo = _metrics(self.outputs.get("ppo_metrics"))
         evaluation = _metrics(self.outputs.get("eval_metrics"))
         eval_folder = self.outputs.get("evaluation")
         return {
             "reward_accuracy": reward.get("eval/accuracy"),
+            "ppo_stopped": ppo.get("stopped_kl_guard"),
+            "ppo_restores": ppo.get("guard/restores"),
             "win_rate": evaluation.get("win_rate/value"),
             "win_rate_low": evaluation.get("win_rate/low"),
             "win_rate_high": evaluation.get("win_rate/high"),
@@ -229,6 +232,7 @@ def format_summary(result: RunResult) -> str:
     f = result.figures()
     lines += [
         f"reward-model accuracy  {_num(f['reward_accuracy'])}",
+        f"ppo                    {_ppo_status(f)}",
         f"win rate vs reference  {_interval(f, 'win_rate')}",
         f"gold-reward gain       {_interval(f, 'gold_gain', signed=True)}",
         # General format: a small KL stays visible instead of rounding to 0.000.
@@ -238,6 +242,16 @@ def format_summary(result: RunResult) -> str:
         f"report                 {f['report']}",
     ]
     return "\n".join(lines)
+
+
+def _ppo_status(f: dict[str, Any]) -> str:
+    """How PPO ended: completed, or stopped by its KL guard (the last good policy kept)."""
+    if f["ppo_stopped"] is None:
+        return "n/a"
+    restores = int(f["ppo_restores"] or 0)
+    if f["ppo_stopped"]:
+        return f"stopped by the KL guard after {restores} restorations (last good policy kept)"
+    return f"completed ({restores} KL-guard restorations)"
 
 
 def _num(value: float | None, signed: bool = False) -> str:
