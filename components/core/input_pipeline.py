@@ -320,6 +320,23 @@ class PreferenceBatches(_PositionedBatches):
         self._iterator = None
 
 
+def _host_reader(
+    shards_dir: str, split: str, host_index: int | None, host_count: int | None, seed: int
+) -> tuple[list[str], dict[str, Any]]:
+    """This host's shard files, and the reader arguments every dataset shares."""
+    host_index, host_count = _host(host_index, host_count)
+    manifest = read_manifest(shards_dir)
+    tokenizer = manifest.get("tokenizer", {})
+    files = host_shard_files(shards_dir, split, manifest, host_index, host_count)
+    common = {
+        "pad_id": int(tokenizer["pad_id"]),
+        "bos_id": tokenizer.get("bos_id"),
+        "seed": seed,
+        "host_index": host_index,
+    }
+    return files, common
+
+
 def preference_dataset(
     shards_dir: str,
     split: str,
@@ -335,19 +352,9 @@ def preference_dataset(
     """Preference-pair batches of this host (``batch_size`` is the per-host batch)."""
     if batch_size < 1 or max_len < 2:
         raise ValueError(f"need batch_size >= 1 and max_len >= 2, got {batch_size}, {max_len}")
-    host_index, host_count = _host(host_index, host_count)
-    manifest = read_manifest(shards_dir)
-    tokenizer = manifest.get("tokenizer", {})
+    files, common = _host_reader(shards_dir, split, host_index, host_count, seed)
     return PreferenceBatches(
-        host_shard_files(shards_dir, split, manifest, host_index, host_count),
-        batch_size=batch_size,
-        max_len=max_len,
-        pad_id=int(tokenizer["pad_id"]),
-        bos_id=tokenizer.get("bos_id"),
-        seed=seed,
-        host_index=host_index,
-        shuffle=shuffle,
-        repeat=repeat,
+        files, batch_size=batch_size, max_len=max_len, shuffle=shuffle, repeat=repeat, **common
     )
 
 
@@ -446,18 +453,12 @@ def prompt_dataset(
     """Batches of this host's unique prompts, left-padded to ``prompt_len`` (PPO rollouts)."""
     if batch_size < 1 or prompt_len < 1:
         raise ValueError(f"need batch_size, prompt_len >= 1, got {batch_size}, {prompt_len}")
-    host_index, host_count = _host(host_index, host_count)
-    manifest = read_manifest(shards_dir)
-    tokenizer = manifest.get("tokenizer", {})
-    files = host_shard_files(shards_dir, split, manifest, host_index, host_count)
+    files, common = _host_reader(shards_dir, split, host_index, host_count, seed)
     return PromptBatches(
         _unique_prompts(files),
         batch_size=batch_size,
         prompt_len=prompt_len,
-        pad_id=int(tokenizer["pad_id"]),
-        bos_id=tokenizer.get("bos_id"),
-        seed=seed,
-        host_index=host_index,
         shuffle=shuffle,
         repeat=repeat,
+        **common,
     )
