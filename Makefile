@@ -6,8 +6,9 @@ SHELL := bash
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
-# pip prints one warning per package for index folders this machine lacks; keep the log readable.
-PIP_QUIET := grep -v "is ignored: it is neither a file nor a directory" || true
+# pip prints one warning per package for index folders this machine lacks; keep the log
+# readable. sed (unlike grep) exits 0 on empty output, so pipefail still reports pip's failure.
+PIP_QUIET := sed '/is ignored: it is neither a file nor a directory/d'
 
 .PHONY: help install demo test lint format bench clean
 
