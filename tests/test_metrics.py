@@ -45,3 +45,16 @@ def test_resumed_logger_appends(tmp_path):
             logger.log(start, {"loss": 1.0})
             logger.log(start + 1, {"loss": 0.5})
     assert [r["step"] for r in read_metrics(str(tmp_path))] == [1, 2, 3, 4]
+
+
+def test_resume_drops_records_logged_after_the_checkpoint(tmp_path):
+    quiet = dict(total_steps=6, stage="sft", tensorboard=False, stream=io.StringIO())
+    with MetricsLogger(str(tmp_path), resume_step=0, **quiet) as logger:
+        for step in range(1, 6):  # killed after step 5; its last checkpoint is step 3
+            logger.log(step, {"loss": float(step)})
+    with MetricsLogger(str(tmp_path), resume_step=3, **quiet) as logger:
+        for step in range(4, 7):
+            logger.log(step, {"loss": 10.0 * step})
+    records = read_metrics(str(tmp_path))
+    assert [r["step"] for r in records] == [1, 2, 3, 4, 5, 6]
+    assert [r["loss"] for r in records] == [1.0, 2.0, 3.0, 40.0, 50.0, 60.0]

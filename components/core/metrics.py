@@ -45,7 +45,10 @@ class MetricsLogger:
         tensorboard: bool = True,
         print_every: int = 10,
         stream: TextIO | None = None,
+        resume_step: int | None = None,
     ) -> None:
+        """``resume_step``: the checkpoint a resumed run starts from; records logged after
+        it by the killed run are dropped, so ``metrics.jsonl`` has each step once."""
         import jax
 
         self.out_dir, self.total_steps, self.stage = out_dir, total_steps, stage
@@ -65,8 +68,16 @@ class MetricsLogger:
             # Local files stay open for appends; remote ones are re-written at close.
             self._path = fileio.join(out_dir, METRICS_FILE)
             self._lines: list[str] = []
+            if resume_step is not None:
+                self._keep_up_to(resume_step)
             if "://" not in out_dir:
                 self._handle = open(self._path, "a", encoding="utf-8")
+
+    def _keep_up_to(self, step: int) -> None:
+        """Rewrite ``metrics.jsonl`` without the records after ``step``."""
+        kept = [r for r in read_metrics(self.out_dir) if r.get("step", 0) <= step]
+        text = "".join(json.dumps(r) + "\n" for r in kept)
+        fileio.write_text(self._path, text)
 
     def log(self, step: int, metrics: Mapping[str, Any]) -> None:
         """Record ``metrics`` (scalars or arrays, averaged) at ``step``."""

@@ -141,7 +141,8 @@ def fit(
     guard = parallel.NonFiniteGuard(config.max_nonfinite_steps)
     replicated = parallel.replicate(state)
     final: dict[str, float] = {}
-    with checkpointer, MetricsLogger(output, total_steps=config.steps, stage=stage) as logger:
+    logger = MetricsLogger(output, total_steps=config.steps, stage=stage, resume_step=start)
+    with checkpointer, logger:
         for step in range(start, config.steps):
             rng, step_rng = _split(rng)
             batch = parallel.shard_batch(next(train_data))

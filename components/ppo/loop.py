@@ -243,7 +243,9 @@ class PPOLoop:
         resumed = self.resume()
         if resumed is not None:
             log.info("ppo: resuming from iteration %d", resumed)
-        logger = MetricsLogger(self.output, total_steps=self.config.iterations, stage="ppo")
+        logger = MetricsLogger(
+            self.output, total_steps=self.config.iterations, stage="ppo", resume_step=resumed or 0
+        )
         status = None
         with self.checkpointer, logger:
             while status is None:
