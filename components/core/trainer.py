@@ -20,7 +20,7 @@ from components.core import parallel
 from components.core.checkpoint import CheckpointConfig, TrainCheckpointer, work_checkpoint_dir
 from components.core.flags import field
 from components.core.metrics import MetricsLogger
-from components.core.optim import OptimConfig, lr_at, make_optimizer
+from components.core.optim import OptimConfig, make_optimizer, make_schedule
 
 log = logging.getLogger(__name__)
 PyTree = Any
@@ -128,6 +128,7 @@ def fit(
 ) -> FitResult:
     """Train ``params`` with ``loss_fn`` on ``train_data``; resume from ``output``'s checkpoints."""
     optimizer = make_optimizer(config.optim())
+    schedule = make_schedule(config.optim())  # built once: the loop logs its value per step
     state = parallel.TrainState.create(params, optimizer)
     rng = np.asarray(jax.random.PRNGKey(config.seed))
     checkpointer = TrainCheckpointer(work_checkpoint_dir(output), config.checkpoint())
@@ -149,7 +150,7 @@ def fit(
             replicated, metrics = step_fn(replicated, batch, step_rng)
             metrics = {k: float(np.asarray(v)[0]) for k, v in metrics.items()}
             guard.update(step + 1, metrics["skipped"])
-            metrics["lr"] = lr_at(config.optim(), step)
+            metrics["lr"] = float(schedule(step))
             done = step + 1
             if evaluate is not None and (done % config.eval_every == 0 or done == config.steps):
                 metrics.update({f"eval/{k}": v for k, v in evaluate(replicated.params).items()})
