@@ -95,8 +95,3 @@ def config_from_flags(config_cls: type[T], args: argparse.Namespace, **overrides
     values = {k: v for k, v in vars(args).items() if k in names}
     values.update(overrides)
     return config_cls(**values)
-
-
-def config_to_dict(config: Any) -> dict[str, Any]:
-    """A JSON-ready dict of a config dataclass."""
-    return dataclasses.asdict(config)
