@@ -8,6 +8,9 @@ unrolled loop saves nothing on XLA CPU, the scanned form saves ~90%).
 The model holds only ``nnx.Param`` state, so ``nnx.split(model, nnx.Param)`` /
 ``nnx.merge`` round-trip it inside ``jax.pmap``.
 
+Under fsdp (fsdp.py) the stack's parameters arrive as chunks: each scan step
+gathers one layer's weights, inside the remat, so only one layer is whole at a time.
+
 Gemma 2's sliding-window layers run inside the same scan: each layer gets a flag,
 and picks the windowed or the full attention mask with it.
 """
@@ -20,6 +23,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from components.core import fsdp
 from components.core.layers import INIT_STD, Block, RMSNorm
 from components.core.model_config import PRESETS, REMAT_POLICIES, ModelConfig, model_config
 
@@ -137,7 +141,7 @@ class Transformer(nnx.Module):
 
         def layer(x: jax.Array, inputs: tuple[nnx.State, jax.Array]) -> tuple[jax.Array, None]:
             layer_params, is_sliding = inputs
-            block = nnx.merge(graphdef, layer_params)
+            block = nnx.merge(graphdef, fsdp.gather(layer_params))
             x, _ = block(x, positions, layer_allowed(allowed, window, is_sliding))
             return x, None
 
@@ -190,7 +194,7 @@ class Transformer(nnx.Module):
 
         def layer(x: jax.Array, inputs: tuple[nnx.State, jax.Array]):
             layer_params, is_sliding = inputs
-            block = nnx.merge(graphdef, layer_params)
+            block = nnx.merge(graphdef, fsdp.gather(layer_params))
             return block(x, positions, layer_allowed(allowed, window, is_sliding))
 
         x, (k, v) = jax.lax.scan(layer, self._embed(tokens), (layers, self._sliding_flags()))
@@ -217,7 +221,7 @@ class Transformer(nnx.Module):
 
         def layer(x: jax.Array, inputs: tuple[nnx.State, jax.Array, jax.Array, jax.Array]):
             layer_params, is_sliding, k, v = inputs
-            block = nnx.merge(graphdef, layer_params)
+            block = nnx.merge(graphdef, fsdp.gather(layer_params))
             layer_mask = layer_allowed(allowed, window, is_sliding)
             return block(x, positions, layer_mask, (k, v), cache.length)
 

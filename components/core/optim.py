@@ -5,8 +5,11 @@ from __future__ import annotations
 import dataclasses
 from typing import Literal
 
+import jax
+import jax.numpy as jnp
 import optax
 
+from components.core import fsdp
 from components.core.flags import field
 
 DECAYS = ("cosine", "linear", "constant")
@@ -67,10 +70,29 @@ def make_schedule(config: OptimConfig) -> optax.Schedule:
     return optax.join_schedules([optax.linear_schedule(0.0, peak, warmup), after], [warmup])
 
 
+def clip_by_global_norm(max_norm: float) -> optax.GradientTransformation:
+    """``optax.clip_by_global_norm`` whose norm also covers sharded chunks (fsdp.py).
+
+    On a tree without chunks it computes exactly what optax's does.
+    """
+
+    def update(updates: optax.Updates, state: optax.EmptyState, params=None):
+        del params
+        norm = fsdp.global_norm(updates)
+        trigger = norm < max_norm
+
+        def clip(t: jax.Array) -> jax.Array:
+            return jnp.where(trigger, t, (t / norm.astype(t.dtype)) * max_norm)
+
+        return jax.tree.map(clip, updates), state
+
+    return optax.GradientTransformation(lambda params: optax.EmptyState(), update)
+
+
 def make_optimizer(config: OptimConfig) -> optax.GradientTransformation:
-    """``clip_by_global_norm`` then ``adamw`` on :func:`make_schedule`."""
+    """Global-norm clipping then ``adamw`` on :func:`make_schedule`."""
     return optax.chain(
-        optax.clip_by_global_norm(config.max_grad_norm),
+        clip_by_global_norm(config.max_grad_norm),
         optax.adamw(
             make_schedule(config),
             b1=config.b1,

@@ -1,9 +1,11 @@
-"""Data parallelism with ``jax.pmap``: replicate state, shard batches, one compiled train step.
+"""Data parallelism with ``jax.pmap``: place state, shard batches, one compiled train step.
 
 Every per-device array carries a leading axis of the local device count. The
 train step averages gradients and metrics over the ``data`` axis with
 ``lax.pmean`` and skips the update when the loss or the gradients are not
-finite, so one bad batch cannot poison the parameters.
+finite, so one bad batch cannot poison the parameters. State is replicated,
+or with ``place(..., sharded=True)`` split into chunks over the devices and
+gathered where it is used (fsdp.py); the step works on either.
 
 A stage splits its model once, ``graphdef, params = nnx.split(model, nnx.Param)``,
 keeps ``params`` (an ``nnx.State``) in a :class:`TrainState`, and its loss merges
@@ -21,7 +23,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 from jax import lax
-from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from components.core import fsdp
 
 PyTree = Any
 LossFn = Callable[[PyTree, Mapping[str, jax.Array], jax.Array], tuple[jax.Array, dict]]
@@ -50,37 +53,31 @@ def _devices(devices: Sequence[jax.Device] | None) -> list[jax.Device]:
     return list(devices) if devices is not None else jax.local_devices()
 
 
-def _device_sharding(devices: list[jax.Device]) -> NamedSharding:
-    # pmap (built on shard_map) takes arrays split along their first axis over these devices.
-    return NamedSharding(Mesh(np.array(devices), ("data",)), PartitionSpec("data"))
-
-
 def replicate(tree: PyTree, devices: Sequence[jax.Device] | None = None) -> PyTree:
     """``tree`` with a leading device axis, one copy placed on each local device."""
     devices = _devices(devices)
-    sharding = _device_sharding(devices)
+    return jax.tree.map(lambda leaf: fsdp.put_rows([leaf] * len(devices), devices), tree)
 
-    def put(leaf: Any) -> jax.Array:
-        # One transfer per device of the unstacked leaf: no host copy of size devices x leaf.
-        host = np.asarray(leaf)[None]
-        shards = [jax.device_put(host, device) for device in devices]
-        return jax.make_array_from_single_device_arrays(
-            (len(devices), *host.shape[1:]), sharding, shards
-        )
 
-    return jax.tree.map(put, tree)
+def place(
+    tree: PyTree, *, sharded: bool = False, devices: Sequence[jax.Device] | None = None
+) -> PyTree:
+    """``tree`` on the devices: replicated, or split into chunks (``sharded``, see fsdp.py)."""
+    return fsdp.shard(tree, devices) if sharded else replicate(tree, devices)
 
 
 def unreplicate(tree: PyTree) -> PyTree:
-    """The copy on this process's first device, as host numpy arrays."""
+    """The host copy of a placed tree: the first local device's copy, or the gathered chunks."""
 
     def take(leaf: Any) -> np.ndarray:
+        if isinstance(leaf, fsdp.Sharded):
+            return fsdp.unshard(leaf)
         if isinstance(leaf, jax.Array):
             # addressable_shards works for multi-host outputs, where leaf[0] may not be local.
             return np.asarray(np.asarray(leaf.addressable_shards[0].data)[0])
         return np.asarray(np.asarray(leaf)[0])
 
-    return jax.tree.map(take, tree)
+    return jax.tree.map(take, tree, is_leaf=lambda n: isinstance(n, fsdp.Sharded))
 
 
 def shard_batch(
@@ -117,18 +114,19 @@ def make_train_step(
 
     def step(state: TrainState, batch: Mapping[str, Any], rng: jax.Array):
         rng = jax.random.fold_in(rng, lax.axis_index(axis_name))
-        grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+        grad_fn = jax.value_and_grad(
+            lambda params, *args: loss_fn(fsdp.gather_outer(params), *args), has_aux=True
+        )
         (loss, aux), grads = grad_fn(state.params, batch, rng)
-        grads = lax.pmean(grads, axis_name)
-        loss = lax.pmean(loss, axis_name)
-        grad_norm = optax.tree.norm(grads)
+        loss, aux, grads = fsdp.mean_over_devices((loss, aux, grads), axis_name)
+        grad_norm = fsdp.global_norm(grads)
         # Checked after pmean, so every device takes the same branch.
         finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
         updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
         updated = state.replace(step=state.step + 1, params=params, opt_state=opt_state)
         new_state = jax.tree.map(lambda new, old: jnp.where(finite, new, old), updated, state)
-        metrics = {name: lax.pmean(value, axis_name) for name, value in aux.items()}
+        metrics = dict(aux)
         metrics.update(loss=loss, grad_norm=grad_norm, skipped=1.0 - finite.astype(jnp.float32))
         return new_state, metrics
 

@@ -16,7 +16,7 @@ from typing import Any, Literal
 import jax
 import numpy as np
 
-from components.core import parallel
+from components.core import fsdp, parallel
 from components.core.checkpoint import CheckpointConfig, TrainCheckpointer, work_checkpoint_dir
 from components.core.flags import field
 from components.core.metrics import MetricsLogger
@@ -40,6 +40,11 @@ class TrainConfig:
     max_len: int = field(
         0,
         help="tokens per sequence (prompt + response), padded or cut; 0 = the longest in the data",
+    )
+    fsdp: bool = field(
+        False,
+        help="shard parameters, gradients and optimizer state over all devices, gathering "
+        "one layer at a time (ZeRO-3 inside pmap): state memory per chip / device count",
     )
     batch_size: int = field(64, help="global batch per step over all devices and hosts")
     steps: int = field(300, help="optimizer steps")
@@ -140,31 +145,31 @@ def fit(
         log.info("%s: resuming from step %d", stage, start)
     step_fn = parallel.make_train_step(loss_fn, optimizer)
     guard = parallel.NonFiniteGuard(config.max_nonfinite_steps)
-    replicated = parallel.replicate(state)
+    placed = parallel.place(state, sharded=config.fsdp)
     final: dict[str, float] = {}
     logger = MetricsLogger(output, total_steps=config.steps, stage=stage, resume_step=start)
     with checkpointer, logger:
         for step in range(start, config.steps):
             rng, step_rng = _split(rng)
             batch = parallel.shard_batch(next(train_data))
-            replicated, metrics = step_fn(replicated, batch, step_rng)
+            placed, metrics = step_fn(placed, batch, step_rng)
             metrics = {k: float(np.asarray(v)[0]) for k, v in metrics.items()}
             guard.update(step + 1, metrics["skipped"])
             metrics["lr"] = float(schedule(step))
             done = step + 1
             if evaluate is not None and (done % config.eval_every == 0 or done == config.steps):
-                metrics.update({f"eval/{k}": v for k, v in evaluate(replicated.params).items()})
+                metrics.update({f"eval/{k}": v for k, v in evaluate(placed.params).items()})
             logger.log(done, metrics)
             if done % config.save_every == 0 or done == config.steps:
                 checkpointer.save(
                     done,
-                    state=parallel.unreplicate(replicated),
+                    state=parallel.unreplicate(placed),
                     rng=rng,
                     data_position=train_data.position(),
                     force=True,
                 )
         final = logger.summary()
-    host = parallel.unreplicate(replicated)
+    host = parallel.unreplicate(placed)
     return FitResult(host.params, int(host.step), final, None if restored is None else start)
 
 
@@ -256,10 +261,15 @@ def eval_batch_count(manifest: dict[str, Any], split: str, config: TrainConfig) 
 
 
 def make_eval_step(sums_fn: Callable[[PyTree, dict], dict]) -> Callable:
-    """A pmapped ``(params, batch) -> sums`` whose sums are ``psum``-ed over every device."""
-    return jax.pmap(
-        lambda params, batch: jax.lax.psum(sums_fn(params, batch), "data"), axis_name="data"
-    )
+    """A pmapped ``(params, batch) -> sums`` whose sums are ``psum``-ed over every device.
+
+    ``params`` may be replicated or sharded (fsdp.py).
+    """
+
+    def step(params: PyTree, batch: dict) -> dict:
+        return jax.lax.psum(sums_fn(fsdp.gather_outer(params), batch), "data")
+
+    return jax.pmap(step, axis_name="data")
 
 
 def run_eval(
@@ -320,14 +330,14 @@ def train_on_preferences(
     eval_step = make_eval_step(make_eval_sums(graphdef))
     eval_count = eval_batch_count(manifest, "eval", config)
 
-    def evaluate(replicated_params: PyTree) -> dict[str, float]:
+    def evaluate(placed_params: PyTree) -> dict[str, float]:
         batches = preference_streams(shards_dir, "eval", config, shuffle=False, repeat=False)
-        return summarize_eval(run_eval(eval_step, replicated_params, batches, eval_count))
+        return summarize_eval(run_eval(eval_step, placed_params, batches, eval_count))
 
     result = fit(
         config=config, output=output, stage=stage, params=params, loss_fn=make_loss(graphdef),
         train_data=preference_streams(shards_dir, "train", config, shuffle=True, repeat=True),
         evaluate=evaluate,
     )  # fmt: skip
-    final_eval = evaluate(parallel.replicate(result.params))
+    final_eval = evaluate(parallel.place(result.params, sharded=config.fsdp))
     return PreferenceTraining(model, manifest, result, final_eval)

@@ -1,0 +1,214 @@
+"""Fully sharded state inside ``jax.pmap`` (ZeRO-3): each device holds 1/N of every tensor.
+
+With ``fsdp`` on, a stage places its parameters and optimizer state with
+:func:`shard` instead of replicating them: every tensor is flattened after its
+leading layer axis (the scanned stack keeps it, so a scan still walks the
+layers), padded to a multiple of the device count N, and device *i* keeps
+chunk *i*. On the device such a leaf is a :class:`Sharded` pytree node, the
+chunk plus the full shape as static data, so optax, ``jnp.where`` and the EMA
+see ordinary (sharded) arrays and update them elementwise.
+
+Inside the pmapped step a tensor is all-gathered only where it is used:
+
+* :func:`gather_outer` gathers the tensors outside the layer stack (embeddings,
+  final norm, heads) once per forward;
+* the model's layer scan calls :func:`gather` on one layer's parameters at a
+  time, inside the rematerialised scan body, so the backward pass gathers that
+  layer again instead of keeping it: one layer's full weights live at a time.
+
+The transpose of ``all_gather`` is a reduce-scatter, so ``jax.grad`` returns each
+device's chunk of the gradient summed over every device: :func:`mean_over_devices`
+divides it by N (and ``pmean``s the replicated leaves), :func:`global_norm` adds
+the chunks' squares over devices. Host copies (checkpoints, exports) are always
+the full tensors (:func:`unshard`), so a run can resume with or without ``fsdp``
+and on any device count.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from jax.flatten_util import ravel_pytree
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+PyTree = Any
+AXIS = "data"
+LAYER_STACK = "blocks"  # the Transformer attribute whose tensors carry a leading layer axis
+
+
+@jax.tree_util.register_pytree_node_class
+class Sharded:
+    """One device's chunk ``[*lead, chunk]`` of a tensor whose trailing shape is ``rest``.
+
+    ``lead`` axes (the layer axis of the stack, and pmap's device axis outside the
+    step) are kept whole; the ``rest`` axes are flattened, padded with zeros and
+    split over the ``axis`` devices.
+    """
+
+    def __init__(self, chunk: Any, rest: tuple[int, ...], axis: str = AXIS) -> None:
+        self.chunk, self.rest, self.axis = chunk, rest, axis
+
+    def tree_flatten(self) -> tuple[tuple[Any], tuple[tuple[int, ...], str]]:
+        return (self.chunk,), (self.rest, self.axis)
+
+    @classmethod
+    def tree_unflatten(cls, aux: tuple[tuple[int, ...], str], children: Sequence[Any]) -> Sharded:
+        return cls(children[0], *aux)
+
+    def __repr__(self) -> str:
+        shape = getattr(self.chunk, "shape", None)
+        return f"Sharded(chunk={shape}, rest={self.rest}, axis={self.axis!r})"
+
+
+def _is_sharded(node: Any) -> bool:
+    return isinstance(node, Sharded)
+
+
+def is_sharded(tree: PyTree) -> bool:
+    """Whether any leaf of ``tree`` is a :class:`Sharded` chunk."""
+    return any(_is_sharded(n) for n in jax.tree.leaves(tree, is_leaf=_is_sharded))
+
+
+# --- inside the pmapped step ------------------------------------------------------------
+
+
+def _gather_one(node: Sharded) -> jax.Array:
+    """The full tensor ``[*lead, *rest]`` of one chunk (an all-gather over its axis)."""
+    chunk = node.chunk
+    full = lax.all_gather(chunk, node.axis, axis=chunk.ndim - 1, tiled=True)
+    full = full[..., : math.prod(node.rest)]
+    return full.reshape(*chunk.shape[:-1], *node.rest)
+
+
+def gather(tree: PyTree) -> PyTree:
+    """``tree`` with every chunk all-gathered to its full tensor (identity without chunks)."""
+    return jax.tree.map(
+        lambda n: _gather_one(n) if _is_sharded(n) else n, tree, is_leaf=_is_sharded
+    )
+
+
+def gather_outer(tree: PyTree) -> PyTree:
+    """Gather the chunks without a leading layer axis; the layer stack stays sharded.
+
+    The model's layer scan gathers each layer's chunks itself (:func:`gather`).
+    """
+
+    def one(node: Any) -> Any:
+        return _gather_one(node) if _is_sharded(node) and node.chunk.ndim == 1 else node
+
+    return jax.tree.map(one, tree, is_leaf=_is_sharded)
+
+
+def mean_over_devices(tree: PyTree, axis_name: str = AXIS) -> PyTree:
+    """The mean over devices: chunks (gradients already summed by the reduce-scatter) / N,
+    every other leaf ``pmean``-ed as ONE all-reduce of the leaves raveled into a vector.
+
+    Each collective is a rendezvous of every device thread; on CPU one per leaf costs
+    more than the arithmetic it averages.
+    """
+    leaves, treedef = jax.tree.flatten(tree, is_leaf=_is_sharded)
+    plain = [i for i, leaf in enumerate(leaves) if not _is_sharded(leaf)]
+    if plain:
+        flat, unravel = ravel_pytree([leaves[i] for i in plain])
+        for i, value in zip(plain, unravel(lax.pmean(flat, axis_name)), strict=True):
+            leaves[i] = value
+    count = lax.psum(1, axis_name)
+    for i, leaf in enumerate(leaves):
+        if _is_sharded(leaf):
+            leaves[i] = Sharded(leaf.chunk / count, leaf.rest, leaf.axis)
+    return jax.tree.unflatten(treedef, leaves)
+
+
+def global_norm(tree: PyTree) -> jax.Array:
+    """L2 norm of the whole (unsharded) tree: chunks' squares are summed over devices.
+
+    Padding is zero, so it adds nothing. Equals ``optax.tree.norm`` on a tree without chunks.
+    """
+    squares = jnp.zeros((), jnp.float32)
+    sharded: dict[str, jax.Array] = {}
+    for leaf in jax.tree.leaves(tree, is_leaf=_is_sharded):
+        if _is_sharded(leaf):
+            part = jnp.sum(jnp.square(leaf.chunk.astype(jnp.float32)))
+            sharded[leaf.axis] = sharded.get(leaf.axis, 0.0) + part
+        else:
+            squares = squares + jnp.sum(jnp.square(jnp.asarray(leaf, jnp.float32)))
+    for axis, part in sharded.items():
+        squares = squares + lax.psum(part, axis)
+    return jnp.sqrt(squares)
+
+
+# --- on the host ---------------------------------------------------------------------------
+
+
+def _lead(path: tuple) -> int:
+    """1 for tensors of the scanned layer stack (their first axis is the layer), else 0."""
+    return int(any(getattr(key, "key", None) == LAYER_STACK for key in path))
+
+
+def _local_chunks(full: np.ndarray, lead: int, devices: int) -> np.ndarray:
+    """``[devices, *lead, chunk]``: the padded, flattened tensor split into equal chunks."""
+    flat = full.reshape(*full.shape[:lead], -1)
+    size = flat.shape[-1]
+    chunk = -(-size // devices)
+    padding = [(0, 0)] * lead + [(0, devices * chunk - size)]
+    flat = np.pad(flat, padding)
+    return np.moveaxis(flat.reshape(*flat.shape[:lead], devices, chunk), lead, 0)
+
+
+def put_rows(rows: Sequence[np.ndarray], devices: Sequence[jax.Device]) -> jax.Array:
+    """One pmap input ``[devices, ...]`` whose row *i* is ``rows[i]``, placed on device *i*.
+
+    One transfer per device: no host array of size devices × row is built.
+    """
+    devices = list(devices)
+    first = np.asarray(rows[0])
+    sharding = NamedSharding(Mesh(np.array(devices), (AXIS,)), PartitionSpec(AXIS))
+    placed = [
+        jax.device_put(np.asarray(row)[None], device)
+        for row, device in zip(rows, devices, strict=True)
+    ]
+    return jax.make_array_from_single_device_arrays((len(devices), *first.shape), sharding, placed)
+
+
+def shard(
+    tree: PyTree, devices: Sequence[jax.Device] | None = None, axis_name: str = AXIS
+) -> PyTree:
+    """``tree`` on the devices: tensors split into chunks, scalars replicated.
+
+    Chunk *i* goes to the device whose pmap axis index is *i*: this process's local
+    devices hold the chunks ``process_index · local … + local − 1``.
+    """
+    devices = list(devices) if devices is not None else jax.local_devices()
+    local = len(devices)
+    total = local * jax.process_count()
+    first = jax.process_index() * local
+
+    def place(path: tuple, leaf: Any) -> Any:
+        full = np.asarray(leaf)
+        lead = _lead(path)
+        if full.ndim <= lead:  # scalars (step counts) stay whole on every device
+            return put_rows([full] * local, devices)
+        chunks = _local_chunks(full, lead, total)[first : first + local]
+        return Sharded(put_rows(list(chunks), devices), full.shape[lead:], axis_name)
+
+    return jax.tree_util.tree_map_with_path(place, tree)
+
+
+def unshard(node: Sharded) -> np.ndarray:
+    """The full host tensor of a pmap output's chunks ``[devices, *lead, chunk]``."""
+    array = node.chunk
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+
+        chunks = np.asarray(multihost_utils.process_allgather(array, tiled=True))
+    else:
+        chunks = np.asarray(array)
+    flat = np.moveaxis(chunks, 0, -2)
+    flat = flat.reshape(*flat.shape[:-2], -1)[..., : math.prod(node.rest)]
+    return flat.reshape(*flat.shape[:-1], *node.rest)

@@ -1,0 +1,151 @@
+"""Sharded state inside pmap (fsdp.py): placement, gathering, and steps equal to replicated ones."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from flax import nnx
+
+from components.core import fsdp, parallel
+from components.core.model import Transformer, model_config
+from components.core.optim import OptimConfig, clip_by_global_norm, make_optimizer
+
+DEVICES = 8
+
+
+def test_shard_splits_tensors_and_round_trips():
+    tree = {
+        "blocks": {"w": np.arange(2 * 3 * 5, dtype=np.float32).reshape(2, 3, 5)},
+        "embed": np.arange(13, dtype=np.float32),  # 13 does not divide by 8: padded
+        "step": np.int32(4),
+    }
+    placed = fsdp.shard(tree)
+    blocks, embed = placed["blocks"]["w"], placed["embed"]
+    assert isinstance(blocks, fsdp.Sharded) and isinstance(embed, fsdp.Sharded)
+    # The layer axis stays whole; each device holds ceil(15 / 8) = 2 of each layer's 15.
+    assert blocks.chunk.shape == (DEVICES, 2, 2) and blocks.rest == (3, 5)
+    assert embed.chunk.shape == (DEVICES, 2) and embed.rest == (13,)
+    assert placed["step"].shape == (DEVICES,)  # scalars are replicated
+    # Device i holds elements 2i, 2i + 1 of the flattened tensor; the tail is zero padding.
+    np.testing.assert_array_equal(np.asarray(embed.chunk)[6], [12.0, 0.0])
+    np.testing.assert_array_equal(np.asarray(blocks.chunk)[1, 1], [17.0, 18.0])
+    back = parallel.unreplicate(placed)
+    for a, b in zip(jax.tree.leaves(tree), jax.tree.leaves(back), strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_gather_and_norm_inside_pmap_equal_the_full_tensors():
+    tree = {
+        "blocks": {"w": np.random.default_rng(0).normal(size=(3, 4, 7)).astype(np.float32)},
+        "head": np.random.default_rng(1).normal(size=(9, 2)).astype(np.float32),
+    }
+
+    def inside(placed):
+        outer = fsdp.gather_outer(placed)
+        # The stack stays sharded until a scan step gathers one layer of it.
+        assert isinstance(outer["blocks"]["w"], fsdp.Sharded)
+        layers = jax.lax.map(fsdp.gather, outer["blocks"]["w"])
+        return outer["head"], layers, fsdp.global_norm(placed)
+
+    head, layers, norm = jax.pmap(inside, axis_name="data")(fsdp.shard(tree))
+    np.testing.assert_array_equal(np.asarray(head)[5], tree["head"])
+    np.testing.assert_array_equal(np.asarray(layers)[3], tree["blocks"]["w"])
+    np.testing.assert_allclose(np.asarray(norm), float(optax.tree.norm(tree)), rtol=1e-6)
+
+
+def test_clip_covers_every_devices_chunk():
+    grads = {
+        "blocks": {"w": np.random.default_rng(2).normal(size=(2, 5, 3)).astype(np.float32)},
+        "b": np.random.default_rng(3).normal(size=(11,)).astype(np.float32),
+    }
+    norm = float(optax.tree.norm(grads))
+    expected, _ = optax.clip_by_global_norm(norm / 3).update(grads, optax.EmptyState())
+
+    def clipped(placed):
+        return clip_by_global_norm(norm / 3).update(placed, optax.EmptyState())[0]
+
+    got = parallel.unreplicate(jax.pmap(clipped, axis_name="data")(fsdp.shard(grads)))
+    for a, b in zip(jax.tree.leaves(expected), jax.tree.leaves(got), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-6)
+    assert float(optax.tree.norm(got)) == pytest.approx(norm / 3, rel=1e-6)
+
+
+def _lm_loss(graphdef):
+    def loss_fn(params, batch, rng):
+        del rng
+        model = nnx.merge(graphdef, params)
+        logprobs = model.token_logprobs(batch["tokens"], batch["mask"])
+        return -jnp.mean(logprobs), {"first_logprob": jnp.mean(logprobs[:, 0])}
+
+    return loss_fn
+
+
+@pytest.fixture(scope="module")
+def trained():
+    """Two AdamW steps (gradients clipped) of a tiny Transformer: 1 device, 8, 8 sharded."""
+    config = model_config("tiny", 48)
+    graphdef, params = nnx.split(Transformer(config, rngs=nnx.Rngs(0)), nnx.Param)
+    # max_grad_norm below the gradients' norm: the clip (a cross-device norm when sharded) acts.
+    optimizer = make_optimizer(
+        OptimConfig(learning_rate=1e-2, warmup_steps=0, total_steps=10, max_grad_norm=0.05)
+    )
+    rng = np.random.default_rng(0)
+    batch = {
+        "tokens": rng.integers(0, 48, (16, 12)).astype(np.int32),
+        "mask": np.ones((16, 12), np.int32),
+    }
+    results = {}
+    for name, devices, sharded in (
+        ("single", jax.local_devices()[:1], False),
+        ("replicated", jax.local_devices(), False),
+        ("sharded", jax.local_devices(), True),
+    ):
+        step = parallel.make_train_step(_lm_loss(graphdef), optimizer, devices=devices)
+        state = parallel.TrainState.create(params, optimizer)
+        state = parallel.place(state, sharded=sharded, devices=devices)
+        history = []
+        for _ in range(2):
+            state, metrics = step(state, parallel.shard_batch(batch, devices), jax.random.key(1))
+            history.append(parallel.unreplicate(metrics))
+        results[name] = (state, parallel.unreplicate(state), history)
+    return params, results
+
+
+def test_sharded_step_equals_replicated_and_single_device(trained):
+    params, results = trained
+    _, single, single_metrics = results["single"]
+    placed, sharded, sharded_metrics = results["sharded"]
+    assert fsdp.is_sharded(placed.params) and fsdp.is_sharded(placed.opt_state)
+    assert int(sharded.step) == 2
+    assert single_metrics[0]["grad_norm"] > 0.05  # the clip was active
+    for a, b in zip(single_metrics, sharded_metrics, strict=True):
+        for name in ("loss", "grad_norm", "first_logprob"):
+            np.testing.assert_allclose(a[name], b[name], rtol=2e-5)
+    # Adam moments hold the clipped gradients; parameters moved by ~lr = 1e-2 per step
+    # (Adam divides tiny gradients by their tiny norms: a few 1e-6 of summation order).
+    for tree, atol in (("opt_state", 1e-7), ("params", 1e-5)):
+        ours = jax.tree.leaves(getattr(sharded, tree))
+        theirs = jax.tree.leaves(getattr(single, tree))
+        for a, b in zip(theirs, ours, strict=True):
+            np.testing.assert_allclose(a, b, rtol=2e-5, atol=atol)
+    _, replicated, _ = results["replicated"]
+    pairs = zip(jax.tree.leaves(replicated.params), jax.tree.leaves(sharded.params), strict=True)
+    for a, b in pairs:
+        np.testing.assert_allclose(a, b, rtol=2e-5, atol=1e-5)
+    start, end = jax.tree.leaves(params), jax.tree.leaves(sharded.params)
+    assert all(not np.allclose(a, b) for a, b in zip(start, end, strict=True))
+
+
+def test_sharded_state_holds_one_eighth_per_device(trained):
+    params, results = trained
+    placed = results["sharded"][0]
+    full = sum(np.asarray(x).size for x in jax.tree.leaves(params))
+    per_device = sum(
+        x.chunk.shape[1:] and np.prod(x.chunk.shape[1:])
+        for x in jax.tree.leaves(placed.params, is_leaf=lambda n: isinstance(n, fsdp.Sharded))
+    )
+    # Padding to a multiple of 8 per tensor (per layer for the stack) is all it adds.
+    assert full / DEVICES <= per_device <= full / DEVICES + 8 * 64
