@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -157,6 +158,26 @@ def test_sigkill_and_resume_ends_with_identical_parameters(artifacts, aligned, t
     _run(artifacts, output)
     expected, resumed = _params(uninterrupted), _params(output)
     jax.tree.map(np.testing.assert_array_equal, resumed, expected)
+
+
+def test_sharded_resume_of_a_replicated_checkpoint_ends_alike(artifacts, aligned, tmp_path) -> None:
+    """fsdp: checkpoints hold whole tensors, so a replicated run's checkpoint resumes in chunks;
+    the sharded rollouts (layers gathered in the sampler's scans) and updates then reach the
+    replicated run's parameters."""
+    _, uninterrupted = aligned
+    output = str(tmp_path / "policy")
+    shutil.copytree(os.path.join(uninterrupted, "work"), os.path.join(output, "work"))
+    for step in _checkpoint_steps(output):
+        if step > RUN["save_every"]:
+            shutil.rmtree(os.path.join(output, "work", "checkpoints", str(step)))
+    metrics = _run(artifacts, output, fsdp=True)
+    assert _status(output)["status"] == "completed"
+    assert [r["step"] for r in read_metrics(output)] == list(range(11, RUN["iterations"] + 1))
+    expected, resumed = _params(uninterrupted), _params(output)
+    jax.tree.map(
+        lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6), resumed, expected
+    )
+    assert metrics["gold/final"] == pytest.approx(_status(uninterrupted)["gold_reward"]["final"])
 
 
 def test_learning_rate_blowup_trips_the_guard(artifacts, tmp_path) -> None:

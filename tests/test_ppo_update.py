@@ -76,11 +76,11 @@ def update_8(setup):
     return make_update(setup[0], CONFIG)
 
 
-def _run(update, state: PPOState, batch: dict, devices=None):
-    replicated = parallel.replicate(state, devices)
+def _run(update, state: PPOState, batch: dict, devices=None, sharded: bool = False):
+    placed = parallel.place(state, sharded=sharded, devices=devices)
     scale = np.float32(1.0)
     new_state, metrics = update(
-        replicated, parallel.shard_batch(batch, devices), jax.random.PRNGKey(7), scale
+        placed, parallel.shard_batch(batch, devices), jax.random.PRNGKey(7), scale
     )
     return parallel.unreplicate(new_state), parallel.unreplicate(metrics)
 
@@ -105,6 +105,20 @@ def test_eight_devices_equal_one_device(setup, update_8) -> None:
     for name in ("loss/policy", "loss/value", "policy/clipfrac", "policy/entropy", "val/clipfrac"):
         np.testing.assert_allclose(metrics_8[name], metrics_1[name], rtol=1e-4, atol=1e-6)
     assert metrics_8["skipped"] == 0.0
+
+
+def test_sharded_state_update_equals_replicated(setup, update_8) -> None:
+    """fsdp: the policy and critic in chunks over 8 devices take the same steps."""
+    _, policy_params, critic_params, batch = setup
+    state = PPOState.create(policy_params, critic_params, CONFIG)
+    replicated, metrics_r = _run(update_8, state, batch)
+    sharded, metrics_s = _run(update_8, state, batch, sharded=True)
+    assert int(sharded.critic.step) == CONFIG.ppo_epochs * CONFIG.minibatches
+    jax.tree.map(
+        lambda a, b: np.testing.assert_allclose(a, b, rtol=2e-4, atol=2e-6), sharded, replicated
+    )
+    for name in ("loss/policy", "loss/value", "policy/grad_norm", "val/grad_norm"):
+        np.testing.assert_allclose(metrics_s[name], metrics_r[name], rtol=1e-4, atol=1e-6)
 
 
 def test_non_finite_minibatch_is_skipped(setup, update_8) -> None:

@@ -79,6 +79,11 @@ class PPOConfig:
     remat: Literal["", "none", "full", "dots_saveable"] = field(
         "", help="rematerialisation policy of the layer scan ('' = the model's)"
     )
+    fsdp: bool = field(
+        False,
+        help="shard all four models' parameters and both optimizer states over all devices, "
+        "gathering one layer at a time (ZeRO-3 inside pmap): state memory per chip / device count",
+    )
     dtype: Literal["", "float32", "bfloat16"] = field(
         "", help="compute dtype ('' = the model's); parameters stay float32"
     )

@@ -15,7 +15,7 @@ import jax
 import numpy as np
 from flax import nnx
 
-from components.core import fileio, parallel
+from components.core import fileio, fsdp, parallel
 from components.core.builtin_task import gold_reward_fn
 from components.core.input_pipeline import prompt_dataset
 from components.core.sampler import generate
@@ -47,6 +47,7 @@ def _sampler(
 
     def sample(params: PyTree, batch: dict, rng: jax.Array):
         rng = jax.random.fold_in(rng, jax.lax.axis_index("data"))
+        params = fsdp.gather_outer(params)  # no-op when replicated
         return generate(
             (graphdef, params), batch["prompt_tokens"], batch["prompt_mask"], rng,
             max_new_tokens=max_new_tokens, eos_id=eos_id, pad_id=pad_id, temperature=temperature,
@@ -66,6 +67,7 @@ def mean_gold_reward(
     temperature: float,
     samples_per_prompt: int = 4,
     seed: int = 0,
+    sharded: bool = False,
 ) -> float:
     """Mean gold reward of ``samples_per_prompt`` samples per unique eval prompt."""
     gold = gold_reward_fn(manifest["gold_reward"])
@@ -75,7 +77,9 @@ def mean_gold_reward(
 
     sample = _sampler(graphdef, max_new_tokens, tokenizer.eos_id, tokenizer.pad_id, temperature)
     out = sample(
-        parallel.replicate(params), parallel.shard_batch(prompts), jax.random.PRNGKey(seed)
+        parallel.place(params, sharded=sharded),
+        parallel.shard_batch(prompts),
+        jax.random.PRNGKey(seed),
     )
     tokens = np.asarray(out.tokens).reshape(-1, max_new_tokens)
     mask = np.asarray(out.mask).reshape(-1, max_new_tokens)

@@ -113,9 +113,13 @@ class PPOLoop:
         c = self.config
         return init_kl_controller(kind, c.kl_coef, target=c.kl_target, horizon=c.kl_horizon)
 
+    def _place(self, tree: PyTree) -> PyTree:
+        """``tree`` on the devices: replicated, or in chunks with ``fsdp``."""
+        return parallel.place(tree, sharded=self.config.fsdp)
+
     def _set(self, state: PPOState, reference: PyTree, ctrl: KLControllerState, it: int) -> None:
         """Place host state on the devices."""
-        self.state, self.reference = parallel.replicate(state), parallel.replicate(reference)
+        self.state, self.reference = self._place(state), self._place(reference)
         self.controller, self.iteration = ctrl, it
 
     def resume(self) -> int | None:
@@ -239,7 +243,7 @@ class PPOLoop:
 
     def run(self, reward_params: PyTree) -> LoopResult:
         """Iterate to ``config.iterations`` (or a guard stop), resuming from checkpoints."""
-        self.reward = parallel.replicate(reward_params)
+        self.reward = self._place(reward_params)
         resumed = self.resume()
         if resumed is not None:
             log.info("ppo: resuming from iteration %d", resumed)

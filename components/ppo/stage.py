@@ -105,7 +105,7 @@ def _gold(nets: Networks, params: Any, shards_dir: str, manifest: dict, config: 
     return mean_gold_reward(
         nets.models.policy, params, shards_dir, manifest,
         prompt_len=config.prompt_len, max_new_tokens=config.max_new_tokens,
-        temperature=config.temperature, seed=config.seed,
+        temperature=config.temperature, seed=config.seed, sharded=config.fsdp,
     )  # fmt: skip
 
 

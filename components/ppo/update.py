@@ -22,8 +22,8 @@ import jax
 import jax.numpy as jnp
 import optax
 from jax import lax
-from jax.flatten_util import ravel_pytree
 
+from components.core import fsdp
 from components.core.optim import make_optimizer
 from components.core.parallel import TrainState
 from components.ppo import forward, losses
@@ -69,7 +69,7 @@ def _ppo_loss(
     params: tuple[PyTree, PyTree], minibatch: dict, models: Models, config: PPOConfig
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """This device's share of the global minibatch loss, and its metrics (same weighting)."""
-    policy_params, critic_params = params
+    policy_params, critic_params = fsdp.gather_outer(params)  # no-op when replicated
     mask = minibatch["response_mask"]
     logits = forward.response_logits(models.policy, policy_params, minibatch)
     logprobs = forward.logprobs_of(logits, minibatch["response_tokens"])
@@ -99,16 +99,6 @@ def _apply(
     return state.replace(step=state.step + 1, params=params, opt_state=opt_state)
 
 
-def _pmean_flat(tree: PyTree) -> PyTree:
-    """``lax.pmean`` of a pytree as ONE all-reduce of its leaves raveled into a vector.
-
-    Each collective is a rendezvous of every device thread; on CPU one per leaf costs
-    more than the arithmetic it averages.
-    """
-    flat, unravel = ravel_pytree(tree)
-    return unravel(lax.pmean(flat, AXIS))
-
-
 def _token_weights(minibatches: dict) -> jax.Array:
     """[M] local real tokens / mean real tokens per device, of each minibatch (one pmean)."""
     counts = jnp.sum((minibatches["response_mask"] != 0).astype(jnp.float32), axis=(1, 2))
@@ -122,8 +112,9 @@ def minibatch_step(
     grad_fn = jax.value_and_grad(_ppo_loss, has_aux=True)
     params = (state.policy.params, state.critic.params)
     (loss, metrics), grads = grad_fn(params, minibatch, models, config)
-    loss, metrics, grads = _pmean_flat((loss, metrics, grads))
-    policy_norm, critic_norm = optax.tree.norm(grads[0]), optax.tree.norm(grads[1])
+    # One all-reduce of everything replicated; sharded gradients come back summed.
+    loss, metrics, grads = fsdp.mean_over_devices((loss, metrics, grads), AXIS)
+    policy_norm, critic_norm = fsdp.global_norm(grads[0]), fsdp.global_norm(grads[1])
     # Decided after pmean: every device takes the same branch.
     finite = jnp.isfinite(loss) & jnp.isfinite(policy_norm) & jnp.isfinite(critic_norm)
     policy_opt, critic_opt = optimizers(config)
