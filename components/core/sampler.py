@@ -23,6 +23,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from components.core import fsdp
 from components.core.model import Transformer
 
 ModelOrSplit = Transformer | tuple[nnx.GraphDef, nnx.State]
@@ -122,6 +123,7 @@ def generate(
     """
     _check_settings(max_new_tokens, temperature, top_k, top_p)
     graphdef, params = _as_split(model)
+    params = fsdp.gather_outer(params)  # sharded (fsdp.py): the layers gather per step
     model = nnx.merge(graphdef, params)
     config = model.config
     batch, prompt_len = prompt_tokens.shape

@@ -28,6 +28,11 @@ class EvalConfig:
         "multiple of the device count); bounds memory, not results",
     )
     seed: int = field(0, help="seed of sampling, the bootstrap and the report's sample choice")
+    fsdp: bool = field(
+        False,
+        help="hold the three models in chunks over all devices, gathering one layer at a time "
+        "(for models whose float32 copies do not fit a chip three times)",
+    )
     bootstrap_samples: int = field(
         1000, help="percentile-bootstrap resamples (of prompts) behind every interval"
     )

@@ -24,7 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from components.core import parallel
+from components.core import fsdp, parallel
 from components.core.input_pipeline import preference_dataset, prompt_dataset
 from components.core.model import ModelConfig, Transformer
 from components.core.sampler import generate
@@ -35,7 +35,7 @@ class LoadedModel(NamedTuple):
     """A model split for pmap: its graph, its parameters replicated on every local device."""
 
     graphdef: nnx.GraphDef
-    params: Any  # replicated nnx.State
+    params: Any  # nnx.State placed on the devices (replicated or sharded)
     config: ModelConfig
 
 
@@ -62,10 +62,10 @@ class SamplingSettings(NamedTuple):
     temperature: float  # 0 = greedy
 
 
-def prepare(model: Transformer) -> LoadedModel:
-    """Split ``model`` and replicate its parameters over the local devices."""
+def prepare(model: Transformer, *, sharded: bool = False) -> LoadedModel:
+    """Split ``model`` and place its parameters: replicated, or in chunks (fsdp.py)."""
     graphdef, params = nnx.split(model, nnx.Param)
-    return LoadedModel(graphdef, parallel.replicate(params), model.config)
+    return LoadedModel(graphdef, parallel.place(params, sharded=sharded), model.config)
 
 
 def load_prompts(shards_dir: str, *, max_prompts: int, prompt_len: int) -> Prompts:
@@ -166,7 +166,9 @@ def _sequences(prompt_tokens, prompt_mask, tokens, mask) -> tuple[jax.Array, jax
 def _response_logprobs(graphdef, params, prompt_tokens, prompt_mask, tokens, mask):
     """log p(response token | everything before it) [B, N] under one policy."""
     sequence, sequence_mask = _sequences(prompt_tokens, prompt_mask, tokens, mask)
-    logprobs = nnx.merge(graphdef, params).token_logprobs(sequence, sequence_mask)
+    logprobs = nnx.merge(graphdef, fsdp.gather_outer(params)).token_logprobs(
+        sequence, sequence_mask
+    )
     # token_logprobs[t] scores token t + 1: response token j sits at L + j.
     return (logprobs[:, prompt_tokens.shape[1] - 1 :],)
 
@@ -175,7 +177,7 @@ def _response_logprobs(graphdef, params, prompt_tokens, prompt_mask, tokens, mas
 def _response_rewards(graphdef, params, prompt_tokens, prompt_mask, tokens, mask):
     """The reward model's score of each prompt + response [B] (at its last real token)."""
     sequence, sequence_mask = _sequences(prompt_tokens, prompt_mask, tokens, mask)
-    model = nnx.merge(graphdef, params)
+    model = nnx.merge(graphdef, fsdp.gather_outer(params))
     return (model.scalar(model(sequence, sequence_mask), sequence_mask),)
 
 
@@ -221,7 +223,7 @@ def response_rewards(
 @functools.partial(jax.pmap, axis_name="data", static_broadcasted_argnums=(0,))
 def _pair_rewards(graphdef, params, batch):
     """Rewards of the chosen and rejected sequences of one device's pairs."""
-    return pair_rewards(graphdef, params, batch)
+    return pair_rewards(graphdef, fsdp.gather_outer(params), batch)
 
 
 def eval_pair_rewards(

@@ -111,11 +111,15 @@ def sequence_lengths(
     return max(min(longest_prompt, room), 1), max(pair_len, 2)
 
 
-def load_models(dirs: dict[str, str], seed: int) -> dict[str, generation.LoadedModel]:
-    """Every model, split and replicated over the local devices."""
+def load_models(
+    dirs: dict[str, str], seed: int, *, sharded: bool = False
+) -> dict[str, generation.LoadedModel]:
+    """Every model, split and placed on the local devices (in chunks when ``sharded``)."""
     heads = {"policy": False, "reference": False, "reward": True}
     return {
-        role: generation.prepare(load_model(dirs[role], scalar_head=heads[role], seed=seed)[0])
+        role: generation.prepare(
+            load_model(dirs[role], scalar_head=heads[role], seed=seed)[0], sharded=sharded
+        )
         for role in ROLES
     }
 
@@ -282,7 +286,7 @@ def run(
         config = dataclasses.replace(config, max_new_tokens=longest_lengths(inputs.manifest)[1])
     tokenizer = load_tokenizer(fileio.join(shards_dir, "tokenizer"))
     summary, samples = measure(
-        config, shards_dir, inputs.manifest, load_models(dirs, config.seed),
+        config, shards_dir, inputs.manifest, load_models(dirs, config.seed, sharded=config.fsdp),
         tokenizer=tokenizer, gold_name=inputs.gold_name,
     )  # fmt: skip
     gate = decide(summary, config)

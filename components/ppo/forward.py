@@ -5,6 +5,8 @@ right-padded after EOS. Response token ``i`` sits at sequence position ``P + i``
 and is predicted by the hidden state at ``P + i - 1``; its value (the critic's
 estimate before emitting it) is read at the same position, as TRL does.
 Rollout and update call the same functions, so the first PPO ratio is 1.
+Parameters may be sharded (fsdp.py): each pass gathers what it uses when it uses it,
+so the four networks' embeddings are never whole on a chip at the same time.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 from flax import nnx
+
+from components.core import fsdp
 
 PyTree = Any
 
@@ -31,7 +35,7 @@ def _response_hidden(
     graphdef: nnx.GraphDef, params: PyTree, batch: dict[str, jax.Array]
 ) -> tuple[nnx.Module, jax.Array]:
     """The merged model and its hidden states [B, N, D] that predict the response tokens."""
-    model = nnx.merge(graphdef, params)
+    model = nnx.merge(graphdef, fsdp.gather_outer(params))
     tokens, mask = sequence(batch)
     prompt_len = batch["prompt_tokens"].shape[1]
     hidden = model(tokens, mask)
@@ -72,6 +76,6 @@ def sequence_scores(
     graphdef: nnx.GraphDef, params: PyTree, batch: dict[str, jax.Array]
 ) -> jax.Array:
     """Reward-model scores [B] of prompt + response, read at the last real token."""
-    model = nnx.merge(graphdef, params)
+    model = nnx.merge(graphdef, fsdp.gather_outer(params))
     tokens, mask = sequence(batch)
     return model.scalar(model(tokens, mask), mask)

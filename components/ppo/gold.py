@@ -15,7 +15,7 @@ import jax
 import numpy as np
 from flax import nnx
 
-from components.core import fileio, fsdp, parallel
+from components.core import fileio, parallel
 from components.core.builtin_task import gold_reward_fn
 from components.core.input_pipeline import prompt_dataset
 from components.core.sampler import generate
@@ -47,7 +47,6 @@ def _sampler(
 
     def sample(params: PyTree, batch: dict, rng: jax.Array):
         rng = jax.random.fold_in(rng, jax.lax.axis_index("data"))
-        params = fsdp.gather_outer(params)  # no-op when replicated
         return generate(
             (graphdef, params), batch["prompt_tokens"], batch["prompt_mask"], rng,
             max_new_tokens=max_new_tokens, eos_id=eos_id, pad_id=pad_id, temperature=temperature,

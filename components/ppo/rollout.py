@@ -19,7 +19,6 @@ import jax.numpy as jnp
 from flax import nnx
 from jax import lax
 
-from components.core import fsdp
 from components.core.sampler import generate
 from components.ppo import forward, losses
 from components.ppo.config import PPOConfig
@@ -139,7 +138,6 @@ def rollout_step(
 ) -> tuple[dict[str, jax.Array], dict[str, jax.Array]]:
     """One device's rollout batch for the update, and the global rollout metrics."""
     rng = jax.random.fold_in(rng, lax.axis_index(AXIS))
-    params = RolloutParams(*(fsdp.gather_outer(p) for p in params))  # no-op when replicated
     batch = _sample(models, params, prompts, rng, config, ids)
     mask = batch["response_mask"]
     logprobs = forward.response_logprobs(models.policy, params.policy, batch)

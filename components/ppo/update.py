@@ -69,7 +69,7 @@ def _ppo_loss(
     params: tuple[PyTree, PyTree], minibatch: dict, models: Models, config: PPOConfig
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """This device's share of the global minibatch loss, and its metrics (same weighting)."""
-    policy_params, critic_params = fsdp.gather_outer(params)  # no-op when replicated
+    policy_params, critic_params = params
     mask = minibatch["response_mask"]
     logits = forward.response_logits(models.policy, policy_params, minibatch)
     logprobs = forward.logprobs_of(logits, minibatch["response_tokens"])
