@@ -4,6 +4,7 @@
 - ``alignpipe evaluate|report``: evaluation (cli_eval.py)
 - ``alignpipe run|rerun|compile|submit|schedule``: the pipeline (cli_pipeline.py)
 - ``alignpipe model import|export``: Hugging Face checkpoints (cli_model.py)
+- ``alignpipe presets [NAME]``: run presets and their memory arithmetic (cli_presets.py)
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 def build_parser() -> argparse.ArgumentParser:
     """The top-level parser with every sub-command registered."""
-    from pipelines import cli_data, cli_eval, cli_model, cli_pipeline
+    from pipelines import cli_data, cli_eval, cli_model, cli_pipeline, cli_presets
 
     parser = argparse.ArgumentParser(
         prog="alignpipe",
@@ -30,6 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
     cli_eval.register(commands)
     cli_pipeline.register(commands)
     cli_model.register(commands)
+    cli_presets.register(commands)
     return parser
 
 

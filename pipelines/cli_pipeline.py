@@ -12,6 +12,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from components.core.run_presets import RUN_PRESETS
 from pipelines import params
 from pipelines.pipeline import STAGES
 from pipelines.targets import TPU_GENERATIONS, Placement
@@ -93,9 +94,20 @@ def _placement_options(parser: argparse.ArgumentParser) -> None:
         "--image", default=None, help=f"training image URI, JAX for TPU (default: {DEFAULT_IMAGE})"
     )
     group.add_argument("--data-image", default="", help="Beam image URI of the data tasks")
-    group.add_argument("--tpu", default="v5e", choices=list(TPU_GENERATIONS), help="TPU (v5e)")
     group.add_argument(
-        "--tpu-topology", default="2x2", help="chips of one training task, e.g. 1x1, 2x2, 2x4"
+        "--run-preset",
+        choices=sorted(RUN_PRESETS),
+        default=None,
+        help="a model class on a TPU slice (alignpipe presets): sets the TPU, the topology "
+        "and the batch, length, remat, dtype and fsdp parameters; flags given override it",
+    )
+    group.add_argument(
+        "--tpu", default=None, choices=list(TPU_GENERATIONS), help="TPU (default: v5e)"
+    )
+    group.add_argument(
+        "--tpu-topology",
+        default=None,
+        help="chips of one training task, e.g. 1x1, 2x2, 2x4 (default: 2x2)",
     )
     group.add_argument("--machine-type", default="", help="vertex TPU VM type (checked)")
     group.add_argument("--cpu-limit", default="4", help="CPU of non-training tasks (4)")
@@ -127,19 +139,42 @@ def _cloud_options(parser: argparse.ArgumentParser) -> None:
 
 
 def _values(args: argparse.Namespace) -> dict[str, Any]:
-    """The parameters given as flags, converted to their types."""
+    """The parameters given as flags, converted to their types, over the run preset's."""
     prefix = "param_"
     given = {k[len(prefix) :]: v for k, v in vars(args).items() if k.startswith(prefix)}
-    return {name: params.coerce(name, text) for name, text in given.items()}
+    values = {name: params.coerce(name, text) for name, text in given.items()}
+    preset = _run_preset(args)
+    return values if preset is None else {**preset.pipeline_params(), **values}
+
+
+def _run_preset(args: argparse.Namespace) -> Any:
+    """The --run-preset, refused when one pipeline task cannot hold its slice."""
+    name = getattr(args, "run_preset", None)
+    if name is None:
+        return None
+    preset = RUN_PRESETS[name]
+    generation = TPU_GENERATIONS.get(preset.chip)
+    if preset.hosts > 1 or generation is None or preset.chips not in generation.host_topologies:
+        raise ValueError(
+            f"--run-preset {name}: its slice ({preset.slice_name}, {preset.hosts} host(s)) is not "
+            "one pipeline task's single-host TPU; run its stages on the slice's workers with the "
+            f"commands `alignpipe presets {name}` prints"
+        )
+    return preset
 
 
 def _placement(args: argparse.Namespace) -> Placement:
     """The placement the flags describe (checked on construction)."""
     if args.image is None:
         print(f"note: no --image given; the spec names {DEFAULT_IMAGE}", file=sys.stderr)
+    preset = _run_preset(args)
+    tpu = args.tpu or (preset.chip if preset else "v5e")
+    topology = args.tpu_topology or (
+        TPU_GENERATIONS[tpu].host_topologies[preset.chips] if preset else "2x2"
+    )
     return Placement(
         target=args.target, image=args.image or DEFAULT_IMAGE, data_image=args.data_image,
-        tpu=args.tpu, topology=args.tpu_topology, machine_type=args.machine_type,
+        tpu=tpu, topology=topology, machine_type=args.machine_type,
         cpu_limit=args.cpu_limit, memory_limit=args.memory_limit, train_retries=args.train_retries,
     )  # fmt: skip
 

@@ -123,6 +123,9 @@ PARAMS: tuple[Param, ...] = (
     _shared("preset", "preset", "sft", "reward"),
     _shared("max_len", "max_len", "sft", "reward"),
     _shared("seed", "seed", "sft", "reward", "ppo", "evaluate"),
+    _shared("remat", "remat", "sft", "reward", "ppo"),
+    _shared("dtype", "dtype", "sft", "reward", "ppo"),
+    _shared("fsdp", "fsdp", "sft", "reward", "ppo", "evaluate"),
     *_stage("sft", "steps", "batch_size", "learning_rate", prefix="sft_"),
     *_stage("reward", "steps", "batch_size", "learning_rate", prefix="reward_"),
     *_stage("ppo", "iterations", "rollout_batch_size", "minibatches", prefix="ppo_"),
@@ -131,6 +134,7 @@ PARAMS: tuple[Param, ...] = (
     *_stage("ppo", "kl_coef", "adaptive_kl", "kl_target", "kl_stop", "max_new_tokens"),
     *_stage("evaluate", "min_win_rate_lower", "max_kl", "max_eval_prompts", "gold_reward"),
     Param("eval_max_new_tokens", (("evaluate", "max_new_tokens"),)),
+    Param("eval_batch_size", (("evaluate", "batch_size"),)),
     Param(
         "promoted_policy_uri",
         default="",

@@ -96,6 +96,9 @@ def build_pipeline(placement: Placement, fresh_from: str | None = None) -> Any:
         preset: str = D["preset"],
         max_len: int = D["max_len"],
         seed: int = D["seed"],
+        remat: str = D["remat"],
+        dtype: str = D["dtype"],
+        fsdp: bool = D["fsdp"],
         sft_steps: int = D["sft_steps"],
         sft_batch_size: int = D["sft_batch_size"],
         sft_learning_rate: float = D["sft_learning_rate"],
@@ -118,6 +121,7 @@ def build_pipeline(placement: Placement, fresh_from: str | None = None) -> Any:
         max_eval_prompts: int = D["max_eval_prompts"],
         gold_reward: str = D["gold_reward"],
         eval_max_new_tokens: int = D["eval_max_new_tokens"],
+        eval_batch_size: int = D["eval_batch_size"],
         promoted_policy_uri: str = D["promoted_policy_uri"],
     ) -> Outputs:
         """Align a policy to the preference data; promote it only when evaluation blesses it."""

@@ -1,4 +1,4 @@
-"""Run presets: the memory arithmetic's parameter counts, each preset's fit, each stated limit."""
+"""Run presets: the arithmetic's parameter counts, each preset's fit, each stated limit, the CLI."""
 
 from __future__ import annotations
 
@@ -6,72 +6,121 @@ import dataclasses
 
 import jax
 import pytest
+import yaml
 from flax import nnx
 
 from components.core.model import Transformer
 from components.core.model_config import model_config
 from components.core.run_presets import (
     CHIP_HBM,
+    GB,
     HEADROOM,
     RUN_PRESETS,
-    RunPreset,
+    STAGES,
     estimate,
     fits,
+    layer_param_count,
+    outer_param_count,
     param_count,
 )
-from components.core.trainer import TrainConfig
+from components.evaluate.config import EvalConfig
 from components.ppo.config import PPOConfig
+from components.reward.config import RewardConfig
+from components.sft.config import SFTConfig
+from pipelines import params
+from pipelines.cli import main as cli_main
+
+STAGE_CONFIGS = {"sft": SFTConfig, "reward": RewardConfig, "ppo": PPOConfig, "evaluate": EvalConfig}
 
 
 @pytest.mark.parametrize(
-    ("preset", "vocab"), [("tiny", 61), ("0.5b", 151936), ("1b", 128256), ("2b", 256000)]
+    ("preset", "vocab"),
+    [("tiny", 61), ("0.5b", 151936), ("1b", 128256), ("2b", 256000), ("7b", 32000)],
 )
 def test_param_count_is_the_models(preset, vocab):
     config = model_config(preset, vocab)
     abstract = nnx.eval_shape(lambda: Transformer(config, rngs=nnx.Rngs(0)))
-    assert param_count(config) == sum(x.size for x in jax.tree.leaves(nnx.state(abstract)))
+    state = nnx.state(abstract)
+    assert param_count(config) == sum(x.size for x in jax.tree.leaves(state))
+    # The split fsdp gathers by: one layer of the stack, and everything outside it.
+    blocks = sum(x.size for x in jax.tree.leaves(state["blocks"]))
+    assert layer_param_count(config) * config.n_layers == blocks
+    assert outer_param_count(config) == param_count(config) - blocks
 
 
-@pytest.mark.parametrize(
-    ("name", "stage"), [(n, s) for n, p in sorted(RUN_PRESETS.items()) for s in p.stages]
-)
-def test_every_preset_stage_fits_its_chip(name, stage):
+@pytest.mark.parametrize(("name", "stage"), [(n, s) for n in sorted(RUN_PRESETS) for s in STAGES])
+def test_every_preset_stage_fits_its_chip_and_its_flags_are_a_config(name, stage):
     preset = RUN_PRESETS[name]
     assert fits(preset, stage), estimate(preset, stage)
-    flags = dict(preset.stages[stage])
-    if stage == "ppo":
-        # The slice's devices, not this machine's: check the fields, not divisibility.
-        assert {f.name for f in dataclasses.fields(PPOConfig)} >= set(flags)
-    else:
-        TrainConfig(**flags)
+    config = STAGE_CONFIGS[stage](**preset.flags(stage))
+    assert config.fsdp == preset.fsdp
 
 
-def _on(chip: str, model: str, vocab: int, stage: str, flags: dict) -> RunPreset:
-    return RunPreset(
-        model=model, vocab_size=vocab, example="", chip=chip, chips=8, stages={stage: flags}
+@pytest.mark.parametrize("name", sorted(RUN_PRESETS))
+def test_pipeline_params_of_a_preset_are_valid(name):
+    preset = RUN_PRESETS[name]
+    values = params.validate(preset.pipeline_params(), chips=preset.chips)
+    assert values["fsdp"] is preset.fsdp and values["dtype"] == "bfloat16"
+    for stage in ("sft", "reward", "ppo"):
+        assert params.stage_values(stage, values)["remat"] == preset.remat
+
+
+def _variant(name: str, **changes) -> object:
+    return dataclasses.replace(RUN_PRESETS[name], **changes)
+
+
+def test_one_b_on_v5e_needs_fsdp():
+    preset = _variant("v5e-8-1b", fsdp=False)
+    budget = HEADROOM * CHIP_HBM["v5e"]
+    # Replicated, 20 N = 24.7 GB of state exceeds a v5e chip before any activation.
+    assert estimate(preset, "sft")["state"] == pytest.approx(20 * 1.2358e9, rel=1e-3)
+    assert all(estimate(preset, s)["state"] > budget for s in ("sft", "reward", "ppo"))
+    assert estimate(RUN_PRESETS["v5e-8-1b"], "ppo")["state"] == pytest.approx(
+        48 * 1.2358e9 / 8, rel=1e-3
     )
 
 
-SMALL_SFT = {"batch_size": 8, "max_len": 256, "remat": "full", "dtype": "bfloat16"}
-SMALL_PPO = {
-    "rollout_batch_size": 8,
-    "minibatches": 1,
-    "prompt_len": 64,
-    "max_new_tokens": 64,
-    "remat": "full",
-    "dtype": "bfloat16",
-}
+def test_one_b_ppo_on_v5e_does_not_fit_512_token_responses():
+    """Why the preset's responses are 256 tokens: the gathered embeddings leave ~1.2 GB."""
+    assert not fits(_variant("v5e-8-1b", response_len=512), "ppo")
 
 
-@pytest.mark.parametrize(
-    ("chip", "model", "vocab", "stage", "flags"),
-    [
-        ("v5e", "1b", 128256, "sft", SMALL_SFT),  # 1B-class: state alone exceeds a v5e chip
-        ("v5e", "0.5b", 151936, "ppo", SMALL_PPO),  # 0.5B PPO: 48 N > 16 GB
-        ("v5p", "7b", 32000, "sft", SMALL_SFT),  # 7B-class: 20 N = 135 GB > 95 GB
-    ],
-)
-def test_stated_limits_hold(chip, model, vocab, stage, flags):
-    preset = _on(chip, model, vocab, stage, flags)
-    assert estimate(preset, stage)["state"] > HEADROOM * CHIP_HBM[chip]
-    assert not fits(preset, stage)
+def test_seven_b_needs_the_larger_slice():
+    seven = RUN_PRESETS["v5p-32-7b"]
+    assert estimate(_variant("v5p-32-7b", fsdp=False), "sft")["state"] > CHIP_HBM["v5p"]
+    # One v5p-8 host (4 chips): PPO's 48 N / 4 = 81 GB of state alone exceeds the budget.
+    host = _variant("v5p-32-7b", chips=4, hosts=1)
+    assert estimate(host, "ppo")["state"] > HEADROOM * CHIP_HBM["v5p"]
+    assert not fits(host, "ppo")
+    assert estimate(seven, "ppo")["state"] == pytest.approx(48 * 6.738e9 / 16, rel=1e-3)
+
+
+def test_presets_command_prints_the_arithmetic_and_the_flags(capsys):
+    assert cli_main(["presets"]) == 0
+    listing = capsys.readouterr().out
+    assert all(name in listing for name in RUN_PRESETS)
+    assert cli_main(["presets", "v5p-32-7b"]) == 0
+    text = capsys.readouterr().out
+    ppo = estimate(RUN_PRESETS["v5p-32-7b"], "ppo")
+    assert f"{ppo['state'] / GB:6.2f}" in text and f"{ppo['total'] / GB:6.2f}" in text
+    assert "python -m components.ppo" in text and "--fsdp true" in text
+    assert "4 host(s)" in text
+
+
+def test_compile_with_a_run_preset_sets_tpu_and_parameters(tmp_path, capsys):
+    out = tmp_path / "pipeline.yaml"
+    argv = ["compile", "--target", "gke", "--run-preset", "v5e-8-1b", "-o", str(out)]
+    assert cli_main([*argv, "--sft-batch-size", "64"]) == 0  # a flag overrides the preset
+    assert "2x4" in capsys.readouterr().out
+    spec, platform = yaml.safe_load_all(out.read_text())
+    compiled = spec["root"]["inputDefinitions"]["parameters"]
+    expected = {**RUN_PRESETS["v5e-8-1b"].pipeline_params(), "sft_batch_size": 64}
+    for name, value in expected.items():
+        assert compiled[name]["defaultValue"] == value, name
+    assert "2x4" in str(platform)  # the training tasks' TPU topology node selector
+
+
+def test_multi_host_preset_is_refused_for_a_pipeline(tmp_path, capsys):
+    argv = ["compile", "--target", "vertex", "--run-preset", "v5p-32-7b", "-o", str(tmp_path / "p")]
+    assert cli_main(argv) == 2
+    assert "alignpipe presets v5p-32-7b" in capsys.readouterr().err

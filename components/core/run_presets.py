@@ -1,31 +1,41 @@
 """Presets for real runs on TPU slices, and the per-chip memory arithmetic that decides them.
 
-Every stage replicates its models on every chip (``jax.pmap`` data parallelism)
-with float32 parameters and AdamW's two float32 moments, so per chip, for a model
-of N parameters:
+A stage holds its models on every chip either replicated (``fsdp`` off: each chip
+has everything) or in chunks (``fsdp`` on, ``components/core/fsdp.py``: each of
+the C chips holds 1/C and gathers a tensor where it is used). Per chip, for a
+model of N parameters, float32 parameters and AdamW's two float32 moments:
 
     trained model   20 N bytes: params 4 + grads 4 + Adam moments 8 + update temporaries 4
     frozen model     4 N bytes
-    sft              one trained model                          20 N
-    reward           one trained model                          20 N
-    ppo              policy + critic trained, reference + RM    48 N
+    sft, reward     one trained model                                   20 N   (/ C with fsdp)
+    ppo             policy + critic trained, reference + reward frozen  48 N   (/ C with fsdp)
+    evaluate        policy, reference, reward model frozen              12 N   (/ C with fsdp)
 
-plus activations (``activation_bytes``): with ``remat="full"`` the scan keeps
-each layer's input (L·B·T·D in the compute dtype) and recomputes one layer at a
-time in the backward pass; the LM logits and their softmax cost 2·B·T·V·4 bytes,
-which for 128k-256k vocabularies is the largest activation by far.
+With fsdp a chip also holds what is gathered at the time (``gathered_bytes``):
+the tensors outside the layer stack (embeddings, output head) of the network
+running, and during training their full gradient before the reduce-scatter;
+and a few layers of the stack (the layer running, its gradient, the next one
+prefetched), all float32.
 
-What follows (``estimate`` below; tests/test_run_presets.py checks each claim):
+Activations (``activation_bytes``): with ``remat="full"`` the scan keeps each
+layer's input (L·B·T·D in the compute dtype) and recomputes one layer at a time
+in the backward pass; attention probabilities cost B·H·T²·(4 + c); the LM logits
+and the gradient of their softmax cost 2·B·T·V·4 bytes, which for 128k-256k
+vocabularies is the largest activation by far. PPO's rollout adds the KV cache.
 
-* Qwen2.5-0.5B-class (N = 0.49e9): sft and reward fit a v5e chip (16 GB) at
-  1024 tokens; its PPO (48 N = 23.7 GB) does not fit a v5e chip at all.
-* Llama-3.2-1B-class (N = 1.24e9): 20 N = 24.7 GB exceeds a v5e chip before any
-  activation, so no stage of it fits a v5e-8 slice with replicated fp32 state;
-  on a v5p-8 slice (4 chips of 95 GB) every stage fits, PPO at 68 GB.
-* 7B-class (Llama-2-7B, N = 6.74e9): 20 N = 135 GB exceeds every TPU chip, so
-  replicated training cannot run it at all. It needs the state sharded over the
-  slice (FSDP: 48 N / 32 chips = 10.1 GB per chip for PPO on v5p-64) or smaller
-  state (bf16 moments, LoRA), which this release does not have.
+What follows (``estimate`` below; tests/test_run_presets.py checks each claim,
+and ``benchmarks/bench_fsdp_memory.py`` compares the state and gathered terms
+with XLA's compiled memory on CPU):
+
+* 1B-class (Llama-3.2-1B, N = 1.24e9) on v5e-8 (8 chips of 16 GB): 20 N = 24.7 GB
+  replicated exceeds a chip before any activation; with fsdp sft and reward hold
+  3.1 GB of state, PPO 7.4 GB, evaluate 1.9 GB per chip, and every stage fits.
+* 7B-class (Llama-2-7B, N = 6.74e9): 20 N = 135 GB exceeds every chip replicated.
+  On v5p-32 (16 chips of 95 GB, 4 hosts) with fsdp: sft and reward 8.4 GB of
+  state per chip, PPO 20.2 GB; every stage fits with room for long sequences.
+  A single v5p-8 host (4 chips) would hold 81 GB of PPO state per chip: it does not.
+* 0.5B-class replicated on v5e-8 (sft, reward) and 1B-class replicated on v5p-8
+  show what fits without fsdp (fewer collectives per step).
 """
 
 from __future__ import annotations
@@ -42,34 +52,91 @@ CHIP_HBM = {"v5e": 16 * GB, "v6e": 32 * GB, "v5p": 95 * GB}
 HEADROOM = 0.85
 TRAINED_BYTES_PER_PARAM = 20  # fp32 params, grads, two Adam moments, update temporaries
 FROZEN_BYTES_PER_PARAM = 4
+PARAM_BYTES = 4  # gathered tensors and their gradients are float32
+LAYERS_GATHERED = 3  # the running layer, its gradient, the next one prefetched
+STAGES = ("sft", "reward", "ppo", "evaluate")
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class RunPreset:
-    """A model class on a TPU slice, with each stage's flags chosen so the memory fits."""
+    """A model class on a TPU slice, with each stage's flags chosen so the memory fits.
+
+    ``stages`` holds each stage's batch fields (names as in SFTConfig, RewardConfig,
+    PPOConfig, EvalConfig); lengths, ``remat``, ``dtype`` and ``fsdp`` are the same for
+    every stage, so they are pipeline-wide parameters (``pipeline_params``).
+    """
 
     model: str  # a ModelConfig preset of the model class's shape
     vocab_size: int
     example: str  # a released model of that shape
     chip: str
     chips: int
+    hosts: int
+    prompt_len: int
+    response_len: int
+    remat: str
+    dtype: str
+    fsdp: bool
     stages: dict[str, dict[str, Any]]
 
-    def config(self, stage: str) -> ModelConfig:
-        """The model config a stage of this preset trains (its remat and dtype applied)."""
-        flags = self.stages[stage]
-        return model_config(self.model, self.vocab_size, remat=flags["remat"], dtype=flags["dtype"])
+    @property
+    def slice_name(self) -> str:
+        """Google's name of the slice: v5p counts TensorCores (2 per chip), v5e/v6e chips."""
+        return f"{self.chip}-{self.chips * (2 if self.chip == 'v5p' else 1)}"
+
+    def config(self) -> ModelConfig:
+        """The model config every stage of this preset runs (its remat and dtype applied)."""
+        return model_config(self.model, self.vocab_size, remat=self.remat, dtype=self.dtype)
+
+    def flags(self, stage: str) -> dict[str, Any]:
+        """The stage's config fields: its batch fields, lengths, remat, dtype and fsdp."""
+        numerics = {"remat": self.remat, "dtype": self.dtype, "fsdp": self.fsdp}
+        if stage in ("sft", "reward"):
+            lengths = {"max_len": self.prompt_len + self.response_len}
+        elif stage == "ppo":
+            lengths = {"prompt_len": self.prompt_len, "max_new_tokens": self.response_len}
+        else:  # evaluate: prompts come from the data, cut to the shard stage's length
+            lengths, numerics = {"max_new_tokens": self.response_len}, {"fsdp": self.fsdp}
+        return {**self.stages[stage], **lengths, **numerics}
+
+    def pipeline_params(self) -> dict[str, Any]:
+        """The pipeline parameters (pipelines/params.py) that run this preset."""
+        return {
+            "preset": self.model,
+            "max_prompt_tokens": self.prompt_len,
+            "max_response_tokens": self.response_len,
+            "max_len": self.prompt_len + self.response_len,
+            "max_new_tokens": self.response_len,
+            "eval_max_new_tokens": self.response_len,
+            "remat": self.remat,
+            "dtype": self.dtype,
+            "fsdp": self.fsdp,
+            "sft_batch_size": self.stages["sft"]["batch_size"],
+            "reward_batch_size": self.stages["reward"]["batch_size"],
+            "ppo_rollout_batch_size": self.stages["ppo"]["rollout_batch_size"],
+            "ppo_minibatches": self.stages["ppo"]["minibatches"],
+            "eval_batch_size": self.stages["evaluate"]["batch_size"],
+        }
 
 
 def param_count(config: ModelConfig) -> int:
     """Parameters of the model (without a scalar head)."""
-    d, hd, layers = config.dim, config.resolved_head_dim, config.n_layers
+    return config.n_layers * layer_param_count(config) + outer_param_count(config)
+
+
+def layer_param_count(config: ModelConfig) -> int:
+    """Parameters of one layer of the stack."""
+    d, hd = config.dim, config.resolved_head_dim
     attn = d * hd * (2 * config.n_heads + 2 * config.n_kv_heads)
     if config.qkv_bias:
         attn += hd * (config.n_heads + 2 * config.n_kv_heads)
     norms = (4 if config.post_norms else 2) * d
-    embed = config.vocab_size * d * (1 if config.tie_embeddings else 2)
-    return layers * (attn + 3 * d * config.hidden_dim + norms) + embed + d
+    return attn + 3 * d * config.hidden_dim + norms
+
+
+def outer_param_count(config: ModelConfig) -> int:
+    """Parameters outside the layer stack: embeddings, untied output head, final norm."""
+    return config.vocab_size * config.dim * (1 if config.tie_embeddings else 2) + config.dim
 
 
 def activation_bytes(
@@ -96,36 +163,66 @@ def activation_bytes(
     return kept + 2 * one_layer + 2 * logits
 
 
-def estimate(preset: RunPreset, stage: str) -> dict[str, float]:
-    """Bytes per chip of ``stage`` under ``preset``: state, activations, total."""
-    flags = preset.stages[stage]
-    config = preset.config(stage)
-    n = param_count(config)
-    if stage == "ppo":
-        return _ppo_estimate(config, n, flags, preset.chips)
-    per_chip = flags["batch_size"] // preset.chips
-    sequences = 2 * per_chip if stage == "reward" else per_chip  # reward: chosen + rejected
-    logits_len = 0 if stage == "reward" else flags["max_len"]  # the reward head is a scalar
-    state = TRAINED_BYTES_PER_PARAM * n
-    acts = activation_bytes(config, sequences, flags["max_len"], logits_len=logits_len, train=True)
-    return {"params": n, "state": state, "activations": acts, "total": state + acts}
-
-
-def _ppo_estimate(config: ModelConfig, n: int, flags: dict, chips: int) -> dict[str, float]:
-    """Policy + critic trained, reference + reward frozen; peak of rollout or update."""
-    state = (2 * TRAINED_BYTES_PER_PARAM + 2 * FROZEN_BYTES_PER_PARAM) * n
-    rollout = flags["rollout_batch_size"] // chips
-    minibatch = rollout // flags["minibatches"]
-    prompt, response = flags["prompt_len"], flags["max_new_tokens"]
-    length = prompt + response
+def kv_cache_bytes(config: ModelConfig, sequences: int, length: int) -> float:
+    """Keys and values of every layer for ``sequences`` of ``length`` tokens."""
     c = 2 if config.dtype == "bfloat16" else 4
-    kv_cache = 2 * config.n_layers * rollout * length * config.n_kv_heads
-    kv_cache *= config.resolved_head_dim * c
-    scoring = activation_bytes(config, rollout, length, logits_len=response, train=False)
-    policy = activation_bytes(config, minibatch, length, logits_len=response, train=True)
-    critic = activation_bytes(config, minibatch, length, logits_len=0, train=True)
-    acts = max(kv_cache + scoring, policy + critic)
-    return {"params": n, "state": state, "activations": acts, "total": state + acts}
+    return (
+        2 * config.n_layers * sequences * length * config.n_kv_heads * config.resolved_head_dim * c
+    )
+
+
+def gathered_bytes(config: ModelConfig, *, networks: int, trained: bool) -> float:
+    """What fsdp holds whole at a time: ``networks`` running networks' outer tensors (and their
+    gradients when ``trained``), and LAYERS_GATHERED layers of the stack."""
+    outer = outer_param_count(config) * PARAM_BYTES * (2 if trained else 1)
+    return networks * outer + LAYERS_GATHERED * layer_param_count(config) * PARAM_BYTES
+
+
+def estimate(preset: RunPreset, stage: str) -> dict[str, float]:
+    """Bytes per chip of ``stage`` under ``preset``: state, gathered, activations, total."""
+    config = preset.config()
+    n = param_count(config)
+    models = {"ppo": (2, 2), "evaluate": (0, 3)}.get(stage, (1, 0))  # (trained, frozen)
+    state = (models[0] * TRAINED_BYTES_PER_PARAM + models[1] * FROZEN_BYTES_PER_PARAM) * n
+    flags = {"prompt_len": preset.prompt_len, **preset.flags(stage)}
+    phases = _phases(config, stage, flags, preset.chips)
+    if preset.fsdp:
+        state /= preset.chips
+    else:
+        phases = [(acts, 0.0) for acts, _ in phases]
+    acts, gathered = max(phases, key=sum)
+    total = state + gathered + acts
+    return {"params": n, "state": state, "gathered": gathered, "activations": acts, "total": total}
+
+
+def _phases(config: ModelConfig, stage: str, flags: dict, chips: int) -> list[tuple[float, float]]:
+    """(activations, fsdp-gathered bytes) of each phase of ``stage``: the largest is the peak."""
+    if stage in ("sft", "reward"):
+        per_chip = flags["batch_size"] // chips
+        sequences = 2 * per_chip if stage == "reward" else per_chip  # chosen + rejected
+        logits_len = 0 if stage == "reward" else flags["max_len"]  # the reward head is a scalar
+        acts = activation_bytes(
+            config, sequences, flags["max_len"], logits_len=logits_len, train=True
+        )
+        return [(acts, gathered_bytes(config, networks=1, trained=True))]
+    response = flags["max_new_tokens"]
+    if stage == "evaluate":
+        sequences = -(-flags["batch_size"] // chips)
+    else:
+        sequences = flags["rollout_batch_size"] // chips
+    length = flags["prompt_len"] + response
+    # Sampling and scoring run one network at a time: the KV cache and one forward pass.
+    sampling = kv_cache_bytes(config, sequences, length)
+    sampling += activation_bytes(config, sequences, length, logits_len=response, train=False)
+    phases = [(sampling, gathered_bytes(config, networks=1, trained=False))]
+    if stage == "ppo":
+        # The update: policy and critic forward and backward on one minibatch, each holding
+        # its outer tensors and their gradients.
+        minibatch = sequences // flags["minibatches"]
+        policy = activation_bytes(config, minibatch, length, logits_len=response, train=True)
+        critic = activation_bytes(config, minibatch, length, logits_len=0, train=True)
+        phases.append((policy + critic, gathered_bytes(config, networks=2, trained=True)))
+    return phases
 
 
 def fits(preset: RunPreset, stage: str) -> bool:
@@ -136,41 +233,58 @@ def fits(preset: RunPreset, stage: str) -> bool:
 _BF16_FULL = {"remat": "full", "dtype": "bfloat16"}
 
 RUN_PRESETS: dict[str, RunPreset] = {
-    # 0.5B-class on v5e-8 (8 chips x 16 GB; a run may use 13.6 GB). State 20 N = 9.9 GB.
-    # sft: 2 x 1024 tokens per chip: logits 2 x 2 x 1024 x 151936 x 4 = 2.5 GB + layers
-    # 0.6 GB -> 13.0 GB (4 per chip would need 16.0 GB). reward: 4 pairs = 8 sequences
-    # per chip, no vocabulary logits: 2.4 GB -> 12.2 GB. ppo: 48 N = 23.7 GB: not here.
+    "v5e-8-1b": RunPreset(
+        model="1b",
+        vocab_size=128256,
+        example="meta-llama/Llama-3.2-1B-Instruct",
+        chip="v5e",
+        chips=8,
+        hosts=1,
+        prompt_len=512,
+        response_len=256,
+        fsdp=True,
+        **_BF16_FULL,
+        stages={
+            "sft": {"batch_size": 32},
+            "reward": {"batch_size": 32},
+            "ppo": {"rollout_batch_size": 64, "minibatches": 8},
+            "evaluate": {"batch_size": 64},
+        },
+    ),
+    "v5p-32-7b": RunPreset(
+        model="7b",
+        vocab_size=32000,
+        example="meta-llama/Llama-2-7b-chat-hf",
+        chip="v5p",
+        chips=16,
+        hosts=4,
+        prompt_len=1024,
+        response_len=1024,
+        fsdp=True,
+        **_BF16_FULL,
+        stages={
+            "sft": {"batch_size": 128},
+            "reward": {"batch_size": 64},
+            "ppo": {"rollout_batch_size": 256, "minibatches": 4},
+            "evaluate": {"batch_size": 256},
+        },
+    ),
     "v5e-8-0.5b": RunPreset(
         model="0.5b",
         vocab_size=151936,
         example="Qwen/Qwen2.5-0.5B-Instruct",
         chip="v5e",
         chips=8,
+        hosts=1,
+        prompt_len=512,
+        response_len=512,
+        fsdp=True,
+        **_BF16_FULL,
         stages={
-            "sft": {"batch_size": 16, "max_len": 1024, **_BF16_FULL},
-            "reward": {"batch_size": 32, "max_len": 1024, **_BF16_FULL},
-        },
-    ),
-    # 1B-class on v5p-8 (4 chips x 95 GB; a run may use 80.8 GB). State 20 N = 24.7 GB
-    # (sft, reward), 48 N = 59.3 GB (ppo). sft: 16 x 1024 per chip: logits 16.8 GB +
-    # layers 9.7 GB -> 51 GB. reward: 16 pairs per chip -> 44 GB. ppo: 16 prompts per
-    # chip, minibatch 4, 512 + 512 tokens: update (policy + critic) 9.1 GB -> 68 GB.
-    "v5p-8-1b": RunPreset(
-        model="1b",
-        vocab_size=128256,
-        example="meta-llama/Llama-3.2-1B-Instruct",
-        chip="v5p",
-        chips=4,
-        stages={
-            "sft": {"batch_size": 64, "max_len": 1024, **_BF16_FULL},
-            "reward": {"batch_size": 64, "max_len": 1024, **_BF16_FULL},
-            "ppo": {
-                "rollout_batch_size": 64,
-                "minibatches": 4,
-                "prompt_len": 512,
-                "max_new_tokens": 512,
-                **_BF16_FULL,
-            },
+            "sft": {"batch_size": 32},
+            "reward": {"batch_size": 32},
+            "ppo": {"rollout_batch_size": 64, "minibatches": 4},
+            "evaluate": {"batch_size": 64},
         },
     ),
 }
