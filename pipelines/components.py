@@ -112,6 +112,7 @@ def check_policy(base_policy: str) -> str:
 
 def reward(
     shards: Input[Dataset],
+    base_policy: str,
     preset: str,
     max_len: int,
     seed: int,

@@ -120,6 +120,12 @@ PARAMS: tuple[Param, ...] = (
         (("sft", "base_policy"),),
         help="policy model folder to warm-start PPO from (skips sft); '' = train one with sft",
     ),
+    Param(
+        "reward_base_policy",
+        (("reward", "base_policy"),),
+        help="model folder (artifact or Hugging Face, local or gs://) the reward model starts "
+        "from with a fresh scalar head, e.g. the same as base_policy; '' = a fresh model of preset",
+    ),
     _shared("preset", "preset", "sft", "reward"),
     _shared("max_len", "max_len", "sft", "reward"),
     _shared("seed", "seed", "sft", "reward", "ppo", "evaluate"),

@@ -93,6 +93,7 @@ def build_pipeline(placement: Placement, fresh_from: str | None = None) -> Any:
         max_invalid_fraction: float = D["max_invalid_fraction"],
         beam_args: str = D["beam_args"],
         base_policy: str = D["base_policy"],
+        reward_base_policy: str = D["reward_base_policy"],
         preset: str = D["preset"],
         max_len: int = D["max_len"],
         seed: int = D["seed"],

@@ -102,7 +102,7 @@ class RunPreset:
     def pipeline_params(self) -> dict[str, Any]:
         """The pipeline parameters (pipelines/params.py) that run this preset."""
         return {
-            "preset": self.model,
+            "preset": self.model,  # the shape of a fresh model; a base_policy brings its own
             "max_prompt_tokens": self.prompt_len,
             "max_response_tokens": self.response_len,
             "max_len": self.prompt_len + self.response_len,
