@@ -1,4 +1,8 @@
-"""Multi-host on loopback: 2 processes x 4 CPU devices train like 1 process x 8 devices."""
+"""Multi-host on loopback: 2 processes x 4 CPU devices train like 1 process x 8 devices.
+
+Both with replicated state and with fully sharded state (``place(..., sharded=True)``,
+each device holding 1/8 of every tensor, chunks split across the two processes).
+"""
 
 from __future__ import annotations
 
@@ -17,8 +21,11 @@ REPO = os.path.dirname(TESTS_DIR)
 GLOBAL_BATCH, STEPS = 16, 3
 
 
-def worker(shards: str, out: str, local_devices: int) -> None:
-    """Train a few pmapped steps; with 1 process it plays both hosts' data side by side."""
+def worker(shards: str, out: str, local_devices: int, sharded: bool = False) -> None:
+    """Train a few pmapped steps; with 1 process it plays both hosts' data side by side.
+
+    ``sharded`` places the state in chunks over all 8 devices (fsdp) instead of replicating it.
+    """
     import jax
 
     jax.config.update("jax_num_cpu_devices", local_devices)
@@ -29,7 +36,7 @@ def worker(shards: str, out: str, local_devices: int) -> None:
     from flax import nnx
     from test_parallel import TinyLM, lm_loss_fn
 
-    from components.core import checkpoint, input_pipeline, parallel
+    from components.core import checkpoint, fsdp, input_pipeline, parallel
     from components.core.optim import OptimConfig, make_optimizer
 
     assert jax.device_count() == 8 and jax.process_count() == cluster.num_processes
@@ -52,14 +59,22 @@ def worker(shards: str, out: str, local_devices: int) -> None:
         )
 
     step = parallel.make_train_step(loss_fn, optimizer)
-    state = parallel.replicate(parallel.TrainState.create(params, optimizer))
+    initial = parallel.TrainState.create(params, optimizer)
+    state = parallel.place(initial, sharded=sharded)
+    if sharded:
+        _check_sharded(state, initial)
     rng = jax.random.PRNGKey(0)
     for _ in range(STEPS):
         batches = [next(reader) for reader in readers]
         batch = {k: np.concatenate([b[k] for b in batches]) for k in batches[0]}
         rng, step_rng = jax.random.split(rng)
         state, metrics = step(state, parallel.shard_batch(batch), step_rng)
+    if sharded:
+        assert fsdp.is_sharded(state.params) and fsdp.is_sharded(state.opt_state)
     final = parallel.unreplicate(state)
+    # Every process gets the full tensors back, in the shapes it started from.
+    for a, b in zip(jax.tree.leaves(final), jax.tree.leaves(initial), strict=True):
+        assert np.shape(a) == np.shape(b) and isinstance(a, np.ndarray)
     assert jnp.isfinite(parallel.unreplicate(metrics)["loss"])
     # Every process takes part in the save; Orbax writes from the primary one.
     checkpoint.export_model(
@@ -79,20 +94,70 @@ def worker(shards: str, out: str, local_devices: int) -> None:
     assert restored.step == STEPS and restored.data_position == readers[0].position()
     for a, b in zip(jax.tree.leaves(restored.state), jax.tree.leaves(final), strict=True):
         np.testing.assert_array_equal(a, b)
-    if distributed.is_primary():
-        np.savez(os.path.join(out, "final.npz"), *jax.tree.leaves(final.params))
+    # Each process writes what it holds, so the test sees every process's host copy.
+    np.savez(os.path.join(out, f"final-{jax.process_index()}.npz"), *jax.tree.leaves(final.params))
+
+
+def _check_sharded(state, initial) -> None:
+    """The pmap device with axis index i holds chunk i of every tensor, and the host copy is whole.
+
+    Axis indices come from pmap itself, so a wrong chunk/device order across processes shows
+    here, not just as a mismatch after training. Also checks a layer stack (``blocks``,
+    chunked after its leading layer axis), which TinyLM does not have.
+    """
+    import jax
+    from jax import lax
+
+    from components.core import fsdp, parallel
+
+    total, local = jax.device_count(), jax.local_device_count()
+    index = jax.pmap(lambda x: x + lax.axis_index("i"), axis_name="i")(np.zeros(local, np.int32))
+    axis_of = {s.device: int(np.asarray(s.data)[0]) for s in index.addressable_shards}
+    # 3 layers of 5 x 7 = 35 values: 8 chunks of 5, the last one all padding.
+    stack = {"blocks": {"w": np.arange(105, dtype=np.float32).reshape(3, 5, 7) - 50}}
+    for placed, host in [(state, initial), (parallel.place(stack, sharded=True), stack)]:
+        flat, _ = jax.tree_util.tree_flatten_with_path(host)
+        nodes = jax.tree.leaves(placed, is_leaf=lambda n: isinstance(n, fsdp.Sharded))
+        assert len(nodes) == len(flat)
+        for (path, full), node in zip(flat, nodes, strict=True):
+            full = np.asarray(full)
+            if not isinstance(node, fsdp.Sharded):
+                assert full.ndim == 0, path  # only scalars (step counts) stay replicated
+                continue
+            chunks = fsdp._local_chunks(full, fsdp._lead(path), total)
+            assert node.chunk.shape == (local, *chunks.shape[1:]), (path, node)
+            for shard in node.chunk.addressable_shards:
+                np.testing.assert_array_equal(
+                    np.asarray(shard.data)[0], chunks[axis_of[shard.device]], err_msg=str(path)
+                )
+        # unreplicate gathers the chunks of both processes back into the full tensors.
+        gathered = parallel.unreplicate(placed)
+        for a, b in zip(jax.tree.leaves(gathered), jax.tree.leaves(host), strict=True):
+            np.testing.assert_array_equal(a, np.asarray(b))
 
 
 def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    return _free_ports(1)[0]
 
 
-def _spawn(shards: str, out: str, local_devices: int, extra_env: dict) -> subprocess.Popen:
+def _free_ports(count: int) -> list[int]:
+    """``count`` distinct free ports (all bound at once, so none is handed out twice)."""
+    sockets = [socket.socket() for _ in range(count)]
+    try:
+        for sock in sockets:
+            sock.bind(("127.0.0.1", 0))
+        return [sock.getsockname()[1] for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+def _spawn(
+    shards: str, out: str, local_devices: int, extra_env: dict, sharded: bool = False
+) -> subprocess.Popen:
     code = (
         f"import sys; sys.path[:0] = [{TESTS_DIR!r}, {REPO!r}]; import test_multihost; "
-        f"test_multihost.worker({shards!r}, {out!r}, {local_devices})"
+        f"test_multihost.worker({shards!r}, {out!r}, {local_devices}, sharded={sharded})"
     )
     # A clean environment: no XLA_FLAGS forcing 8 devices into each process.
     env = {k: v for k, v in os.environ.items() if not k.startswith(("XLA_", "JAX_"))}
@@ -117,34 +182,52 @@ def _wait_all(processes: list[subprocess.Popen], timeout: float = 180) -> None:
         assert p.returncode == 0, output[-4000:]
 
 
-@pytest.mark.slow
-def test_two_hosts_match_one_host(tmp_path):
-    from test_input_pipeline import numbered_shards
-
-    shards = numbered_shards(tmp_path / "shards", num_shards=4, per_shard=12)
-    single, multi = tmp_path / "single", tmp_path / "multi"
-    single.mkdir(), multi.mkdir()
-    address = f"127.0.0.1:{_free_port()}"
-    hosts = [
+def _spawn_hosts(shards: str, out: str, port: int, sharded: bool) -> list[subprocess.Popen]:
+    """Two processes of 4 CPU devices each, joined over loopback at ``port``."""
+    address = f"127.0.0.1:{port}"
+    return [
         _spawn(
             shards,
-            str(multi),
+            out,
             4,
             {
                 distributed.ENV_COORDINATOR: address,
                 distributed.ENV_NUM_PROCESSES: "2",
                 distributed.ENV_PROCESS_ID: str(i),
             },
+            sharded=sharded,
         )
         for i in range(2)
     ]
-    _wait_all(hosts)
-    _wait_all([_spawn(shards, str(single), 8, {})])
-    want, got = np.load(single / "final.npz"), np.load(multi / "final.npz")
-    assert len(want.files) == len(got.files) > 3
-    for name in want.files:
-        np.testing.assert_allclose(got[name], want[name], rtol=1e-5, atol=1e-6)
-    assert os.path.exists(multi / "model" / "config.json")
+
+
+@pytest.mark.slow
+def test_two_hosts_match_one_host(tmp_path):
+    """Replicated and fully sharded state on 2 x 4 devices both train like replicated 1 x 8."""
+    from test_input_pipeline import numbered_shards
+
+    shards = numbered_shards(tmp_path / "shards", num_shards=4, per_shard=12)
+    runs = {name: tmp_path / name for name in ("single", "multi", "sharded")}
+    for path in runs.values():
+        path.mkdir()
+    # All five processes at once, each pair on its own coordinator port: most of a run is
+    # start-up and compilation, so together they take about as long as the two-host run alone.
+    ports = _free_ports(2)
+    _wait_all(
+        _spawn_hosts(shards, str(runs["multi"]), ports[0], sharded=False)
+        + _spawn_hosts(shards, str(runs["sharded"]), ports[1], sharded=True)
+        + [_spawn(shards, str(runs["single"]), 8, {})]
+    )
+    want = np.load(runs["single"] / "final-0.npz")
+    assert len(want.files) > 3
+    for run, process in [("multi", 0), ("multi", 1), ("sharded", 0), ("sharded", 1)]:
+        got = np.load(runs[run] / f"final-{process}.npz")
+        assert got.files == want.files
+        for name in want.files:
+            np.testing.assert_allclose(
+                got[name], want[name], rtol=1e-5, atol=1e-6, err_msg=f"{run} process {process}"
+            )
+        assert os.path.exists(runs[run] / "model" / "config.json")
 
 
 def test_detect_cluster():

@@ -26,6 +26,7 @@ and on any device count.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -176,26 +177,41 @@ def put_rows(rows: Sequence[np.ndarray], devices: Sequence[jax.Device]) -> jax.A
     return jax.make_array_from_single_device_arrays((len(devices), *first.shape), sharding, placed)
 
 
+@functools.cache
+def axis_indices(devices: tuple[jax.Device, ...]) -> tuple[int, ...]:
+    """The pmap axis index of each of this process's ``devices``, in their order.
+
+    One process: the position in ``devices``. Several: asked of a pmap over every
+    device, since the global order of hosts' devices is the runtime's to choose.
+    """
+    if jax.process_count() == 1:
+        return tuple(range(len(devices)))
+    rows = put_rows([np.zeros((), np.int32)] * len(devices), devices)
+    out = jax.pmap(lambda _: lax.axis_index(AXIS), axis_name=AXIS)(rows)
+    by_device = {s.device: int(np.asarray(s.data).reshape(-1)[0]) for s in out.addressable_shards}
+    return tuple(by_device[d] for d in devices)
+
+
 def shard(
     tree: PyTree, devices: Sequence[jax.Device] | None = None, axis_name: str = AXIS
 ) -> PyTree:
     """``tree`` on the devices: tensors split into chunks, scalars replicated.
 
-    Chunk *i* goes to the device whose pmap axis index is *i*: this process's local
-    devices hold the chunks ``process_index · local … + local − 1``.
+    Chunk *i* goes to the device whose pmap axis index is *i* (:func:`axis_indices`).
     """
     devices = list(devices) if devices is not None else jax.local_devices()
     local = len(devices)
     total = local * jax.process_count()
-    first = jax.process_index() * local
+    indices = axis_indices(tuple(devices))
 
     def place(path: tuple, leaf: Any) -> Any:
         full = np.asarray(leaf)
         lead = _lead(path)
         if full.ndim <= lead:  # scalars (step counts) stay whole on every device
             return put_rows([full] * local, devices)
-        chunks = _local_chunks(full, lead, total)[first : first + local]
-        return Sharded(put_rows(list(chunks), devices), full.shape[lead:], axis_name)
+        chunks = _local_chunks(full, lead, total)
+        rows = [chunks[i] for i in indices]
+        return Sharded(put_rows(rows, devices), full.shape[lead:], axis_name)
 
     return jax.tree_util.tree_map_with_path(place, tree)
 
