@@ -34,8 +34,11 @@ with XLA's compiled memory on CPU):
   On v5p-32 (16 chips of 95 GB, 4 hosts) with fsdp: sft and reward 8.4 GB of
   state per chip, PPO 20.2 GB; every stage fits with room for long sequences.
   A single v5p-8 host (4 chips) would hold 81 GB of PPO state per chip: it does not.
-* 0.5B-class replicated on v5e-8 (sft, reward) and 1B-class replicated on v5p-8
-  show what fits without fsdp (fewer collectives per step).
+* 0.5B-class (Qwen2.5-0.5B, N = 0.49e9) on v5e-8: replicated, sft and reward would
+  fit (9.9 GB of state) but PPO's 48 N = 23.7 GB would not; with fsdp every stage fits.
+
+The estimate is conservative for fsdp: on 8 CPU devices XLA's compiled step
+needs 0.73x of it sharded, and 1.29x replicated (bench_fsdp_memory.py).
 """
 
 from __future__ import annotations
