@@ -11,6 +11,11 @@ embedding table and current layer come on top.
 
     .venv/bin/python benchmarks/bench_fsdp_memory.py [--preset demo] [--vocab 8192]
         [--dim 512] [--layers 8] [--hidden 1536] [--batch 8] [--seq-len 128] [--remat full]
+        [--steps 5]
+
+Step time is timed too, both placements round-robin (on 8 virtual devices sharing
+the machine's cores the replicated step repeats the optimizer update 8 times; a
+TPU's chips do it in parallel, so there the ratio says little).
 
 The sharded HLO's all-gathers are listed too: with one layer gathered at a time their
 count and sizes do not grow with --layers (embedding once, each layer tensor twice:
@@ -92,6 +97,22 @@ def measure(step, state, batch, key) -> tuple[dict[str, int], str, float]:
     return figures, compiled.as_text(), seconds
 
 
+def step_seconds(step, states: dict, batch, key, repeats: int) -> dict[str, float]:
+    """Median seconds per step of each placement, round-robin so drift hits both alike.
+
+    The step donates its state, so each call takes the state the previous one returned.
+    """
+    times: dict[str, list[float]] = {name: [] for name in states}
+    for round_ in range(repeats + 1):  # round 0 compiles and warms up
+        for name in states:
+            start = time.perf_counter()
+            states[name], metrics = step(states[name], batch, key)
+            jax.block_until_ready(metrics)
+            if round_:
+                times[name].append(time.perf_counter() - start)
+    return {name: float(np.median(values)) for name, values in times.items()}
+
+
 def main() -> None:
     """Compile both steps and print their per-device memory and the ratios."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -105,6 +126,7 @@ def main() -> None:
     parser.add_argument("--seq-len", type=int, default=128)
     parser.add_argument("--remat", default="full", choices=("none", "full", "dots_saveable"))
     parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
+    parser.add_argument("--steps", type=int, default=5, help="timed steps per placement")
     args = parser.parse_args()
 
     overrides = dict(remat=args.remat, dtype=args.dtype)
@@ -150,11 +172,11 @@ def main() -> None:
         f"replicated {mib(theory['replicated'])}, sharded {mib(theory['sharded'])}"
     )
 
-    results, texts = {}, {}
+    results, texts, states = {}, {}, {}
     for name, sharded in (("replicated", False), ("sharded", True)):
         state = parallel.place(parallel.TrainState.create(params, optimizer), sharded=sharded)
         results[name], texts[name], seconds = measure(step, state, batch, key)
-        del state
+        states[name] = state
         print(f"  {name} compiled in {seconds:.1f} s")
 
     print("per device:        replicated        sharded   sharded/replicated")
@@ -177,6 +199,12 @@ def main() -> None:
         ratio = results[name]["live"] / estimate[name]
         print(f"  live / estimate, {name}: {ratio:.2f}")
 
+    times = step_seconds(step, states, batch, key, args.steps)
+    print(
+        f"step time (median of {args.steps}, interleaved): replicated "
+        f"{times['replicated'] * 1e3:.1f} ms, sharded {times['sharded'] * 1e3:.1f} ms = "
+        f"{times['sharded'] / times['replicated']:.2f}x"
+    )
     gathers = collective_bytes(texts["sharded"], "all-gather")
     scatters = collective_bytes(texts["sharded"], "reduce-scatter")
     layer_bytes = per_layer * 4
