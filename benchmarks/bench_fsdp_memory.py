@@ -1,6 +1,6 @@
 """Per-device compiled memory of one pmapped train step: replicated vs fully sharded state.
 
-One next-token (sft) train step built by ``parallel.make_train_step`` over 8 virtual
+The sft stage's train step (its loss) built by ``parallel.make_train_step`` over 8 virtual
 CPU devices, its state placed with ``parallel.replicate`` or ``parallel.place(...,
 sharded=True)`` (ZeRO-3, fsdp.py). XLA's ``memory_analysis()`` of the compiled pmap
 is per device: arguments (parameters + Adam moments), outputs (the new state, aliased
@@ -39,7 +39,6 @@ DEVICES = 8
 jax.config.update("jax_num_cpu_devices", DEVICES)
 jax.config.update("jax_platforms", "cpu")
 
-import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from _timing import mib  # noqa: E402
 from flax import nnx  # noqa: E402
@@ -49,21 +48,9 @@ from components.core.model import Transformer, model_config  # noqa: E402
 from components.core.optim import OptimConfig, make_optimizer  # noqa: E402
 from components.core.run_presets import TRAINED_BYTES_PER_PARAM as STATE_BYTES_PER_PARAM  # noqa: E402
 from components.core.run_presets import activation_bytes, gathered_bytes  # noqa: E402
+from components.sft.train import make_sft_loss  # noqa: E402
 
 DTYPE_BYTES = {"f32": 4, "bf16": 2, "f16": 2, "s32": 4, "u32": 4, "pred": 1, "s8": 1, "u8": 1}
-
-
-def sft_loss_fn(graphdef: nnx.GraphDef):
-    """Masked next-token negative log-likelihood, as the sft stage computes it."""
-
-    def loss_fn(params, batch, rng):
-        del rng
-        model = nnx.merge(graphdef, params)
-        logprobs = model.token_logprobs(batch["tokens"], batch["mask"])
-        weights = batch["mask"][:, 1:].astype(jnp.float32)
-        return -(logprobs * weights).sum() / jnp.maximum(weights.sum(), 1.0), {}
-
-    return loss_fn
 
 
 def collective_bytes(hlo: str, op: str) -> list[int]:
@@ -140,12 +127,15 @@ def main() -> None:
         int(np.prod(leaf.shape[1:])) for leaf in jax.tree.leaves(nnx.state(params)["blocks"])
     )
     optimizer = make_optimizer(OptimConfig(learning_rate=1e-4, warmup_steps=0, total_steps=100))
-    step = parallel.make_train_step(sft_loss_fn(graphdef), optimizer)
+    step = parallel.make_train_step(make_sft_loss(graphdef), optimizer)
     rng = np.random.default_rng(0)
     batch = parallel.shard_batch(
         {
-            "tokens": rng.integers(3, args.vocab, (args.batch, args.seq_len)).astype(np.int32),
-            "mask": np.ones((args.batch, args.seq_len), np.int32),
+            "chosen_tokens": rng.integers(3, args.vocab, (args.batch, args.seq_len)).astype(
+                np.int32
+            ),
+            "chosen_mask": np.ones((args.batch, args.seq_len), np.int32),
+            "loss_mask": np.ones((args.batch, args.seq_len), np.int32),
         }
     )
     key = jax.random.PRNGKey(0)
