@@ -186,16 +186,24 @@ def streams(config: TrainConfig) -> tuple[list[int], int]:
     *h·S/H* … *(h+1)·S/H − 1*, so the global batch is the same for any *H* that divides *S*.
     """
     config.per_host_batch()  # refuses a batch that does not split over the devices
+    own, per_stream, _ = stream_shares(config.batch_size, config.data_streams)
+    return own, per_stream
+
+
+def stream_shares(
+    batch_size: int, data_streams: int, batch_name: str = "batch_size"
+) -> tuple[list[int], int, int]:
+    """This host's streams, the batch each draws, and the stream count (0 = one per host)."""
     hosts, host = jax.process_count(), jax.process_index()
-    count = config.data_streams or hosts
+    count = data_streams or hosts
     if count % hosts:
         raise ValueError(
             f"data_streams: {count} must be a multiple of the {hosts} hosts of this run"
         )
-    if config.batch_size % count:
-        raise ValueError(f"batch_size: {config.batch_size} must be a multiple of {count} streams")
+    if batch_size % count:
+        raise ValueError(f"{batch_name}: {batch_size} must be a multiple of {count} streams")
     per_host = count // hosts
-    return list(range(host * per_host, (host + 1) * per_host)), config.batch_size // count
+    return list(range(host * per_host, (host + 1) * per_host)), batch_size // count, count
 
 
 class StreamBatches(Iterator[dict[str, np.ndarray]]):

@@ -32,6 +32,11 @@ class PPOConfig:
     rollout_batch_size: int = field(
         64, help="prompts sampled per iteration, global over all devices and hosts"
     )
+    data_streams: int = field(
+        0,
+        help="independent prompt readers the rollout batch is drawn from, spread over hosts "
+        "(0 = one per host); fix it to get the same run on any number of hosts",
+    )
     minibatches: int = field(2, help="minibatches the rollout batch is split into per epoch")
     ppo_epochs: int = field(4, help="passes over each rollout batch")
     prompt_len: int = field(
@@ -111,6 +116,13 @@ class PPOConfig:
             )
         if self.max_restores < 0:
             raise ValueError(f"max_restores: {self.max_restores} must be >= 0")
+        if self.data_streams < 0:
+            raise ValueError(f"data_streams: {self.data_streams} must be >= 0 (0 = one per host)")
+        if self.data_streams and self.rollout_batch_size % self.data_streams:
+            raise ValueError(
+                f"rollout_batch_size: {self.rollout_batch_size} must be a multiple of "
+                f"data_streams ({self.data_streams}); change one of them"
+            )
 
     def _check_coefficients(self) -> None:
         """Coefficients and ranges of the PPO objective and the guard."""
@@ -163,3 +175,14 @@ class PPOConfig:
                 f"{devices} devices x {self.minibatches} minibatches = {per_device_quantum}"
             )
         return self.rollout_batch_size // jax.process_count()
+
+    def prompt_streams(self) -> tuple[list[int], int, int]:
+        """This host's prompt streams, the batch each draws per iteration, and the stream count.
+
+        Stream *s* of *S* reads shards *s*, *s+S*, …; host *h* of *H* owns streams
+        *h·S/H* … *(h+1)·S/H − 1*, so the rollout batch is the same for any *H* dividing *S*.
+        """
+        from components.core.trainer import stream_shares
+
+        self.per_host_batch()  # refuses a batch that does not split over the devices
+        return stream_shares(self.rollout_batch_size, self.data_streams, "rollout_batch_size")

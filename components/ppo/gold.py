@@ -15,7 +15,7 @@ import jax
 import numpy as np
 from flax import nnx
 
-from components.core import fileio, parallel
+from components.core import fileio, fsdp, parallel
 from components.core.builtin_task import gold_reward_fn
 from components.core.input_pipeline import prompt_dataset
 from components.core.sampler import generate
@@ -25,11 +25,16 @@ PyTree = Any
 
 
 def eval_prompts(shards_dir: str, prompt_len: int, seed: int) -> dict[str, np.ndarray]:
-    """This host's unique eval prompts, as many as split evenly over its devices."""
-    devices = jax.local_device_count()
+    """Every unique eval prompt (every host reads them all), as many as split over all devices.
+
+    The measure must not depend on the number of hosts: each host samples the rows of its
+    own devices (:func:`_local_rows`) and the responses are gathered back from every host.
+    """
+    devices = jax.device_count()
     everything = prompt_dataset(
-        shards_dir, "eval", batch_size=1, prompt_len=prompt_len, seed=seed, shuffle=False
-    )
+        shards_dir, "eval", batch_size=1, prompt_len=prompt_len, seed=seed,
+        host_index=0, host_count=1, shuffle=False,
+    )  # fmt: skip
     count = len(everything.tokens) // devices * devices
     if count == 0:
         raise ValueError(
@@ -37,6 +42,30 @@ def eval_prompts(shards_dir: str, prompt_len: int, seed: int) -> dict[str, np.nd
             "raise eval_fraction in the shard stage"
         )
     return {"prompt_tokens": everything.tokens[:count], "prompt_mask": everything.masks[:count]}
+
+
+def _local_rows(batch: dict[str, np.ndarray]) -> tuple[dict[str, jax.Array], np.ndarray]:
+    """This host's part of a global batch: block *i* of ``[devices, rows / devices, ...]``
+    on the local device whose pmap axis index is *i*; and those axis indices."""
+    local = jax.local_devices()
+    indices = np.asarray(fsdp.axis_indices(tuple(local)), np.int32)
+    placed = {}
+    for name, array in batch.items():
+        blocks = array.reshape(jax.device_count(), -1, *array.shape[1:])
+        placed[name] = fsdp.put_rows([blocks[i] for i in indices], local)
+    return placed, indices
+
+
+def _gather_rows(local: np.ndarray, indices: np.ndarray) -> np.ndarray:
+    """The global ``[rows, ...]`` from every host's ``[local devices, per device, ...]`` blocks."""
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+
+        local = np.asarray(multihost_utils.process_allgather(local, tiled=True))
+        indices = np.asarray(multihost_utils.process_allgather(indices, tiled=True))
+    blocks = np.empty_like(local)
+    blocks[indices] = local
+    return blocks.reshape(-1, *blocks.shape[2:])
 
 
 @functools.lru_cache(maxsize=4)
@@ -75,13 +104,10 @@ def mean_gold_reward(
     prompts = {k: np.repeat(v, samples_per_prompt, axis=0) for k, v in prompts.items()}
 
     sample = _sampler(graphdef, max_new_tokens, tokenizer.eos_id, tokenizer.pad_id, temperature)
-    out = sample(
-        parallel.place(params, sharded=sharded),
-        parallel.shard_batch(prompts),
-        jax.random.PRNGKey(seed),
-    )
-    tokens = np.asarray(out.tokens).reshape(-1, max_new_tokens)
-    mask = np.asarray(out.mask).reshape(-1, max_new_tokens)
+    local, indices = _local_rows(prompts)
+    out = sample(parallel.place(params, sharded=sharded), local, jax.random.PRNGKey(seed))
+    tokens = _gather_rows(np.asarray(out.tokens), indices)
+    mask = _gather_rows(np.asarray(out.mask), indices)
     scores = []
     for prompt, prompt_mask, response, response_mask in zip(
         prompts["prompt_tokens"], prompts["prompt_mask"], tokens, mask, strict=True

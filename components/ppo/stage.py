@@ -1,6 +1,6 @@
 """The ppo stage: align the sft policy against the reward model and export it.
 
-Inputs: the shard stage's prompts (train split; each host its own shards), the
+Inputs: the shard stage's prompts (train split; each host its own streams of shards), the
 policy artifact (sft) and the reward artifact (with ``reward_stats.json``).
 The critic starts as a copy of the reward model; the reference is the initial
 policy (or its EMA). Output: the aligned policy as a model artifact
@@ -28,6 +28,7 @@ from components.core.input_pipeline import (
     read_manifest,
 )
 from components.core.model_io import ModelMismatchError, check_tokenizer, load_model, save_model
+from components.core.trainer import StreamBatches
 from components.ppo.config import STATUS_STOPPED_KL_GUARD, PPOConfig
 from components.ppo.gold import mean_gold_reward
 from components.ppo.loop import Networks, PPOLoop
@@ -109,6 +110,26 @@ def _gold(nets: Networks, params: Any, shards_dir: str, manifest: dict, config: 
     )  # fmt: skip
 
 
+def prompt_streams(config: PPOConfig, shards_dir: str) -> StreamBatches:
+    """This host's train prompts: one batch from each of its streams per iteration."""
+    own, per_stream, count = config.prompt_streams()
+    readers = [
+        prompt_dataset(
+            shards_dir,
+            "train",
+            batch_size=per_stream,
+            prompt_len=config.prompt_len,
+            seed=config.seed,
+            host_index=stream,
+            host_count=count,
+            shuffle=True,
+            repeat=True,
+        )
+        for stream in own
+    ]
+    return StreamBatches(readers)
+
+
 def run(
     config: PPOConfig, shards_dir: str, policy_dir: str, reward_dir: str, output: str
 ) -> dict[str, float]:
@@ -122,10 +143,7 @@ def run(
         max_new_tokens=config.max_new_tokens or response_max,
     )
     policy, nets = build_networks(config, manifest, policy_dir, reward_dir)
-    prompts = prompt_dataset(
-        shards_dir, "train", batch_size=config.per_host_batch(),
-        prompt_len=config.prompt_len, seed=config.seed, shuffle=True, repeat=True,
-    )  # fmt: skip
+    prompts = prompt_streams(config, shards_dir)
     gold_before = _gold(nets, nets.policy, shards_dir, manifest, config)
     result = PPOLoop(config, nets, prompts, output).run(nets.reward)
     gold_after = _gold(nets, result.policy, shards_dir, manifest, config)
