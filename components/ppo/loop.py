@@ -25,7 +25,7 @@ import numpy as np
 from components.core import fileio, parallel
 from components.core.checkpoint import CheckpointConfig, TrainCheckpointer, work_checkpoint_dir
 from components.core.metrics import MetricsLogger
-from components.core.optim import lr_at
+from components.core.optim import make_schedule
 from components.ppo.config import STATUS_COMPLETED, STATUS_STOPPED_KL_GUARD, PPOConfig
 from components.ppo.guard import KL_METRIC, KLGuard
 from components.ppo.kl_control import KLControllerState, init_kl_controller, update_kl_controller
@@ -100,6 +100,7 @@ class PPOLoop:
             work_dir=fileio.join(output, "work"),
         )
         self.key = np.asarray(jax.random.PRNGKey(config.seed))
+        self.schedule = make_schedule(config.policy_optim())  # built once, for the lr metric
         self.last_saved = -1
         self.final_kl: float | None = None  # KL per token of the output policy's check rollout
         self.template = PPOState.create(nets.policy, nets.critic, config)
@@ -200,7 +201,7 @@ class PPOLoop:
         metrics = {**rollout, **update}
         metrics.update(
             {
-                "lr": lr_at(self.config.policy_optim(), steps - 1) * self.guard.state.lr_scale,
+                "lr": float(self.schedule(steps - 1)) * self.guard.state.lr_scale,
                 "objective/kl_coef": float(self.controller.kl_coef),
                 "episode": float((self.iteration + 1) * self.config.rollout_batch_size),
                 "guard/restores": float(self.guard.state.restores),
