@@ -253,3 +253,32 @@ def test_left_pad_truncation_keeps_bos():
     tokens, mask = ip._left_pad(np.array([BOS, 5, 6, 7, 8]), 3, PAD, BOS)
     np.testing.assert_array_equal(tokens, [BOS, 7, 8])
     assert mask.all()
+
+
+def test_streams_resume_on_another_host_layout(shards):
+    """A position saved by a host holding 2 of 4 streams restores a host holding all 4."""
+    from components.core.trainer import StreamBatches
+
+    def streams(own: range) -> StreamBatches:
+        readers = [
+            ip.preference_dataset(
+                shards, "train", batch_size=2, max_len=8, seed=5, host_index=s, host_count=4
+            )
+            for s in own
+        ]
+        return StreamBatches(readers)
+
+    first_host, whole = streams(range(2)), streams(range(4))
+    for _ in range(3):
+        next(first_host)
+    expected = [next(whole) for _ in range(5)][3:]
+    resumed = streams(range(4))
+    resumed.restore(first_host.position())
+    for want in expected:
+        got = next(resumed)
+        for name in want:
+            np.testing.assert_array_equal(got[name], want[name])
+    with pytest.raises(ValueError, match="not in step"):
+        position = first_host.position()
+        position["streams"][1] = {**position["streams"][1], "batches_total": 9}
+        resumed.restore(position)

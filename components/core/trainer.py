@@ -220,8 +220,17 @@ class StreamBatches(Iterator[dict[str, np.ndarray]]):
         return {"streams": [reader.position() for reader in self.readers]}
 
     def restore(self, position: dict[str, Any]) -> None:
-        for reader, saved in zip(self.readers, position["streams"], strict=True):
-            reader.restore(saved)
+        """Continue from a :meth:`position` saved by any host layout of the same streams.
+
+        Every stream draws one batch per step, so all saved streams hold the same count
+        (the checkpoint keeps process 0's streams); each reader resumes from it, whichever
+        streams this host now owns.
+        """
+        counts = {saved["batches_total"] for saved in position["streams"]}
+        if len(counts) != 1:
+            raise ValueError(f"the checkpoint's data streams are not in step: {sorted(counts)}")
+        for reader in self.readers:
+            reader.restore(position["streams"][0])
 
 
 def preference_streams(
