@@ -25,6 +25,7 @@ import orbax.checkpoint as ocp
 
 from components.core import fileio
 from components.core.flags import field
+from components.core.host import host_abstract
 
 PyTree = Any
 MODEL_SCHEMA_VERSION = 1
@@ -230,5 +231,6 @@ def read_model_config(model_dir: str) -> dict[str, Any]:
 def load_model_params(model_dir: str, abstract_params: PyTree) -> PyTree:
     """The parameters of a model artifact, restored into ``abstract_params``' structure."""
     read_model_config(model_dir)
+    target = host_abstract(abstract_params)  # host memory, not accelerator 0 (host.py)
     with ocp.StandardCheckpointer() as checkpointer:
-        return checkpointer.restore(_abs(fileio.join(model_dir, PARAMS_DIR)), abstract_params)
+        return checkpointer.restore(_abs(fileio.join(model_dir, PARAMS_DIR)), target)

@@ -8,6 +8,7 @@ import jax
 from flax import nnx
 
 from components.core.checkpoint import export_model, load_model_params, read_model_config
+from components.core.host import on_host
 from components.core.model import ModelConfig, Transformer, model_config
 
 
@@ -21,7 +22,8 @@ def create_model(
     """A freshly initialised model of ``preset`` (overrides with empty values are ignored)."""
     overrides = {k: v for k, v in overrides.items() if v not in ("", None)}
     config = model_config(preset, vocab_size, **overrides)
-    return Transformer(config, rngs=nnx.Rngs(seed), scalar_head=scalar_head)
+    with on_host():
+        return Transformer(config, rngs=nnx.Rngs(seed), scalar_head=scalar_head)
 
 
 def _pure_params(model_dir: str, config: ModelConfig, has_head: bool) -> dict:
@@ -47,7 +49,8 @@ def load_model(
     config = ModelConfig.from_dict({**info["model"], **overrides})
     has_head = bool(info.get("scalar_head", False))
     want_head = has_head if scalar_head is None else scalar_head
-    model = Transformer(config, rngs=nnx.Rngs(seed), scalar_head=want_head)
+    with on_host():  # host memory: the stage places the parameters itself (host.py)
+        model = Transformer(config, rngs=nnx.Rngs(seed), scalar_head=want_head)
     stored = _pure_params(model_dir, ModelConfig.from_dict(info["model"]), has_head)
     if not want_head:
         stored.pop("scalar_head", None)

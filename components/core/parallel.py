@@ -25,6 +25,7 @@ import optax
 from jax import lax
 
 from components.core import fsdp
+from components.core.host import on_host
 
 PyTree = Any
 LossFn = Callable[[PyTree, Mapping[str, jax.Array], jax.Array], tuple[jax.Array, dict]]
@@ -40,8 +41,11 @@ class TrainState:
 
     @classmethod
     def create(cls, params: PyTree, optimizer: optax.GradientTransformation) -> TrainState:
-        """A fresh state at step 0 for ``params`` (e.g. an ``nnx.State``)."""
-        return cls(step=jnp.zeros((), jnp.int32), params=params, opt_state=optimizer.init(params))
+        """A fresh state at step 0 for ``params`` (e.g. an ``nnx.State``), in host memory."""
+        with on_host():
+            return cls(
+                step=jnp.zeros((), jnp.int32), params=params, opt_state=optimizer.init(params)
+            )
 
 
 def local_device_count() -> int:
