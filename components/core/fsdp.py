@@ -106,6 +106,29 @@ def gather_outer(tree: PyTree) -> PyTree:
     return jax.tree.map(one, tree, is_leaf=_is_sharded)
 
 
+def after(tree: PyTree, done: Any) -> PyTree:
+    """``tree``'s chunks made to depend on ``done``: nothing gathers them before ``done`` exists.
+
+    Scoring one network after another, each pass's gathered tensors are then dead
+    before the next network's are gathered. A data dependency, because
+    ``lax.optimization_barrier`` did not stop XLA (CPU, measured) from gathering four
+    networks' embeddings at once. The added term is exactly 0 whatever ``done`` holds
+    (NaN included) and costs one pass over this device's chunks; a tree without
+    chunks is returned as it is.
+    """
+    if not is_sharded(tree):
+        return tree
+    signal = sum(jnp.sum(leaf) for leaf in jax.tree.leaves(done) if jnp.size(leaf))
+    zero = (signal > 0).astype(jnp.float32) * 0.0  # a 0 XLA cannot fold away
+
+    def one(node: Any) -> Any:
+        if not _is_sharded(node):
+            return node
+        return Sharded(node.chunk + zero.astype(node.chunk.dtype), node.rest, node.axis)
+
+    return jax.tree.map(one, tree, is_leaf=_is_sharded)
+
+
 def mean_over_devices(tree: PyTree, axis_name: str = AXIS) -> PyTree:
     """The mean over devices: chunks (gradients already summed by the reduce-scatter) / N,
     every other leaf ``pmean``-ed as ONE all-reduce of the leaves raveled into a vector.

@@ -19,6 +19,7 @@ import jax.numpy as jnp
 from flax import nnx
 from jax import lax
 
+from components.core import fsdp
 from components.core.sampler import generate
 from components.ppo import forward, losses
 from components.ppo.config import PPOConfig
@@ -140,10 +141,15 @@ def rollout_step(
     rng = jax.random.fold_in(rng, lax.axis_index(AXIS))
     batch = _sample(models, params, prompts, rng, config, ids)
     mask = batch["response_mask"]
-    logprobs = forward.response_logprobs(models.policy, params.policy, batch)
-    ref_logprobs = forward.response_logprobs(models.policy, params.reference, batch)
-    values = forward.response_values(models.critic, params.critic, batch)
-    raw_scores = forward.sequence_scores(models.reward, params.reward, batch)
+    # One network at a time: under fsdp each pass may gather its network only once the
+    # previous pass is done, so the four networks' embeddings are never whole together.
+    policy = fsdp.after(params.policy, batch["response_tokens"])
+    logprobs = forward.response_logprobs(models.policy, policy, batch)
+    ref_logprobs = forward.response_logprobs(
+        models.policy, fsdp.after(params.reference, logprobs), batch
+    )
+    values = forward.response_values(models.critic, fsdp.after(params.critic, ref_logprobs), batch)
+    raw_scores = forward.sequence_scores(models.reward, fsdp.after(params.reward, values), batch)
     has_eos = jnp.any((batch["response_tokens"] == ids.eos_id) & (mask != 0), axis=1)
     scores = normalize_scores(raw_scores, has_eos, norm)
     kl = losses.kl_penalty(logprobs, ref_logprobs, mask, config.kl_estimator)
