@@ -7,6 +7,7 @@ from the stage configs (``pipelines/params.py``).
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import tempfile
 from pathlib import Path
@@ -102,12 +103,15 @@ def _placement_options(parser: argparse.ArgumentParser) -> None:
         "and the batch, length, remat, dtype and fsdp parameters; flags given override it",
     )
     group.add_argument(
-        "--tpu", default=None, choices=list(TPU_GENERATIONS), help="TPU (default: v5e)"
+        "--tpu",
+        default=None,
+        choices=list(TPU_GENERATIONS),
+        help="TPU (default: the run preset's, else v5e)",
     )
     group.add_argument(
         "--tpu-topology",
         default=None,
-        help="chips of one training task, e.g. 1x1, 2x2, 2x4 (default: 2x2)",
+        help="chips of one training task, e.g. 1x1, 2x2, 2x4 (default: the run preset's, else 2x2)",
     )
     group.add_argument("--machine-type", default="", help="vertex TPU VM type (checked)")
     group.add_argument("--cpu-limit", default="4", help="CPU of non-training tasks (4)")
@@ -170,8 +174,16 @@ def _placement(args: argparse.Namespace) -> Placement:
     preset = _run_preset(args)
     tpu = args.tpu or (preset.chip if preset else "v5e")
     topology = args.tpu_topology or (
-        TPU_GENERATIONS[tpu].host_topologies[preset.chips] if preset else "2x2"
+        TPU_GENERATIONS[tpu].host_topologies.get(preset.chips, "") if preset else "2x2"
     )
+    if preset is not None:
+        chips = math.prod(int(d) for d in topology.split("x")) if topology else 0
+        if tpu != preset.chip or chips != preset.chips:
+            raise ValueError(
+                f"--run-preset {args.run_preset} is sized for {preset.chips} {preset.chip} chips; "
+                f"--tpu {tpu} --tpu-topology {topology or '?'} is another slice. Drop those "
+                "flags, or choose the preset of that slice (alignpipe presets)"
+            )
     return Placement(
         target=args.target, image=args.image or DEFAULT_IMAGE, data_image=args.data_image,
         tpu=tpu, topology=topology, machine_type=args.machine_type,

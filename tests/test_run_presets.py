@@ -120,6 +120,31 @@ def test_compile_with_a_run_preset_sets_tpu_and_parameters(tmp_path, capsys):
     assert "2x4" in str(platform)  # the training tasks' TPU topology node selector
 
 
+def test_a_preset_on_another_slice_is_refused(tmp_path, capsys):
+    argv = ["compile", "--target", "gke", "--run-preset", "v5e-8-1b", "-o", str(tmp_path / "p")]
+    assert cli_main([*argv, "--tpu-topology", "2x2"]) == 2  # 4 chips: 1B's PPO needs 8
+    assert "sized for 8 v5e chips" in capsys.readouterr().err
+    assert cli_main([*argv, "--tpu", "v4"]) == 2
+    assert "sized for 8 v5e chips" in capsys.readouterr().err
+
+
+def test_half_b_needs_fsdp_for_ppo():
+    replicated = _variant("v5e-8-0.5b", fsdp=False)
+    budget = HEADROOM * CHIP_HBM["v5e"]
+    assert estimate(replicated, "ppo")["state"] == pytest.approx(48 * 0.494e9, rel=1e-2)
+    assert estimate(replicated, "ppo")["state"] > budget
+    assert not fits(replicated, "sft") and fits(replicated, "reward")
+
+
+def test_evaluate_spreads_each_hosts_batch_over_its_own_chips():
+    seven = RUN_PRESETS["v5p-32-7b"]
+    wider = _variant("v5p-32-7b", stages={**seven.stages, "evaluate": {"batch_size": 256}})
+    # Every host evaluates every row: 256 per host is 64 sequences per chip, not 16.
+    ratio = estimate(wider, "evaluate")["activations"] / estimate(seven, "evaluate")["activations"]
+    assert ratio == pytest.approx(4.0, rel=0.05)
+    assert not fits(wider, "evaluate")
+
+
 def test_multi_host_preset_is_refused_for_a_pipeline(tmp_path, capsys):
     argv = ["compile", "--target", "vertex", "--run-preset", "v5p-32-7b", "-o", str(tmp_path / "p")]
     assert cli_main(argv) == 2

@@ -23,9 +23,7 @@ in the backward pass; attention probabilities cost B·H·T²·(4 + c); the LM lo
 and the gradient of their softmax cost 2·B·T·V·4 bytes, which for 128k-256k
 vocabularies is the largest activation by far. PPO's rollout adds the KV cache.
 
-What follows (``estimate`` below; tests/test_run_presets.py checks each claim,
-and ``benchmarks/bench_fsdp_memory.py`` compares the state and gathered terms
-with XLA's compiled memory on CPU):
+What follows (``estimate`` below; tests/test_run_presets.py checks each claim):
 
 * 1B-class (Llama-3.2-1B, N = 1.24e9) on v5e-8 (8 chips of 16 GB): 20 N = 24.7 GB
   replicated exceeds a chip before any activation; with fsdp sft and reward hold
@@ -34,11 +32,13 @@ with XLA's compiled memory on CPU):
   On v5p-32 (16 chips of 95 GB, 4 hosts) with fsdp: sft and reward 8.4 GB of
   state per chip, PPO 20.2 GB; every stage fits with room for long sequences.
   A single v5p-8 host (4 chips) would hold 81 GB of PPO state per chip: it does not.
-* 0.5B-class (Qwen2.5-0.5B, N = 0.49e9) on v5e-8: replicated, sft and reward would
-  fit (9.9 GB of state) but PPO's 48 N = 23.7 GB would not; with fsdp every stage fits.
+* 0.5B-class (Qwen2.5-0.5B, N = 0.49e9) on v5e-8: replicated, PPO's 48 N = 23.7 GB
+  exceeds a chip, and sft at the preset's batch needs 16 GB; with fsdp every stage fits.
 
-The estimate is conservative for fsdp: on 8 CPU devices XLA's compiled step
-needs 0.73x of it sharded, and 1.29x replicated (bench_fsdp_memory.py).
+Checked against XLA on 8 CPU devices, one sft step of a 29M-parameter model
+(bench_fsdp_memory.py): the compiled step needs 0.73x the estimate sharded and
+1.29x replicated; PPO's rollout holds one gathered embedding at a time
+(tests/test_fsdp.py). No TPU has measured these presets.
 """
 
 from __future__ import annotations
@@ -188,7 +188,7 @@ def estimate(preset: RunPreset, stage: str) -> dict[str, float]:
     models = {"ppo": (2, 2), "evaluate": (0, 3)}.get(stage, (1, 0))  # (trained, frozen)
     state = (models[0] * TRAINED_BYTES_PER_PARAM + models[1] * FROZEN_BYTES_PER_PARAM) * n
     flags = {"prompt_len": preset.prompt_len, **preset.flags(stage)}
-    phases = _phases(config, stage, flags, preset.chips)
+    phases = _phases(config, stage, flags, preset.chips, preset.hosts)
     if preset.fsdp:
         state /= preset.chips
     else:
@@ -198,7 +198,9 @@ def estimate(preset: RunPreset, stage: str) -> dict[str, float]:
     return {"params": n, "state": state, "gathered": gathered, "activations": acts, "total": total}
 
 
-def _phases(config: ModelConfig, stage: str, flags: dict, chips: int) -> list[tuple[float, float]]:
+def _phases(
+    config: ModelConfig, stage: str, flags: dict, chips: int, hosts: int
+) -> list[tuple[float, float]]:
     """(activations, fsdp-gathered bytes) of each phase of ``stage``: the largest is the peak."""
     if stage in ("sft", "reward"):
         per_chip = flags["batch_size"] // chips
@@ -210,11 +212,13 @@ def _phases(config: ModelConfig, stage: str, flags: dict, chips: int) -> list[tu
         return [(acts, gathered_bytes(config, networks=1, trained=True))]
     response = flags["max_new_tokens"]
     if stage == "evaluate":
-        sequences = -(-flags["batch_size"] // chips)
+        # Every host evaluates every row, its batch spread over its own chips.
+        sequences = -(-flags["batch_size"] // (chips // hosts))
     else:
         sequences = flags["rollout_batch_size"] // chips
     length = flags["prompt_len"] + response
-    # Sampling and scoring run one network at a time: the KV cache and one forward pass.
+    # Sampling and scoring run one network at a time (PPO's rollout orders them with
+    # fsdp.after; evaluate scores in separate programs): the KV cache and one forward pass.
     sampling = kv_cache_bytes(config, sequences, length)
     sampling += activation_bytes(config, sequences, length, logits_len=response, train=False)
     phases = [(sampling, gathered_bytes(config, networks=1, trained=False))]
@@ -269,7 +273,7 @@ RUN_PRESETS: dict[str, RunPreset] = {
             "sft": {"batch_size": 128},
             "reward": {"batch_size": 64},
             "ppo": {"rollout_batch_size": 256, "minibatches": 4},
-            "evaluate": {"batch_size": 256},
+            "evaluate": {"batch_size": 64},  # per host: 16 sequences on each of its 4 chips
         },
     ),
     "v5e-8-0.5b": RunPreset(
