@@ -152,13 +152,16 @@ def test_identical_policies_tie_everywhere_with_zero_kl(artifacts):
     assert result["blessed"]  # win-rate lower bound 0.5 ≥ 0.5 and KL 0
 
 
-def test_results_do_not_depend_on_the_batch_size_or_sharding(artifacts, evaluated):
+def test_results_do_not_depend_on_the_batch_size_or_sharding(
+    artifacts, evaluated, sharded_placements
+):
     """Batches of 16 and the models in chunks over the devices (fsdp): the same figures."""
     a = artifacts
     config = EvalConfig(
         samples_per_prompt=2, max_new_tokens=32, bootstrap_samples=200, batch_size=16, fsdp=True
     )
     result = run(config, a["shards"], a["aligned"], a["reference"], a["rm"], a["root"] + "/b16")
+    assert len(sharded_placements) == 3 and all(sharded_placements)  # policy, reference, RM
     first, _ = evaluated
     assert result["win_rate"] == first["win_rate"]
     assert result["kl"]["per_token"] == pytest.approx(first["kl"]["per_token"], abs=1e-6)

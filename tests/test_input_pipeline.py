@@ -278,6 +278,8 @@ def test_streams_resume_on_another_host_layout(shards):
         got = next(resumed)
         for name in want:
             np.testing.assert_array_equal(got[name], want[name])
+    resumed.restore(first_host.position()["streams"][0])  # a single reader's (older PPO)
+    np.testing.assert_array_equal(next(resumed)["chosen_tokens"], expected[0]["chosen_tokens"])
     with pytest.raises(ValueError, match="not in step"):
         position = first_host.position()
         position["streams"][1] = {**position["streams"][1], "batches_total": 9}

@@ -160,7 +160,9 @@ def test_sigkill_and_resume_ends_with_identical_parameters(artifacts, aligned, t
     jax.tree.map(np.testing.assert_array_equal, resumed, expected)
 
 
-def test_sharded_resume_of_a_replicated_checkpoint_ends_alike(artifacts, aligned, tmp_path) -> None:
+def test_sharded_resume_of_a_replicated_checkpoint_ends_alike(
+    artifacts, aligned, tmp_path, sharded_placements
+) -> None:
     """fsdp: checkpoints hold whole tensors, so a replicated run's checkpoint resumes in chunks;
     the sharded rollouts (layers gathered in the sampler's scans) and updates then reach the
     replicated run's parameters."""
@@ -171,6 +173,8 @@ def test_sharded_resume_of_a_replicated_checkpoint_ends_alike(artifacts, aligned
         if step > RUN["save_every"]:
             shutil.rmtree(os.path.join(output, "work", "checkpoints", str(step)))
     metrics = _run(artifacts, output, fsdp=True)
+    # State and reference (placed, then again on resume), reward model, gold before and after.
+    assert len(sharded_placements) >= 4 and all(sharded_placements)
     assert _status(output)["status"] == "completed"
     assert [r["step"] for r in read_metrics(output)] == list(range(11, RUN["iterations"] + 1))
     expected, resumed = _params(uninterrupted), _params(output)

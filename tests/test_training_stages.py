@@ -57,6 +57,20 @@ def test_sft_writes_model_artifact_and_lowers_eval_loss(sft_model):
     assert summary["eval/loss"] < np.log(vocab) - 1.0  # well below a uniform guess
 
 
+def test_sft_with_fsdp_trains_like_replicated(sft_model, shards, tmp_path, sharded_placements):
+    """The same 40 steps with state in chunks: the same model (float32 summation order aside)."""
+    out = str(tmp_path / "sft")
+    config = SFTConfig(**SMALL, steps=40, learning_rate=3e-3, warmup_steps=5, fsdp=True)
+    summary = run_sft(config, shards, out)
+    assert sharded_placements and all(sharded_placements)  # train state, and the final eval
+    replicated, _ = load_model(sft_model[0])
+    sharded, _ = load_model(out)
+    leaves = [jax.tree.leaves(nnx.state(m)) for m in (replicated, sharded)]
+    for a, b in zip(*leaves, strict=True):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-5)
+    assert summary["eval/loss"] == pytest.approx(sft_model[1]["eval/loss"], rel=1e-4)
+
+
 def test_reward_model_learns_the_builtin_task(shards, tmp_path):
     # Labels agree with the gold ordering on ~95% of pairs (builtin_task's noise), so
     # 0.9 eval accuracy means the model ranks nearly every pair as the gold reward does.

@@ -226,11 +226,12 @@ class StreamBatches(Iterator[dict[str, np.ndarray]]):
         (the checkpoint keeps process 0's streams); each reader resumes from it, whichever
         streams this host now owns.
         """
-        counts = {saved["batches_total"] for saved in position["streams"]}
+        saved = position.get("streams", [position])  # PPO checkpoints before streams: one
+        counts = {stream["batches_total"] for stream in saved}
         if len(counts) != 1:
             raise ValueError(f"the checkpoint's data streams are not in step: {sorted(counts)}")
         for reader in self.readers:
-            reader.restore(position["streams"][0])
+            reader.restore(saved[0])
 
 
 def preference_streams(
