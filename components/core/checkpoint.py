@@ -23,7 +23,7 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
-from components.core import fileio
+from components.core import fileio, fsdp
 from components.core.flags import field
 from components.core.host import host_abstract
 
@@ -111,11 +111,17 @@ class TrainCheckpointer:
         extra_trees: dict[str, PyTree] | None = None,
         extra_json: dict[str, Any] | None = None,
         force: bool = False,
+        chunks: int = 0,
     ) -> bool:
-        """Save host (unreplicated) state at ``step`` when due, or always with ``force``."""
+        """Save state at ``step`` when due, or always with ``force``.
+
+        ``state`` and ``extra_trees`` are host trees, or with ``chunks`` = the device
+        count ``parallel.checkpoint_view`` of sharded ones: each host then writes the
+        chunks it holds and none gathers the whole state. Restores give whole tensors.
+        """
         tree = {"state": state, "rng": np.asarray(rng), "extra": dict(extra_trees or {})}
         tree = _scalars_as_arrays(tree)
-        meta = {"data_position": data_position, "extra": dict(extra_json or {})}
+        meta = {"data_position": data_position, "extra": dict(extra_json or {}), "chunks": chunks}
         return self._manager.save(
             step,
             args=ocp.args.Composite(
@@ -142,12 +148,12 @@ class TrainCheckpointer:
         step = self._manager.latest_step()
         if step is None:
             return None
-        template = {
-            "state": state_template,
-            "rng": np.asarray(rng_template),
-            "extra": dict(extra_templates or {}),
-        }
-        template = _scalars_as_arrays(template)
+        meta = self._manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
+        chunks = int(meta["meta"].get("chunks", 0))
+        whole = {"state": state_template, "extra": dict(extra_templates or {})}
+        # A sharded run's checkpoint holds each tensor as its devices' chunks.
+        stored = fsdp.chunk_template(whole, chunks) if chunks else whole
+        template = _scalars_as_arrays({**stored, "rng": np.asarray(rng_template)})
         restored = self._manager.restore(
             step,
             args=ocp.args.Composite(
@@ -155,6 +161,9 @@ class TrainCheckpointer:
             ),
         )
         tree, meta = restored["state"], restored["meta"]
+        if chunks:
+            joined = fsdp.join_like({"state": tree["state"], "extra": tree["extra"]}, whole)
+            tree = {**tree, **joined}
         return Restored(
             step=int(step),
             state=tree["state"],

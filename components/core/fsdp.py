@@ -248,6 +248,71 @@ def unshard(node: Sharded) -> np.ndarray:
         chunks = np.asarray(multihost_utils.process_allgather(array, tiled=True))
     else:
         chunks = np.asarray(array)
+    return join_chunks(chunks, node.rest)
+
+
+def join_chunks(chunks: np.ndarray, rest: tuple[int, ...]) -> np.ndarray:
+    """The full tensor ``[*lead, *rest]`` of all devices' chunks ``[devices, *lead, chunk]``."""
     flat = np.moveaxis(chunks, 0, -2)
-    flat = flat.reshape(*flat.shape[:-2], -1)[..., : math.prod(node.rest)]
-    return flat.reshape(*flat.shape[:-1], *node.rest)
+    flat = flat.reshape(*flat.shape[:-2], -1)[..., : math.prod(rest)]
+    return flat.reshape(*flat.shape[:-1], *rest)
+
+
+# --- checkpoints: chunks as the devices hold them -----------------------------------------
+
+
+@functools.cache
+def devices_by_axis_index() -> tuple[jax.Device, ...]:
+    """Every process's devices, the one with pmap axis index *i* at position *i*."""
+    local = jax.local_devices()
+    pairs = np.array([[d.id, i] for d, i in zip(local, axis_indices(tuple(local)), strict=True)])
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+
+        pairs = np.asarray(multihost_utils.process_allgather(pairs, tiled=True))
+    by_id = {d.id: d for d in jax.devices()}
+    return tuple(by_id[int(i)] for i, _ in sorted(pairs.tolist(), key=lambda p: p[1]))
+
+
+def global_chunks(array: jax.Array) -> jax.Array:
+    """A chunk array as one array over every process's devices, row *i* = chunk *i*.
+
+    Placed chunks are this process's rows only; Orbax saves an array spanning all
+    processes, each writing the rows it holds. pmap outputs already span them.
+    """
+    total = jax.device_count()
+    if array.shape[0] == total:
+        return array
+    devices = devices_by_axis_index()
+    sharding = NamedSharding(Mesh(np.array(devices), (AXIS,)), PartitionSpec(AXIS))
+    pieces = [shard.data for shard in array.addressable_shards]
+    return jax.make_array_from_single_device_arrays((total, *array.shape[1:]), sharding, pieces)
+
+
+def chunk_template(tree: PyTree, devices: int) -> PyTree:
+    """Host arrays shaped as :func:`shard` chunks ``tree`` over ``devices`` (a restore target).
+
+    ``np.zeros`` pages are only touched when Orbax writes the restored values into them.
+    """
+
+    def one(path: tuple, leaf: Any) -> Any:
+        full = np.asarray(leaf)
+        lead = _lead(path)
+        if full.ndim <= lead:
+            return full
+        chunk = -(-math.prod(full.shape[lead:]) // devices)
+        return np.zeros((devices, *full.shape[:lead], chunk), full.dtype)
+
+    return jax.tree_util.tree_map_with_path(one, tree)
+
+
+def join_like(chunked: PyTree, template: PyTree) -> PyTree:
+    """Restored :func:`chunk_template` arrays joined back into ``template``'s whole tensors."""
+
+    def one(path: tuple, full: Any, chunks: Any) -> Any:
+        lead = _lead(path)
+        if np.ndim(full) <= lead:
+            return chunks
+        return join_chunks(np.asarray(chunks), tuple(np.shape(full)[lead:]))
+
+    return jax.tree_util.tree_map_with_path(one, template, chunked)

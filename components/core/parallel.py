@@ -84,6 +84,22 @@ def unreplicate(tree: PyTree) -> PyTree:
     return jax.tree.map(take, tree, is_leaf=lambda n: isinstance(n, fsdp.Sharded))
 
 
+def checkpoint_view(tree: PyTree) -> PyTree:
+    """A placed tree as a checkpoint stores it, without gathering chunks to any host.
+
+    Chunks stay the device arrays ``[devices, *lead, chunk]`` they are (Orbax has each
+    host write its own); replicated leaves become one host copy. Save it with
+    ``chunks=`` the device count; the checkpoint restores whole tensors (checkpoint.py).
+    """
+
+    def take(leaf: Any) -> Any:
+        if isinstance(leaf, fsdp.Sharded):
+            return fsdp.global_chunks(leaf.chunk)
+        return unreplicate(leaf)
+
+    return jax.tree.map(take, tree, is_leaf=lambda n: isinstance(n, fsdp.Sharded))
+
+
 def shard_batch(
     batch: Mapping[str, np.ndarray], devices: Sequence[jax.Device] | None = None
 ) -> dict[str, np.ndarray]:

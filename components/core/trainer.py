@@ -163,10 +163,11 @@ def fit(
             if done % config.save_every == 0 or done == config.steps:
                 checkpointer.save(
                     done,
-                    state=parallel.unreplicate(placed),
+                    state=parallel.checkpoint_view(placed),
                     rng=rng,
                     data_position=train_data.position(),
                     force=True,
+                    chunks=jax.device_count() if config.fsdp else 0,
                 )
         final = logger.summary()
     host = parallel.unreplicate(placed)

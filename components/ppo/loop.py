@@ -140,10 +140,11 @@ class PPOLoop:
 
     def _save(self, position: dict[str, Any]) -> None:
         """Checkpoint the state at the start of this iteration (a policy that passed the guard)."""
-        extra = {"reference": parallel.unreplicate(self.reference)} if self.ema else None
+        extra = {"reference": parallel.checkpoint_view(self.reference)} if self.ema else None
         self.checkpointer.save(
             self.iteration,
-            state=parallel.unreplicate(self.state),
+            state=parallel.checkpoint_view(self.state),
+            chunks=jax.device_count() if self.config.fsdp else 0,
             rng=self.key,
             data_position=position,
             extra_trees=extra,
