@@ -19,9 +19,11 @@ Inside the pmapped step a tensor is all-gathered only where it is used:
 The transpose of ``all_gather`` is a reduce-scatter, so ``jax.grad`` returns each
 device's chunk of the gradient summed over every device: :func:`mean_over_devices`
 divides it by N (and ``pmean``s the replicated leaves), :func:`global_norm` adds
-the chunks' squares over devices. Host copies (checkpoints, exports) are always
-the full tensors (:func:`unshard`), so a run can resume with or without ``fsdp``
-and on any device count.
+the chunks' squares over devices. Checkpoints store the chunks as the devices
+hold them (:func:`global_chunks`, each host writing its own) and restore them
+joined into whole tensors (:func:`join_like`); exports are whole tensors
+(:func:`unshard`). So a run can resume with or without ``fsdp`` and on any
+device count.
 """
 
 from __future__ import annotations
