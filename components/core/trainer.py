@@ -180,15 +180,14 @@ def _split(rng: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return np.asarray(carry), np.asarray(step)
 
 
-def streams(config: TrainConfig) -> tuple[list[int], int]:
-    """This host's data streams and the batch each draws (per step).
+def streams(config: TrainConfig) -> tuple[list[int], int, int]:
+    """This host's data streams, the batch each draws (per step), and the stream count.
 
     Stream *s* of *S* reads shards *s*, *s+S*, …; host *h* of *H* owns streams
     *h·S/H* … *(h+1)·S/H − 1*, so the global batch is the same for any *H* that divides *S*.
     """
     config.per_host_batch()  # refuses a batch that does not split over the devices
-    own, per_stream, _ = stream_shares(config.batch_size, config.data_streams)
-    return own, per_stream
+    return stream_shares(config.batch_size, config.data_streams)
 
 
 def stream_shares(
@@ -241,8 +240,7 @@ def preference_streams(
     """Preference batches of this host's streams (see :func:`streams`)."""
     from components.core.input_pipeline import preference_dataset
 
-    own, per_stream = streams(config)
-    total = config.data_streams or jax.process_count()
+    own, per_stream, total = streams(config)
     readers = [
         preference_dataset(
             shards_dir,
@@ -266,8 +264,7 @@ def eval_batch_count(manifest: dict[str, Any], split: str, config: TrainConfig) 
     Every host must run the same number of eval batches, or the cross-host ``psum``
     of the eval step would wait on a host that ran out.
     """
-    _, per_stream = streams(config)
-    total = config.data_streams or jax.process_count()
+    _, per_stream, total = streams(config)
     shards = manifest["splits"][split]["shards"]
     counts = [sum(s["pairs"] for s in shards[i::total]) // per_stream for i in range(total)]
     count = min(counts)
