@@ -13,7 +13,7 @@ from flax import nnx
 from components.core import parallel
 from components.core.model_io import create_model
 from components.ppo import PPOConfig
-from components.ppo.forward import response_logprobs
+from components.core.scoring import response_logprobs
 from components.ppo.guard import KL_METRIC, KLGuard
 from components.ppo.rollout import Models
 from components.ppo.update import PPOState, make_ema_update, make_update, strided_minibatches

@@ -28,7 +28,7 @@ from components.core import fsdp, parallel
 from components.core.input_pipeline import preference_dataset, prompt_dataset
 from components.core.model import ModelConfig, Transformer
 from components.core.sampler import generate
-from components.reward.train import pair_rewards
+from components.core.scoring import pair_rewards
 
 
 class LoadedModel(NamedTuple):
@@ -223,7 +223,7 @@ def response_rewards(
 @functools.partial(jax.pmap, axis_name="data", static_broadcasted_argnums=(0,))
 def _pair_rewards(graphdef, params, batch):
     """Rewards of the chosen and rejected sequences of one device's pairs."""
-    return pair_rewards(graphdef, fsdp.gather_outer(params), batch)
+    return pair_rewards(graphdef, params, batch)
 
 
 def eval_pair_rewards(

@@ -21,7 +21,8 @@ from jax import lax
 
 from components.core import fsdp
 from components.core.sampler import generate
-from components.ppo import forward, losses
+from components.core import scoring
+from components.ppo import losses
 from components.ppo.config import PPOConfig
 
 PyTree = Any
@@ -144,12 +145,12 @@ def rollout_step(
     # One network at a time: under fsdp each pass may gather its network only once the
     # previous pass is done, so the four networks' embeddings are never whole together.
     policy = fsdp.after(params.policy, batch["response_tokens"])
-    logprobs = forward.response_logprobs(models.policy, policy, batch)
-    ref_logprobs = forward.response_logprobs(
+    logprobs = scoring.response_logprobs(models.policy, policy, batch)
+    ref_logprobs = scoring.response_logprobs(
         models.policy, fsdp.after(params.reference, logprobs), batch
     )
-    values = forward.response_values(models.critic, fsdp.after(params.critic, ref_logprobs), batch)
-    raw_scores = forward.sequence_scores(models.reward, fsdp.after(params.reward, values), batch)
+    values = scoring.response_values(models.critic, fsdp.after(params.critic, ref_logprobs), batch)
+    raw_scores = scoring.sequence_scores(models.reward, fsdp.after(params.reward, values), batch)
     has_eos = jnp.any((batch["response_tokens"] == ids.eos_id) & (mask != 0), axis=1)
     scores = normalize_scores(raw_scores, has_eos, norm)
     kl = losses.kl_penalty(logprobs, ref_logprobs, mask, config.kl_estimator)

@@ -26,7 +26,8 @@ from jax import lax
 from components.core import fsdp
 from components.core.optim import make_optimizer
 from components.core.parallel import TrainState
-from components.ppo import forward, losses
+from components.core import scoring
+from components.ppo import losses
 from components.ppo.config import PPOConfig
 from components.ppo.rollout import AXIS, Models
 
@@ -71,9 +72,9 @@ def _ppo_loss(
     """This device's share of the global minibatch loss, and its metrics (same weighting)."""
     policy_params, critic_params = params
     mask = minibatch["response_mask"]
-    logits = forward.response_logits(models.policy, policy_params, minibatch)
-    logprobs = forward.logprobs_of(logits, minibatch["response_tokens"])
-    values = forward.response_values(models.critic, critic_params, minibatch)
+    logits = scoring.response_logits(models.policy, policy_params, minibatch)
+    logprobs = scoring.logprobs_of(logits, minibatch["response_tokens"])
+    values = scoring.response_values(models.critic, critic_params, minibatch)
     pg_loss, pg_metrics = losses.policy_loss(
         logprobs, minibatch["logprobs"], minibatch["advantages"], mask, config.clip_eps
     )

@@ -8,14 +8,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-
-def pair_rewards(graphdef: nnx.GraphDef, params: Any, batch: dict) -> tuple[jax.Array, jax.Array]:
-    """Rewards of the chosen and rejected sequences, from one forward pass over both."""
-    model = nnx.merge(graphdef, params)
-    tokens = jnp.concatenate([batch["chosen_tokens"], batch["rejected_tokens"]])
-    mask = jnp.concatenate([batch["chosen_mask"], batch["rejected_mask"]])
-    rewards = model.scalar(model(tokens, mask), mask)
-    return jnp.split(rewards, 2)
+from components.core.scoring import pair_rewards
 
 
 def make_reward_loss(graphdef: nnx.GraphDef, *, center_coef: float, use_margin: bool):

@@ -1,12 +1,18 @@
-"""Forward passes over prompt + response shared by the rollout and the update.
+"""Scoring of prompt + response: log-probs, values, sequence and pair rewards, in one place.
 
-A rollout row is a LEFT-padded prompt [P] followed by a response [N] that is
-right-padded after EOS. Response token ``i`` sits at sequence position ``P + i``
-and is predicted by the hidden state at ``P + i - 1``; its value (the critic's
-estimate before emitting it) is read at the same position, as TRL does.
-Rollout and update call the same functions, so the first PPO ratio is 1.
+A row is a LEFT-padded prompt [P] followed by a response [N] that is right-padded
+after EOS. Response token ``i`` sits at sequence position ``P + i`` and is
+predicted by the hidden state at ``P + i - 1``; its value (the critic's estimate
+before emitting it) is read at the same position, as TRL does.
+
+Log-probs take the sampling ``temperature``: the sampler draws from
+softmax(logits / T), so the log-probs PPO's ratio, its KL penalty and its guard
+read are those of the same tempered distribution (TRL divides the logits by T
+in every forward pass too). PPO's rollout and update, the evaluation and the
+reward stage call these functions, so rollout and update agree (first ratio 1).
+
 Parameters may be sharded (fsdp.py): each pass gathers what it uses when it uses it,
-so the four networks' embeddings are never whole on a chip at the same time.
+so several networks' embeddings are never whole on a chip at the same time.
 """
 
 from __future__ import annotations
@@ -43,11 +49,13 @@ def _response_hidden(
 
 
 def response_logits(
-    graphdef: nnx.GraphDef, params: PyTree, batch: dict[str, jax.Array]
+    graphdef: nnx.GraphDef, params: PyTree, batch: dict[str, jax.Array], temperature: float = 1.0
 ) -> jax.Array:
-    """Float32 next-token logits [B, N, V] at the response positions."""
+    """Float32 next-token logits [B, N, V] at the response positions, divided by ``temperature``."""
     model, hidden = _response_hidden(graphdef, params, batch)
-    return model.lm_logits(hidden)
+    logits = model.lm_logits(hidden)
+    # The sampler's own scaling (sampler.filter_logits): x / T, so T = 1 changes nothing.
+    return logits if temperature == 1.0 else logits / temperature
 
 
 def logprobs_of(logits: jax.Array, tokens: jax.Array) -> jax.Array:
@@ -57,10 +65,11 @@ def logprobs_of(logits: jax.Array, tokens: jax.Array) -> jax.Array:
 
 
 def response_logprobs(
-    graphdef: nnx.GraphDef, params: PyTree, batch: dict[str, jax.Array]
+    graphdef: nnx.GraphDef, params: PyTree, batch: dict[str, jax.Array], temperature: float = 1.0
 ) -> jax.Array:
-    """log p(response token) [B, N] (padding positions hold garbage; mask them)."""
-    return logprobs_of(response_logits(graphdef, params, batch), batch["response_tokens"])
+    """log p_T(response token) [B, N] (padding positions hold garbage; mask them)."""
+    logits = response_logits(graphdef, params, batch, temperature)
+    return logprobs_of(logits, batch["response_tokens"])
 
 
 def response_values(
@@ -79,3 +88,12 @@ def sequence_scores(
     model = nnx.merge(graphdef, fsdp.gather_outer(params))
     tokens, mask = sequence(batch)
     return model.scalar(model(tokens, mask), mask)
+
+
+def pair_rewards(graphdef: nnx.GraphDef, params: PyTree, batch: dict) -> tuple[jax.Array, jax.Array]:
+    """Rewards of the chosen and rejected sequences, from one forward pass over both."""
+    model = nnx.merge(graphdef, fsdp.gather_outer(params))
+    tokens = jnp.concatenate([batch["chosen_tokens"], batch["rejected_tokens"]])
+    mask = jnp.concatenate([batch["chosen_mask"], batch["rejected_mask"]])
+    rewards = model.scalar(model(tokens, mask), mask)
+    return jnp.split(rewards, 2)
