@@ -75,7 +75,7 @@ class MetricsLogger:
 
     def _keep_up_to(self, step: int) -> None:
         """Rewrite ``metrics.jsonl`` without the records after ``step``."""
-        kept = [r for r in read_metrics(self.out_dir) if r.get("step", 0) <= step]
+        kept = [r for r in _read_lines(self.out_dir) if r.get("step", 0) <= step]
         text = "".join(json.dumps(r) + "\n" for r in kept)
         fileio.write_text(self._path, text)
 
@@ -98,6 +98,20 @@ class MetricsLogger:
         if self.tensorboard:
             self._write_tensorboard(step, values)
         self._progress(step, values)
+
+    def event(self, step: int, name: str, **details: Any) -> None:
+        """Record an event (e.g. a guard restoration) at ``step``: a line with ``"event"`` and
+        no metrics, which :func:`read_metrics` skips and :func:`read_events` returns."""
+        if not self.is_writer:
+            return
+        line = json.dumps(
+            {"step": int(step), "time": time.time(), "stage": self.stage, "event": name, **details}
+        )
+        if self._handle is not None:
+            self._handle.write(line + "\n")
+            self._handle.flush()
+        else:
+            self._lines.append(line)
 
     def _write_tensorboard(self, step: int, values: Mapping[str, float]) -> None:
         import tensorflow as tf  # deferred: TensorFlow is slow to import
@@ -163,9 +177,19 @@ class MetricsLogger:
         self.close()
 
 
-def read_metrics(out_dir: str) -> list[dict[str, Any]]:
-    """The records of a ``metrics.jsonl`` (for reports and tests)."""
+def _read_lines(out_dir: str) -> list[dict[str, Any]]:
+    """Every line of a ``metrics.jsonl``, metrics and events."""
     path = fileio.join(out_dir, METRICS_FILE)
     if not fileio.exists(path):
         return []
     return [json.loads(line) for line in fileio.read_text(path).splitlines() if line.strip()]
+
+
+def read_metrics(out_dir: str) -> list[dict[str, Any]]:
+    """The metric records of a ``metrics.jsonl``, one per step logged (events left out)."""
+    return [record for record in _read_lines(out_dir) if "event" not in record]
+
+
+def read_events(out_dir: str) -> list[dict[str, Any]]:
+    """The events of a ``metrics.jsonl`` (``MetricsLogger.event``), in order."""
+    return [record for record in _read_lines(out_dir) if "event" in record]

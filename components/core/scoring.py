@@ -90,7 +90,9 @@ def sequence_scores(
     return model.scalar(model(tokens, mask), mask)
 
 
-def pair_rewards(graphdef: nnx.GraphDef, params: PyTree, batch: dict) -> tuple[jax.Array, jax.Array]:
+def pair_rewards(
+    graphdef: nnx.GraphDef, params: PyTree, batch: dict
+) -> tuple[jax.Array, jax.Array]:
     """Rewards of the chosen and rejected sequences, from one forward pass over both."""
     model = nnx.merge(graphdef, fsdp.gather_outer(params))
     tokens = jnp.concatenate([batch["chosen_tokens"], batch["rejected_tokens"]])

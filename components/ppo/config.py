@@ -1,13 +1,17 @@
 """The PPO stage's configuration: the one place its defaults live.
 
-Defaults suit the local demo on the built-in task (small preset models, CPU):
-prompts of at most ~40 bytes, responses of at most ~45 bytes, a few dozen
-iterations. Measured there (tiny sft policy, reward model warm-started from it):
-at learning_rate 3e-5 the KL to the reference grows by about 0.002 nats/token per
-iteration under kl_coef 0.01, so kl_stop = 0.05 is reached after ~25 iterations;
-the default rate is lower, and longer runs want ``adaptive_kl`` or a larger
-``kl_coef``. Scaled-up runs override the sizes, the learning rates and
-``save_every`` (e.g. 500) with flags.
+Defaults suit the local demo on the built-in task (small preset models, CPU) and
+follow the design of Ziegler et al. (2019) and TRL's PPOTrainer where they carry
+over: scores normalized by the reward model's statistics (so a coefficient of
+0.1 weighs the KL in units of one score standard deviation), an adaptive KL
+coefficient steering toward ``kl_target`` nats per response token, no entropy
+bonus (with a KL penalty, a bonus of the same size pulls the optimum toward
+π_ref^½ whatever the reward), and a guard that only catches divergence.
+
+A run that starts from a pretrained model (an imported Hugging Face checkpoint, or an
+artifact descending from one) takes the pretrained-scale learning rates when
+``learning_rate`` / ``critic_learning_rate`` are left at 0 (auto); see
+``resolved_learning_rates``.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import jax
 
 from components.core.flags import field
 from components.core.optim import OptimConfig
+from components.ppo.kl_control import DEFAULT_KL_TARGET
 
 STATUS_COMPLETED = "completed"
 STATUS_STOPPED_KL_GUARD = "stopped_kl_guard"
@@ -45,20 +50,44 @@ class PPOConfig:
     max_new_tokens: int = field(
         0, help="longest sampled response in tokens (EOS included); 0 = the longest in the data"
     )
-    temperature: float = field(1.0, help="sampling temperature of the rollouts")
-    kl_coef: float = field(0.01, help="initial coefficient of the per-token KL penalty")
+    temperature: float = field(
+        1.0,
+        help="sampling temperature of the rollouts; every log-prob PPO computes (ratio, KL "
+        "penalty, guard) is of the same tempered distribution",
+    )
+    kl_coef: float = field(
+        0.1, help="initial coefficient of the per-token KL penalty (scores are normalized)"
+    )
     kl_estimator: Literal["k1", "k3"] = field(
         "k1", help="per-token KL estimator of the penalty: k1 (log-ratio) or k3 (always >= 0)"
     )
-    adaptive_kl: bool = field(False, help="adapt kl_coef toward kl_target (Ziegler et al.)")
-    kl_target: float = field(0.02, help="adaptive KL target in nats per response token")
-    kl_horizon: float = field(10_000.0, help="adaptive KL horizon in sampled sequences")
+    adaptive_kl: bool = field(
+        True, help="adapt kl_coef toward kl_target (Ziegler et al.); false = a fixed kl_coef"
+    )
+    kl_target: float = field(
+        DEFAULT_KL_TARGET, help="adaptive KL target in nats per response token"
+    )
+    kl_horizon: float = field(
+        0.0,
+        help="adaptive KL horizon in sampled sequences; 0 = a tenth of the run's sequences "
+        "(kl_coef can then move by up to e^±2 over the run)",
+    )
     kl_stop: float = field(
-        0.05, help="guard: restore the last good checkpoint when KL exceeds this (nats/token)"
+        0.1,
+        help="guard: KL to the reference (nats/token) above which a policy is not kept; "
+        "kl_stop_patience such rollouts in a row restore the last good checkpoint",
+    )
+    kl_stop_patience: int = field(
+        2,
+        help="guard: consecutive rollouts over kl_stop that trip it (1 = the first); the last "
+        "iteration's check and non-finite figures trip at once",
     )
     max_restores: int = field(3, help="guard: stop after this many restorations")
+    restore_kl_factor: float = field(
+        2.0, help="guard: multiply kl_coef by this on every restoration (>= 1)"
+    )
     restore_lr_factor: float = field(
-        0.5, help="guard: multiply both learning rates by this on every restoration"
+        1.0, help="guard: multiply both learning rates by this on every restoration"
     )
     ref_ema_decay: float = field(
         0.0, help="reference = EMA of the policy with this decay per iteration (0 = frozen)"
@@ -68,7 +97,9 @@ class PPOConfig:
     clip_eps: float = field(0.2, help="clip range of the policy ratio")
     value_clip_eps: float = field(0.2, help="clip range of the value around its rollout value")
     vf_coef: float = field(0.5, help="weight of the value loss")
-    entropy_coef: float = field(0.01, help="weight of the entropy bonus")
+    entropy_coef: float = field(
+        0.0, help="weight of the entropy bonus (entropy is logged whatever its weight)"
+    )
     max_grad_norm: float = field(1.0, help="global-norm gradient clipping (policy and critic)")
     learning_rate: float = field(2e-5, help="peak policy learning rate")
     critic_learning_rate: float = field(1e-4, help="peak critic learning rate")
@@ -78,7 +109,11 @@ class PPOConfig:
     )
     reward_clip: float = field(5.0, help="clip normalized scores to [-c, c] (0 = no clipping)")
     whiten_rewards: bool = field(False, help="whiten per-token rewards before the GAE")
-    save_every: int = field(10, help="checkpoint every this many iterations (and at the end)")
+    save_every: int = field(
+        5,
+        help="checkpoint every this many iterations (and at the end); a guard restoration "
+        "returns the policy to the last checkpoint, so this bounds what it loses",
+    )
     keep_checkpoints: int = field(2, help="training checkpoints kept")
     seed: int = field(0, help="random seed: rollouts, prompt order, critic head")
     remat: Literal["", "none", "full", "dots_saveable"] = field(
@@ -116,6 +151,10 @@ class PPOConfig:
             )
         if self.max_restores < 0:
             raise ValueError(f"max_restores: {self.max_restores} must be >= 0")
+        if self.kl_stop_patience < 1:
+            raise ValueError(
+                f"kl_stop_patience: {self.kl_stop_patience} must be at least 1 (1 = trip at once)"
+            )
         if self.data_streams < 0:
             raise ValueError(f"data_streams: {self.data_streams} must be >= 0 (0 = one per host)")
         if self.data_streams and self.rollout_batch_size % self.data_streams:
@@ -131,9 +170,16 @@ class PPOConfig:
         for name in ("kl_coef", "vf_coef", "entropy_coef", "missing_eos_penalty", "reward_clip"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name}: {getattr(self, name)} must be >= 0")
-        for name in ("kl_target", "kl_horizon", "kl_stop", "clip_eps", "value_clip_eps"):
+        for name in ("kl_target", "kl_stop", "clip_eps", "value_clip_eps"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name}: {getattr(self, name)} must be > 0")
+        if self.kl_horizon < 0:
+            raise ValueError(f"kl_horizon: {self.kl_horizon} must be >= 0 (0 = sized to the run)")
+        if self.restore_kl_factor < 1:
+            raise ValueError(
+                f"restore_kl_factor: {self.restore_kl_factor} must be >= 1 (kl_coef is "
+                "multiplied by it after each restoration)"
+            )
         if not 0 < self.restore_lr_factor <= 1:
             raise ValueError(
                 f"restore_lr_factor: {self.restore_lr_factor} must be in (0, 1] "
@@ -145,6 +191,16 @@ class PPOConfig:
             raise ValueError(f"gamma ({self.gamma}) and lam ({self.lam}) must be in [0, 1]")
         if not self.critic_learning_rate > 0:
             raise ValueError(f"critic_learning_rate: {self.critic_learning_rate} must be > 0")
+
+    @property
+    def kl_horizon_sequences(self) -> float:
+        """The adaptive controller's horizon: ``kl_horizon``, or a tenth of the run's sequences.
+
+        Ziegler et al.'s 10,000 sequences suit runs of ~10^5 sequences; a horizon fixed in
+        sequences lets a 50 × 64 run move kl_coef by at most ×0.94–×1.07, so the guard
+        ends up controlling the KL instead of the coefficient.
+        """
+        return self.kl_horizon or self.iterations * self.rollout_batch_size / 10
 
     @property
     def update_steps(self) -> int:

@@ -16,7 +16,7 @@ import numpy as np
 from flax import nnx
 
 from components.core import fileio, fsdp, parallel
-from components.core.builtin_task import gold_reward_fn
+from components.core.gold import resolve_gold_reward
 from components.core.input_pipeline import prompt_dataset
 from components.core.sampler import generate
 from components.core.tokenizers import load_tokenizer
@@ -98,7 +98,7 @@ def mean_gold_reward(
     sharded: bool = False,
 ) -> float:
     """Mean gold reward of ``samples_per_prompt`` samples per unique eval prompt."""
-    gold = gold_reward_fn(manifest["gold_reward"])
+    gold = resolve_gold_reward(manifest["gold_reward"])
     tokenizer = load_tokenizer(fileio.join(shards_dir, "tokenizer"))
     prompts = eval_prompts(shards_dir, prompt_len, seed)
     prompts = {k: np.repeat(v, samples_per_prompt, axis=0) for k, v in prompts.items()}

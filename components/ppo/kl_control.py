@@ -10,6 +10,11 @@ from flax import struct
 
 KLControllerKind = Literal["fixed", "adaptive"]
 
+# The adaptive controller's target, nats per response token: the original design's figure for
+# real models, and PPOConfig's default (one place for both).
+DEFAULT_KL_TARGET = 0.02
+DEFAULT_KL_HORIZON = 10_000.0
+
 # Ziegler et al. (2019): the proportional error is clipped so one noisy batch moves kl_coef
 # by at most 20% × n_steps / horizon.
 _MAX_PROPORTIONAL_ERROR = 0.2
@@ -48,10 +53,11 @@ class KLControllerState:
 def init_kl_controller(
     kind: KLControllerKind | str,
     kl_coef: float,
-    target: float = 6.0,
-    horizon: float = 10_000.0,
+    target: float = DEFAULT_KL_TARGET,
+    horizon: float = DEFAULT_KL_HORIZON,
 ) -> KLControllerState:
-    """A controller at ``kl_coef``; ``target`` and ``horizon`` (TRL's defaults) drive 'adaptive'."""
+    """A controller at ``kl_coef``; ``target`` (per token, as PPOConfig's) and ``horizon``
+    (sequences) drive 'adaptive'."""
     if kind not in ("fixed", "adaptive"):
         raise ValueError(f"kind={kind!r} is not a KL controller; use 'fixed' or 'adaptive'.")
     if kl_coef < 0:
@@ -67,6 +73,11 @@ def init_kl_controller(
         horizon=jnp.asarray(horizon, jnp.float32),
         kind=kind,
     )
+
+
+def raise_kl_coef(state: KLControllerState, factor: float) -> KLControllerState:
+    """The state with ``kl_coef`` multiplied by ``factor`` (the guard's answer to a trip)."""
+    return state.replace(kl_coef=state.kl_coef * jnp.float32(factor))
 
 
 def update_kl_controller(

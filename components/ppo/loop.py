@@ -1,15 +1,20 @@
 """The PPO loop: rollout, guard check, checkpoint, update, log; resumable and self-restoring.
 
 Iteration ``k`` (0-based) rolls out the policy reached after ``k`` updates. The
-guard checks that rollout first; only a policy that passed is checkpointed
-(at step ``k``, with the prompt position before its batch), so the latest
-checkpoint is always a good policy to return to. A final rollout after the
-last update checks the policy that becomes the output.
+guard judges that rollout first; only a good policy is checkpointed (at step
+``k``, every ``save_every`` iterations, with the prompt position before its
+batch), so the latest checkpoint is always a good policy to return to. A final
+rollout after the last update checks the policy that becomes the output.
+
+A guard trip restores the policy (and an EMA reference) of the latest checkpoint,
+keeps the critic and the controller, raises ``kl_coef`` and goes on from the
+same iteration with fresh prompts: steps only go forward, and the restoration is
+an event in ``metrics.jsonl``.
 
 Randomness is a pure function of (seed, iteration, restorations), and every
 other input of an iteration (policy, critic, both optimizer states, reference,
-KL controller, prompt position) is in the checkpoint, so a killed and restarted
-run ends with the same parameters as an uninterrupted one.
+KL controller, guard state, prompt position) is in the checkpoint, so a killed
+and restarted run ends with the same parameters as an uninterrupted one.
 """
 
 from __future__ import annotations
@@ -27,8 +32,13 @@ from components.core.checkpoint import CheckpointConfig, TrainCheckpointer, work
 from components.core.metrics import MetricsLogger
 from components.core.optim import make_schedule
 from components.ppo.config import STATUS_COMPLETED, STATUS_STOPPED_KL_GUARD, PPOConfig
-from components.ppo.guard import KL_METRIC, KLGuard
-from components.ppo.kl_control import KLControllerState, init_kl_controller, update_kl_controller
+from components.ppo.guard import KL_METRIC, GuardState, KLGuard
+from components.ppo.kl_control import (
+    KLControllerState,
+    init_kl_controller,
+    raise_kl_coef,
+    update_kl_controller,
+)
 from components.ppo.rollout import Models, RolloutParams, ScoreNorm, TokenIds, make_rollout
 from components.ppo.update import PPOState, make_ema_update, make_update
 
@@ -52,12 +62,12 @@ class Networks:
 class LoopResult:
     """What the loop hands back to the stage."""
 
-    policy: PyTree  # host copy of the last good policy
-    iteration: int
+    policy: PyTree  # host copy of the output policy (the last good one)
+    iteration: int  # the updates the output policy has had
     status: str
-    metrics: dict[str, float]
+    metrics: dict[str, float]  # the output policy's rollout figures, plus the run's counts
     guard_events: list[dict[str, Any]]
-    final_kl: float | None
+    final_kl: float  # KL per token of the output policy's check rollout
 
 
 # Compiled phases by (graphs, config, ids, norm): repeated runs in one process (tests, a
@@ -97,12 +107,15 @@ class PPOLoop:
             kl_stop=config.kl_stop,
             max_restores=config.max_restores,
             lr_factor=config.restore_lr_factor,
+            kl_factor=config.restore_kl_factor,
+            patience=config.kl_stop_patience,
             work_dir=fileio.join(output, "work"),
         )
         self.key = np.asarray(jax.random.PRNGKey(config.seed))
         self.schedule = make_schedule(config.policy_optim())  # built once, for the lr metric
         self.last_saved = -1
-        self.final_kl: float | None = None  # KL per token of the output policy's check rollout
+        # The rollout figures of the latest good policy (saved with it): the output's figures.
+        self.good_rollout: dict[str, float] = {}
         self.template = PPOState.create(nets.policy, nets.critic, config)
         self._set(self.template, nets.policy, self._initial_controller(), 0)
         self.tokens_per_iteration = config.rollout_batch_size * (
@@ -112,7 +125,8 @@ class PPOLoop:
     def _initial_controller(self) -> KLControllerState:
         kind = "adaptive" if self.config.adaptive_kl else "fixed"
         c = self.config
-        return init_kl_controller(kind, c.kl_coef, target=c.kl_target, horizon=c.kl_horizon)
+        horizon = c.kl_horizon_sequences
+        return init_kl_controller(kind, c.kl_coef, target=c.kl_target, horizon=horizon)
 
     def _place(self, tree: PyTree) -> PyTree:
         """``tree`` on the devices: replicated, or in chunks with ``fsdp``."""
@@ -123,16 +137,24 @@ class PPOLoop:
         self.state, self.reference = self._place(state), self._place(reference)
         self.controller, self.iteration = ctrl, it
 
-    def resume(self) -> int | None:
-        """Continue from the latest checkpoint, if any; returns its iteration."""
+    def _latest(self):
+        """The latest checkpoint (after pending saves are on disk), or None."""
         self.checkpointer.wait()
         extra = {"reference": self.nets.policy} if self.ema else None
-        restored = self.checkpointer.restore_latest(self.template, self.key, extra)
+        return self.checkpointer.restore_latest(self.template, self.key, extra)
+
+    def resume(self) -> int | None:
+        """Continue from the latest checkpoint, if any; returns its iteration."""
+        restored = self._latest()
         if restored is None:
             return None
         reference = restored.extra_trees["reference"] if self.ema else self.nets.policy
-        ctrl = KLControllerState.from_json_dict(restored.extra_json["kl_controller"])
+        meta = restored.extra_json
+        ctrl = KLControllerState.from_json_dict(meta["kl_controller"])
         self._set(restored.state, reference, ctrl, restored.step)
+        if "guard" in meta:  # older checkpoints: guard.json as it was read
+            self.guard.state = GuardState.from_json_dict(meta["guard"])
+        self.good_rollout = dict(meta.get("rollout", {}))
         self.key = restored.rng
         self.prompts.restore(restored.data_position)
         self.last_saved = restored.step
@@ -141,6 +163,11 @@ class PPOLoop:
     def _save(self, position: dict[str, Any]) -> None:
         """Checkpoint the state at the start of this iteration (a policy that passed the guard)."""
         extra = {"reference": parallel.checkpoint_view(self.reference)} if self.ema else None
+        meta = {
+            "kl_controller": self.controller.to_json_dict(),
+            "guard": self.guard.state.to_json_dict(),
+            "rollout": self.good_rollout,
+        }
         self.checkpointer.save(
             self.iteration,
             state=parallel.checkpoint_view(self.state),
@@ -148,10 +175,21 @@ class PPOLoop:
             rng=self.key,
             data_position=position,
             extra_trees=extra,
-            extra_json={"kl_controller": self.controller.to_json_dict()},
+            extra_json=meta,
             force=True,
         )
         self.last_saved = self.iteration
+
+    def _save_due(self) -> bool:
+        """Whether this iteration's good policy is to be checkpointed."""
+        if self.iteration <= self.last_saved:
+            return False
+        last = self.iteration == self.config.iterations
+        return (
+            last
+            or self.last_saved < 0
+            or self.iteration - self.last_saved >= self.config.save_every
+        )
 
     def _rng(self, phase: int) -> jax.Array:
         """The key of this iteration's phase: a function of seed, iteration and restorations."""
@@ -180,18 +218,33 @@ class PPOLoop:
         metrics = host_floats(metrics)
         return metrics, time.perf_counter() - start
 
-    def _trip(self, reason: str) -> bool:
-        """Restore the last good checkpoint; returns False when the run must stop."""
+    def _trip(self, reason: str, logger: MetricsLogger) -> str | None:
+        """Restore the last good policy; returns the final status when the run must stop."""
         stopped = self.guard.exhausted
-        failed_at = self.iteration
-        restored = self.resume()
+        restored = self._latest()
         if restored is None:
             raise FloatingPointError(
-                f"ppo: {reason} at iteration {failed_at} before any good checkpoint existed; "
-                "check the policy and reward artifacts, or lower learning_rate"
+                f"ppo: {reason} at iteration {self.iteration} before any good checkpoint "
+                "existed; check the policy and reward artifacts, or lower learning_rate"
             )
-        self.guard.record(iteration=failed_at, reason=reason, restored_to=restored, stopped=stopped)
-        return not stopped
+        # The critic keeps what it learned: its values were fitted to returns, not to the KL.
+        self.state = self.state.replace(policy=self._place(restored.state.policy))
+        if self.ema:
+            self.reference = self._place(restored.extra_trees["reference"])
+        if not stopped:
+            self.controller = raise_kl_coef(self.controller, self.config.restore_kl_factor)
+        event = self.guard.record(
+            iteration=self.iteration, reason=reason, restored_to=restored.step, stopped=stopped,
+            kl_coef=float(self.controller.kl_coef),
+        )  # fmt: skip
+        # At step iteration + 1, like this iteration's metrics would be: a resume from a
+        # checkpoint taken before the trip drops it, and the replay records it again.
+        logger.event(self.iteration + 1, f"guard_{event['action']}", **event)
+        if not stopped:
+            return None
+        self.iteration = restored.step
+        self.good_rollout = dict(restored.extra_json.get("rollout", {}))
+        return STATUS_STOPPED_KL_GUARD
 
     def _iteration_metrics(
         self, rollout: dict[str, float], update: dict[str, float], seconds: tuple[float, float]
@@ -220,19 +273,20 @@ class PPOLoop:
         """One iteration; returns a final status when the run ends, else None."""
         position = self.prompts.position()
         batch, rollout, t_rollout = self._rollout()
-        reason = self.guard.rollout_trip(rollout)
+        last = self.iteration == self.config.iterations
+        verdict = self.guard.judge_rollout(rollout, final=last)
+        reason = verdict.trip
         if reason is None:
-            last = self.iteration == self.config.iterations
-            due = self.iteration % self.config.save_every == 0 or last
-            if due and self.iteration > self.last_saved:
-                self._save(position)
+            if verdict.good:
+                self.good_rollout = rollout
+                if self._save_due():
+                    self._save(position)
             if last:
-                self.final_kl = rollout[KL_METRIC]
                 return STATUS_COMPLETED
             update, t_update = self._update(batch)
             reason = self.guard.update_trip(update)
         if reason is not None:
-            return None if self._trip(reason) else STATUS_STOPPED_KL_GUARD
+            return self._trip(reason, logger)
         metrics = self._iteration_metrics(rollout, update, (t_rollout, t_update))
         if self.ema is not None:
             self.reference = self.ema(self.reference, self.state.policy.params)
@@ -256,9 +310,15 @@ class PPOLoop:
         with self.checkpointer, logger:
             while status is None:
                 status = self._step(logger)
-            summary = logger.summary()
         host = parallel.unreplicate(self.state)
-        events = self.guard.state.events
+        # The figures of the policy this run outputs, not of a later one the guard discarded.
+        summary = {
+            **self.good_rollout,
+            "step": float(self.iteration),
+            "guard/restores": float(self.guard.state.restores),
+            "objective/kl_coef": float(self.controller.kl_coef),
+        }
+        final_kl = self.good_rollout[KL_METRIC]
         return LoopResult(
-            host.policy.params, self.iteration, status, summary, events, self.final_kl
+            host.policy.params, self.iteration, status, summary, self.guard.state.events, final_kl
         )

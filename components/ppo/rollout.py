@@ -19,9 +19,8 @@ import jax.numpy as jnp
 from flax import nnx
 from jax import lax
 
-from components.core import fsdp
+from components.core import fsdp, scoring
 from components.core.sampler import generate
-from components.core import scoring
 from components.ppo import losses
 from components.ppo.config import PPOConfig
 
@@ -145,10 +144,10 @@ def rollout_step(
     # One network at a time: under fsdp each pass may gather its network only once the
     # previous pass is done, so the four networks' embeddings are never whole together.
     policy = fsdp.after(params.policy, batch["response_tokens"])
-    logprobs = scoring.response_logprobs(models.policy, policy, batch)
-    ref_logprobs = scoring.response_logprobs(
-        models.policy, fsdp.after(params.reference, logprobs), batch
-    )
+    temperature = config.temperature
+    logprobs = scoring.response_logprobs(models.policy, policy, batch, temperature)
+    reference = fsdp.after(params.reference, logprobs)
+    ref_logprobs = scoring.response_logprobs(models.policy, reference, batch, temperature)
     values = scoring.response_values(models.critic, fsdp.after(params.critic, ref_logprobs), batch)
     raw_scores = scoring.sequence_scores(models.reward, fsdp.after(params.reward, values), batch)
     has_eos = jnp.any((batch["response_tokens"] == ids.eos_id) & (mask != 0), axis=1)

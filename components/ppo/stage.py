@@ -2,8 +2,9 @@
 
 Inputs: the shard stage's prompts (train split; each host its own streams of shards), the
 policy artifact (sft) and the reward artifact (with ``reward_stats.json``).
-The critic starts as a copy of the reward model; the reference is the initial
-policy (or its EMA). Output: the aligned policy as a model artifact
+The critic starts as a copy of the reward model with the score normalization folded
+into its head, so it predicts in the units of its targets; the reference is the
+initial policy (or its EMA). Output: the aligned policy as a model artifact
 (``config.json`` with ``"stage": "ppo"``, ``params/``), ``metrics.jsonl``,
 TensorBoard events and ``ppo_status.json`` (status, guard events, gold reward
 before and after when the data names a gold reward).
@@ -61,6 +62,19 @@ def _load(model_dir: str, manifest: dict, config: PPOConfig, *, scalar_head: boo
     return model, info
 
 
+def fold_normalization(critic: nnx.Module, mean: float, std: float) -> None:
+    """Make the critic's head output (raw − mean) / std: kernel / std, (bias − mean) / std.
+
+    The critic is fitted to returns built from NORMALIZED scores; a head copied as is starts
+    in raw units (the demo's reward model: mean 0.2, std 9), and its first iterations are
+    spent unlearning the scale with clipped value losses and garbage advantages.
+    """
+    head = critic.scalar_head
+    scale = 1.0 / max(std, 1e-6)
+    head.kernel.value = head.kernel.value * scale
+    head.bias.value = (head.bias.value - mean) * scale
+
+
 def build_networks(
     config: PPOConfig, manifest: dict, policy_dir: str, reward_dir: str
 ) -> tuple[nnx.Module, Networks]:
@@ -74,6 +88,7 @@ def build_networks(
         )
     critic, _ = _load(reward_dir, manifest, config, scalar_head=True)
     stats = read_reward_stats(reward_dir, reward_info)
+    fold_normalization(critic, stats["mean"], stats["std"])
     policy_graph, policy_params = nnx.split(policy, nnx.Param)
     critic_graph, critic_params = nnx.split(critic, nnx.Param)
     reward_graph, reward_params = nnx.split(reward, nnx.Param)

@@ -5,10 +5,10 @@ entropy, per-token means over the GLOBAL minibatch: each device weights its
 local mean by its share of the real tokens, so the ``lax.pmean`` of the
 gradients is the gradient of the global mean whatever the device count.
 
-Minibatch ``j`` holds rows ``j, j + M, j + 2M, …`` of every device's batch (the
-rollout order is already a random draw of prompts), and each epoch visits the
-minibatches in an order drawn from a key shared by all devices. Both choices
-make the global minibatches independent of how the batch is laid out over
+Every epoch draws new minibatches: each block of M consecutive rows of the global
+batch sends one row to each of the M minibatches, in an order drawn from a key
+shared by all devices and the block's global index (``shuffled_minibatches``).
+This makes the global minibatches independent of how the batch is laid out over
 devices: 8 devices compute the same update as 1 on the same global batch.
 """
 
@@ -23,10 +23,9 @@ import jax.numpy as jnp
 import optax
 from jax import lax
 
-from components.core import fsdp
+from components.core import fsdp, scoring
 from components.core.optim import make_optimizer
 from components.core.parallel import TrainState
-from components.core import scoring
 from components.ppo import losses
 from components.ppo.config import PPOConfig
 from components.ppo.rollout import AXIS, Models
@@ -68,11 +67,13 @@ def optimizers(config: PPOConfig) -> tuple[optax.GradientTransformation, ...]:
 
 def _ppo_loss(
     params: tuple[PyTree, PyTree], minibatch: dict, models: Models, config: PPOConfig
-) -> tuple[jax.Array, dict[str, jax.Array]]:
-    """This device's share of the global minibatch loss, and its metrics (same weighting)."""
+) -> tuple[jax.Array, tuple[dict[str, jax.Array], jax.Array]]:
+    """This device's share of the global minibatch loss, its metrics (same weighting), and the
+    largest |log-prob now − log-prob at rollout| on its real tokens."""
     policy_params, critic_params = params
     mask = minibatch["response_mask"]
-    logits = scoring.response_logits(models.policy, policy_params, minibatch)
+    # Tempered as the sampler drew them (TRL divides the logits by T here too).
+    logits = scoring.response_logits(models.policy, policy_params, minibatch, config.temperature)
     logprobs = scoring.logprobs_of(logits, minibatch["response_tokens"])
     values = scoring.response_values(models.critic, critic_params, minibatch)
     pg_loss, pg_metrics = losses.policy_loss(
@@ -83,10 +84,12 @@ def _ppo_loss(
     )
     entropy = losses.entropy_from_logits(logits, mask)
     loss = pg_loss + config.vf_coef * vf_loss - config.entropy_coef * entropy
+    mismatch = jnp.max(jnp.where(mask != 0, jnp.abs(logprobs - minibatch["logprobs"]), 0.0))
     # Local token mean × (local tokens / mean tokens per device): pmean gives the global mean.
     weight = minibatch["weight"]
     metrics = {**pg_metrics, **vf_metrics, "policy/entropy": entropy, "loss/total": loss}
-    return loss * weight, {name: value * weight for name, value in metrics.items()}
+    weighted = {name: value * weight for name, value in metrics.items()}
+    return loss * weight, (weighted, lax.stop_gradient(mismatch))
 
 
 def _apply(
@@ -112,9 +115,10 @@ def minibatch_step(
     """One optimizer step of both networks; skipped (state kept) when anything is non-finite."""
     grad_fn = jax.value_and_grad(_ppo_loss, has_aux=True)
     params = (state.policy.params, state.critic.params)
-    (loss, metrics), grads = grad_fn(params, minibatch, models, config)
+    (loss, (metrics, mismatch)), grads = grad_fn(params, minibatch, models, config)
     # One all-reduce of everything replicated; sharded gradients come back summed.
     loss, metrics, grads = fsdp.mean_over_devices((loss, metrics, grads), AXIS)
+    metrics["policy/logprob_mismatch"] = lax.pmax(mismatch, AXIS)
     policy_norm, critic_norm = fsdp.global_norm(grads[0]), fsdp.global_norm(grads[1])
     # Decided after pmean: every device takes the same branch.
     finite = jnp.isfinite(loss) & jnp.isfinite(policy_norm) & jnp.isfinite(critic_norm)
@@ -134,12 +138,22 @@ def minibatch_step(
     return state, metrics
 
 
-def strided_minibatches(batch: dict, count: int) -> dict:
-    """[b, ...] → [count, b / count, ...] with minibatch j = rows j, j + count, …."""
-    return {
-        name: value.reshape(value.shape[0] // count, count, *value.shape[1:]).swapaxes(0, 1)
-        for name, value in batch.items()
-    }
+def shuffled_minibatches(batch: dict, key: jax.Array, count: int) -> dict:
+    """[b, ...] → [count, b / count, ...]: each block of ``count`` consecutive rows gives one
+    row to every minibatch, in an order drawn from ``key`` and the block's GLOBAL index.
+
+    TRL reshuffles the whole batch every epoch. Shuffling inside blocks of ``count`` rows
+    also draws new minibatches every epoch (the rollout rows are already a random draw of
+    prompts), and keeps them independent of the layout: block *k* of the global batch is
+    the same rows with the same draw on 1 device or 8, so both compute the same update.
+    """
+    rows = next(iter(batch.values())).shape[0]
+    blocks = rows // count
+    first = lax.axis_index(AXIS) * blocks
+    block_keys = jax.vmap(lambda block: jax.random.fold_in(key, block))(first + jnp.arange(blocks))
+    order = jax.vmap(lambda k: jax.random.permutation(k, count))(block_keys)  # [blocks, count]
+    index = (jnp.arange(blocks)[:, None] * count + order).T  # [count, blocks]: rows of each
+    return {name: value[index] for name, value in batch.items()}
 
 
 def update_step(
@@ -151,22 +165,26 @@ def update_step(
     models: Models,
     config: PPOConfig,
 ) -> tuple[PPOState, dict[str, jax.Array]]:
-    """All epochs and minibatches of one iteration; metrics averaged over the steps."""
-    minibatches = strided_minibatches({k: batch[k] for k in UPDATE_FIELDS}, config.minibatches)
-    minibatches["weight"] = _token_weights(minibatches)
+    """All epochs and minibatches of one iteration; metrics averaged over the steps.
+
+    ``policy/logprob_mismatch`` is that of the first step, before any parameter moved:
+    rollout and update score with one function, so it is ~0 unless they disagree.
+    """
+    fields = {k: batch[k] for k in UPDATE_FIELDS}
 
     def one_step(carry: PPOState, minibatch: dict):
         return minibatch_step(carry, minibatch, lr_scale, models, config)
 
     def epoch(carry: PPOState, key: jax.Array):
-        # Same key on every device: the order of the global minibatches is layout-free.
-        order = jax.random.permutation(key, config.minibatches)
-        shuffled = jax.tree.map(lambda x: x[order], minibatches)
-        return lax.scan(one_step, carry, shuffled)
+        # Same key on every device: the global minibatches are layout-free.
+        minibatches = shuffled_minibatches(fields, key, config.minibatches)
+        minibatches["weight"] = _token_weights(minibatches)
+        return lax.scan(one_step, carry, minibatches)
 
     state, metrics = lax.scan(epoch, state, jax.random.split(rng, config.ppo_epochs))
     summary = {name: jnp.mean(value) for name, value in metrics.items()}
     summary["skipped"] = jnp.sum(metrics["skipped"])
+    summary["policy/logprob_mismatch"] = metrics["policy/logprob_mismatch"][0, 0]
     return state, summary
 
 
