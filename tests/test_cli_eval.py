@@ -46,9 +46,21 @@ def test_evaluate_runs_the_stage_and_report_finds_it(artifacts, capsys):
     output = str(run_dir / "evaluate" / "out")
     assert main(_evaluate_args(artifacts, output)) == 0
     printed = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert printed["blessed"] is True  # the same policy on both sides: ties, KL 0
+    # The same policy on both sides: every comparison ties, KL 0, and nothing was gained,
+    # so it is not blessed (the win rate's lower bound 0.5 must exceed 0.5).
+    assert printed["blessed"] is False
     assert printed["kl"]["per_token"] == 0.0
-    assert json.load(open(f"{output}/eval.json"))["blessed"] is True
+    assert printed["win_rate"] == {
+        "value": 0.5, "low": 0.5, "high": 0.5, "wins": 0, "ties": printed["num_prompts"] * 4,
+        "losses": 0,
+    }  # fmt: skip
+    record = json.load(open(f"{output}/eval.json"))
+    assert record["blessed"] is False
+    assert record["reasons"][0] == "win-rate lower bound 0.50 ≤ 0.50: fail"
+    assert record["summary"]["best_of_n"] is None  # greedy: n answers would be one answer
+    lines = open(f"{output}/samples.jsonl", encoding="utf-8").read().splitlines()
+    assert len(lines) == printed["num_prompts"] * 4  # the default samples per prompt
+    assert {json.loads(line)["sample"] for line in lines} == {0, 1, 2, 3}
     assert main(["report", str(run_dir)]) == 0
     assert capsys.readouterr().out.strip() == os.path.abspath(f"{output}/report.html")
 
@@ -66,7 +78,8 @@ def test_evaluate_help_lists_the_config_flags(capsys):
         main(["evaluate", "--help"])
     assert done.value.code == 0
     out = capsys.readouterr().out
-    for flag in ("--reference", "--max-kl", "--min-win-rate-lower", "--samples-per-prompt"):
+    flags = ("--reference", "--max-kl", "--min-win-rate-lower", "--samples-per-prompt")
+    for flag in (*flags, "--best-of-n", "--gold-reward"):
         assert flag in out
 
 

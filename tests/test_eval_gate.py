@@ -27,9 +27,9 @@ def summary(win_low: float = 0.62, kl: float = 0.1) -> dict:
 @pytest.mark.parametrize(
     "win_low, blessed, reason",
     [
-        (0.5, True, "win-rate lower bound 0.50 ≥ 0.50: pass"),
-        (0.49, False, "win-rate lower bound 0.49 < 0.50: fail"),
-        (0.62, True, "win-rate lower bound 0.62 ≥ 0.50: pass"),
+        (0.5, False, "win-rate lower bound 0.50 ≤ 0.50: fail"),  # must beat it, strictly
+        (0.49, False, "win-rate lower bound 0.49 ≤ 0.50: fail"),
+        (0.62, True, "win-rate lower bound 0.62 > 0.50: pass"),
     ],
 )
 def test_win_rate_threshold(win_low: float, blessed: bool, reason: str) -> None:
@@ -60,7 +60,27 @@ def test_both_checks_and_finiteness_are_reported() -> None:
 
 def test_figures_near_a_threshold_show_enough_decimals() -> None:
     gate = decide(summary(win_low=0.4999), CONFIG)
-    assert gate.reasons[0] == "win-rate lower bound 0.4999 < 0.5000: fail"
+    assert gate.reasons[0] == "win-rate lower bound 0.4999 ≤ 0.5000: fail"
+    gate = decide(summary(win_low=0.5001), CONFIG)
+    assert gate.blessed and gate.reasons[0] == "win-rate lower bound 0.5001 > 0.5000: pass"
+
+
+def test_an_unchanged_policy_is_not_blessed() -> None:
+    """Identical policies tie every comparison: win rate 0.5 [0.5, 0.5], KL 0."""
+    ties = np.zeros((40, 4))
+    mask = np.ones((40, 4, 3))
+    outputs = measures.PolicyOutputs(rewards=ties, response_mask=mask, ended_with_eos=[1])
+    logp = np.full((40, 4, 3), -1.0)
+    summ = measures.summarize(
+        outputs, outputs, aligned_logprobs=logp, reference_logprobs=logp, config=CONFIG
+    )
+    assert (summ["win_rate"]["value"], summ["win_rate"]["low"]) == (0.5, 0.5)
+    gate = decide(summ, CONFIG)
+    assert not gate.blessed
+    assert gate.reasons[:2] == [
+        "win-rate lower bound 0.50 ≤ 0.50: fail",
+        "KL 0.00 nats/token ≤ 0.50 nats/token: pass",
+    ]
 
 
 def test_a_negative_kl_estimate_passes_and_inf_disables_the_check() -> None:

@@ -24,10 +24,37 @@ def test_win_rate_counts_ties_half() -> None:
     assert measures.win_rate([0, 0], [1, 1]) == 0.0
 
 
+def test_win_rate_pairs_sample_s_with_sample_s() -> None:
+    aligned = [[1, 5, 2], [0, 0, 9]]
+    reference = [[0, 5, 3], [1, 1, 1]]
+    # prompt 0: win, tie, loss; prompt 1: loss, loss, win -> (2 + 0.5) / 6
+    assert measures.win_rate(aligned, reference) == pytest.approx(2.5 / 6)
+    est = measures.win_rate_with_interval(aligned, reference, **BOOT)
+    assert (est["wins"], est["ties"], est["losses"]) == (2, 1, 3)
+    # Resampling prompts: prompt 0 alone gives 0.5, prompt 1 alone 1/3; pairs mix them.
+    assert 1 / 3 <= est["low"] <= est["value"] <= est["high"] <= 0.5
+
+
+def test_more_samples_narrow_the_win_rate_interval() -> None:
+    """Aligned better by 0.1 sd per sample on 200 prompts: 4 samples per prompt vs 1."""
+    rng = np.random.default_rng(3)
+    widths = {}
+    for samples in (1, 4):
+        aligned = rng.normal(0.1, 1, (200, samples))
+        reference = rng.normal(0.0, 1, (200, samples))
+        est = measures.win_rate_with_interval(aligned, reference, **BOOT)
+        widths[samples] = est["high"] - est["low"]
+    assert widths[1] == pytest.approx(0.138, abs=0.02)  # ±1.96 sqrt(0.25 / 200) = ±0.069
+    assert widths[4] == pytest.approx(widths[1] / 2, rel=0.2)  # sqrt(4) times narrower
+    assert widths[4] <= 0.1  # the default's target: at most ±0.05
+
+
 def test_win_rate_rejects_bad_input_and_propagates_nan() -> None:
     assert math.isnan(measures.win_rate([1.0, np.nan], [0.0, 0.0]))
-    with pytest.raises(ValueError, match="one length"):
+    with pytest.raises(ValueError, match="one shape"):
         measures.win_rate([1, 2], [1, 2, 3])
+    with pytest.raises(ValueError, match=r"\[prompts\] or \[prompts, samples\]"):
+        measures.win_rate(np.zeros((2, 2, 2)), np.zeros((2, 2, 2)))
     with pytest.raises(ValueError, match="empty"):
         measures.win_rate([], [])
 
@@ -132,8 +159,68 @@ def test_gold_scores_of_known_responses() -> None:
     assert measures.gold_win_rate(GOLD, prompts[:2], ["good.", "sad."], ["bad.", "sad."]) == 0.75
     with pytest.raises(ValueError, match="one prompt per response"):
         measures.gold_scores(GOLD, prompts, responses[:2])
-    with pytest.raises(KeyError, match="unknown gold reward"):
+    with pytest.raises(ValueError, match="gold reward 'nope' is not a built-in one"):
         measures.gold_scores("nope", prompts, responses)
+
+
+# Two prompts, four reference samples each: hand-picked rewards and gold scores.
+BON_REWARDS = [[0.1, 0.5, 0.3, 0.9], [0.7, 0.2, 0.8, 0.1]]
+BON_GOLD = [[0.0, 0.2, 0.4, 0.6], [1.0, -1.0, 0.5, 0.0]]
+KL2, KL4 = math.log(2) - 0.5, math.log(4) - 0.75
+
+
+def test_best_of_n_kl_is_analytic() -> None:
+    assert measures.best_of_n_kl(1) == 0.0
+    assert measures.best_of_n_kl(2) == pytest.approx(0.193147, abs=1e-6)
+    assert measures.best_of_n_kl(16) == pytest.approx(math.log(16) - 15 / 16)
+    with pytest.raises(ValueError, match="at least 1"):
+        measures.best_of_n_kl(0)
+
+
+def test_best_of_n_picks_the_reward_models_best_of_the_first_n() -> None:
+    assert measures.best_of_n_choice(BON_REWARDS, 1).tolist() == [0, 0]
+    assert measures.best_of_n_choice(BON_REWARDS, 2).tolist() == [1, 0]
+    assert measures.best_of_n_choice(BON_REWARDS, 4).tolist() == [3, 2]
+    assert measures.best_of_n_choice([[1.0, 1.0, 0.0]], 3).tolist() == [0]  # first on ties
+    with pytest.raises(ValueError, match="at least 5 samples"):
+        measures.best_of_n_choice(BON_REWARDS, 5)
+    frontier = measures.best_of_n(BON_REWARDS, BON_GOLD, [4, 1, 2])
+    assert [p["n"] for p in frontier] == [1, 2, 4]
+    assert [p["kl_per_sequence"] for p in frontier] == pytest.approx([0.0, KL2, KL4])
+    # picks (0, 0), (1, 0), (3, 2): rewards (0.1 + 0.7)/2, (0.5 + 0.7)/2, (0.9 + 0.8)/2
+    assert [p["reward"] for p in frontier] == pytest.approx([0.4, 0.6, 0.85])
+    assert [p["gold"] for p in frontier] == pytest.approx([0.5, 0.6, 0.55])
+    assert all(p["gold"] is None for p in measures.best_of_n(BON_REWARDS, None, [1, 2]))
+
+
+def test_gain_at_kl_interpolates_linearly_and_caps() -> None:
+    kls, gains = [0.0, KL2, KL4], [0.0, 0.1, 0.05]
+    assert measures.gain_at_kl(kls, gains, 0.1) == (pytest.approx(0.1 * 0.1 / KL2), False)
+    halfway = (KL2 + KL4) / 2
+    assert measures.gain_at_kl(kls, gains, halfway) == (pytest.approx(0.075), False)
+    assert measures.gain_at_kl(kls, gains, 3.0) == (0.05, True)
+    assert measures.gain_at_kl(kls, gains, -0.2) == (0.0, False)
+    with pytest.raises(ValueError, match="strictly increasing"):
+        measures.gain_at_kl([0.0, 0.0], [0.0, 1.0], 0.5)
+
+
+def test_ppo_vs_best_of_n_by_hand() -> None:
+    frontier = measures.best_of_n(BON_REWARDS, BON_GOLD, [1, 2, 4])  # gold gains 0, 0.1, 0.05
+    versus = measures.ppo_vs_best_of_n(frontier, aligned_gain=0.02, aligned_kl=0.1)
+    assert versus["best_of_n_gain"] == pytest.approx(0.1 * 0.1 / KL2)  # 0.05177
+    assert versus["ratio"] == pytest.approx(0.02 / (0.1 * 0.1 / KL2))  # 0.3863
+    assert versus["capped"] is False
+    capped = measures.ppo_vs_best_of_n(frontier, aligned_gain=0.1, aligned_kl=5.0)
+    assert (capped["ratio"], capped["capped"]) == (pytest.approx(2.0), True)
+    # No gain to compare with at KL 0 (or a negative k1 estimate); no gold reward at all.
+    assert measures.ppo_vs_best_of_n(frontier, aligned_gain=0.1, aligned_kl=0.0)["ratio"] is None
+    assert measures.ppo_vs_best_of_n(frontier, aligned_gain=0.1, aligned_kl=-1)["ratio"] is None
+    assert measures.ppo_vs_best_of_n(frontier, aligned_gain=None, aligned_kl=1)["ratio"] is None
+    no_gold = measures.best_of_n(BON_REWARDS, None, [1, 2, 4])
+    assert measures.ppo_vs_best_of_n(no_gold, aligned_gain=0.1, aligned_kl=1)["ratio"] is None
+    # Best-of-n that loses gold (reward hacking) gives no ratio rather than a negative one.
+    worse = measures.best_of_n(BON_REWARDS, -np.asarray(BON_GOLD), [1, 2])
+    assert measures.ppo_vs_best_of_n(worse, aligned_gain=0.1, aligned_kl=1)["ratio"] is None
 
 
 def _outputs(rewards, lengths, t=6, gold=None) -> measures.PolicyOutputs:
@@ -164,6 +251,39 @@ def test_summarize_assembles_json_ready_measures() -> None:
     assert summary["reward_model_accuracy"] is None and summary["gold"] is None
     assert sum(summary["reward_histogram"]["aligned"]) == 4
     assert summary["num_prompts"] == 4 and summary["samples_per_prompt"] == 2
+    assert summary["best_of_n"] is None and summary["ppo_vs_best_of_n"] is None
+
+
+def test_summarize_with_best_of_n_and_gold() -> None:
+    """Aligned gold gain 0.03 at a KL of 0.1 nats per sequence against the hand frontier."""
+    config = EvalConfig(bootstrap_samples=100, samples_per_prompt=1, best_of_n="1,2,4")
+    summary = measures.summarize(
+        _outputs([1.0, 2.0], [3, 3], gold=[0.53, 0.53]),
+        _outputs([0.0, 3.0], [3, 3], gold=[0.5, 0.5]),
+        aligned_logprobs=np.full((2, 6), -1.0),
+        reference_logprobs=np.full((2, 6), -1.0 - 0.1 / 3),  # 3 tokens: 0.1 nats per sequence
+        config=config,
+        gold_name=GOLD,
+        best_of_n_draws=measures.BestOfNDraws(BON_REWARDS, BON_GOLD),
+    )
+    json.dumps(summary, allow_nan=False)
+    assert summary["kl"]["per_sequence"] == pytest.approx(0.1)
+    assert [p["gold"] for p in summary["best_of_n"]] == pytest.approx([0.5, 0.6, 0.55])
+    assert summary["ppo_vs_best_of_n"] == pytest.approx(0.03 / (0.1 * 0.1 / KL2))  # 0.5795
+    assert summary["ppo_vs_best_of_n_capped"] is False
+    assert summary["ppo_vs_best_of_n_gains"] == {
+        "aligned": pytest.approx(0.03),
+        "best_of_n": pytest.approx(0.1 * 0.1 / KL2),
+    }
+    without_gold = measures.summarize(
+        _outputs([1.0, 2.0], [3, 3]), _outputs([0.0, 3.0], [3, 3]),
+        aligned_logprobs=np.zeros((2, 6)), reference_logprobs=np.zeros((2, 6)), config=config,
+        best_of_n_draws=measures.BestOfNDraws(BON_REWARDS),
+    )  # fmt: skip
+    assert [p["reward"] for p in without_gold["best_of_n"]] == pytest.approx([0.4, 0.6, 0.85])
+    assert without_gold["best_of_n"][0]["gold"] is None
+    assert without_gold["ppo_vs_best_of_n"] is None
+    assert without_gold["ppo_vs_best_of_n_gains"] is None
 
 
 def test_summarize_with_gold_and_reward_model_pairs() -> None:
@@ -195,6 +315,9 @@ def test_summarize_with_gold_and_reward_model_pairs() -> None:
         ({"bootstrap_samples": 0}, "bootstrap_samples"),
         ({"num_report_samples": -1}, "num_report_samples"),
         ({"gold_reward": "nope"}, "gold_reward"),
+        ({"best_of_n": "2,4"}, "best_of_n"),
+        ({"best_of_n": "1,two"}, "best_of_n"),
+        ({"best_of_n": (0, 1)}, "best_of_n"),
     ],
 )
 def test_config_rejects_bad_values_naming_the_field(overrides: dict, field: str) -> None:
@@ -210,3 +333,10 @@ def test_config_flags_round_trip() -> None:
     config = config_from_flags(EvalConfig, args)
     assert (config.max_kl, config.greedy, config.bootstrap_samples) == (0.2, True, 50)
     assert config.min_win_rate_lower == 0.5
+    args = parser.parse_args(["--best-of-n", "1,4,16", "--gold-reward", "json:dumps"])
+    config = config_from_flags(EvalConfig, args)
+    assert config.best_of_n_sizes() == (1, 4, 16) and config.gold_reward == "json:dumps"
+    assert EvalConfig().best_of_n_sizes() == (1, 2, 4, 8, 16)
+    assert EvalConfig(best_of_n=(8, 1, 2)).best_of_n_sizes() == (1, 2, 8)
+    assert EvalConfig(best_of_n="").best_of_n_sizes() == ()
+    assert EvalConfig(greedy=True).best_of_n_sizes() == ()  # n greedy answers are one answer

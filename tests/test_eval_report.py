@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import html
 import io
 import json
 import math
@@ -66,7 +67,7 @@ def parse(page: str) -> PageParser:
     return parser
 
 
-def make_summary(nan_kl: bool = False) -> dict:
+def make_summary(nan_kl: bool = False, gold: bool = True) -> dict:
     rng = np.random.default_rng(0)
     prompts, t = 32, 8
     lengths = rng.integers(1, t + 1, size=(2, prompts))
@@ -76,11 +77,14 @@ def make_summary(nan_kl: bool = False) -> dict:
             rewards=rng.normal(mu, 1, prompts),
             response_mask=masks[i],
             ended_with_eos=lengths[i] < t,
-            gold_rewards=rng.normal(mu, 0.5, prompts),
+            gold_rewards=rng.normal(mu, 0.5, prompts) if gold else None,
         )
         for i, mu in enumerate((0.8, 0.0))
     ]
     logp = -rng.random((prompts, t))
+    # Best-of-n draws whose gold follows the reward model: gold gain grows with n.
+    draw_rewards = rng.normal(0, 1, (prompts, 16))
+    draws = measures.BestOfNDraws(draw_rewards, 0.3 * draw_rewards if gold else None)
     return measures.summarize(
         *outputs,
         aligned_logprobs=logp,
@@ -88,7 +92,8 @@ def make_summary(nan_kl: bool = False) -> dict:
         config=EvalConfig(bootstrap_samples=200),
         chosen_rewards=rng.normal(1, 1, 50),
         rejected_rewards=rng.normal(0, 1, 50),
-        gold_name=GOLD,
+        gold_name=GOLD if gold else "",
+        best_of_n_draws=draws,
     )
 
 
@@ -135,7 +140,7 @@ def test_every_image_is_an_inline_png(written: tuple[str, dict]) -> None:
     from PIL import Image
 
     images = parse(written[0]).images
-    assert len(images) == 4  # win rates, reward histograms, PPO curves, reward-model curves
+    assert len(images) == 5  # win rates, rewards, best-of-n frontier, PPO and RM curves
     for image in images:
         prefix = "data:image/png;base64,"
         assert image["src"].startswith(prefix)
@@ -159,18 +164,47 @@ def test_report_figures_and_verdict_match_eval_json(written: tuple[str, dict]) -
     parser = parse(page)
     assert parser.blessed == ("true" if record["blessed"] else "false")
     for reason in record["reasons"]:
-        assert f"<li>{reason}</li>" in page  # reasons hold no markup, so escaping leaves them
+        assert f"<li>{html.escape(reason)}</li>" in page  # "0.62 > 0.50" is escaped, too
     assert len(parser.figures) > 25
     for path, text in parser.figures.items():
         value = record["summary"]
         for key in path.split("."):
-            value = value[key]
+            value = value[int(key)] if isinstance(value, list) else value[key]
         if value is None:
             assert text == "n/a", path
         else:
             assert float(text) == pytest.approx(value, rel=1e-3, abs=1e-9), path
     for path in ("win_rate.low", "kl.per_token", "gold.win_rate.value", "eos_rate.reference"):
         assert path in parser.figures
+    for path in ("best_of_n.4.n", "best_of_n.4.gold", "ppo_vs_best_of_n"):
+        assert path in parser.figures
+
+
+def test_best_of_n_section_states_the_ratio(written: tuple[str, dict]) -> None:
+    page, record = written
+    summary = record["summary"]
+    assert [p["n"] for p in summary["best_of_n"]] == [1, 2, 4, 8, 16]
+    ratio = summary["ppo_vs_best_of_n"]
+    gains = summary["ppo_vs_best_of_n_gains"]
+    assert ratio == pytest.approx(gains["aligned"] / gains["best_of_n"])
+    assert ratio > 0 and summary["ppo_vs_best_of_n_capped"] in (True, False)
+    assert "<h2>Best-of-n baseline</h2>" in page
+    figures = parse(page).figures
+    assert figures["ppo_vs_best_of_n"] == report.format_figure(ratio)
+    assert "times best-of-n's gold gain at the same KL" in page
+    assert 'alt="gold (builtin/sentiment-v1) gain against KL per sequence' in page
+
+
+def test_frontier_falls_back_to_the_reward_model_without_gold() -> None:
+    summary = make_summary(gold=False)
+    assert summary["best_of_n"][0]["gold"] is None and summary["ppo_vs_best_of_n"] is None
+    page = report.render_report(summary, decide(summary, EvalConfig()))
+    assert 'alt="reward-model score gain against KL per sequence' in page
+    assert "No ratio to best-of-n: it needs a gold reward" in page
+    curve = [(1, 0.0, 0.0), (2, 0.19, 0.4), (4, 0.64, 0.7)]
+    png = report.plots.best_of_n_frontier(curve, (0.3, 0.5), "gold")
+    assert png is not None and png.startswith(PNG_MAGIC)
+    assert report.plots.best_of_n_frontier([(1, float("nan"), 0.0)], None, "gold") is None
 
 
 def test_eval_json_holds_verdict_reasons_and_summary(written: tuple[str, dict]) -> None:
@@ -185,9 +219,11 @@ def test_missing_metrics_and_samples_skip_their_parts() -> None:
     summary = make_summary()
     summary["gold"] = None
     summary["reward_model_accuracy"] = None
+    summary["best_of_n"] = None
     page = report.render_report(summary, decide(summary, EvalConfig()), samples=[])
     parser = parse(page)
     assert len(parser.images) == 2
+    assert "no best-of-n baseline measured" in page and "Best-of-n baseline" not in page
     assert "no PPO metrics given" in page and "no reward-model metrics given" in page
     assert "no samples given" in page and "not measured" in page
     # rows without usable values are skipped too; other key spellings are accepted

@@ -5,15 +5,17 @@ import json
 import logging
 import shutil
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from components import reward, sft, shard
-from components.core.builtin_task import GOLD_REWARD_NAME, write_jsonl
+from components.core.builtin_task import GOLD_REWARD_NAME, gold_reward, write_jsonl
 from components.core.checkpoint import ModelArtifactError
 from components.core.input_pipeline import DataError
-from components.core.model_io import ModelMismatchError
-from components.evaluate import EvalConfig, run
+from components.core.model_io import ModelMismatchError, create_model
+from components.evaluate import EvalConfig, generation, measures, run
 from components.evaluate.generation import map_batches
 from components.evaluate.report import format_figure
 from components.evaluate.stage import gold_reward_name
@@ -25,7 +27,9 @@ TRAIN = dict(
     preset="tiny", batch_size=16, max_len=96, eval_every=1000, save_every=1000, warmup_steps=2
 )
 # Two samples per prompt and a batch that does not divide the rows: the last batch is padded.
+# The best-of-n baseline keeps its default: 16 reference samples per prompt.
 CONFIG = EvalConfig(samples_per_prompt=2, max_new_tokens=32, bootstrap_samples=200, batch_size=48)
+USER_GOLD = "def length_score(prompt, response):\n    return len(response.split()) / 10\n"
 
 
 @pytest.fixture(scope="module")
@@ -58,6 +62,11 @@ def _manifest(artifacts):
         return json.load(handle)
 
 
+def _samples(out):
+    with open(f"{out}/samples.jsonl", encoding="utf-8") as handle:
+        return [json.loads(line) for line in handle]
+
+
 def test_writes_report_eval_json_and_flat_metrics(evaluated):
     result, out = evaluated
     record = json.load(open(f"{out}/eval.json"))
@@ -78,7 +87,8 @@ def test_every_eval_prompt_and_pair_is_measured(evaluated, artifacts):
     assert result["num_prompts"] == eval_split["unique_prompts"]  # none lost to batching
     assert result["samples_per_prompt"] == 2
     counts = result["win_rate"]
-    assert counts["wins"] + counts["ties"] + counts["losses"] == result["num_prompts"]
+    comparisons = result["num_prompts"] * 2  # sample s of each policy against sample s
+    assert counts["wins"] + counts["ties"] + counts["losses"] == comparisons
     assert result["reward_model_accuracy"]["num_pairs"] == eval_split["pairs"]
     for policy in ("aligned", "reference"):
         assert 1 <= result["response_length"][policy]["mean"] <= CONFIG.max_new_tokens
@@ -89,6 +99,50 @@ def test_different_policies_have_positive_kl(evaluated):
     result, _ = evaluated
     assert result["kl"]["per_token"] > 0
     assert result["win_rate"]["low"] <= result["win_rate"]["value"] <= result["win_rate"]["high"]
+
+
+def test_samples_jsonl_holds_every_sample_and_agrees_with_eval_json(evaluated):
+    result, out = evaluated
+    rows = _samples(out)
+    assert len(rows) == result["num_prompts"] * 2
+    assert [(r["prompt_index"], r["sample"]) for r in rows[:3]] == [(0, 0), (0, 1), (1, 0)]
+    aligned = np.array([r["aligned_reward"] for r in rows]).reshape(-1, 2)
+    reference = np.array([r["reference_reward"] for r in rows]).reshape(-1, 2)
+    assert measures.win_rate(aligned, reference) == result["win_rate"]["value"]
+    assert aligned.mean() == pytest.approx(result["reward"]["aligned"]["mean"], abs=1e-6)
+    for row in rows[:20]:  # gold scores are the task's own of the texts shown
+        assert row["aligned_gold"] == gold_reward(row["prompt"], row["aligned_response"])
+        assert row["reference_gold"] == gold_reward(row["prompt"], row["reference_response"])
+    gold = np.mean([r["reference_gold"] for r in rows])
+    assert gold == pytest.approx(result["gold"]["reference"]["mean"], abs=1e-9)
+
+
+def test_best_of_n_baseline(evaluated):
+    """Best-of-1 is the reference's own first sample; more n, higher reward-model score."""
+    result, out = evaluated
+    frontier = result["best_of_n"]
+    assert [p["n"] for p in frontier] == [1, 2, 4, 8, 16]
+    assert [p["kl_per_sequence"] for p in frontier] == pytest.approx(
+        [measures.best_of_n_kl(n) for n in (1, 2, 4, 8, 16)]
+    )
+    first = [r["reference_reward"] for r in _samples(out) if r["sample"] == 0]
+    assert frontier[0]["reward"] == pytest.approx(np.mean(first), abs=1e-6)
+    rewards = [p["reward"] for p in frontier]
+    assert rewards == sorted(rewards) and rewards[-1] > rewards[0]
+    assert all(-1.0 <= p["gold"] <= 1.0 for p in frontier)
+    # The ratio as eval.json states it, recomputed from its own figures.
+    gains = [p["gold"] - frontier[0]["gold"] for p in frontier]
+    kls = [p["kl_per_sequence"] for p in frontier]
+    gain, capped = measures.gain_at_kl(kls, gains, result["kl"]["per_sequence"])
+    assert result["ppo_vs_best_of_n_capped"] is capped
+    assert result["ppo_vs_best_of_n_gains"]["best_of_n"] == pytest.approx(gain)
+    if gain > 0:
+        aligned_gain = result["gold"]["difference"]["value"]
+        assert result["ppo_vs_best_of_n"] == pytest.approx(aligned_gain / gain)
+    else:
+        assert result["ppo_vs_best_of_n"] is None
+    metrics = json.load(open(f"{out}/metrics.json"))
+    assert metrics["best_of_n.n16.reward"] == pytest.approx(rewards[-1])
 
 
 def test_gold_measures_for_the_builtin_task(evaluated):
@@ -122,7 +176,7 @@ class _Figures(html.parser.HTMLParser):
 
 def _at(tree, path):
     for key in path.split("."):
-        tree = tree[key]
+        tree = tree[int(key)] if isinstance(tree, list) else tree[key]
     return tree
 
 
@@ -146,25 +200,39 @@ def test_identical_policies_tie_everywhere_with_zero_kl(artifacts):
     # Same seed, same row keys: identical policies sample identical responses.
     assert result["kl"] == {"per_sequence": 0.0, "per_token": 0.0}
     assert result["win_rate"]["value"] == 0.5
-    assert result["win_rate"]["ties"] == result["num_prompts"]
+    assert result["win_rate"]["ties"] == result["num_prompts"] * 2  # every comparison
     assert result["reward"]["difference"]["value"] == 0.0
     assert result["gold"]["win_rate"]["value"] == 0.5
-    assert result["blessed"]  # win-rate lower bound 0.5 ≥ 0.5 and KL 0
+    assert not result["blessed"]  # win-rate lower bound 0.5 is not above 0.5: nothing gained
+    assert result["ppo_vs_best_of_n"] is None  # KL 0: best-of-n gains nothing there either
 
 
 def test_results_do_not_depend_on_the_batch_size_or_sharding(
-    artifacts, evaluated, sharded_placements
+    artifacts, evaluated, sharded_placements, tmp_path
 ):
-    """Batches of 16 and the models in chunks over the devices (fsdp): the same figures."""
+    """Batches of 16, the models in chunks over the devices (fsdp), a user's gold reward:
+    the same figures, and gold measures by the user's function."""
     a = artifacts
+    (tmp_path / "my_gold.py").write_text(USER_GOLD)
     config = EvalConfig(
-        samples_per_prompt=2, max_new_tokens=32, bootstrap_samples=200, batch_size=16, fsdp=True
-    )
-    result = run(config, a["shards"], a["aligned"], a["reference"], a["rm"], a["root"] + "/b16")
+        samples_per_prompt=2, max_new_tokens=32, bootstrap_samples=200, batch_size=16, fsdp=True,
+        gold_reward=f"{tmp_path}/my_gold.py:length_score", best_of_n="1,4",
+    )  # fmt: skip
+    out = a["root"] + "/b16"
+    result = run(config, a["shards"], a["aligned"], a["reference"], a["rm"], out)
     assert len(sharded_placements) == 3 and all(sharded_placements)  # policy, reference, RM
     first, _ = evaluated
     assert result["win_rate"] == first["win_rate"]
     assert result["kl"]["per_token"] == pytest.approx(first["kl"]["per_token"], abs=1e-6)
+    assert [p["reward"] for p in result["best_of_n"]] == pytest.approx(
+        [first["best_of_n"][0]["reward"], first["best_of_n"][2]["reward"]], abs=1e-6
+    )
+    rows = _samples(out)
+    assert result["gold"]["name"] == config.gold_reward
+    lengths = [len(r["aligned_response"].split()) / 10 for r in rows]
+    assert [r["aligned_gold"] for r in rows] == pytest.approx(lengths)
+    assert result["gold"]["aligned"]["mean"] == pytest.approx(np.mean(lengths))
+    assert result["gold"]["aligned"]["mean"] > 0.1  # the responses hold words
 
 
 def test_map_batches_pads_the_last_batch_and_drops_the_padding():
@@ -221,4 +289,34 @@ def test_gold_reward_comes_from_the_config_else_a_known_manifest_name(caplog):
     assert gold_reward_name(chosen, {"gold_reward": None}) == GOLD_REWARD_NAME
     with caplog.at_level(logging.WARNING):
         assert gold_reward_name(EvalConfig(), {"gold_reward": "someone/else"}) == ""
-    assert "unknown gold reward 'someone/else'" in caplog.text
+        # Code named by the data never runs: only the user's config may name a function.
+        assert gold_reward_name(EvalConfig(), {"gold_reward": "os:getcwd"}) == ""
+    assert "gold reward 'someone/else', which is not built in" in caplog.text
+    assert "'os:getcwd', which is not built in" in caplog.text
+
+
+def test_kl_log_probs_use_the_sampling_temperature():
+    """policy_logprobs at T: log softmax(logits / T) of the sampled tokens; T = 1 untempered."""
+    model = create_model("tiny", 40, scalar_head=False, seed=0)
+    loaded = generation.prepare(model)
+    rng = np.random.default_rng(0)
+    prompts = generation.Prompts(
+        rng.integers(4, 40, (3, 5)).astype(np.int32), np.ones((3, 5), bool)
+    )
+    responses = generation.Responses(
+        rng.integers(4, 40, (3, 2, 4)).astype(np.int32), np.ones((3, 2, 4), np.int32)
+    )
+    tokens = np.concatenate([np.repeat(prompts.tokens, 2, 0), responses.tokens.reshape(6, 4)], 1)
+    logits = model.lm_logits(model(jnp.asarray(tokens), jnp.ones_like(tokens)))[:, 4:-1]
+    picked = responses.tokens.reshape(6, 4, 1)
+    for temperature in (1.0, 0.5):
+        want = jnp.take_along_axis(jax.nn.log_softmax(logits / temperature), picked, -1)[..., 0]
+        got = generation.policy_logprobs(
+            loaded, prompts, responses, temperature=temperature, batch_size=8
+        )
+        np.testing.assert_allclose(got.reshape(6, 4), want, atol=1e-5)
+    # T = 1 (and greedy decoding) read the model's own untempered log-probs.
+    untempered = model.token_logprobs(jnp.asarray(tokens), jnp.ones_like(tokens))[:, 4:]
+    one = generation.policy_logprobs(loaded, prompts, responses, temperature=1.0, batch_size=8)
+    np.testing.assert_allclose(one.reshape(6, 4), untempered, atol=1e-5)
+    assert np.abs(got - one).max() > 0.01  # T = 0.5 differs from T = 1

@@ -7,6 +7,11 @@ import math
 
 from components.core import builtin_task
 from components.core.flags import field
+from components.core.gold import validate_gold_reward
+
+# Samples per prompt and policy: each adds a paired comparison per prompt, narrowing the
+# win-rate interval (1 sample: ±0.065 on the demo's eval prompts; the target is ±0.05).
+DEFAULT_SAMPLES_PER_PROMPT = 4
 
 
 @dataclasses.dataclass(slots=True, kw_only=True)
@@ -14,7 +19,9 @@ class EvalConfig:
     """How the aligned policy is sampled, measured against its reference and gated."""
 
     samples_per_prompt: int = field(
-        1, help="responses drawn per prompt and policy; per-prompt reward is their mean"
+        DEFAULT_SAMPLES_PER_PROMPT,
+        help="responses drawn per prompt and policy; sample s of each policy is compared with "
+        "sample s of the other (win rate), per-prompt reward is their mean",
     )
     greedy: bool = field(False, help="decode greedily (temperature is then ignored)")
     temperature: float = field(1.0, help="sampling temperature when not greedy")
@@ -39,8 +46,8 @@ class EvalConfig:
     confidence: float = field(0.95, help="coverage of the bootstrap intervals, in (0, 1)")
     min_win_rate_lower: float = field(
         0.5,
-        help="blessing requires the win rate's lower interval bound >= this "
-        "(0.5: the aligned policy is not worse than its reference)",
+        help="blessing requires the win rate's lower interval bound > this, strictly "
+        "(0.5: the aligned policy beats its reference; an unchanged one does not pass)",
     )
     # Per token rather than per sequence: the threshold then keeps its meaning when
     # max_new_tokens or the response lengths change (PPO's objective/kl is per sequence).
@@ -52,8 +59,14 @@ class EvalConfig:
     num_report_samples: int = field(20, help="prompts shown with both responses in the report")
     gold_reward: str = field(
         "",
-        help=f"gold reward function to score responses with (e.g. "
-        f"{builtin_task.GOLD_REWARD_NAME}); empty: no gold measures",
+        help=f"gold reward to score responses with: a built-in name (e.g. "
+        f"{builtin_task.GOLD_REWARD_NAME}), PATH.py:FUNCTION or MODULE:FUNCTION, a function "
+        "(prompt: str, response: str) -> float; empty: the data's built-in one, if any",
+    )
+    best_of_n: str | tuple[int, ...] = field(
+        "1,2,4,8,16",
+        help="best-of-n baseline: n responses of the reference, the reward model keeps its "
+        "best; comma-separated n (1 included), empty or greedy: no baseline",
     )
 
     def __post_init__(self) -> None:
@@ -87,10 +100,23 @@ class EvalConfig:
             )
         if self.num_report_samples < 0:
             raise ValueError(f"num_report_samples: {self.num_report_samples} must be >= 0")
-        if self.gold_reward:
-            try:
-                builtin_task.gold_reward_fn(self.gold_reward)
-            except KeyError as error:
-                raise ValueError(
-                    f"gold_reward: {error.args[0]}; pass one of those or '' for none"
-                ) from None
+        try:
+            validate_gold_reward(self.gold_reward)
+        except ValueError as error:
+            raise ValueError(f"gold_reward: {error}") from None
+        self.best_of_n_sizes()  # refuses a malformed list early
+
+    def best_of_n_sizes(self) -> tuple[int, ...]:
+        """The best-of-n sizes, ascending, or () when the baseline is off (empty or greedy)."""
+        spec = self.best_of_n
+        try:
+            parts = spec.split(",") if isinstance(spec, str) else list(spec)
+            sizes = sorted({int(part) for part in parts if str(part).strip()})
+        except (TypeError, ValueError):
+            sizes = [0]
+        if sizes and (sizes[0] != 1 or any(isinstance(p, bool) for p in parts)):
+            raise ValueError(
+                f"best_of_n: {spec!r} must be whole numbers >= 1 that include 1 (the "
+                "reference itself, every gain's baseline), e.g. '1,2,4,8,16'; '' for none"
+            )
+        return () if self.greedy else tuple(sizes)

@@ -2,12 +2,14 @@
 
 Checks, each reported as one line with its figure and threshold:
 
-- the win rate's lower interval bound ≥ ``min_win_rate_lower``;
+- the win rate's lower interval bound > ``min_win_rate_lower``, strictly;
 - KL(aligned ‖ reference) per response token ≤ ``max_kl``;
 - every figure in the summary is finite (a NaN means a broken measure, not a pass).
 
-A figure exactly at its threshold passes: the thresholds are stated as the worst value that
-is still acceptable, so ``min_win_rate_lower=0.5`` blesses a policy no worse than its reference.
+The win rate must beat its threshold: an unchanged policy ties its reference on every
+prompt (win rate 0.5 [0.5, 0.5]), and with ``min_win_rate_lower=0.5`` it must not be
+promoted, since nothing was gained. The KL threshold is the worst value still acceptable,
+so a KL exactly at ``max_kl`` passes.
 """
 
 from __future__ import annotations
@@ -42,14 +44,14 @@ def _is_number(value: Any) -> bool:
 
 
 def _check(
-    label: str, value: Any, threshold: float, *, at_least: bool, unit: str = ""
+    label: str, value: Any, threshold: float, *, above: bool, unit: str = ""
 ) -> tuple[bool, str]:
-    """Whether ``value`` meets ``threshold``, and one line saying so with both figures."""
+    """Whether ``value`` is strictly above (``above``) or at most ``threshold``, said in a line."""
     if not _is_number(value) or not math.isfinite(value):
         return False, f"{label} is {value!r}, not a finite number: fail"
-    passed = value >= threshold if at_least else value <= threshold
+    passed = value > threshold if above else value <= threshold
     shown, limit = _show(float(value), float(threshold))
-    sign = ("≥" if passed else "<") if at_least else ("≤" if passed else ">")
+    sign = (">" if passed else "≤") if above else ("≤" if passed else ">")
     return passed, f"{label} {shown}{unit} {sign} {limit}{unit}: {'pass' if passed else 'fail'}"
 
 
@@ -76,12 +78,12 @@ def _lookup(summary: Mapping[str, Any], *keys: str) -> Any:
 
 
 def decide(summary: Mapping[str, Any], config: EvalConfig) -> Gate:
-    """Bless iff win-rate lower bound ≥ min_win_rate_lower, KL ≤ max_kl and all figures finite."""
+    """Bless iff win-rate lower bound > min_win_rate_lower, KL ≤ max_kl and all figures finite."""
     win_low = _lookup(summary, "win_rate", "low")
     kl = _lookup(summary, "kl", "per_token")
     checks = [
-        _check("win-rate lower bound", win_low, config.min_win_rate_lower, at_least=True),
-        _check("KL", kl, config.max_kl, at_least=False, unit=" nats/token"),
+        _check("win-rate lower bound", win_low, config.min_win_rate_lower, above=True),
+        _check("KL", kl, config.max_kl, above=False, unit=" nats/token"),
     ]
     broken = [path for path, value in _numbers(summary) if not math.isfinite(value)]
     if broken:

@@ -4,10 +4,12 @@ Rows are (prompt, sample) pairs: row ``r`` is sample ``r % S`` of prompt ``r // 
 cut into global batches of a multiple of the local device count; the last batch is padded
 with copies of the last row, which are computed and dropped, so no prompt is ever left out.
 
-Each row samples with its own key, ``fold_in(PRNGKey(seed), r)``: a row's response depends
-only on the seed, its prompt and the policy, never on the batch size, the device count or
-the padding. Both policies use the same keys (common random numbers), so identical policies
-give identical responses and the head-to-head comparison carries less sampling noise.
+Sample ``s`` of prompt ``p`` draws with its own key, ``fold_in(fold_in(PRNGKey(seed), p), s)``:
+a response depends only on the seed, its prompt, its sample index and the policy, never on
+the batch size, the device count, the padding or how many samples are drawn. Both policies
+use the same keys (common random numbers), so identical policies give identical responses
+and the head-to-head comparison carries less sampling noise; the reference's first samples
+of a best-of-n draw are the very samples the win rate compares.
 
 Every pmapped function takes the model's ``graphdef`` as a static argument: equal
 architectures share one compilation across policies and runs.
@@ -24,11 +26,11 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from components.core import fsdp, parallel
+from components.core import parallel
 from components.core.input_pipeline import preference_dataset, prompt_dataset
 from components.core.model import ModelConfig, Transformer
 from components.core.sampler import generate
-from components.core.scoring import pair_rewards
+from components.core.scoring import pair_rewards, response_logprobs, sequence_scores
 
 
 class LoadedModel(NamedTuple):
@@ -133,14 +135,12 @@ def sample_responses(
     seed: int,
     batch_size: int,
 ) -> Responses:
-    """``samples_per_prompt`` responses to every prompt; row keys as the module docstring says."""
+    """``samples_per_prompt`` responses to every prompt; keys as the module docstring says."""
     num_prompts, samples = len(prompts.tokens), samples_per_prompt
-    base = jax.random.PRNGKey(seed)
-    row_keys = jax.vmap(lambda r: jax.random.fold_in(base, r))(jnp.arange(num_prompts * samples))
     arrays = {
         "prompt_tokens": np.repeat(prompts.tokens, samples, axis=0),
         "prompt_mask": np.repeat(prompts.mask, samples, axis=0),
-        "keys": np.asarray(row_keys),
+        "keys": sample_keys(seed, num_prompts, samples),
     }
 
     def step(batch: dict[str, np.ndarray]) -> Sequence[jax.Array]:
@@ -154,61 +154,54 @@ def sample_responses(
     return Responses(tokens.reshape(shape), mask.reshape(shape))
 
 
-def _sequences(prompt_tokens, prompt_mask, tokens, mask) -> tuple[jax.Array, jax.Array]:
-    """Prompt + response as one [B, L + N] row and its mask (left pads, then right pads)."""
-    return (
-        jnp.concatenate([prompt_tokens, tokens], axis=1),
-        jnp.concatenate([prompt_mask.astype(jnp.int32), mask.astype(jnp.int32)], axis=1),
-    )
+def sample_keys(seed: int, num_prompts: int, samples_per_prompt: int) -> np.ndarray:
+    """Key of sample s of prompt p at row p * S + s: ``fold_in(fold_in(PRNGKey(seed), p), s)``."""
+    base = jax.random.PRNGKey(seed)
+    prompt_keys = jax.vmap(lambda p: jax.random.fold_in(base, p))(jnp.arange(num_prompts))
+    keys = jax.vmap(
+        lambda key: jax.vmap(lambda s: jax.random.fold_in(key, s))(jnp.arange(samples_per_prompt))
+    )(prompt_keys)
+    return np.asarray(keys).reshape(num_prompts * samples_per_prompt, -1)
+
+
+@functools.partial(jax.pmap, axis_name="data", static_broadcasted_argnums=(0, 3))
+def _response_logprobs(graphdef, params, batch, temperature: float):
+    """log p_T(response token | everything before it) [B, N] under one policy."""
+    return (response_logprobs(graphdef, params, batch, temperature),)
 
 
 @functools.partial(jax.pmap, axis_name="data", static_broadcasted_argnums=(0,))
-def _response_logprobs(graphdef, params, prompt_tokens, prompt_mask, tokens, mask):
-    """log p(response token | everything before it) [B, N] under one policy."""
-    sequence, sequence_mask = _sequences(prompt_tokens, prompt_mask, tokens, mask)
-    logprobs = nnx.merge(graphdef, fsdp.gather_outer(params)).token_logprobs(
-        sequence, sequence_mask
-    )
-    # token_logprobs[t] scores token t + 1: response token j sits at L + j.
-    return (logprobs[:, prompt_tokens.shape[1] - 1 :],)
-
-
-@functools.partial(jax.pmap, axis_name="data", static_broadcasted_argnums=(0,))
-def _response_rewards(graphdef, params, prompt_tokens, prompt_mask, tokens, mask):
+def _response_rewards(graphdef, params, batch):
     """The reward model's score of each prompt + response [B] (at its last real token)."""
-    sequence, sequence_mask = _sequences(prompt_tokens, prompt_mask, tokens, mask)
-    model = nnx.merge(graphdef, fsdp.gather_outer(params))
-    return (model.scalar(model(sequence, sequence_mask), sequence_mask),)
+    return (sequence_scores(graphdef, params, batch),)
 
 
 def _row_arrays(prompts: Prompts, responses: Responses) -> dict[str, np.ndarray]:
-    """Flat rows of (prompt, response) for the scoring functions."""
+    """Flat rows of (prompt, response) in core.scoring's batch layout."""
     samples, length = responses.tokens.shape[1:]
     return {
         "prompt_tokens": np.repeat(prompts.tokens, samples, axis=0),
         "prompt_mask": np.repeat(prompts.mask, samples, axis=0),
-        "tokens": responses.tokens.reshape(-1, length),
-        "mask": responses.mask.reshape(-1, length),
+        "response_tokens": responses.tokens.reshape(-1, length),
+        "response_mask": responses.mask.reshape(-1, length),
     }
 
 
-def _score(pmapped: Callable, model: LoadedModel, arrays: dict, batch_size: int) -> np.ndarray:
-    """Run one of the scoring functions over every row."""
+def policy_logprobs(
+    policy: LoadedModel,
+    prompts: Prompts,
+    responses: Responses,
+    *,
+    temperature: float,
+    batch_size: int,
+) -> np.ndarray:
+    """Log-probs [P, S, N] of the responses' tokens under ``policy`` at the sampling
+    ``temperature`` (1 = untempered, as greedy decoding uses); garbage where masked."""
 
     def step(batch: dict[str, np.ndarray]) -> Sequence[jax.Array]:
-        return pmapped(
-            model.graphdef, model.params, batch["prompt_tokens"], batch["prompt_mask"],
-            batch["tokens"], batch["mask"],
-        )  # fmt: skip
+        return _response_logprobs(policy.graphdef, policy.params, batch, temperature)
 
-    return map_batches(step, arrays, batch_size)[0]
-
-
-def response_logprobs(
-    policy: LoadedModel, prompts: Prompts, responses: Responses, *, batch_size: int
-) -> np.ndarray:
-    """Log-probs [P, S, N] of the responses' tokens under ``policy`` (garbage where masked)."""
-    values = _score(_response_logprobs, policy, _row_arrays(prompts, responses), batch_size)
+    values = map_batches(step, _row_arrays(prompts, responses), batch_size)[0]
     return values.reshape(responses.tokens.shape)
 
 
@@ -216,7 +209,11 @@ def response_rewards(
     reward_model: LoadedModel, prompts: Prompts, responses: Responses, *, batch_size: int
 ) -> np.ndarray:
     """Raw reward-model scores [P, S] of every prompt + response."""
-    values = _score(_response_rewards, reward_model, _row_arrays(prompts, responses), batch_size)
+
+    def step(batch: dict[str, np.ndarray]) -> Sequence[jax.Array]:
+        return _response_rewards(reward_model.graphdef, reward_model.params, batch)
+
+    values = map_batches(step, _row_arrays(prompts, responses), batch_size)[0]
     return values.reshape(responses.tokens.shape[:2])
 
 

@@ -3,7 +3,9 @@
 Conventions shared by every function here:
 
 - "aligned" is the policy under evaluation (PPO's output) and "reference" the one it started
-  from; paired arrays are indexed by prompt: element i of both belongs to prompt i.
+  from; paired arrays are indexed by prompt: element i of both belongs to prompt i. Paired
+  [P, S] arrays hold S samples per prompt, sample s of one policy paired with sample s of the
+  other (drawn with the same key).
 - Masks are [..., T], non-zero on response tokens (EOS included, as the sampler emits them);
   values at masked positions are never read, so padding may hold garbage.
 - Intervals are percentile bootstraps over prompts, the independent unit: each resample draws
@@ -22,7 +24,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import ArrayLike
 
-from components.core import builtin_task
+from components.core.gold import GoldReward, resolve_gold_reward
 from components.evaluate.config import EvalConfig
 
 SCHEMA_VERSION = 1
@@ -30,12 +32,12 @@ HISTOGRAM_BINS = 20
 
 
 def _paired(aligned: ArrayLike, reference: ArrayLike) -> tuple[np.ndarray, np.ndarray]:
-    """Both arrays as float64, checked to be 1-D, non-empty and of one length."""
+    """Both arrays as float64, checked to be [P] or [P, S], non-empty and of one shape."""
     a = np.asarray(aligned, np.float64)
     r = np.asarray(reference, np.float64)
-    if a.ndim != 1 or a.shape != r.shape:
+    if a.ndim not in (1, 2) or a.shape != r.shape:
         raise ValueError(
-            f"paired values must be 1-D arrays of one length (one per prompt); "
+            f"paired values must be arrays of one shape, [prompts] or [prompts, samples]; "
             f"got shapes {a.shape} and {r.shape}"
         )
     if a.size == 0:
@@ -44,7 +46,11 @@ def _paired(aligned: ArrayLike, reference: ArrayLike) -> tuple[np.ndarray, np.nd
 
 
 def win_rate(aligned_rewards: ArrayLike, reference_rewards: ArrayLike) -> float:
-    """Share of prompts where aligned beats reference, a tie counting half: (wins + ties/2) / n."""
+    """Share of paired comparisons aligned wins, a tie counting half: (wins + ties/2) / pairs.
+
+    [P] arrays compare prompt by prompt; [P, S] arrays compare sample s with sample s, so
+    every prompt weighs the same and more samples narrow the interval of the same quantity.
+    """
     a, r = _paired(aligned_rewards, reference_rewards)
     if np.isnan(a).any() or np.isnan(r).any():
         # A NaN compares as neither win nor tie; counting it as a loss would hide a broken reward.
@@ -97,7 +103,7 @@ def win_rate_with_interval(
     confidence: float,
     seed: int,
 ) -> dict[str, float | int]:
-    """The win rate, its bootstrap interval and the win/tie/loss counts."""
+    """The win rate, its bootstrap interval (over prompts) and the win/tie/loss counts."""
     a, r = _paired(aligned_rewards, reference_rewards)
     low, high = bootstrap_interval(
         win_rate, a, r, n_resamples=n_resamples, confidence=confidence, seed=seed
@@ -198,22 +204,27 @@ def eos_rate(ended_with_eos: ArrayLike) -> float:
     return float(flags.mean()) if flags.size else math.nan
 
 
-def gold_scores(name: str, prompts: Sequence[str], responses: Sequence[str]) -> np.ndarray:
-    """The gold reward ``name`` (see builtin_task) of each (prompt, response), as float64 [N]."""
+def gold_scores(
+    reward: str | GoldReward, prompts: Sequence[str], responses: Sequence[str]
+) -> np.ndarray:
+    """The gold reward (a spec for core.gold, or its function) of each pair, as float64 [N]."""
     if len(prompts) != len(responses):
         raise ValueError(
             f"{len(prompts)} prompts but {len(responses)} responses: pass one prompt per "
             "response (repeat a prompt for each of its samples)"
         )
-    reward_fn = builtin_task.gold_reward_fn(name)
+    reward_fn = resolve_gold_reward(reward) if isinstance(reward, str) else reward
     return np.array([reward_fn(p, r) for p, r in zip(prompts, responses, strict=True)], np.float64)
 
 
 def gold_win_rate(
-    name: str, prompts: Sequence[str], aligned: Sequence[str], reference: Sequence[str]
+    reward: str | GoldReward,
+    prompts: Sequence[str],
+    aligned: Sequence[str],
+    reference: Sequence[str],
 ) -> float:
     """Win rate of the aligned responses over the reference ones under the gold reward."""
-    return win_rate(gold_scores(name, prompts, aligned), gold_scores(name, prompts, reference))
+    return win_rate(gold_scores(reward, prompts, aligned), gold_scores(reward, prompts, reference))
 
 
 def reward_histogram(
@@ -232,6 +243,95 @@ def reward_histogram(
         "aligned": [int(c) for c in np.histogram(a, edges)[0]],
         "reference": [int(c) for c in np.histogram(r, edges)[0]],
     }
+
+
+def best_of_n_kl(n: int) -> float:
+    """KL(best-of-n ‖ reference) in nats per sequence: log n − (n − 1)/n (Gao et al. 2022)."""
+    if n < 1:
+        raise ValueError(f"best-of-n: n = {n} must be at least 1")
+    return math.log(n) - (n - 1) / n
+
+
+def best_of_n_choice(rewards: ArrayLike, n: int) -> np.ndarray:
+    """Per prompt, the index of the highest reward among its first ``n`` samples (first on ties)."""
+    scores = np.asarray(rewards, np.float64)
+    if scores.ndim != 2 or not 1 <= n <= scores.shape[1]:
+        raise ValueError(
+            f"best-of-{n} needs [prompts, samples] rewards with at least {n} samples per "
+            f"prompt; got shape {scores.shape}"
+        )
+    return np.argmax(scores[:, :n], axis=1)
+
+
+def best_of_n(
+    rewards: ArrayLike, gold: ArrayLike | None, sizes: Sequence[int]
+) -> list[dict[str, Any]]:
+    """Per n: KL per sequence and the mean reward-model and gold score of the picks [P, N].
+
+    The reward model picks, for each prompt, the best of the prompt's first n samples of the
+    reference; ``gold`` (like ``rewards``, or None) is read at the same picks.
+    """
+    scores = np.asarray(rewards, np.float64)
+    gold_scores_ = None if gold is None else np.asarray(gold, np.float64)
+    if gold_scores_ is not None and gold_scores_.shape != scores.shape:
+        raise ValueError(
+            f"best-of-n gold scores {gold_scores_.shape} differ from rewards {scores.shape}; "
+            "score the same samples"
+        )
+    rows = np.arange(len(scores))
+    frontier = []
+    for n in sorted(sizes):
+        pick = best_of_n_choice(scores, n)
+        frontier.append(
+            {
+                "n": int(n),
+                "kl_per_sequence": best_of_n_kl(n),
+                "reward": float(np.mean(scores[rows, pick])),
+                "gold": None if gold_scores_ is None else float(np.mean(gold_scores_[rows, pick])),
+            }
+        )
+    return frontier
+
+
+def gain_at_kl(kls: ArrayLike, gains: ArrayLike, kl: float) -> tuple[float, bool]:
+    """``gains`` linearly interpolated in KL at ``kl``, and whether ``kl`` lay beyond the last.
+
+    Beyond the last point the last gain is used (capped); below the first, the first.
+    """
+    x, y = np.asarray(kls, np.float64), np.asarray(gains, np.float64)
+    if x.ndim != 1 or x.shape != y.shape or x.size == 0 or np.any(np.diff(x) <= 0):
+        raise ValueError(
+            f"gain_at_kl needs matching 1-D KLs and gains, KLs strictly increasing; got {x}, {y}"
+        )
+    return float(np.interp(kl, x, y)), bool(kl > x[-1])
+
+
+def ppo_vs_best_of_n(
+    frontier: Sequence[dict[str, Any]], *, aligned_gain: float | None, aligned_kl: float
+) -> dict[str, Any]:
+    """The aligned policy's gold gain over best-of-n's gold gain at the aligned policy's KL.
+
+    Best-of-n's gains are over best-of-1 (the reference's own samples); ``aligned_kl`` is in
+    nats per sequence. ``ratio`` is None without a gold reward or where best-of-n gains
+    nothing (≤ 0) at that KL; ``capped`` says the KL exceeded the largest n's.
+    """
+    golds = [point["gold"] for point in frontier]
+    if aligned_gain is None or not frontier or any(gold is None for gold in golds):
+        return {"ratio": None, "capped": None, "aligned_gain": aligned_gain, "best_of_n_gain": None}
+    if frontier[0]["n"] != 1:
+        raise ValueError("the best-of-n frontier must start at n = 1, the baseline of every gain")
+    kls = [point["kl_per_sequence"] for point in frontier]
+    gain, capped = gain_at_kl(kls, np.asarray(golds) - golds[0], aligned_kl)
+    ratio = aligned_gain / gain if gain > 0 or math.isnan(gain) else None
+    return {"ratio": ratio, "capped": capped, "aligned_gain": aligned_gain, "best_of_n_gain": gain}
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class BestOfNDraws:
+    """The reference's samples drawn for the best-of-n baseline, scored."""
+
+    rewards: ArrayLike  # [P, N]: reward-model score of each sample
+    gold_rewards: ArrayLike | None = None  # [P, N], when a gold reward is known
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -264,13 +364,16 @@ def summarize(
     chosen_rewards: ArrayLike | None = None,
     rejected_rewards: ArrayLike | None = None,
     gold_name: str = "",
+    best_of_n_draws: BestOfNDraws | None = None,
 ) -> dict[str, Any]:
     """Every measure in one JSON-ready dict: what eval.json holds and the report shows.
 
-    Rewards are compared per prompt (the mean over its samples), so the bootstrap resamples
-    prompts. ``aligned_logprobs``/``reference_logprobs`` score the aligned samples' tokens
-    (masked by ``aligned.response_mask``); chosen/rejected rewards are the reward model's
-    scores of held-out preference pairs. Optional parts are None when not given.
+    Win rates pair sample s of each policy per prompt; reward differences compare per-prompt
+    means; the bootstrap resamples prompts. ``aligned_logprobs``/``reference_logprobs`` score
+    the aligned samples' tokens (masked by ``aligned.response_mask``); chosen/rejected
+    rewards are the reward model's scores of held-out preference pairs; ``best_of_n_draws``
+    are the reference's samples for the best-of-n baseline (``config.best_of_n_sizes()``).
+    Optional parts are None when not given.
     """
     bootstrap = {
         "n_resamples": config.bootstrap_samples,
@@ -291,18 +394,21 @@ def summarize(
         gold = {
             "name": gold_name,
             **paired_difference(a_gold, r_gold, **bootstrap),
-            "win_rate": win_rate_with_interval(a_gold, r_gold, **bootstrap),
+            "win_rate": win_rate_with_interval(
+                aligned.gold_rewards, reference.gold_rewards, **bootstrap
+            ),
         }
+    kl = sequence_kl(aligned_logprobs, reference_logprobs, aligned.response_mask)
     return {
         "schema_version": SCHEMA_VERSION,
         "num_prompts": int(a_rewards.size),
         "samples_per_prompt": config.samples_per_prompt,
         "confidence": config.confidence,
         "bootstrap_samples": config.bootstrap_samples,
-        "win_rate": win_rate_with_interval(a_rewards, r_rewards, **bootstrap),
+        "win_rate": win_rate_with_interval(aligned.rewards, reference.rewards, **bootstrap),
         "reward": paired_difference(a_rewards, r_rewards, **bootstrap),
         "reward_histogram": reward_histogram(a_rewards, r_rewards),
-        "kl": sequence_kl(aligned_logprobs, reference_logprobs, aligned.response_mask),
+        "kl": kl,
         "response_length": {
             "aligned": location(response_lengths(aligned.response_mask)),
             "reference": location(response_lengths(reference.response_mask)),
@@ -313,4 +419,33 @@ def summarize(
         },
         "reward_model_accuracy": rm_accuracy,
         "gold": gold,
+        **_best_of_n_part(best_of_n_draws, config.best_of_n_sizes(), gold, kl["per_sequence"]),
+    }
+
+
+def _best_of_n_part(
+    draws: BestOfNDraws | None,
+    sizes: Sequence[int],
+    gold: dict[str, Any] | None,
+    aligned_kl: float,
+) -> dict[str, Any]:
+    """The summary's best_of_n frontier and ppo_vs_best_of_n (ratio, capped, both gains)."""
+    if draws is None or not sizes:
+        return {
+            "best_of_n": None,
+            "ppo_vs_best_of_n": None,
+            "ppo_vs_best_of_n_capped": None,
+            "ppo_vs_best_of_n_gains": None,
+        }
+    frontier = best_of_n(draws.rewards, draws.gold_rewards, sizes)
+    aligned_gain = None if gold is None else gold["difference"]["value"]
+    versus = ppo_vs_best_of_n(frontier, aligned_gain=aligned_gain, aligned_kl=aligned_kl)
+    gains = None
+    if versus["best_of_n_gain"] is not None:
+        gains = {"aligned": versus["aligned_gain"], "best_of_n": versus["best_of_n_gain"]}
+    return {
+        "best_of_n": frontier,
+        "ppo_vs_best_of_n": versus["ratio"],
+        "ppo_vs_best_of_n_capped": versus["capped"],
+        "ppo_vs_best_of_n_gains": gains,
     }

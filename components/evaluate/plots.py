@@ -137,3 +137,30 @@ def win_rates(estimates: Mapping[str, Mapping[str, float]], confidence: float) -
     axes.set_xlim(0.0, 1.0)
     axes.set_xlabel(f"win rate of aligned over reference ({confidence:.0%} interval)")
     return _png(figure)
+
+
+def best_of_n_frontier(
+    points: Sequence[tuple[int, float, float]],
+    aligned: tuple[float, float] | None,
+    metric: str,
+) -> bytes | None:
+    """Best-of-n's (KL per sequence, gain) curve, each point marked n, and the aligned policy."""
+    shown = [p for p in points if _is_finite_number(p[1]) and _is_finite_number(p[2])]
+    if not shown:
+        return None
+    figure = Figure(figsize=(6, 3.6))
+    axes = figure.subplots()
+    kls, gains = [p[1] for p in shown], [p[2] for p in shown]
+    axes.plot(kls, gains, marker="o", color=REFERENCE_COLOR, label="best-of-n of the reference")
+    for n, kl, gain in shown:
+        axes.annotate(f"n={n}", (kl, gain), textcoords="offset points", xytext=(4, -10))
+    if aligned is not None and all(_is_finite_number(v) for v in aligned):
+        axes.plot(*aligned, marker="*", markersize=14, linestyle="", color=ALIGNED_COLOR,
+                  label="aligned policy")  # fmt: skip
+    axes.axhline(0.0, color="grey", linestyle="--", linewidth=1)
+    axes.set_xlabel("KL(· ‖ reference), nats per sequence")
+    axes.set_ylabel(f"{metric} gain over the reference")
+    axes.set_title(f"{metric} against KL: aligned policy and best-of-n")
+    axes.grid(alpha=0.3)
+    axes.legend(fontsize="small")
+    return _png(figure)

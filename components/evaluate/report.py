@@ -1,9 +1,11 @@
 """The evaluation report: one self-contained HTML file, and eval.json holding the same figures.
 
-The page reads top-down: the gate's verdict and its reasons, the figures (head-to-head, then
-per policy), the plots (inline base64 PNG), then sample responses. Every number in a table
-cell carries ``data-key`` with its dotted path in the summary, so a reader (or a test) can
-match the page against eval.json. Everything that comes from data, including the gate's
+The page reads top-down: the gate's verdict and its reasons, the figures (head-to-head, per
+policy, then the best-of-n baseline with the aligned policy's gain as a share of its gain at
+the same KL), the plots (inline base64 PNG, the KL frontier among them), then samples. Every
+number in a table cell carries ``data-key`` with its dotted path in the summary (list items
+by number: ``best_of_n.0.gold``), so a reader (or a test) can match the page against
+eval.json. Everything that comes from data, including the gate's
 reasons, passes through ``html.escape``; the page has no scripts.
 """
 
@@ -67,12 +69,15 @@ def _esc(value: Any) -> str:
 
 
 def _at(tree: Mapping[str, Any], path: str) -> Any:
-    """The value at a dotted ``path``, or None where it is missing."""
+    """The value at a dotted ``path`` (a list's items by number), or None where it is missing."""
     node: Any = tree
     for key in path.split("."):
-        if not isinstance(node, Mapping) or key not in node:
+        if isinstance(node, list) and key.isdigit() and int(key) < len(node):
+            node = node[int(key)]
+        elif isinstance(node, Mapping) and key in node:
+            node = node[key]
+        else:
             return None
-        node = node[key]
     return node
 
 
@@ -212,6 +217,7 @@ def _plots(
             "per-prompt reward distributions",
             "no rewards to plot",
         ),
+        _frontier_plot(summary),
         _image(plots.ppo_curves(ppo_metrics), "PPO training curves", "no PPO metrics given"),
         _image(
             plots.reward_model_curves(reward_metrics),
@@ -220,6 +226,71 @@ def _plots(
         ),
     ]
     return "<h2>Plots</h2>" + "".join(parts)
+
+
+def _frontier_metric(summary: Mapping[str, Any]) -> tuple[str, str, str]:
+    """(label, best-of-n key, aligned gain path): gold where known, else the reward model."""
+    points = _at(summary, "best_of_n") or []
+    if points and all(point.get("gold") is not None for point in points):
+        return "gold", "gold", "gold.difference.value"
+    return "reward-model score", "reward", "reward.difference.value"
+
+
+def _frontier_plot(summary: Mapping[str, Any]) -> str:
+    """Best-of-n's gain against KL with the aligned policy's point on it."""
+    points = _at(summary, "best_of_n") or []
+    label, key, aligned_path = _frontier_metric(summary)
+    if not points:
+        return _image(None, "", "no best-of-n baseline measured")
+    base = points[0][key]
+    curve = [(p["n"], p["kl_per_sequence"], p[key] - base) for p in points]
+    aligned = (_at(summary, "kl.per_sequence"), _at(summary, aligned_path))
+    name = f" ({_at(summary, 'gold.name')})" if key == "gold" else ""
+    return _image(
+        plots.best_of_n_frontier(curve, aligned, label),
+        f"{label}{name} gain against KL per sequence: best-of-n of the reference and the "
+        "aligned policy",
+        "no best-of-n baseline measured",
+    )
+
+
+def _best_of_n(summary: Mapping[str, Any]) -> str:
+    """The best-of-n table and the aligned policy's gain as a share of best-of-n's."""
+    points = _at(summary, "best_of_n")
+    if not points:
+        return ""
+    rows = "".join(
+        f"<tr>{_figure(summary, f'best_of_n.{i}.n')}"
+        f"{_figure(summary, f'best_of_n.{i}.kl_per_sequence')}"
+        f"{_figure(summary, f'best_of_n.{i}.reward')}{_figure(summary, f'best_of_n.{i}.gold')}</tr>"
+        for i in range(len(points))
+    )
+    if _at(summary, "ppo_vs_best_of_n") is None:
+        verdict = (
+            "No ratio to best-of-n: it needs a gold reward and a positive best-of-n gold gain "
+            "at the aligned policy's KL."
+        )
+        versus = f"<p>{_esc(verdict)}</p>"
+    else:
+        capped = _at(summary, "ppo_vs_best_of_n_capped")
+        note = " (beyond the largest n's KL: compared with the largest n)" if capped else ""
+        aligned, best = (
+            _figure(summary, f"ppo_vs_best_of_n_gains.{who}", "span")
+            for who in ("aligned", "best_of_n")
+        )
+        versus = (
+            f"<p>The aligned policy's gold gain, {aligned}, is "
+            f"{_figure(summary, 'ppo_vs_best_of_n', 'span')} times best-of-n's gold gain at the "
+            f"same KL of {_figure(summary, 'kl.per_sequence', 'span')} nats per sequence, "
+            f"{best}{_esc(note)}.</p>"
+        )
+    return (
+        "<h2>Best-of-n baseline</h2><p>For each n the reward model keeps the best of n "
+        "responses of the reference to each prompt; its KL to the reference is "
+        "log n − (n − 1)/n nats per sequence.</p><table><tr><th>n</th>"
+        "<th>KL, nats per sequence</th><th>mean reward</th><th>mean gold</th></tr>"
+        f"{rows}</table>{versus}"
+    )
 
 
 def _reward_cell(value: Any) -> str:
@@ -271,7 +342,7 @@ def render_report(
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
         "<title>alignpipe evaluation</title>"
         f"<style>{_CSS}</style></head><body><h1>alignpipe evaluation</h1>"
-        f"{_verdict(gate)}{_head_to_head(shown)}{_per_policy(shown)}"
+        f"{_verdict(gate)}{_head_to_head(shown)}{_per_policy(shown)}{_best_of_n(shown)}"
         f"{_plots(shown, ppo_metrics, reward_metrics)}{_samples(samples)}</body></html>\n"
     )
 

@@ -4,8 +4,14 @@ Rewards are the reward model's raw scores (no normalization): the win rate and t
 length figures do not depend on it, and raw scores stay comparable with the reward stage's
 own figures. KL(aligned ‖ reference) is the k1 estimate on the aligned policy's samples,
 both log-probs recomputed by one forward pass each (not the sampler's cached ones), so two
-identical policies give exactly 0. With temperature ≠ 1 or greedy decoding the samples do not
-come from the aligned policy itself, and the figure is the mean log-ratio on those responses.
+identical policies give exactly 0. Both log-probs are at the sampling temperature T, as the
+samples are drawn: the figure is KL(aligned_T ‖ reference_T), in the units of the best-of-n
+baseline drawn from reference_T. With greedy decoding the log-probs are untempered and the
+figure is the mean log-ratio on the greedy responses.
+
+The best-of-n baseline draws max(n) samples per prompt from the reference (its first
+``samples_per_prompt`` are the ones the win rate compares); the reward model keeps the best
+of the first n, at an analytic KL of log n − (n − 1)/n nats per sequence.
 
 Every host computes the same figures from every eval shard; process 0 writes the outputs.
 """
@@ -13,32 +19,37 @@ Every host computes the same figures from every eval shard; process 0 writes the
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 from typing import Any, NamedTuple
 
 import numpy as np
 
-from components.core import builtin_task, fileio
+from components.core import fileio
 from components.core.checkpoint import read_model_config
-from components.core.distributed import is_primary, maybe_initialize
+from components.core.distributed import maybe_initialize
+from components.core.gold import GoldReward, is_builtin, resolve_gold_reward
 from components.core.input_pipeline import DataError, check_vocab, longest_lengths, read_manifest
-from components.core.metrics import read_metrics
 from components.core.model_io import ModelMismatchError, check_tokenizer, load_model
 from components.core.tokenizers import Tokenizer, load_tokenizer
 from components.evaluate import generation
 from components.evaluate.config import EvalConfig
 from components.evaluate.gate import Gate, decide
-from components.evaluate.measures import PolicyOutputs, ends_with_eos, gold_scores, summarize
-from components.evaluate.report import json_ready, select_samples, write_report
+from components.evaluate.measures import (
+    BestOfNDraws,
+    PolicyOutputs,
+    ends_with_eos,
+    gold_scores,
+    summarize,
+)
+from components.evaluate.outputs import sample_rows, write_outputs
+from components.evaluate.report import json_ready, select_samples
 
 log = logging.getLogger(__name__)
-METRICS_JSON_FILE = "metrics.json"
 ROLES = ("policy", "reference", "reward")
 
 
 class Inputs(NamedTuple):
-    """The checked inputs: the shards' manifest and the gold reward's name ('' for none)."""
+    """The checked inputs: the shards' manifest and the gold reward's spec ('' for none)."""
 
     manifest: dict[str, Any]
     gold_name: str
@@ -51,6 +62,22 @@ class PolicyResult(NamedTuple):
     texts: list[str]  # [P * S], row order
     rewards: np.ndarray  # [P, S] raw reward-model scores
     gold: np.ndarray | None  # [P, S]
+
+    def first(self, count: int) -> PolicyResult:
+        """The first ``count`` samples of every prompt."""
+        prompts, samples = self.rewards.shape
+        texts = [self.texts[p * samples + s] for p in range(prompts) for s in range(count)]
+        responses = generation.Responses(*(part[:, :count] for part in self.responses))
+        gold = None if self.gold is None else self.gold[:, :count]
+        return PolicyResult(responses, texts, self.rewards[:, :count], gold)
+
+
+class Measured(NamedTuple):
+    """What ``measure`` found: the summary, the report's sample rows and every sample's row."""
+
+    summary: dict[str, Any]
+    report_samples: list[dict[str, Any]]
+    sample_rows: list[dict[str, Any]]
 
 
 def check_inputs(config: EvalConfig, shards_dir: str, dirs: dict[str, str]) -> Inputs:
@@ -78,15 +105,20 @@ def check_inputs(config: EvalConfig, shards_dir: str, dirs: dict[str, str]) -> I
 
 
 def gold_reward_name(config: EvalConfig, manifest: dict[str, Any]) -> str:
-    """The gold reward to score with: the config's, else the manifest's if it is known."""
+    """The gold reward to score with: the config's, else the manifest's if it is built in.
+
+    A spec that runs code (``PATH.py:FUNCTION``, ``MODULE:FUNCTION``) is taken only from the
+    user's config, never from the data.
+    """
     if config.gold_reward:
         return config.gold_reward
     name = manifest.get("gold_reward") or ""
-    try:
-        if name:
-            builtin_task.gold_reward_fn(name)
-    except KeyError as error:
-        log.warning("%s: gold measures skipped", error.args[0])
+    if name and not is_builtin(name):
+        log.warning(
+            "the data names gold reward %r, which is not built in: gold measures skipped "
+            "(pass --gold-reward to score with your own)",
+            name,
+        )
         return ""
     return name
 
@@ -137,25 +169,26 @@ def run_policy(
     prompts: generation.Prompts,
     prompt_texts: list[str],
     *,
+    samples: int,
     config: EvalConfig,
     settings: generation.SamplingSettings,
     tokenizer: Tokenizer,
-    gold_name: str,
+    gold: GoldReward | None,
 ) -> PolicyResult:
-    """Sample ``role``'s responses and score them with the reward model and the gold reward."""
+    """Sample ``samples`` responses per prompt of ``role``; score them (reward model, gold)."""
     responses = generation.sample_responses(
-        models[role], prompts, settings=settings, samples_per_prompt=config.samples_per_prompt,
-        seed=config.seed, batch_size=config.batch_size,
+        models[role], prompts, settings=settings, samples_per_prompt=samples, seed=config.seed,
+        batch_size=config.batch_size,
     )  # fmt: skip
     rewards = generation.response_rewards(
         models["reward"], prompts, responses, batch_size=config.batch_size
     )
     texts = decode(tokenizer, responses.tokens, responses.mask)
-    gold = None
-    if gold_name:
-        repeated = [p for p in prompt_texts for _ in range(config.samples_per_prompt)]
-        gold = gold_scores(gold_name, repeated, texts).reshape(rewards.shape)
-    return PolicyResult(responses, texts, rewards, gold)
+    gold_rewards = None
+    if gold is not None:
+        repeated = [p for p in prompt_texts for _ in range(samples)]
+        gold_rewards = gold_scores(gold, repeated, texts).reshape(rewards.shape)
+    return PolicyResult(responses, texts, rewards, gold_rewards)
 
 
 def _outputs(result: PolicyResult, eos_id: int) -> PolicyOutputs:
@@ -165,47 +198,10 @@ def _outputs(result: PolicyResult, eos_id: int) -> PolicyOutputs:
     return PolicyOutputs(result.rewards, mask, ended, result.gold)
 
 
-def flat_figures(summary: dict[str, Any], gate: Gate) -> dict[str, float]:
-    """Every finite figure of the summary by dotted path (KFP Metrics), plus blessed as 0/1."""
-    flat: dict[str, float] = {}
-
-    def walk(node: Any, path: str) -> None:
-        if isinstance(node, dict):
-            for key, value in node.items():
-                walk(value, f"{path}.{key}" if path else key)
-        elif isinstance(node, int | float) and not isinstance(node, bool):
-            flat[path] = float(node)
-
-    # Histogram counts are a plot's data, not figures; None (not measured, non-finite) drops out.
-    skip = ("reward_histogram", "schema_version")
-    walk({k: v for k, v in json_ready(summary).items() if k not in skip}, "")
-    flat["blessed"] = 1.0 if gate.blessed else 0.0
-    return flat
-
-
-def write_outputs(
-    output: str,
-    summary: dict[str, Any],
-    gate: Gate,
-    *,
-    dirs: dict[str, str],
-    samples: list[dict[str, Any]],
-) -> None:
-    """report.html, eval.json and metrics.json into ``output`` (process 0 only)."""
-    if not is_primary():
-        return
-    write_report(
-        output, summary, gate, ppo_metrics=read_metrics(dirs["policy"]) or None,
-        reward_metrics=read_metrics(dirs["reward"]) or None, samples=samples,
-    )  # fmt: skip
-    figures = json.dumps(flat_figures(summary, gate), indent=2, sort_keys=True)
-    fileio.write_text(fileio.join(output, METRICS_JSON_FILE), figures + "\n")
-
-
 def report_samples(
     prompt_texts: list[str], aligned: PolicyResult, reference: PolicyResult, config: EvalConfig
 ) -> list[dict[str, Any]]:
-    """The report's sample rows, one per (prompt, sample) pair drawn."""
+    """The report's sample rows, drawn from every (prompt, sample) pair."""
     repeated = [p for p in prompt_texts for _ in range(config.samples_per_prompt)]
     has_gold = aligned.gold is not None and reference.gold is not None
     return select_samples(
@@ -216,6 +212,29 @@ def report_samples(
     )  # fmt: skip
 
 
+def sample_both(
+    config: EvalConfig,
+    models: dict[str, generation.LoadedModel],
+    prompts: generation.Prompts,
+    prompt_texts: list[str],
+    *,
+    tokenizer: Tokenizer,
+    gold: GoldReward | None,
+) -> tuple[PolicyResult, PolicyResult]:
+    """Aligned samples, and the reference's: as many as the win rate or best-of-n needs."""
+    settings = generation.SamplingSettings(
+        max_new_tokens=config.max_new_tokens, eos_id=tokenizer.eos_id, pad_id=tokenizer.pad_id,
+        temperature=0.0 if config.greedy else config.temperature,
+    )  # fmt: skip
+    common = dict(config=config, settings=settings, tokenizer=tokenizer, gold=gold)
+    aligned = run_policy(
+        "policy", models, prompts, prompt_texts, samples=config.samples_per_prompt, **common
+    )
+    draws = max(config.samples_per_prompt, *config.best_of_n_sizes(), 0)
+    reference = run_policy("reference", models, prompts, prompt_texts, samples=draws, **common)
+    return aligned, reference
+
+
 def measure(
     config: EvalConfig,
     shards_dir: str,
@@ -224,35 +243,28 @@ def measure(
     *,
     tokenizer: Tokenizer,
     gold_name: str,
-) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """Sample both policies on the eval prompts and measure them: the summary and report samples."""
+) -> Measured:
+    """Sample both policies on the eval prompts and measure them: summary and sample rows."""
     prompt_len, pair_len = sequence_lengths(config, manifest, models)
     prompts = generation.load_prompts(
         shards_dir, max_prompts=config.max_eval_prompts, prompt_len=prompt_len
     )
     prompt_texts = decode(tokenizer, prompts.tokens, prompts.mask)
-    settings = generation.SamplingSettings(
-        max_new_tokens=config.max_new_tokens, eos_id=tokenizer.eos_id, pad_id=tokenizer.pad_id,
-        temperature=0.0 if config.greedy else config.temperature,
-    )  # fmt: skip
-    aligned, reference = (
-        run_policy(
-            role,
-            models,
-            prompts,
-            prompt_texts,
-            config=config,
-            settings=settings,
-            tokenizer=tokenizer,
-            gold_name=gold_name,
-        )  # fmt: skip
-        for role in ("policy", "reference")
+    gold = resolve_gold_reward(gold_name) if gold_name else None
+    aligned, drawn = sample_both(
+        config, models, prompts, prompt_texts, tokenizer=tokenizer, gold=gold
     )
+    reference = drawn.first(config.samples_per_prompt)
     # Both log-probs of the aligned samples by the same forward pass: identical policies give 0.
+    temperature = 1.0 if config.greedy else config.temperature
     logprobs = {
-        role: generation.response_logprobs(
-            models[role], prompts, aligned.responses, batch_size=config.batch_size
-        )
+        role: generation.policy_logprobs(
+            models[role],
+            prompts,
+            aligned.responses,
+            temperature=temperature,
+            batch_size=config.batch_size,
+        )  # fmt: skip
         for role in ("policy", "reference")
     }
     chosen, rejected = generation.eval_pair_rewards(
@@ -262,8 +274,14 @@ def measure(
         _outputs(aligned, tokenizer.eos_id), _outputs(reference, tokenizer.eos_id),
         aligned_logprobs=logprobs["policy"], reference_logprobs=logprobs["reference"],
         config=config, chosen_rewards=chosen, rejected_rewards=rejected, gold_name=gold_name,
+        best_of_n_draws=BestOfNDraws(drawn.rewards, drawn.gold),
     )  # fmt: skip
-    return summary, report_samples(prompt_texts, aligned, reference, config)
+    rows = sample_rows(
+        prompt_texts,
+        (aligned.texts, aligned.rewards, aligned.gold),
+        (reference.texts, reference.rewards, reference.gold),
+    )
+    return Measured(summary, report_samples(prompt_texts, aligned, reference, config), rows)
 
 
 def run(
@@ -277,7 +295,7 @@ def run(
     """Evaluate ``policy_dir`` against ``reference_dir``; write the report; return the figures.
 
     The result is the summary (as in eval.json) plus ``blessed``; ``output`` receives
-    report.html, eval.json and metrics.json.
+    report.html, eval.json, metrics.json and samples.jsonl.
     """
     maybe_initialize()
     dirs = {"policy": policy_dir, "reference": reference_dir, "reward": reward_dir}
@@ -285,12 +303,16 @@ def run(
     if not config.max_new_tokens:
         config = dataclasses.replace(config, max_new_tokens=longest_lengths(inputs.manifest)[1])
     tokenizer = load_tokenizer(fileio.join(shards_dir, "tokenizer"))
-    summary, samples = measure(
+    measured = measure(
         config, shards_dir, inputs.manifest, load_models(dirs, config.seed, sharded=config.fsdp),
         tokenizer=tokenizer, gold_name=inputs.gold_name,
     )  # fmt: skip
+    summary = measured.summary
     gate = decide(summary, config)
-    write_outputs(output, summary, gate, dirs=dirs, samples=samples)
+    write_outputs(
+        output, summary, gate, dirs=dirs, samples=measured.report_samples,
+        all_samples=measured.sample_rows,
+    )  # fmt: skip
     _log_verdict(summary, gate, output)
     return {**json_ready(summary), "blessed": gate.blessed}
 
@@ -303,5 +325,11 @@ def _log_verdict(summary: dict[str, Any], gate: Gate, output: str) -> None:
         summary["num_prompts"], win["value"], win["low"], win["high"],
         summary["kl"]["per_token"], "blessed" if gate.blessed else "not blessed", output,
     )  # fmt: skip
+    if summary.get("ppo_vs_best_of_n") is not None:
+        log.info(
+            "gold gain %.1f%% of best-of-n's at the same KL per sequence%s",
+            100 * summary["ppo_vs_best_of_n"],
+            " (capped at the largest n)" if summary["ppo_vs_best_of_n_capped"] else "",
+        )
     for reason in gate.reasons:
         log.info("gate: %s", reason)

@@ -1,0 +1,142 @@
+"""Gold rewards by spec: a built-in name, ``PATH.py:FUNCTION`` or ``MODULE:FUNCTION``.
+
+A gold reward is a function ``(prompt: str, response: str) -> float`` that says what a
+response is really worth (as opposed to what the learned reward model thinks). The spec
+names one of:
+
+- a built-in reward (``builtin_task``'s registry, e.g. ``builtin/sentiment-v1``);
+- ``PATH.py:FUNCTION``: a function in a Python file (local or ``gs://``), run as a module;
+- ``MODULE:FUNCTION``: a function in an importable module (``my_pkg.rewards:score``).
+
+The resolved function checks every score: a non-number or a non-finite value raises a
+ValueError naming the spec, the prompt and the response, so a broken gold reward never
+turns into a NaN figure three stages later.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import numbers
+import sys
+import types
+from collections.abc import Callable
+from typing import Any
+
+from components.core import builtin_task, fileio
+
+GoldReward = Callable[[str, str], float]
+_SHOWN_CHARS = 200  # of a prompt or response quoted in an error
+
+
+def _short(text: str) -> str:
+    """``text`` quoted, cut to a readable length."""
+    return repr(text if len(text) <= _SHOWN_CHARS else text[:_SHOWN_CHARS] + "…")
+
+
+def _split(spec: str) -> tuple[str, str]:
+    """(file or module, function) of a ``SOURCE:FUNCTION`` spec."""
+    source, _, name = spec.rpartition(":")
+    if not source or not name.isidentifier():
+        raise ValueError(
+            f"gold reward {spec!r}: expected a built-in name "
+            f"({', '.join(builtin_task.gold_reward_names())}), PATH.py:FUNCTION or "
+            "MODULE:FUNCTION (FUNCTION a Python name); fix the spec"
+        )
+    return source, name
+
+
+def _file_namespace(spec: str, path: str) -> dict[str, Any]:
+    """The globals of the Python file at ``path`` after running it as a fresh module."""
+    if not fileio.exists(path):
+        raise ValueError(
+            f"gold reward {spec!r}: file {path} does not exist; give the path of a .py file "
+            "that defines the function"
+        )
+    stem = "".join(c if c.isalnum() else "_" for c in path.rsplit("/", 1)[-1][: -len(".py")])
+    module = types.ModuleType(f"alignpipe_gold.{stem}")
+    module.__file__ = path
+    # Registered as imported modules are, so dataclasses and pickling inside it find it.
+    sys.modules[module.__name__] = module
+    try:
+        exec(compile(fileio.read_text(path), path, "exec"), module.__dict__)
+    except Exception as error:
+        raise ValueError(
+            f"gold reward {spec!r}: running {path} failed with {type(error).__name__}: "
+            f"{error}; fix the file"
+        ) from error
+    return module.__dict__
+
+
+def _module_namespace(spec: str, module_name: str) -> dict[str, Any]:
+    """The globals of the importable module ``module_name``."""
+    try:
+        return vars(importlib.import_module(module_name))
+    except Exception as error:
+        raise ValueError(
+            f"gold reward {spec!r}: module {module_name!r} does not import "
+            f"({type(error).__name__}: {error}); install it or put it on PYTHONPATH"
+        ) from error
+
+
+def _load(spec: str) -> GoldReward:
+    """The unchecked function that ``spec`` names."""
+    if spec in builtin_task.gold_reward_names():
+        return builtin_task.gold_reward_fn(spec)
+    if ":" not in spec:
+        raise ValueError(
+            f"gold reward {spec!r} is not a built-in one "
+            f"({', '.join(builtin_task.gold_reward_names())}); pass one of those, "
+            "PATH.py:FUNCTION or MODULE:FUNCTION"
+        )
+    source, name = _split(spec)
+    in_file = source.endswith(".py")
+    namespace = _file_namespace(spec, source) if in_file else _module_namespace(spec, source)
+    where = f"file {source}" if in_file else f"module {source!r}"
+    if name not in namespace:
+        raise ValueError(
+            f"gold reward {spec!r}: {where} has no function {name!r}; define "
+            f"{name}(prompt: str, response: str) -> float there or fix the name"
+        )
+    function = namespace[name]
+    if not callable(function):
+        raise ValueError(
+            f"gold reward {spec!r}: {name!r} in {where} is a {type(function).__name__}, not a "
+            f"function; define {name}(prompt: str, response: str) -> float"
+        )
+    return function
+
+
+def _checked(spec: str, function: GoldReward) -> GoldReward:
+    """``function`` with every score checked to be a finite number, returned as float."""
+
+    @functools.wraps(function)
+    def score(prompt: str, response: str) -> float:
+        where = f"gold reward {spec!r} on prompt {_short(prompt)} and response {_short(response)}"
+        try:
+            value = function(prompt, response)
+        except Exception as error:
+            raise ValueError(f"{where} raised {type(error).__name__}: {error}") from error
+        if isinstance(value, bool) or not isinstance(value, numbers.Real):
+            raise ValueError(f"{where} returned {value!r}, not a number; return a float")
+        if not float("-inf") < float(value) < float("inf"):
+            raise ValueError(f"{where} returned {value!r}; return a finite float")
+        return float(value)
+
+    return score
+
+
+def resolve_gold_reward(spec: str) -> GoldReward:
+    """The gold reward ``spec`` names, checking each score (see the module docstring)."""
+    return _checked(spec, _load(spec))
+
+
+def validate_gold_reward(spec: str) -> None:
+    """Raise ValueError when ``spec`` names no loadable gold reward ('' names none: fine)."""
+    if spec:
+        _load(spec)
+
+
+def is_builtin(spec: str) -> bool:
+    """Whether ``spec`` names a built-in gold reward (safe to take from a data manifest)."""
+    return spec in builtin_task.gold_reward_names()
