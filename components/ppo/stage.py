@@ -71,8 +71,8 @@ def fold_normalization(critic: nnx.Module, mean: float, std: float) -> None:
     """
     head = critic.scalar_head
     scale = 1.0 / max(std, 1e-6)
-    head.kernel.value = head.kernel.value * scale
-    head.bias.value = (head.bias.value - mean) * scale
+    head.kernel[...] = head.kernel[...] * scale
+    head.bias[...] = (head.bias[...] - mean) * scale
 
 
 def build_networks(

@@ -1,0 +1,67 @@
+"""PPO's defaults and controls that need no rollout: critic units, KL controller range, defaults.
+
+Each of these failed before the "PPO that aligns" fixes: the critic started in the reward
+model's raw units, the controller could move kl_coef by at most ×0.94–×1.07 over a demo run,
+the entropy bonus equalled kl_coef, and init_kl_controller's own default target (6 nats per
+sequence, TRL's) disagreed with the config's (per token).
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from components.core.model_io import create_model
+from components.ppo import PPOConfig
+from components.ppo.kl_control import init_kl_controller, raise_kl_coef, update_kl_controller
+from components.ppo.stage import fold_normalization
+
+
+def test_folded_critic_outputs_normalized_scores() -> None:
+    critic = create_model("tiny", 40, scalar_head=True, seed=3, max_seq_len=16)
+    tokens = jnp.asarray(np.random.default_rng(0).integers(3, 40, (4, 9)), jnp.int32)
+    mask = jnp.ones_like(tokens)
+    raw = np.asarray(critic.scalar(critic(tokens, mask), mask))
+    fold_normalization(critic, mean=0.21, std=9.2)
+    folded = np.asarray(critic.scalar(critic(tokens, mask), mask))
+    np.testing.assert_allclose(folded, (raw - 0.21) / 9.2, rtol=1e-5, atol=1e-6)
+
+
+def test_adaptive_controller_can_move_kl_coef_by_e_squared_over_a_run() -> None:
+    config = PPOConfig()
+    state = init_kl_controller(
+        "adaptive", config.kl_coef, target=config.kl_target, horizon=config.kl_horizon_sequences
+    )
+    up = down = state
+    for _ in range(config.iterations):
+        up = update_kl_controller(up, 10 * config.kl_target, config.rollout_batch_size)
+        down = update_kl_controller(down, 0.0, config.rollout_batch_size)
+    # 1.04^50 and 0.96^50: the coefficient follows the KL over the run, not a crawl.
+    assert float(up.kl_coef) / config.kl_coef > math.exp(1.9)
+    assert float(down.kl_coef) / config.kl_coef < math.exp(-2.0)
+    assert float(raise_kl_coef(state, 2.0).kl_coef) == pytest.approx(2 * config.kl_coef)
+
+
+def test_defaults_let_the_kl_penalty_bind() -> None:
+    config = PPOConfig()
+    assert config.adaptive_kl and config.entropy_coef == 0.0
+    assert config.kl_target <= config.kl_stop / 2  # the guard catches divergence only
+    assert init_kl_controller("adaptive", 0.1).target == pytest.approx(config.kl_target)
+    assert config.kl_horizon_sequences == config.iterations * config.rollout_batch_size / 10
+    assert PPOConfig(kl_horizon=5000.0).kl_horizon_sequences == 5000.0
+
+
+@pytest.mark.parametrize(
+    ("overrides", "field"),
+    [
+        ({"kl_stop_patience": 0}, "kl_stop_patience"),
+        ({"restore_kl_factor": 0.5}, "restore_kl_factor"),
+        ({"kl_horizon": -1.0}, "kl_horizon"),
+    ],
+)
+def test_guard_and_controller_fields_are_checked(overrides: dict, field: str) -> None:
+    with pytest.raises(ValueError, match=field):
+        PPOConfig(**overrides)
