@@ -33,7 +33,9 @@ def register(commands: argparse._SubParsersAction) -> None:
     shard.set_defaults(handler=_shard, accepts_extra=True)
 
     validate = sub.add_parser(
-        "validate", help="report rejected records per reason; exit 1 above the threshold"
+        "validate",
+        help="report rejected records per reason and the eval split; exit 1 when the shard "
+        "stage would refuse them",
     )
     validate.add_argument("files", nargs="+", help="JSONL/Parquet paths or globs")
     add_config_flags(validate, ShardConfig, skip=("num_shards", "num_workers"))
@@ -68,5 +70,5 @@ def _validate(args: argparse.Namespace, rest: list[str]) -> int:
     except (InputError, TokenizerError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    print(report.render(config.max_invalid_fraction))
-    return 0 if report.passes(config.max_invalid_fraction) else 1
+    print(report.render(config))
+    return 0 if report.passes(config) else 1

@@ -88,6 +88,7 @@ def describe(name: str) -> str:
     lines += ["", "  stage commands (shard once; the others on every worker of the slice):"]
     lengths = _flag("max_prompt_tokens", preset.prompt_len)
     lengths += " " + _flag("max_response_tokens", preset.response_len)
+    lengths += " " + _flag("min_eval_pairs", preset.pipeline_params()["min_eval_pairs"])
     lines.append(f"    alignpipe data shard {SHARD_PATHS} {lengths}")
     for stage in STAGES:
         flags = " ".join(_flag(k, v) for k, v in preset.flags(stage).items())

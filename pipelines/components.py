@@ -48,6 +48,7 @@ def shard(
     max_response_tokens: int,
     num_shards: int,
     eval_fraction: float,
+    min_eval_pairs: int,
     max_invalid_fraction: float,
     beam_args: str,
     shards: Output[Dataset],
@@ -69,7 +70,8 @@ def shard(
     config = stage_io.config_from(ShardConfig, locals())
     # Dataflow workers write to the artifact's gs:// URI; they cannot see this task's files.
     output = shards.uri if "DataflowRunner" in beam_args else shards.path
-    manifest = run(config, inputs, output, beam_args=shlex.split(beam_args))
+    with stage_io.failure_reason(shards.path):  # e.g. too much rejected, too small an eval split
+        manifest = run(config, inputs, output, beam_args=shlex.split(beam_args))
     shards.metadata["counts"] = manifest["counts"]
     stage_io.write_metrics(metrics, "shard", manifest["counts"], started)
 
@@ -98,7 +100,9 @@ def sft(
     stage_io.start_jax()
     from components.sft import SFTConfig, run
 
-    summary = run(stage_io.config_from(SFTConfig, locals()), shards.path, model.path)
+    config = stage_io.config_from(SFTConfig, locals())
+    with stage_io.failure_reason(model.path):
+        summary = run(config, shards.path, model.path)
     stage_io.write_metrics(metrics, "sft", summary, started)
     return stage_io.reference(model.uri, stage_io.now())
 
@@ -122,10 +126,11 @@ def reward(
     steps: int,
     batch_size: int,
     learning_rate: float,
+    min_reward_accuracy: float,
     model: Output[Model],
     metrics: Output[Metrics],
 ):
-    """Train the Bradley-Terry reward model on the preference shards."""
+    """Train the Bradley-Terry reward model; fail after writing it when below the accuracy gate."""
     import time
 
     from pipelines import stage_io
@@ -134,7 +139,9 @@ def reward(
     stage_io.start_jax()
     from components.reward import RewardConfig, run
 
-    summary = run(stage_io.config_from(RewardConfig, locals()), shards.path, model.path)
+    config = stage_io.config_from(RewardConfig, locals())
+    with stage_io.failure_reason(model.path):  # e.g. below min_reward_accuracy
+        summary = run(config, shards.path, model.path)
     stage_io.write_metrics(metrics, "reward", summary, started)
 
 
@@ -172,7 +179,8 @@ def ppo(
 
     config = stage_io.config_from(PPOConfig, locals())
     policy_dir = stage_io.reference_uri(policy)
-    summary = run(config, shards.path, policy_dir, reward.path, model.path)
+    with stage_io.failure_reason(model.path):
+        summary = run(config, shards.path, policy_dir, reward.path, model.path)
     stage_io.write_metrics(metrics, "ppo", summary, started)
 
 
@@ -205,7 +213,8 @@ def evaluate(
 
     config = stage_io.config_from(EvalConfig, locals())
     reference_dir = stage_io.reference_uri(reference)
-    summary = run(config, shards.path, policy.path, reference_dir, reward.path, evaluation.path)
+    with stage_io.failure_reason(evaluation.path):
+        summary = run(config, shards.path, policy.path, reference_dir, reward.path, evaluation.path)
     stage_io.publish_report(evaluation.path, report.path)
     evaluation.metadata["blessed"] = bool(summary["blessed"])
     stage_io.write_metrics(metrics, "evaluate", summary, started)

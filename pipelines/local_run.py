@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pipelines import params
+from pipelines import params, stage_io
 from pipelines.pipeline import PIPELINE_NAME, STAGE_TASKS, STAGES, build_pipeline
 from pipelines.targets import Placement
 
@@ -94,6 +94,7 @@ class RunResult:
     seconds: float
     values: dict[str, Any]
     error: str = ""
+    reasons: dict[str, str] = dataclasses.field(default_factory=dict)  # failed task → why
 
     def figures(self) -> dict[str, Any]:
         """The summary's figures from the stages' metrics files (missing ones are None)."""
@@ -132,6 +133,14 @@ def _metrics(artifact: Any) -> dict[str, float]:
     if artifact is None or not os.path.exists(artifact.path):
         return {}
     return json.loads(Path(artifact.path).read_text())["metrics"]
+
+
+def failure_reasons(run_dir: Path | None) -> dict[str, str]:
+    """What each failed task said (stage_io.failure_reason), by task name."""
+    if run_dir is None or not run_dir.is_dir():
+        return {}
+    found = sorted(run_dir.glob(f"*/*/{stage_io.FAILURE_FILE}"))
+    return {path.parent.parent.name: path.read_text().strip() for path in found}
 
 
 def executed_tasks(run_dir: Path | None) -> set[str]:
@@ -193,6 +202,7 @@ def run_local(
         seconds=time.monotonic() - started,
         values=values,
         error=_ANSI.sub("", error),
+        reasons=failure_reasons(run_dir) if error else {},
     )
 
 
@@ -228,6 +238,7 @@ def format_summary(result: RunResult) -> str:
     lines.append(f"total {result.seconds:.0f} s")
     if result.error:
         lines.append(f"FAILED: {result.error}")
+        lines += [f"  {task}: {reason}" for task, reason in result.reasons.items()]
         return "\n".join(lines)
     f = result.figures()
     lines += [

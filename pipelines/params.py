@@ -108,6 +108,14 @@ PARAMS: tuple[Param, ...] = (
     *_stage("shard", "max_prompt_tokens", "max_response_tokens", "num_shards"),
     *_stage("shard", "eval_fraction", "max_invalid_fraction"),
     Param(
+        "min_eval_pairs",
+        (("shard", "min_eval_pairs"),),
+        default=max(SFTConfig().batch_size, RewardConfig().batch_size),
+        help="the shard stage refuses an eval split with fewer pairs; sft and reward read it in "
+        "batches of their batch_size, so at least the larger of sft_batch_size and "
+        "reward_batch_size (0 = no check)",
+    ),
+    Param(
         "beam_args",
         default="",
         kind=str,
@@ -134,6 +142,13 @@ PARAMS: tuple[Param, ...] = (
     _shared("fsdp", "fsdp", "sft", "reward", "ppo", "evaluate"),
     *_stage("sft", "steps", "batch_size", "learning_rate", prefix="sft_"),
     *_stage("reward", "steps", "batch_size", "learning_rate", prefix="reward_"),
+    Param(
+        "min_reward_accuracy",
+        (("reward", "min_reward_accuracy"),),
+        default=0.6,  # noisy labels allow ~0.6; the built-in task's reward model reaches ~0.9
+        help="stop the run after the reward stage (no ppo, evaluate or promote) when the reward "
+        "model's eval accuracy is below this; 0 = never",
+    ),
     *_stage("ppo", "iterations", "rollout_batch_size", "minibatches", prefix="ppo_"),
     *_stage("ppo", "learning_rate", "critic_learning_rate", prefix="ppo_"),
     Param("ppo_epochs", (("ppo", "ppo_epochs"),)),
@@ -233,11 +248,26 @@ def _check_batches(values: dict[str, Any], chips: int) -> None:
                 f"{name}: {values[name]} does not split over {chips} chips; "
                 f"use a multiple of {chips} (e.g. {nearest})"
             )
+    _check_min_eval_pairs(values)
     quantum = chips * values["ppo_minibatches"]
     if values["ppo_rollout_batch_size"] % quantum:
         raise ParamError(
             f"ppo_rollout_batch_size: {values['ppo_rollout_batch_size']} must be a multiple of "
             f"{chips} chips x {values['ppo_minibatches']} ppo_minibatches = {quantum}"
+        )
+
+
+def _check_min_eval_pairs(values: dict[str, Any]) -> None:
+    """The shard stage must keep one eval batch of each training stage that runs."""
+    if not values["min_eval_pairs"]:
+        return
+    batches = ["reward_batch_size"] + (["sft_batch_size"] if not values["base_policy"] else [])
+    largest = max(batches, key=lambda name: values[name])
+    if values["min_eval_pairs"] < values[largest]:
+        raise ParamError(
+            f"min_eval_pairs: {values['min_eval_pairs']} is below {largest} "
+            f"{values[largest]}, and sft and reward read the eval split in batches of their "
+            f"batch_size; set min_eval_pairs to {values[largest]}"
         )
 
 

@@ -6,7 +6,8 @@ Steps:
 2. shard     validate, dedupe, tokenize and shard by prompt hash (Beam)
 3. sft       train the initial policy, only when no ``base_policy`` is given; otherwise
              the given policy (e.g. the last promoted one) is checked and used
-4. reward    train the Bradley-Terry reward model
+4. reward    train the Bradley-Terry reward model; below ``min_reward_accuracy`` the run
+             stops here, the model kept for inspection
 5. ppo       align the policy against the reward model, KL to the initial policy
 6. evaluate  win rate, KL, rewards against the initial policy; HTML report; ``blessed``
 7. promote   only when blessed: copy the policy to ``promoted_policy_uri``
@@ -90,6 +91,7 @@ def build_pipeline(placement: Placement, fresh_from: str | None = None) -> Any:
         max_response_tokens: int = D["max_response_tokens"],
         num_shards: int = D["num_shards"],
         eval_fraction: float = D["eval_fraction"],
+        min_eval_pairs: int = D["min_eval_pairs"],
         max_invalid_fraction: float = D["max_invalid_fraction"],
         beam_args: str = D["beam_args"],
         base_policy: str = D["base_policy"],
@@ -106,6 +108,7 @@ def build_pipeline(placement: Placement, fresh_from: str | None = None) -> Any:
         reward_steps: int = D["reward_steps"],
         reward_batch_size: int = D["reward_batch_size"],
         reward_learning_rate: float = D["reward_learning_rate"],
+        min_reward_accuracy: float = D["min_reward_accuracy"],
         ppo_iterations: int = D["ppo_iterations"],
         ppo_rollout_batch_size: int = D["ppo_rollout_batch_size"],
         ppo_minibatches: int = D["ppo_minibatches"],
@@ -144,6 +147,10 @@ def build_pipeline(placement: Placement, fresh_from: str | None = None) -> Any:
             given = configure(c.check_policy(base_policy=base_policy), "sft", LIGHT, cache=False)
         initial_policy = dsl.OneOf(sft.outputs["Output"], given.output)
 
+        # The reward gate (min_reward_accuracy) is the reward task failing after it wrote its
+        # model, not a dsl.If around ppo: ppo and evaluate make the run's outputs, which KFP
+        # returns only from the top level (and kfp.local cannot dsl.OneOf artifacts), and a
+        # failed task stops its dependents on every backend with its reason as the error.
         reward = c.reward(shards=shards, **params.stage_values("reward", p))
         reward_model = configure(reward, "reward", TRAIN).outputs["model"]
         ppo = c.ppo(

@@ -13,15 +13,19 @@ the same folder, reruns what depends on it.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
 import math
 import os
 import shutil
 import time
+from collections.abc import Iterator
 from typing import Any
 
 from components.core import fileio
+
+FAILURE_FILE = "FAILURE.txt"
 
 
 def now() -> str:
@@ -60,6 +64,23 @@ def write_metrics(metrics: Any, stage: str, summary: dict[str, Any], started: fl
     }
     metrics.metadata["executed_at"] = record["executed_at"]
     fileio.write_text(metrics.path, json.dumps(record, indent=2, sort_keys=True))
+
+
+@contextlib.contextmanager
+def failure_reason(folder: str) -> Iterator[None]:
+    """Leave a user error's message in ``folder``/FAILURE.txt as it fails the task.
+
+    The task fails as before; a local run's summary prints the message (local_run.py),
+    where kfp.local itself reports only which task failed.
+    """
+    from components.core.entry import USER_ERRORS
+
+    try:
+        yield
+    except USER_ERRORS as error:
+        fileio.makedirs(folder)
+        fileio.write_text(fileio.join(folder, FAILURE_FILE), f"{error}\n")
+        raise
 
 
 def reference(uri: str, fingerprint: str = "") -> str:

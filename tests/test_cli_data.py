@@ -35,6 +35,8 @@ def test_shard_passes_unknown_options_to_beam(tmp_path):
         str(tmp_path / "o"),
         "--num-shards",
         "2",
+        "--min-eval-pairs",
+        "0",  # 50 pairs: a handful in eval
     ]
     assert main(args + ["--direct_runner_bundle_repeat=0"]) == 0
 
@@ -49,8 +51,27 @@ def test_validate_prints_counts_per_reason_and_fails_above_threshold(tmp_path, c
     assert "rejected 3" in out and "FAIL" in out
     for reason in ("not_json", "not_object", "identical_responses"):
         assert reason in out
-    assert main(["data", "validate", str(path), "--max-invalid-fraction", "0.5"]) == 0
+    lenient = ["--max-invalid-fraction", "0.5", "--min-eval-pairs", "0"]
+    assert main(["data", "validate", str(path), *lenient]) == 0
     assert not any(p.name != "mixed.jsonl" for p in tmp_path.iterdir())  # wrote nothing
+
+
+def test_validate_fails_an_eval_split_the_shard_stage_would_refuse(tmp_path, capsys):
+    lines = [
+        json.dumps({"prompt": f"q{i % 20}", "chosen": f"yes {i}", "rejected": f"no {i}"})
+        for i in range(400)
+    ]
+    path = tmp_path / "few_prompts.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    assert main(["data", "validate", str(path), "--eval-fraction", "0"]) == 1
+    out = capsys.readouterr().out
+    assert "eval split 0 pairs of 20 unique prompts (min_eval_pairs 8)" in out
+    assert "Raise eval_fraction to at least" in out and "FAIL" in out
+    # The fraction it names is enough: validate and shard then both accept the data.
+    least = out.split("Raise eval_fraction to at least ")[1].split()[0]
+    assert main(["data", "validate", str(path), "--eval-fraction", least]) == 0
+    shard = ["data", "shard", "--input", str(path), "--output", str(tmp_path / "o")]
+    assert main([*shard, "--num-shards", "2", "--eval-fraction", least]) == 0
 
 
 def test_validate_missing_file_is_a_clear_error(tmp_path, capsys):

@@ -73,6 +73,33 @@ def test_dag_order_and_conditions(vertex):
     assert set(blessed["dependentTasks"]) == {"evaluate", "ppo"}
 
 
+def test_reward_gate_stops_the_run_before_ppo(vertex):
+    """A reward model below min_reward_accuracy fails its task: nothing after it runs."""
+    tasks = _tasks(vertex)
+    compiled = vertex["root"]["inputDefinitions"]["parameters"]
+    assert compiled["min_reward_accuracy"]["defaultValue"] == 0.6
+    reward_inputs = tasks["reward"]["inputs"]["parameters"]
+    assert reward_inputs["min_reward_accuracy"] == {
+        "componentInputParameter": "min_reward_accuracy"
+    }
+    assert "triggerPolicy" not in tasks["reward"]  # it always runs, and gates by failing
+    # ppo, evaluate and promote all wait on the reward task (promote through evaluate).
+    assert "reward" in tasks["ppo"]["dependentTasks"]
+    assert {"reward", "ppo"} <= set(tasks["evaluate"]["dependentTasks"])
+    blessed = next(t for t in tasks.values() if t["taskInfo"]["name"] == "blessed")
+    assert "evaluate" in blessed["dependentTasks"]
+
+
+def test_shard_keeps_one_eval_batch_of_sft_and_reward(vertex):
+    compiled = vertex["root"]["inputDefinitions"]["parameters"]
+    assert compiled["min_eval_pairs"]["defaultValue"] == params.defaults()["sft_batch_size"] == 64
+    shard_inputs = _tasks(vertex)["shard"]["inputs"]["parameters"]
+    assert shard_inputs["min_eval_pairs"] == {"componentInputParameter": "min_eval_pairs"}
+    # sft does not run on a warm start: only the reward batch must fit then.
+    warm = {"base_policy": "gs://b/policy", "sft_batch_size": 128}
+    assert params.validate(warm, chips=8)["min_eval_pairs"] == 64
+
+
 def test_parameters_default_to_the_stage_configs(vertex):
     compiled = vertex["root"]["inputDefinitions"]["parameters"]
     assert set(compiled) == set(params.BY_NAME)
@@ -166,6 +193,9 @@ def test_compile_time_values_become_defaults(tmp_path):
         ({"ppo_iterations": 0}, {}, "iterations: 0 must be at least 1"),
         ({"kl_coef": "x"}, {}, "kl_coef: expected float"),
         ({"no_such": 1}, {}, "unknown parameter"),
+        ({"reward_batch_size": 128}, {}, "min_eval_pairs: 64 is below reward_batch_size 128"),
+        ({"min_eval_pairs": -1}, {}, "min_eval_pairs: -1 must be >= 0"),
+        ({"min_reward_accuracy": 1.5}, {}, "min_reward_accuracy: 1.5 must be in"),
     ],
 )
 def test_bad_parameters_refused_before_writing(tmp_path, values, placement, message):

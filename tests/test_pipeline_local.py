@@ -9,7 +9,13 @@ import pytest
 
 from pipelines import stage_io
 from pipelines.cli import main
-from pipelines.local_run import PROMOTED_DIR, TaskWatcher, format_summary, run_local
+from pipelines.local_run import (
+    PROMOTED_DIR,
+    TaskWatcher,
+    failure_reasons,
+    format_summary,
+    run_local,
+)
 
 # Tiny model, few steps, little data: the whole pipeline in a couple of minutes on 2 cores.
 TINY = {
@@ -28,6 +34,9 @@ TINY = {
     "max_new_tokens": 16,
     "eval_max_new_tokens": 16,
     "max_eval_prompts": 16,
+    "min_eval_pairs": 16,  # one eval batch of sft and reward
+    # Four reward steps rank little; the gate has its own test below.
+    "min_reward_accuracy": 0.0,
     # Bless whatever comes out, so the promotion branch runs too.
     "min_win_rate_lower": 0.0,
 }
@@ -81,6 +90,34 @@ def test_local_run_cache_and_rerun(tmp_path, monkeypatch, capsys):
     assert third.executed == {"check-policy", "ppo", "evaluate", "promote"}
     assert third.stages["sft"].task == "check-policy"
     assert [third.stages[s].status for s in ("data", "shard", "reward")] == ["cached"] * 3
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_reward_gate_stops_the_local_run_before_ppo_with_its_reason(tmp_path, monkeypatch):
+    monkeypatch.setenv("ALIGNPIPE_CPU_DEVICES", "8")
+    result = run_local({**TINY, "min_reward_accuracy": 1.0}, runs_dir=tmp_path, echo=False)
+    assert result.error and result.executed == {"builtin-data", "shard", "sft"}
+    statuses = _statuses(result)
+    assert statuses["reward"] == "failed"
+    assert [statuses[s] for s in ("ppo", "evaluate", "promote")] == ["skipped"] * 3
+    reason = result.reasons["reward"]
+    assert "reward model eval accuracy" in reason and "below min_reward_accuracy 1" in reason
+    assert "lower min_reward_accuracy" in reason
+    assert f"  reward: {reason}" in format_summary(result)
+    assert (result.run_dir / "reward" / "model" / "config.json").exists()  # kept to inspect
+    assert not (tmp_path / PROMOTED_DIR).exists()
+
+
+def test_a_failed_tasks_reason_reaches_the_summary(tmp_path):
+    model = tmp_path / "reward" / "model"
+    with pytest.raises(ValueError, match="too noisy"):
+        with stage_io.failure_reason(str(model)):
+            raise ValueError("too noisy")
+    with pytest.raises(KeyError):  # a bug is no user's reason: no file, the traceback stays
+        with stage_io.failure_reason(str(tmp_path / "ppo" / "model")):
+            raise KeyError("x")
+    assert failure_reasons(tmp_path) == {"reward": "too noisy"}
 
 
 def test_watcher_reads_kfp_local_events():

@@ -110,11 +110,11 @@ def test_presets_command_prints_the_arithmetic_and_the_flags(capsys):
 def test_compile_with_a_run_preset_sets_tpu_and_parameters(tmp_path, capsys):
     out = tmp_path / "pipeline.yaml"
     argv = ["compile", "--target", "gke", "--run-preset", "v5e-8-1b", "-o", str(out)]
-    assert cli_main([*argv, "--sft-batch-size", "64"]) == 0  # a flag overrides the preset
+    assert cli_main([*argv, "--sft-batch-size", "16"]) == 0  # a flag overrides the preset
     assert "2x4" in capsys.readouterr().out
     spec, platform = yaml.safe_load_all(out.read_text())
     compiled = spec["root"]["inputDefinitions"]["parameters"]
-    expected = {**RUN_PRESETS["v5e-8-1b"].pipeline_params(), "sft_batch_size": 64}
+    expected = {**RUN_PRESETS["v5e-8-1b"].pipeline_params(), "sft_batch_size": 16}
     for name, value in expected.items():
         assert compiled[name]["defaultValue"] == value, name
     assert "2x4" in str(platform)  # the training tasks' TPU topology node selector

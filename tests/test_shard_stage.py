@@ -1,7 +1,9 @@
 """The shard stage end to end on real Beam (DirectRunner): conservation, shards, determinism."""
 
+import dataclasses
 import hashlib
 import json
+import math
 import os
 
 import pyarrow as pa
@@ -11,7 +13,7 @@ import tensorflow as tf
 
 from components.core.builtin_task import GOLD_REWARD_NAME, generate_pairs
 from components.shard import ShardConfig, ShardError, run
-from components.shard.records import decode_example
+from components.shard.records import decode_example, place, prompt_hash, split_position
 from components.shard.sources import InputError
 
 NUM_SHARDS = 4
@@ -221,5 +223,50 @@ def test_unmatched_input_is_an_error(tmp_path):
 
 def test_builtin_task_declares_its_gold_reward(tmp_path):
     (tmp_path / "p.jsonl").write_text("\n".join(json.dumps(p) for p in generate_pairs(50)) + "\n")
-    manifest = run(ShardConfig(num_shards=2), [str(tmp_path / "p.jsonl")], str(tmp_path / "o"))
+    config = ShardConfig(num_shards=2, min_eval_pairs=0)  # 50 pairs: ~5 in eval
+    manifest = run(config, [str(tmp_path / "p.jsonl")], str(tmp_path / "o"))
     assert manifest["gold_reward"] == GOLD_REWARD_NAME
+
+
+def _train_only_prompts(count: int, eval_fraction: float) -> list[str]:
+    """``count`` prompts whose hashes all place them in train at ``eval_fraction``."""
+    prompts = (f"question {i}" for i in range(10_000))
+    chosen = [p for p in prompts if place(prompt_hash(p), eval_fraction, 1)[0] == "train"]
+    return chosen[:count]
+
+
+def test_eval_split_below_one_batch_is_refused_naming_the_eval_fraction_that_fits(tmp_path):
+    """The new user's data: 3,000 pairs over 32 prompts, none of which landed in eval."""
+    prompts = _train_only_prompts(32, 0.05)
+    lines = [
+        json.dumps({"prompt": prompts[i % 32], "chosen": f"yes {i}", "rejected": f"no {i}"})
+        for i in range(3000)
+    ]
+    (tmp_path / "p.jsonl").write_text("\n".join(lines) + "\n")
+    out = tmp_path / "out"
+    config = ShardConfig(num_shards=2, eval_fraction=0.05, min_eval_pairs=64)
+    with pytest.raises(ShardError) as error:
+        run(config, [str(tmp_path / "p.jsonl")], str(out))
+    message = str(error.value)
+    assert "eval split has 0 pairs (32 unique prompts, eval_fraction 0.05)" in message
+    assert "fewer than min_eval_pairs 64" in message and "add prompts" in message
+    assert not (out / "manifest.json").exists()  # nothing downstream can start from it
+    assert (out / "rejected" / "summary.json").exists()
+    # The fraction named is the least that holds 64 pairs: the lowest-placed prompt's 94.
+    lowest = min(split_position(prompt_hash(p)) for p in prompts)
+    least = math.ceil((lowest + 1) / 2**32 * 1e4) / 1e4
+    assert f"Raise eval_fraction to at least {least:g} or add prompts" in message
+    fixed = run(
+        dataclasses.replace(config, eval_fraction=least), [str(tmp_path / "p.jsonl")], str(out)
+    )
+    assert fixed["counts"]["eval"] >= 64 and (out / "manifest.json").exists()
+
+
+def test_too_little_data_for_any_eval_fraction_says_add_prompts(tmp_path):
+    lines = [json.dumps({"prompt": f"q{i}", "chosen": "yes", "rejected": "no"}) for i in range(5)]
+    (tmp_path / "p.jsonl").write_text("\n".join(lines) + "\n")
+    with pytest.raises(ShardError, match="No eval_fraction below 1 holds that many pairs"):
+        run(ShardConfig(num_shards=1), [str(tmp_path / "p.jsonl")], str(tmp_path / "o"))
+    config = ShardConfig(num_shards=1, min_eval_pairs=0)  # 0: no minimum
+    counts = run(config, [str(tmp_path / "p.jsonl")], str(tmp_path / "o"))["counts"]
+    assert counts["train"] + counts["eval"] == 5

@@ -17,10 +17,12 @@ from components.core.builtin_task import write_jsonl
 from components.core.checkpoint import ModelArtifactError, read_model_config
 from components.core.input_pipeline import DataError
 from components.core.metrics import read_metrics
-from components.core.model_io import ModelMismatchError, load_model
+from components.core.model_io import ModelMismatchError, is_pretrained, load_model
+from components.core.trainer import FROM_SCRATCH_LEARNING_RATE, PRETRAINED_LEARNING_RATE
 from components.reward import RewardConfig
 from components.reward import run as run_reward
-from components.reward.train import make_reward_loss
+from components.reward.stage import RewardAccuracyError
+from components.reward.train import make_reward_eval_sums, make_reward_loss, summarize_eval
 from components.sft import SFTConfig
 from components.sft import run as run_sft
 from components.shard import ShardConfig
@@ -96,7 +98,96 @@ def test_reward_from_base_policy_keeps_backbone_and_adds_head(sft_model, shards,
     out = str(tmp_path / "rm")
     config = RewardConfig(**SMALL, steps=2, eval_batches=1, base_policy=policy_dir)
     run_reward(config, shards, out)
-    assert read_model_config(out)["scalar_head"] is True
+    info = read_model_config(out)
+    assert info["scalar_head"] is True
+    # The sft policy was trained from scratch: the auto learning rate is the from-scratch one.
+    assert info["pretrained"] is False and not is_pretrained(out)
+    assert info["training"]["learning_rate"] == FROM_SCRATCH_LEARNING_RATE == 1e-3
+
+
+def _pretrained_copy(model_dir: str, folder) -> str:
+    """``model_dir`` with its config.json marked as descending from pretrained weights."""
+    info = json.loads(open(os.path.join(model_dir, "config.json")).read())
+    folder.mkdir()
+    os.symlink(os.path.join(model_dir, "params"), folder / "params")
+    (folder / "config.json").write_text(json.dumps({**info, "pretrained": True}))
+    return str(folder)
+
+
+@pytest.mark.parametrize("stage", ["sft", "reward"])
+def test_pretrained_start_gets_the_pretrained_learning_rate_and_passes_it_on(
+    stage, sft_model, shards, tmp_path
+):
+    base = _pretrained_copy(sft_model[0], tmp_path / "base")
+    assert is_pretrained(base)
+    out = str(tmp_path / stage)
+    if stage == "sft":
+        run_sft(SFTConfig(**SMALL, steps=2, eval_batches=1, base_policy=base), shards, out)
+    else:
+        run_reward(RewardConfig(**SMALL, steps=2, eval_batches=1, base_policy=base), shards, out)
+    info = read_model_config(out)
+    assert info["training"]["learning_rate"] == PRETRAINED_LEARNING_RATE == 1e-5
+    assert info["pretrained"] is True and is_pretrained(out) and is_pretrained(info)
+    assert max(r["lr"] for r in read_metrics(out) if "lr" in r) <= 1e-5
+
+
+def test_is_pretrained_knows_hf_folders_imports_and_their_descendants(sft_model):
+    assert is_pretrained(os.path.join(os.path.dirname(__file__), "fixtures", "hf", "llama"))
+    assert is_pretrained({"stage": "import"}) and is_pretrained(
+        {"stage": "sft", "pretrained": True}
+    )
+    assert not is_pretrained({"stage": "sft", "pretrained": False})
+    assert not is_pretrained({"stage": "ppo"})  # no record: an artifact of an older release
+    assert not is_pretrained(sft_model[0])
+
+
+def test_auto_learning_rate_is_resolved_before_training():
+    config = SFTConfig()
+    assert config.learning_rate == 0.0  # auto
+    assert config.resolved(pretrained=False).optim().learning_rate == 1e-3
+    assert config.resolved(pretrained=True).optim().learning_rate == 1e-5
+    given = SFTConfig(learning_rate=3e-4)
+    assert given.resolved(pretrained=True).learning_rate == 3e-4  # a given rate is kept
+    with pytest.raises(ValueError, match="call resolved"):
+        config.optim()
+    with pytest.raises(ValueError, match="learning_rate: -1.0 must be > 0, or 0 for auto"):
+        RewardConfig(learning_rate=-1.0)
+
+
+def test_reward_gate_fails_after_writing_the_model_and_names_the_fix(shards, tmp_path):
+    out = tmp_path / "rm"
+    config = RewardConfig(**SMALL, steps=2, eval_batches=1, min_reward_accuracy=0.99)
+    with pytest.raises(RewardAccuracyError) as error:
+        run_reward(config, shards, str(out))
+    stats = json.loads((out / "reward_stats.json").read_text())
+    message = str(error.value)
+    assert f"eval accuracy {stats['accuracy']:.3f}" in message
+    assert "below min_reward_accuracy 0.99" in message
+    assert "more preference data or for more steps" in message
+    assert "lower min_reward_accuracy" in message
+    assert read_model_config(str(out))["stage"] == "reward"  # kept for inspection
+    with pytest.raises(ValueError, match="min_reward_accuracy: 1.5 must be in"):
+        RewardConfig(min_reward_accuracy=1.5)
+
+
+def test_reward_eval_loss_is_the_training_loss_with_margins(shards):
+    from components.core.model_io import create_model
+    from components.core.trainer import preference_streams
+
+    vocab = json.loads(open(os.path.join(shards, "manifest.json")).read())["tokenizer"][
+        "vocab_size"
+    ]
+    graphdef, params = nnx.split(create_model("tiny", vocab, scalar_head=True, seed=0), nnx.Param)
+    config = RewardConfig(**SMALL, steps=1)
+    batch = next(preference_streams(shards, "eval", config, shuffle=False, repeat=False))
+    batch["margin"] = np.linspace(-2.0, 3.0, len(batch["margin"]), dtype=np.float32)
+    terms = {"center_coef": 0.01, "use_margin": True}
+    train_loss, _ = make_reward_loss(graphdef, **terms)(params, batch, jax.random.PRNGKey(0))
+    totals = jax.tree.map(float, make_reward_eval_sums(graphdef, **terms)(params, batch))
+    assert summarize_eval(totals)["loss"] == pytest.approx(float(train_loss), rel=1e-5)
+    no_margin = {"center_coef": 0.01, "use_margin": False}
+    unmargined = jax.tree.map(float, make_reward_eval_sums(graphdef, **no_margin)(params, batch))
+    assert abs(unmargined["loss"] - totals["loss"]) > 1e-3  # the margins did count
 
 
 def test_base_policy_with_other_tokenizer_is_refused(sft_model, shards, tmp_path):

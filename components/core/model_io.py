@@ -82,9 +82,14 @@ def save_model(
     stage: str,
     training: dict[str, Any],
     step: int,
+    pretrained: bool = False,
     **extra: Any,
 ) -> None:
-    """Export a model artifact: ``config.json`` (model, tokenizer, training, step) + params."""
+    """Export a model artifact: ``config.json`` (model, tokenizer, training, step) + params.
+
+    ``pretrained``: the model descends from pretrained weights (its start was one, see
+    :func:`is_pretrained`); later stages read it to pick learning rates for such weights.
+    """
     export_model(
         output,
         model_config=model.config.to_dict(),
@@ -95,9 +100,26 @@ def save_model(
             "scalar_head": model.scalar_head is not None,
             "training": training,
             "step": step,
+            "pretrained": pretrained,
             **extra,
         },
     )
+
+
+def is_pretrained(model: str | dict[str, Any]) -> bool:
+    """Whether a model holds pretrained weights rather than ones trained from scratch.
+
+    ``model`` is a model folder (an artifact or a Hugging Face folder) or an artifact's
+    ``config.json`` as read. True for a Hugging Face folder, an imported one (stage
+    ``import``), and an artifact saved with ``pretrained`` (a descendant of either).
+    """
+    if isinstance(model, str):
+        from components.hf.importer import is_hf_dir
+
+        if is_hf_dir(model):
+            return True
+        model = read_model_config(model)
+    return bool(model.get("pretrained")) or model.get("stage") == "import"
 
 
 def stage_model(

@@ -47,6 +47,7 @@ import dataclasses
 from typing import Any
 
 from components.core.model_config import ModelConfig, model_config
+from components.core.trainer import PRETRAINED_LEARNING_RATE
 
 GB = 1e9
 # HBM per chip as Google lists it; a run may use HEADROOM of it (XLA's own buffers,
@@ -58,6 +59,15 @@ FROZEN_BYTES_PER_PARAM = 4
 PARAM_BYTES = 4  # gathered tensors and their gradients are float32
 LAYERS_GATHERED = 3  # the running layer, its gradient, the next one prefetched
 STAGES = ("sft", "reward", "ppo", "evaluate")
+# A preset runs an imported model: every stage fine-tunes pretrained weights, at rates that
+# keep what they know (sft and reward: TrainConfig's auto rate for them; PPO's policy: 1e-6).
+PPO_PRETRAINED_LEARNING_RATE = 1e-6
+PRETRAINED_RATES = {
+    "sft": {"learning_rate": PRETRAINED_LEARNING_RATE},
+    "reward": {"learning_rate": PRETRAINED_LEARNING_RATE},
+    "ppo": {"learning_rate": PPO_PRETRAINED_LEARNING_RATE},
+    "evaluate": {},
+}
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -66,7 +76,8 @@ class RunPreset:
 
     ``stages`` holds each stage's batch fields (names as in SFTConfig, RewardConfig,
     PPOConfig, EvalConfig); lengths, ``remat``, ``dtype`` and ``fsdp`` are the same for
-    every stage, so they are pipeline-wide parameters (``pipeline_params``).
+    every stage, so they are pipeline-wide parameters (``pipeline_params``). Learning
+    rates are the pretrained ones (``PRETRAINED_RATES``), set explicitly.
     """
 
     model: str  # a ModelConfig preset of the model class's shape
@@ -100,7 +111,7 @@ class RunPreset:
             lengths = {"prompt_len": self.prompt_len, "max_new_tokens": self.response_len}
         else:  # evaluate: prompts come from the data, cut to the shard stage's length
             lengths, numerics = {"max_new_tokens": self.response_len}, {"fsdp": self.fsdp}
-        return {**self.stages[stage], **lengths, **numerics}
+        return {**self.stages[stage], **PRETRAINED_RATES[stage], **lengths, **numerics}
 
     def pipeline_params(self) -> dict[str, Any]:
         """The pipeline parameters (pipelines/params.py) that run this preset."""
@@ -116,6 +127,11 @@ class RunPreset:
             "fsdp": self.fsdp,
             "sft_batch_size": self.stages["sft"]["batch_size"],
             "reward_batch_size": self.stages["reward"]["batch_size"],
+            # One eval batch of each: the shard stage refuses a smaller eval split.
+            "min_eval_pairs": max(self.stages[s]["batch_size"] for s in ("sft", "reward")),
+            "sft_learning_rate": PRETRAINED_RATES["sft"]["learning_rate"],
+            "reward_learning_rate": PRETRAINED_RATES["reward"]["learning_rate"],
+            "ppo_learning_rate": PRETRAINED_RATES["ppo"]["learning_rate"],
             "ppo_rollout_batch_size": self.stages["ppo"]["rollout_batch_size"],
             "ppo_minibatches": self.stages["ppo"]["minibatches"],
             "eval_batch_size": self.stages["evaluate"]["batch_size"],

@@ -24,6 +24,11 @@ from components.core.optim import OptimConfig, make_optimizer, make_schedule
 
 log = logging.getLogger(__name__)
 PyTree = Any
+# Peak learning rates of ``learning_rate = 0`` (auto). Models trained from random weights
+# (the built-in task's presets) learn at 1e-3; that rate wrecks imported or pretrained
+# weights within a few steps, which fine-tune at 1e-5.
+FROM_SCRATCH_LEARNING_RATE = 1e-3
+PRETRAINED_LEARNING_RATE = 1e-5
 
 
 @dataclasses.dataclass(slots=True, kw_only=True)
@@ -48,7 +53,12 @@ class TrainConfig:
     )
     batch_size: int = field(64, help="global batch per step over all devices and hosts")
     steps: int = field(300, help="optimizer steps")
-    learning_rate: float = field(1e-3, help="peak learning rate")
+    learning_rate: float = field(
+        0.0,
+        help=f"peak learning rate; 0 = auto: {PRETRAINED_LEARNING_RATE:g} when base_policy holds "
+        "pretrained weights (a Hugging Face folder, or a model descended from one), "
+        f"else {FROM_SCRATCH_LEARNING_RATE:g}",
+    )
     warmup_steps: int = field(30, help="linear warmup steps")
     decay: Literal["cosine", "linear", "constant"] = field("cosine", help="decay after warmup")
     weight_decay: float = field(0.0, help="AdamW weight decay")
@@ -80,12 +90,35 @@ class TrainConfig:
             )
         if self.eval_batches < 0:
             raise ValueError(f"eval_batches: {self.eval_batches} must be >= 0 (0 = all)")
-        self.optim()  # validates the optimizer fields with their own messages
+        if self.learning_rate < 0:
+            raise ValueError(f"learning_rate: {self.learning_rate} must be > 0, or 0 for auto")
+        # Validates the optimizer fields with their own messages.
+        self._optim(self.peak_learning_rate(pretrained=False))
         self.checkpoint()
 
+    def peak_learning_rate(self, *, pretrained: bool) -> float:
+        """``learning_rate``, or when it is 0 (auto) the rate for the starting weights."""
+        if self.learning_rate:
+            return self.learning_rate
+        return PRETRAINED_LEARNING_RATE if pretrained else FROM_SCRATCH_LEARNING_RATE
+
+    def resolved(self, *, pretrained: bool) -> TrainConfig:
+        """This config with an auto learning rate made concrete for the starting weights."""
+        return dataclasses.replace(
+            self, learning_rate=self.peak_learning_rate(pretrained=pretrained)
+        )
+
     def optim(self) -> OptimConfig:
+        """The optimizer config; an auto learning rate must be :meth:`resolved` first."""
+        if not self.learning_rate:
+            raise ValueError(
+                "learning_rate: 0 (auto) depends on the starting model; call resolved() first"
+            )
+        return self._optim(self.learning_rate)
+
+    def _optim(self, learning_rate: float) -> OptimConfig:
         return OptimConfig(
-            learning_rate=self.learning_rate,
+            learning_rate=learning_rate,
             warmup_steps=min(self.warmup_steps, self.steps),
             decay=self.decay,
             total_steps=self.steps,
@@ -306,6 +339,8 @@ class PreferenceTraining:
 
     model: Any  # the Transformer whose graph the params belong to
     manifest: dict[str, Any]
+    config: TrainConfig  # as trained: lengths and learning rate resolved
+    pretrained: bool  # whether the start held pretrained weights (model_io.is_pretrained)
     result: FitResult
     final_eval: dict[str, float]
 
@@ -332,12 +367,16 @@ def train_on_preferences(
     from components.core import fileio
     from components.core.distributed import maybe_initialize
     from components.core.input_pipeline import longest_lengths, read_manifest
-    from components.core.model_io import stage_model
+    from components.core.model_io import is_pretrained, stage_model
 
     maybe_initialize()
     manifest = read_manifest(shards_dir)
     if not config.max_len:
         config = dataclasses.replace(config, max_len=sum(longest_lengths(manifest)))
+    pretrained = bool(base) and is_pretrained(base)
+    config = config.resolved(pretrained=pretrained)
+    start = "pretrained start" if pretrained else "from scratch"
+    log.info("%s: learning rate %g (%s)", stage, config.learning_rate, start)
     model = stage_model(
         manifest, base=base, preset=config.preset, scalar_head=scalar_head, seed=config.seed,
         remat=config.remat, dtype=config.dtype, workdir=fileio.join(output, "work"),
@@ -356,4 +395,4 @@ def train_on_preferences(
         evaluate=evaluate,
     )  # fmt: skip
     final_eval = evaluate(parallel.place(result.params, sharded=config.fsdp))
-    return PreferenceTraining(model, manifest, result, final_eval)
+    return PreferenceTraining(model, manifest, config, pretrained, result, final_eval)

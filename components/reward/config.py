@@ -19,8 +19,15 @@ class RewardConfig(TrainConfig):
         0.0, help="weight of the mean squared reward, keeping rewards centred (TRL: 0.01)"
     )
     use_margin: bool = field(True, help="subtract each pair's margin inside the sigmoid")
+    min_reward_accuracy: float = field(
+        0.0,
+        help="fail after writing the model when its eval accuracy is below this, so no "
+        "policy is aligned to a reward model that cannot rank the data (0 = never)",
+    )
 
     def __post_init__(self) -> None:
         TrainConfig.__post_init__(self)
         if self.center_rewards_coef < 0:
             raise ValueError(f"center_rewards_coef: {self.center_rewards_coef} must be >= 0")
+        if not 0.0 <= self.min_reward_accuracy <= 1.0:
+            raise ValueError(f"min_reward_accuracy: {self.min_reward_accuracy} must be in [0, 1]")

@@ -16,8 +16,17 @@ from components.reward.train import make_reward_eval_sums, make_reward_loss, sum
 REWARD_STATS_FILE = "reward_stats.json"
 
 
+class RewardAccuracyError(ValueError):
+    """The reward model ranks held-out pairs worse than ``min_reward_accuracy`` asks."""
+
+
 def run(config: RewardConfig, shards_dir: str, output: str) -> dict[str, Any]:
-    """Train on ``shards_dir``'s train split; write the model artifact to ``output``."""
+    """Train on ``shards_dir``'s train split; write the model artifact to ``output``.
+
+    Raises RewardAccuracyError after writing it when the eval accuracy is below
+    ``min_reward_accuracy``.
+    """
+    loss_terms = {"center_coef": config.center_rewards_coef, "use_margin": config.use_margin}
     trained = train_on_preferences(
         config,
         shards_dir,
@@ -25,10 +34,8 @@ def run(config: RewardConfig, shards_dir: str, output: str) -> dict[str, Any]:
         stage="reward",
         base=config.base_policy,
         scalar_head=True,
-        make_loss=lambda graphdef: make_reward_loss(
-            graphdef, center_coef=config.center_rewards_coef, use_margin=config.use_margin
-        ),
-        make_eval_sums=make_reward_eval_sums,
+        make_loss=lambda graphdef: make_reward_loss(graphdef, **loss_terms),
+        make_eval_sums=lambda graphdef: make_reward_eval_sums(graphdef, **loss_terms),
         summarize_eval=summarize_eval,
     )
     final = trained.final_eval
@@ -42,9 +49,23 @@ def run(config: RewardConfig, shards_dir: str, output: str) -> dict[str, Any]:
     }
     save_model(
         output, trained.model, trained.result.params, tokenizer=trained.manifest["tokenizer"],
-        stage="reward", training=dataclasses.asdict(config), step=trained.result.step,
-        reward_stats=stats,
+        stage="reward", training=dataclasses.asdict(trained.config), step=trained.result.step,
+        pretrained=trained.pretrained, reward_stats=stats,
     )  # fmt: skip
     if is_primary():
         fileio.write_text(fileio.join(output, REWARD_STATS_FILE), json.dumps(stats, indent=2))
+    check_accuracy(config, stats, output)
     return trained.summary()
+
+
+def check_accuracy(config: RewardConfig, stats: dict[str, Any], output: str) -> None:
+    """Refuse a reward model below ``min_reward_accuracy``: the reason names the fix."""
+    if stats["accuracy"] >= config.min_reward_accuracy:
+        return
+    raise RewardAccuracyError(
+        f"reward model eval accuracy {stats['accuracy']:.3f} (on {stats['pairs']:.0f} eval pairs) "
+        f"is below min_reward_accuracy {config.min_reward_accuracy:g}: a policy aligned to it "
+        f"would learn noise, so nothing downstream should use it (it is kept in {output}). "
+        "Train it on more preference data or for more steps (pipeline: reward_steps), or "
+        "lower min_reward_accuracy if your labels are this noisy"
+    )

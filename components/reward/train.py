@@ -11,15 +11,29 @@ from flax import nnx
 from components.core.scoring import pair_rewards
 
 
+def pair_losses(
+    chosen: jax.Array, rejected: jax.Array, batch: dict, *, center_coef: float, use_margin: bool
+) -> jax.Array:
+    """Per-pair loss: −log σ(r_chosen − r_rejected − margin) + centring of both rewards.
+
+    Training takes its mean and evaluation its sum, so the eval loss is the training
+    loss on held-out pairs.
+    """
+    margin = batch["margin"] if use_margin else 0.0
+    loss = -jax.nn.log_sigmoid(chosen - rejected - margin)
+    if center_coef:
+        loss = loss + center_coef * (chosen + rejected) ** 2
+    return loss
+
+
 def make_reward_loss(graphdef: nnx.GraphDef, *, center_coef: float, use_margin: bool):
-    """``loss_fn(params, batch, rng)``: −log σ(r_chosen − r_rejected − margin) + centring."""
+    """``loss_fn(params, batch, rng)``: the mean of :func:`pair_losses` on this device."""
 
     def loss_fn(params: Any, batch: dict, rng: jax.Array) -> tuple[jax.Array, dict]:
         chosen, rejected = pair_rewards(graphdef, params, batch)
-        margin = batch["margin"] if use_margin else 0.0
-        loss = -jax.nn.log_sigmoid(chosen - rejected - margin).mean()
-        if center_coef:
-            loss = loss + center_coef * jnp.mean((chosen + rejected) ** 2)
+        loss = pair_losses(
+            chosen, rejected, batch, center_coef=center_coef, use_margin=use_margin
+        ).mean()
         return loss, {
             "accuracy": jnp.mean(chosen > rejected),
             "reward/chosen": chosen.mean(),
@@ -30,16 +44,19 @@ def make_reward_loss(graphdef: nnx.GraphDef, *, center_coef: float, use_margin: 
     return loss_fn
 
 
-def make_reward_eval_sums(graphdef: nnx.GraphDef):
-    """Per-device sums for eval accuracy (ties count half), loss and reward mean/std."""
+def make_reward_eval_sums(graphdef: nnx.GraphDef, *, center_coef: float, use_margin: bool):
+    """Per-device sums for eval accuracy (ties count half), the training loss, reward mean/std."""
 
     def sums(params: Any, batch: dict) -> dict:
         chosen, rejected = pair_rewards(graphdef, params, batch)
         both = jnp.concatenate([chosen, rejected])
+        losses = pair_losses(
+            chosen, rejected, batch, center_coef=center_coef, use_margin=use_margin
+        )
         return {
             "pairs": jnp.float32(chosen.shape[0]),
             "correct": jnp.sum(chosen > rejected) + 0.5 * jnp.sum(chosen == rejected),
-            "loss": -jnp.sum(jax.nn.log_sigmoid(chosen - rejected)),
+            "loss": jnp.sum(losses),
             "reward_sum": jnp.sum(both),
             "reward_sq_sum": jnp.sum(both**2),
         }

@@ -26,6 +26,7 @@ def run(config: SFTConfig, shards_dir: str, output: str) -> dict[str, Any]:
     )
     save_model(
         output, trained.model, trained.result.params, tokenizer=trained.manifest["tokenizer"],
-        stage="sft", training=dataclasses.asdict(config), step=trained.result.step,
+        stage="sft", training=dataclasses.asdict(trained.config), step=trained.result.step,
+        pretrained=trained.pretrained,
     )  # fmt: skip
     return trained.summary()

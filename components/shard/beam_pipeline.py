@@ -23,7 +23,14 @@ import apache_beam as beam
 
 from components.core import fileio
 from components.shard.config import ShardConfig
-from components.shard.records import Rejection, TokenPair, encode_example, process_item
+from components.shard.eval_split import lowest_prompts
+from components.shard.records import (
+    Rejection,
+    TokenPair,
+    encode_example,
+    process_item,
+    split_position,
+)
 from components.shard.sources import read_source
 from components.shard.tfrecord import write_tfrecords
 
@@ -101,11 +108,16 @@ def _length_counts(values: Iterable[int]) -> dict[str, int]:
 
 
 class WriteShard(beam.DoFn):
-    """Deduplicate, sort and write one shard's TFRecord file; emit its statistics."""
+    """Deduplicate, sort and write one shard's TFRecord file; emit its statistics.
 
-    def __init__(self, output: str, num_shards: int) -> None:
+    A train shard also reports its lowest-placed prompts (eval_split.lowest_prompts), from
+    which the driver names the eval_fraction that would fill a too-small eval split.
+    """
+
+    def __init__(self, output: str, num_shards: int, min_eval_pairs: int = 0) -> None:
         self._output = output
         self._num_shards = num_shards
+        self._min_eval_pairs = min_eval_pairs
 
     def process(self, element: tuple[tuple[str, int], Iterable[list]]) -> Iterator[dict]:
         (split, shard), groups = element
@@ -118,6 +130,10 @@ class WriteShard(beam.DoFn):
         path = shard_path(self._output, split, shard, self._num_shards)
         fileio.makedirs(fileio.join(self._output, split))
         write_tfrecords(path, (entry[4] for entry in kept))
+        candidates = []
+        if split == "train" and self._min_eval_pairs:
+            per_prompt = Counter(split_position(entry[0]) for entry in kept)
+            candidates = lowest_prompts(per_prompt.items(), self._min_eval_pairs)
         yield {
             "kind": "shard",
             "split": split,
@@ -127,6 +143,7 @@ class WriteShard(beam.DoFn):
             "duplicates": len(entries) - len(kept),
             "truncated": sum(1 for entry in kept if entry[6]),
             "gold_rewards": sorted({entry[7] or "" for entry in kept}),
+            "eval_candidates": candidates,
             "lengths": {
                 name: _length_counts(entry[5][i] for entry in kept)
                 for i, name in enumerate(("prompt", "chosen", "rejected"))
@@ -171,7 +188,7 @@ def build(pipeline: beam.Pipeline, files: list[str], config: ShardConfig, output
         (processed.pairs, pipeline | "EveryShard" >> beam.Create(every_shard))
         | "AllPairs" >> beam.Flatten()
         | "ByShard" >> beam.GroupByKey()
-        | "WriteShard" >> beam.ParDo(WriteShard(output, config.num_shards))
+        | "WriteShard" >> beam.ParDo(WriteShard(output, config.num_shards, config.min_eval_pairs))
     )
     rejected_stats = (
         (processed.rejected, pipeline | "NoRejects" >> beam.Create([(0, [])]))

@@ -33,6 +33,12 @@ class ShardConfig:
     )
     num_shards: int = field(8, help="TFRecord files per split")
     eval_fraction: float = field(0.1, help="share of prompts (by prompt hash) held out for eval")
+    # 8: one pair for each device of an 8-device host, the least any pmapped eval reads.
+    min_eval_pairs: int = field(
+        8,
+        help="refuse an eval split with fewer pairs; sft and reward read it in batches of their "
+        "batch_size, so set it to that (0 = no check)",
+    )
     max_invalid_fraction: float = field(
         0.05, help="fail the job when more than this share of input records is rejected"
     )
@@ -50,6 +56,8 @@ class ShardConfig:
             raise ValueError(f"num_shards: {self.num_shards} must be at least 1")
         if not 0.0 <= self.eval_fraction < 1.0:
             raise ValueError(f"eval_fraction: {self.eval_fraction} must be in [0, 1)")
+        if self.min_eval_pairs < 0:
+            raise ValueError(f"min_eval_pairs: {self.min_eval_pairs} must be >= 0 (0 = no check)")
         if not 0.0 <= self.max_invalid_fraction <= 1.0:
             raise ValueError(f"max_invalid_fraction: {self.max_invalid_fraction} must be in [0, 1]")
         for name in ("max_prompt_tokens", "max_response_tokens"):

@@ -65,9 +65,17 @@ def prompt_hash(prompt: str) -> int:
     return int.from_bytes(digest[:8], "big") >> 1
 
 
+SPLIT_SCALE = 2**32
+
+
+def split_position(hash_value: int) -> int:
+    """A prompt's place in [0, 2**32): it is in eval when below ``eval_fraction * 2**32``."""
+    return hash_value & 0xFFFFFFFF
+
+
 def place(hash_value: int, eval_fraction: float, num_shards: int) -> tuple[str, int]:
     """Split and shard of a prompt hash: independent bits pick each."""
-    in_eval = (hash_value & 0xFFFFFFFF) < eval_fraction * 2**32
+    in_eval = split_position(hash_value) < eval_fraction * SPLIT_SCALE
     return ("eval" if in_eval else "train"), (hash_value >> 32) % num_shards
 
 

@@ -10,6 +10,7 @@ from components.core import fileio
 from components.core.tokenizers import load_tokenizer
 from components.shard import beam_pipeline
 from components.shard.config import ShardConfig
+from components.shard.eval_split import eval_split_error, least_eval_fraction
 from components.shard.manifest import MANIFEST_FILE, build_manifest, conserved, write_manifest
 from components.shard.sources import expand_patterns
 
@@ -18,7 +19,8 @@ SUMMARY_FILE = "rejected/summary.json"
 
 
 class ShardError(RuntimeError):
-    """The job ran but its output must not be used (nothing valid, or too much rejected)."""
+    """The job ran, but its output must not be used: nothing valid, too much rejected, or a
+    too small eval split."""
 
 
 def pipeline_options(config: ShardConfig, beam_args: list[str]) -> Any:
@@ -47,6 +49,18 @@ def _remove_file(path: str) -> None:
     from apache_beam.io.filesystems import FileSystems
 
     FileSystems.delete([path])
+
+
+def _check_eval_split(manifest: dict[str, Any], stats: list[dict], config: ShardConfig) -> None:
+    """Refuse an eval split smaller than one eval batch of sft and reward."""
+    splits = manifest["splits"]
+    candidates = [c for s in stats if s["kind"] == "shard" for c in s.get("eval_candidates", [])]
+    eval_pairs = splits["eval"]["pairs"]
+    least = least_eval_fraction(eval_pairs, candidates, config.min_eval_pairs)
+    unique_prompts = splits["train"]["unique_prompts"] + splits["eval"]["unique_prompts"]
+    error = eval_split_error(eval_pairs, unique_prompts, config, least)
+    if error:
+        raise ShardError(error)
 
 
 def _check(manifest: dict[str, Any], config: ShardConfig, output: str) -> None:
@@ -90,6 +104,7 @@ def run(
     manifest = build_manifest(stats, config, tokenizer.info(), output)
     try:
         _check(manifest, config, output)
+        _check_eval_split(manifest, stats, config)
     except ShardError:
         fileio.write_text(fileio.join(output, SUMMARY_FILE), json.dumps(manifest, indent=2))
         raise

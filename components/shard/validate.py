@@ -7,7 +7,8 @@ from collections import Counter
 
 from components.core.tokenizers import load_tokenizer
 from components.shard.config import ShardConfig
-from components.shard.records import Rejection, process_item
+from components.shard.eval_split import eval_split_error, least_eval_fraction
+from components.shard.records import Rejection, process_item, split_position
 from components.shard.sources import SourceInfo, expand_patterns, read_source
 
 EXAMPLES_PER_REASON = 3
@@ -23,6 +24,9 @@ class ValidationReport:
     by_reason: Counter = dataclasses.field(default_factory=Counter)
     examples: dict[str, list[str]] = dataclasses.field(default_factory=dict)
     sources: list[SourceInfo] = dataclasses.field(default_factory=list)
+    eval_pairs: int = 0
+    prompts: set[int] = dataclasses.field(default_factory=set)  # prompt hashes
+    train_prompts: Counter = dataclasses.field(default_factory=Counter)  # position → pairs
 
     @property
     def rejected(self) -> int:
@@ -32,19 +36,37 @@ class ValidationReport:
     def rejected_fraction(self) -> float:
         return self.rejected / self.records if self.records else 1.0
 
-    def passes(self, max_invalid_fraction: float) -> bool:
-        return self.valid > 0 and self.rejected_fraction <= max_invalid_fraction
+    def eval_problem(self, config: ShardConfig) -> str | None:
+        """Why the shard stage would refuse the eval split, or None (eval_split.py)."""
+        least = least_eval_fraction(
+            self.eval_pairs, self.train_prompts.items(), config.min_eval_pairs
+        )
+        return eval_split_error(self.eval_pairs, len(self.prompts), config, least)
 
-    def render(self, max_invalid_fraction: float) -> str:
+    def passes(self, config: ShardConfig) -> bool:
+        return (
+            self.valid > 0
+            and self.rejected_fraction <= config.max_invalid_fraction
+            and self.eval_problem(config) is None
+        )
+
+    def render(self, config: ShardConfig) -> str:
+        limit = config.max_invalid_fraction
         lines = [f"{s.uri}: {s.records} records, format {s.format}" for s in self.sources]
         lines.append(
             f"records {self.records}  valid {self.valid}  duplicates {self.duplicates}  "
-            f"rejected {self.rejected} ({self.rejected_fraction:.2%}; "
-            f"limit {max_invalid_fraction:.2%})"
+            f"rejected {self.rejected} ({self.rejected_fraction:.2%}; limit {limit:.2%})"
         )
         for reason, count in self.by_reason.most_common():
             lines.append(f"  {reason:<22} {count:>8}   e.g. {', '.join(self.examples[reason])}")
-        if self.passes(max_invalid_fraction):
+        lines.append(
+            f"eval split {self.eval_pairs} pairs of {len(self.prompts)} unique prompts "
+            f"(min_eval_pairs {config.min_eval_pairs})"
+        )
+        problem = self.eval_problem(config) if self.valid else None
+        if problem:
+            lines.append(f"  {problem}")
+        if self.passes(config):
             lines.append("PASS: the shard stage would accept this data")
         else:
             lines.append("FAIL: the shard stage would refuse this data")
@@ -74,4 +96,9 @@ def validate_files(patterns: list[str], config: ShardConfig) -> ValidationReport
                 else:
                     seen.add(result.dedupe_key)
                     report.valid += 1
+                    report.prompts.add(result.prompt_hash)
+                    if result.split == "eval":
+                        report.eval_pairs += 1
+                    else:
+                        report.train_prompts[split_position(result.prompt_hash)] += 1
     return report
