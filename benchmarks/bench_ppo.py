@@ -55,7 +55,7 @@ def alignpipe_seconds(iterations: int, remat: str) -> tuple[float, float]:
     config = PPOConfig(
         rollout_batch_size=BATCH, minibatches=MINIBATCHES, ppo_epochs=EPOCHS,
         prompt_len=PROMPT, max_new_tokens=RESPONSE, warmup_steps=0,
-    )  # fmt: skip
+    ).resolved(pretrained=False)  # fmt: skip
     policy = create_model("demo", VOCAB, scalar_head=False, seed=0, remat=remat)
     critic = create_model("demo", VOCAB, scalar_head=True, seed=1, remat=remat)
     policy_graph, policy_params = nnx.split(policy, nnx.Param)

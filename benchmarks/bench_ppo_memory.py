@@ -51,7 +51,7 @@ def update_temp_bytes(remat: str) -> int:
     config = PPOConfig(
         rollout_batch_size=ROWS, minibatches=1, ppo_epochs=1,
         prompt_len=PROMPT, max_new_tokens=RESPONSE, warmup_steps=0,
-    )  # fmt: skip
+    ).resolved(pretrained=False)  # fmt: skip
     shape = dict(remat=remat, n_layers=LAYERS)
     policy = create_model("demo", VOCAB, scalar_head=False, seed=0, **shape)
     critic = create_model("demo", VOCAB, scalar_head=True, seed=1, **shape)

@@ -65,3 +65,15 @@ def test_defaults_let_the_kl_penalty_bind() -> None:
 def test_guard_and_controller_fields_are_checked(overrides: dict, field: str) -> None:
     with pytest.raises(ValueError, match=field):
         PPOConfig(**overrides)
+
+
+def test_auto_learning_rates_follow_the_starting_policy() -> None:
+    config = PPOConfig()
+    with pytest.raises(ValueError, match="resolved"):
+        config.policy_optim()
+    scratch, pretrained = config.resolved(pretrained=False), config.resolved(pretrained=True)
+    assert (scratch.learning_rate, scratch.critic_learning_rate) == (2e-5, 1e-4)
+    assert (pretrained.learning_rate, pretrained.critic_learning_rate) == (1e-6, 1e-5)
+    assert pretrained.policy_optim().learning_rate == 1e-6
+    # A rate the user set wins over auto.
+    assert PPOConfig(learning_rate=3e-6).resolved(pretrained=True).learning_rate == 3e-6

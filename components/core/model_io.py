@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import os
 from typing import Any
 
 import jax
@@ -106,6 +108,16 @@ def save_model(
     )
 
 
+def is_hf_dir(path: str) -> bool:
+    """Whether ``path`` is a local HF model folder rather than an alignpipe artifact."""
+    config = os.path.join(path, "config.json")
+    if "://" in path or not os.path.exists(config):
+        return False
+    with open(config) as handle:
+        data = json.load(handle)
+    return "schema_version" not in data and ("architectures" in data or "model_type" in data)
+
+
 def is_pretrained(model: str | dict[str, Any]) -> bool:
     """Whether a model holds pretrained weights rather than ones trained from scratch.
 
@@ -114,8 +126,6 @@ def is_pretrained(model: str | dict[str, Any]) -> bool:
     ``import``), and an artifact saved with ``pretrained`` (a descendant of either).
     """
     if isinstance(model, str):
-        from components.hf.importer import is_hf_dir
-
         if is_hf_dir(model):
             return True
         model = read_model_config(model)

@@ -21,6 +21,7 @@ from flax import nnx
 from components.core import fileio
 from components.core.checkpoint import export_model, read_model_config
 from components.core.model import ModelConfig, Transformer
+from components.core.model_io import is_hf_dir
 from components.core.tokenizers import HFTokenizer
 from components.hf import safetensors_io
 from components.hf.families import (
@@ -55,16 +56,6 @@ def read_hf_config(hf_dir: str) -> dict[str, Any]:
         )
     with open(path) as handle:
         return json.load(handle)
-
-
-def is_hf_dir(path: str) -> bool:
-    """Whether ``path`` is a local HF model folder rather than an alignpipe artifact."""
-    config = os.path.join(path, "config.json")
-    if "://" in path or not os.path.exists(config):
-        return False
-    with open(config) as handle:
-        data = json.load(handle)
-    return "schema_version" not in data and ("architectures" in data or "model_type" in data)
 
 
 def import_tokenizer(hf_dir: str, embedding_rows: int) -> HFTokenizer:

@@ -8,10 +8,9 @@ coefficient steering toward ``kl_target`` nats per response token, no entropy
 bonus (with a KL penalty, a bonus of the same size pulls the optimum toward
 π_ref^½ whatever the reward), and a guard that only catches divergence.
 
-A run that starts from a pretrained model (an imported Hugging Face checkpoint, or an
-artifact descending from one) takes the pretrained-scale learning rates when
-``learning_rate`` / ``critic_learning_rate`` are left at 0 (auto); see
-``resolved_learning_rates``.
+Learning rates left at 0 (auto) are set by the stage from the policy it starts from:
+the demo's rates for models trained from scratch, the original design's pretrained-scale
+rates for a policy that descends from pretrained weights (``resolved``).
 """
 
 from __future__ import annotations
@@ -24,6 +23,13 @@ import jax
 from components.core.flags import field
 from components.core.optim import OptimConfig
 from components.ppo.kl_control import DEFAULT_KL_TARGET
+
+# (policy, critic) peak learning rates of learning_rate = critic_learning_rate = 0 (auto).
+# From scratch: measured on the built-in task's demo models. Pretrained: the original
+# design's 1e-6 for the policy (TRL's default is 3e-6, OpenRLHF's examples 5e-7) and
+# OpenRLHF's ~1e-5 for the critic, whose head starts far from its targets.
+FROM_SCRATCH_LEARNING_RATES = (2e-5, 1e-4)
+PRETRAINED_LEARNING_RATES = (1e-6, 1e-5)
 
 STATUS_COMPLETED = "completed"
 STATUS_STOPPED_KL_GUARD = "stopped_kl_guard"
@@ -101,8 +107,16 @@ class PPOConfig:
         0.0, help="weight of the entropy bonus (entropy is logged whatever its weight)"
     )
     max_grad_norm: float = field(1.0, help="global-norm gradient clipping (policy and critic)")
-    learning_rate: float = field(2e-5, help="peak policy learning rate")
-    critic_learning_rate: float = field(1e-4, help="peak critic learning rate")
+    learning_rate: float = field(
+        0.0,
+        help=f"peak policy learning rate; 0 = auto: {PRETRAINED_LEARNING_RATES[0]:g} for a "
+        f"policy descending from pretrained weights, else {FROM_SCRATCH_LEARNING_RATES[0]:g}",
+    )
+    critic_learning_rate: float = field(
+        0.0,
+        help=f"peak critic learning rate; 0 = auto: {PRETRAINED_LEARNING_RATES[1]:g} for "
+        f"pretrained weights, else {FROM_SCRATCH_LEARNING_RATES[1]:g}",
+    )
     warmup_steps: int = field(10, help="optimizer steps of linear warmup")
     missing_eos_penalty: float = field(
         1.0, help="subtracted from the normalized score of a response without EOS"
@@ -131,7 +145,8 @@ class PPOConfig:
     def __post_init__(self) -> None:
         self._check_sizes()
         self._check_coefficients()
-        self.policy_optim()  # validates the optimizer fields with their own messages
+        # Validates the optimizer fields with their own messages.
+        self._optim(self.learning_rate or FROM_SCRATCH_LEARNING_RATES[0])
 
     def _check_sizes(self) -> None:
         """Counts that must be positive, and a batch that splits into minibatches."""
@@ -189,8 +204,9 @@ class PPOConfig:
             raise ValueError(f"ref_ema_decay: {self.ref_ema_decay} must be in [0, 1) (0 = frozen)")
         if not 0 <= self.gamma <= 1 or not 0 <= self.lam <= 1:
             raise ValueError(f"gamma ({self.gamma}) and lam ({self.lam}) must be in [0, 1]")
-        if not self.critic_learning_rate > 0:
-            raise ValueError(f"critic_learning_rate: {self.critic_learning_rate} must be > 0")
+        for name in ("learning_rate", "critic_learning_rate"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name}: {getattr(self, name)} must be > 0, or 0 for auto")
 
     @property
     def kl_horizon_sequences(self) -> float:
@@ -207,10 +223,26 @@ class PPOConfig:
         """Optimizer steps in the whole run (for the learning-rate schedule)."""
         return self.iterations * self.ppo_epochs * self.minibatches
 
+    def resolved(self, *, pretrained: bool) -> PPOConfig:
+        """This config with auto (0) learning rates made concrete for the starting policy."""
+        policy, critic = PRETRAINED_LEARNING_RATES if pretrained else FROM_SCRATCH_LEARNING_RATES
+        return dataclasses.replace(
+            self,
+            learning_rate=self.learning_rate or policy,
+            critic_learning_rate=self.critic_learning_rate or critic,
+        )
+
     def policy_optim(self) -> OptimConfig:
         """AdamW of the policy: warmup, then a constant rate (TRL's PPO default)."""
+        if not (self.learning_rate and self.critic_learning_rate):
+            raise ValueError(
+                "learning_rate: 0 (auto) depends on the starting policy; call resolved() first"
+            )
+        return self._optim(self.learning_rate)
+
+    def _optim(self, learning_rate: float) -> OptimConfig:
         return OptimConfig(
-            learning_rate=self.learning_rate,
+            learning_rate=learning_rate,
             warmup_steps=min(self.warmup_steps, self.update_steps),
             decay="constant",
             total_steps=self.update_steps,

@@ -28,7 +28,13 @@ from components.core.input_pipeline import (
     prompt_dataset,
     read_manifest,
 )
-from components.core.model_io import ModelMismatchError, check_tokenizer, load_model, save_model
+from components.core.model_io import (
+    ModelMismatchError,
+    check_tokenizer,
+    is_pretrained,
+    load_model,
+    save_model,
+)
 from components.core.trainer import StreamBatches
 from components.ppo.config import STATUS_STOPPED_KL_GUARD, PPOConfig
 from components.ppo.gold import mean_gold_reward
@@ -152,8 +158,9 @@ def run(
     maybe_initialize()
     manifest = read_manifest(shards_dir)
     prompt_max, response_max = longest_lengths(manifest)
+    pretrained = is_pretrained(policy_dir)
     config = dataclasses.replace(
-        config,
+        config.resolved(pretrained=pretrained),
         prompt_len=config.prompt_len or prompt_max,
         max_new_tokens=config.max_new_tokens or response_max,
     )
@@ -173,7 +180,7 @@ def run(
     save_model(
         output, policy, result.policy, tokenizer=manifest["tokenizer"], stage="ppo",
         training=dataclasses.asdict(config), step=result.iteration, status=result.status,
-        base_policy=policy_dir, reward_model=reward_dir,
+        base_policy=policy_dir, reward_model=reward_dir, pretrained=pretrained,
     )  # fmt: skip
     if is_primary():
         fileio.write_text(fileio.join(output, STATUS_FILE), json.dumps(status, indent=2) + "\n")
