@@ -52,6 +52,12 @@ def test_defaults_let_the_kl_penalty_bind() -> None:
     assert init_kl_controller("adaptive", 0.1).target == pytest.approx(config.kl_target)
     assert config.kl_horizon_sequences == config.iterations * config.rollout_batch_size / 20
     assert PPOConfig(kl_horizon=5000.0).kl_horizon_sequences == 5000.0
+    # A short run: one iteration still moves kl_coef by at most 8% (4 iterations of 64 gave
+    # a horizon of 12.8 sequences and a multiplier of 1 − 0.2 · 64 / 12.8 = 0 before).
+    short = PPOConfig(iterations=4)
+    state = init_kl_controller("adaptive", 0.2, horizon=short.kl_horizon_sequences)
+    low = update_kl_controller(state, 0.0, short.rollout_batch_size)
+    assert float(low.kl_coef) == pytest.approx(0.2 * 0.92)
 
 
 @pytest.mark.parametrize(
@@ -60,6 +66,7 @@ def test_defaults_let_the_kl_penalty_bind() -> None:
         ({"kl_stop_patience": 0}, "kl_stop_patience"),
         ({"restore_kl_factor": 0.5}, "restore_kl_factor"),
         ({"kl_horizon": -1.0}, "kl_horizon"),
+        ({"kl_horizon": 10.0}, "kl_horizon"),
     ],
 )
 def test_guard_and_controller_fields_are_checked(overrides: dict, field: str) -> None:

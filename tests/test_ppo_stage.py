@@ -198,7 +198,8 @@ def test_learning_rate_blowup_trips_the_guard(artifacts, tmp_path) -> None:
     events = status["guard_events"]
     assert events and events[0]["action"] == "restored"
     kl_coef = PPOConfig().kl_coef
-    assert events[0]["kl_coef"] >= 2 * kl_coef * 0.9  # doubled (the controller moves it a bit)
+    # Doubled; the controller may have lowered it by at most 8% per iteration before.
+    assert events[0]["kl_coef"] >= 2 * kl_coef * 0.92 ** events[0]["iteration"] * (1 - 1e-6)
     assert status["status"] in ("completed", "stopped_kl_guard")
     if status["status"] == "stopped_kl_guard":
         assert events[-1]["action"] == "stopped" and len(events) == 3

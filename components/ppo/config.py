@@ -78,7 +78,8 @@ class PPOConfig:
     kl_horizon: float = field(
         0.0,
         help="adaptive KL horizon in sampled sequences; 0 = a twentieth of the run's sequences "
-        "(kl_coef can then move by up to ±8 percent per iteration, e^±4 over the run)",
+        "and at least 2.5 rollout batches (kl_coef then moves by at most 8 percent per "
+        "iteration)",
     )
     kl_stop: float = field(
         0.1,
@@ -192,6 +193,14 @@ class PPOConfig:
                 raise ValueError(f"{name}: {getattr(self, name)} must be > 0")
         if self.kl_horizon < 0:
             raise ValueError(f"kl_horizon: {self.kl_horizon} must be >= 0 (0 = sized to the run)")
+        if 0 < self.kl_horizon < self.rollout_batch_size:
+            # Ziegler's update is 1 + clip(error, ±0.2) · batch / horizon: past 5 batches per
+            # horizon one iteration could zero the coefficient.
+            raise ValueError(
+                f"kl_horizon: {self.kl_horizon} is below rollout_batch_size "
+                f"({self.rollout_batch_size}), so one iteration would move kl_coef by over 20%; "
+                "raise it, or 0 to size it to the run"
+            )
         if self.restore_kl_factor < 1:
             raise ValueError(
                 f"restore_kl_factor: {self.restore_kl_factor} must be >= 1 (kl_coef is "
@@ -212,15 +221,19 @@ class PPOConfig:
 
     @property
     def kl_horizon_sequences(self) -> float:
-        """The adaptive controller's horizon: ``kl_horizon``, or a twentieth of the run's sequences.
+        """The adaptive controller's horizon: ``kl_horizon``, or sized to the run.
 
         Ziegler et al.'s 10,000 sequences suit runs of ~10^5 sequences; a horizon fixed in
         sequences lets a 50 × 64 run move kl_coef by at most ×0.94–×1.07, so the guard
-        ends up controlling the KL instead of the coefficient. Measured on the demo: a tenth
-        let the KL overshoot to 5× the target before kl_coef caught up (one guard
-        restoration); a twentieth held the last rollouts at 0.020 for a target of 0.02.
+        ends up controlling the KL instead of the coefficient. Auto: a twentieth of the
+        run's sequences, and at least 2.5 rollout batches, so one iteration moves kl_coef
+        by at most ±8% however short the run. Measured on the demo: a tenth let the KL
+        overshoot to 5× the target before kl_coef caught up (one guard restoration); a
+        twentieth held the last rollouts at 0.020 for a target of 0.02.
         """
-        return self.kl_horizon or self.iterations * self.rollout_batch_size / 20
+        if self.kl_horizon:
+            return self.kl_horizon
+        return max(self.iterations * self.rollout_batch_size / 20, 2.5 * self.rollout_batch_size)
 
     @property
     def update_steps(self) -> int:
