@@ -109,6 +109,10 @@ class RunResult:
             "win_rate": evaluation.get("win_rate/value"),
             "win_rate_low": evaluation.get("win_rate/low"),
             "win_rate_high": evaluation.get("win_rate/high"),
+            "gold_win_rate": evaluation.get("gold/win_rate/value"),
+            "gold_win_rate_low": evaluation.get("gold/win_rate/low"),
+            "gold_win_rate_high": evaluation.get("gold/win_rate/high"),
+            "ppo_vs_best_of_n": evaluation.get("ppo_vs_best_of_n"),
             "gold_gain": evaluation.get("gold/difference/value"),
             "gold_gain_low": evaluation.get("gold/difference/low"),
             "gold_gain_high": evaluation.get("gold/difference/high"),
@@ -245,7 +249,11 @@ def format_summary(result: RunResult) -> str:
         f"reward-model accuracy  {_num(f['reward_accuracy'])}",
         f"ppo                    {_ppo_status(f)}",
         f"win rate vs reference  {_interval(f, 'win_rate')}",
+        f"gold win rate          {_interval(f, 'gold_win_rate')}",
         f"gold-reward gain       {_interval(f, 'gold_gain', signed=True)}",
+        # PPO's gold gain over best-of-n's at the same KL (> 1: PPO spends its KL better).
+        f"ppo vs best-of-n       {_num(f['ppo_vs_best_of_n'])} (gold gain / best-of-n's at "
+        "the same KL)",
         # General format: a small KL stays visible instead of rounding to 0.000.
         f"KL per token           {_general(f['kl_per_token'])} nats",
         f"blessed                {_blessed(f['blessed'])}",

@@ -59,6 +59,7 @@ def test_local_run_cache_and_rerun(tmp_path, monkeypatch, capsys):
     assert 0.0 <= figures["reward_accuracy"] <= 1.0
     assert 0.0 <= figures["win_rate_low"] <= figures["win_rate"] <= figures["win_rate_high"]
     assert figures["gold_gain"] is not None and figures["kl_per_token"] is not None
+    assert 0.0 <= figures["gold_win_rate_low"] <= figures["gold_win_rate"] <= 1.0
     assert figures["blessed"] == 1.0
     assert "<html" in Path(figures["report"]).read_text().lower()
     promoted = tmp_path / PROMOTED_DIR
@@ -81,7 +82,8 @@ def test_local_run_cache_and_rerun(tmp_path, monkeypatch, capsys):
     assert main(["rerun", "--from", "evaluate", "--runs-dir", str(tmp_path)]) == 0
     printed = capsys.readouterr().out
     assert "ppo        cached" in printed and "evaluate   ran" in printed
-    assert "win rate vs reference" in printed
+    assert "win rate vs reference" in printed and "gold win rate" in printed
+    assert "ppo vs best-of-n" in printed
 
     # Periodic realignment: warm-start from the promoted policy; sft gives way to its check.
     warm = {**TINY, "kl_coef": 0.05, "base_policy": str(promoted)}
