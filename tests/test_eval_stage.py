@@ -11,12 +11,12 @@ import numpy as np
 import pytest
 
 from components import reward, sft, shard
+from components.core import eval_sampling
 from components.core.builtin_task import GOLD_REWARD_NAME, gold_reward, write_jsonl
 from components.core.checkpoint import ModelArtifactError
 from components.core.input_pipeline import DataError
 from components.core.model_io import ModelMismatchError, create_model
 from components.evaluate import EvalConfig, generation, measures, run
-from components.evaluate.generation import map_batches
 from components.evaluate.report import format_figure
 from components.evaluate.stage import gold_reward_name
 from components.reward import RewardConfig
@@ -243,7 +243,7 @@ def test_map_batches_pads_the_last_batch_and_drops_the_padding():
         calls.append(batch["x"].shape)
         return (batch["x"] * 10,)
 
-    (out,) = map_batches(step, {"x": rows}, batch_size=8)
+    (out,) = eval_sampling.map_local_batches(step, {"x": rows}, batch_size=8)
     np.testing.assert_array_equal(out, rows * 10)
     assert calls == [(8, 1), (8, 1)]  # 8 devices x 1 row, twice: 16 rows for 13
 
@@ -300,10 +300,10 @@ def test_kl_log_probs_use_the_sampling_temperature():
     model = create_model("tiny", 40, scalar_head=False, seed=0)
     loaded = generation.prepare(model)
     rng = np.random.default_rng(0)
-    prompts = generation.Prompts(
+    prompts = eval_sampling.Prompts(
         rng.integers(4, 40, (3, 5)).astype(np.int32), np.ones((3, 5), bool)
     )
-    responses = generation.Responses(
+    responses = eval_sampling.Responses(
         rng.integers(4, 40, (3, 2, 4)).astype(np.int32), np.ones((3, 2, 4), np.int32)
     )
     tokens = np.concatenate([np.repeat(prompts.tokens, 2, 0), responses.tokens.reshape(6, 4)], 1)

@@ -9,8 +9,10 @@ from components.core import builtin_task
 from components.core.flags import field
 from components.core.gold import validate_gold_reward
 
-# Samples per prompt and policy: each adds a paired comparison per prompt, narrowing the
-# win-rate interval (1 sample: ±0.065 on the demo's eval prompts; the target is ±0.05).
+# Samples per prompt and policy: each adds a paired comparison per prompt. Measured on a demo
+# run (88 eval prompts, win rate 0.77): the 95% interval is ±0.060 with 1 sample, ±0.044 with
+# 2, ±0.031 with 4. For 200 prompts and a policy near parity (the widest case, Var 0.25) 4
+# samples give at most ±1.96·sqrt(0.25 / 800) = ±0.035 plus the prompts' own spread.
 DEFAULT_SAMPLES_PER_PROMPT = 4
 
 

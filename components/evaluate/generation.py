@@ -1,15 +1,8 @@
-"""Generation and scoring on the eval prompts, data-parallel with ``jax.pmap``.
+"""Scoring on the eval prompts, data-parallel with ``jax.pmap``; sampling is core.eval_sampling.
 
 Rows are (prompt, sample) pairs: row ``r`` is sample ``r % S`` of prompt ``r // S``. Rows are
-cut into global batches of a multiple of the local device count; the last batch is padded
-with copies of the last row, which are computed and dropped, so no prompt is ever left out.
-
-Sample ``s`` of prompt ``p`` draws with its own key, ``fold_in(fold_in(PRNGKey(seed), p), s)``:
-a response depends only on the seed, its prompt, its sample index and the policy, never on
-the batch size, the device count, the padding or how many samples are drawn. Both policies
-use the same keys (common random numbers), so identical policies give identical responses
-and the head-to-head comparison carries less sampling noise; the reference's first samples
-of a best-of-n draw are the very samples the win rate compares.
+cut into batches of a multiple of the local device count; the last batch is padded with
+copies of the last row, which are computed and dropped, so no prompt is ever left out.
 
 Every pmapped function takes the model's ``graphdef`` as a static argument: equal
 architectures share one compilation across policies and runs.
@@ -18,18 +11,17 @@ architectures share one compilation across policies and runs.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
 from components.core import parallel
-from components.core.input_pipeline import preference_dataset, prompt_dataset
+from components.core.eval_sampling import Prompts, Responses, map_local_batches
+from components.core.input_pipeline import preference_dataset
 from components.core.model import ModelConfig, Transformer
-from components.core.sampler import generate
 from components.core.scoring import pair_rewards, response_logprobs, sequence_scores
 
 
@@ -41,127 +33,10 @@ class LoadedModel(NamedTuple):
     config: ModelConfig
 
 
-class Prompts(NamedTuple):
-    """Left-padded eval prompts."""
-
-    tokens: np.ndarray  # [P, L] int32
-    mask: np.ndarray  # [P, L] bool
-
-
-class Responses(NamedTuple):
-    """Sampled responses of every prompt."""
-
-    tokens: np.ndarray  # [P, S, N] int32; pad after EOS
-    mask: np.ndarray  # [P, S, N] int32; 1 up to and including EOS
-
-
-class SamplingSettings(NamedTuple):
-    """The sampler's settings (hashable: a static argument of the pmapped sampler)."""
-
-    max_new_tokens: int
-    eos_id: int
-    pad_id: int
-    temperature: float  # 0 = greedy
-
-
 def prepare(model: Transformer, *, sharded: bool = False) -> LoadedModel:
     """Split ``model`` and place its parameters: replicated, or in chunks (fsdp.py)."""
     graphdef, params = nnx.split(model, nnx.Param)
     return LoadedModel(graphdef, parallel.place(params, sharded=sharded), model.config)
-
-
-def load_prompts(shards_dir: str, *, max_prompts: int, prompt_len: int) -> Prompts:
-    """The first ``max_prompts`` unique prompts of the eval split, in shard order."""
-    # Every host reads every eval shard: evaluation is small, and each host then computes
-    # the same figures, so whichever host writes the report needs nothing from the others.
-    batches = prompt_dataset(
-        shards_dir, "eval", batch_size=1, prompt_len=prompt_len, seed=0,
-        host_index=0, host_count=1, shuffle=False, repeat=False,
-    )  # fmt: skip
-    rows = [batch for _, batch in zip(range(max_prompts), batches, strict=False)]
-    return Prompts(
-        tokens=np.concatenate([row["prompt_tokens"] for row in rows]),
-        mask=np.concatenate([row["prompt_mask"] for row in rows]),
-    )
-
-
-def global_batch(rows: int, batch_size: int) -> int:
-    """Rows per step: ``batch_size`` rounded up to the devices, no larger than ``rows`` needs."""
-    devices = parallel.local_device_count()
-    per_device = min(-(-batch_size // devices), -(-rows // devices))
-    return max(per_device, 1) * devices
-
-
-def map_batches(
-    step: Callable[[dict[str, np.ndarray]], Sequence[jax.Array]],
-    arrays: dict[str, np.ndarray],
-    batch_size: int,
-) -> list[np.ndarray]:
-    """``step`` over every row of ``arrays`` in device-sharded batches, outputs row-aligned.
-
-    The last batch is padded with copies of the last row; their outputs are dropped.
-    """
-    rows = len(next(iter(arrays.values())))
-    size = global_batch(rows, batch_size)
-    padded_rows = -(-rows // size) * size
-    take = np.minimum(np.arange(padded_rows), rows - 1)
-    outputs: list[list[np.ndarray]] = []
-    for start in range(0, padded_rows, size):
-        batch = {name: array[take[start : start + size]] for name, array in arrays.items()}
-        results = step(parallel.shard_batch(batch))
-        # [devices, per_device, ...] → [batch, ...] in row order.
-        host = [np.asarray(r).reshape(size, *np.shape(r)[2:]) for r in results]
-        outputs.append(host)
-    return [np.concatenate(column)[:rows] for column in zip(*outputs, strict=True)]
-
-
-@functools.partial(jax.pmap, axis_name="data", static_broadcasted_argnums=(0, 5))
-def _sample(graphdef, params, prompt_tokens, prompt_mask, keys, settings: SamplingSettings):
-    """One device's responses, each row sampled with its own key."""
-
-    def one_row(tokens, mask, key):
-        out = generate((graphdef, params), tokens[None], mask[None], key, **settings._asdict())
-        return out.tokens[0], out.mask[0]
-
-    return jax.vmap(one_row)(prompt_tokens, prompt_mask, keys)
-
-
-def sample_responses(
-    policy: LoadedModel,
-    prompts: Prompts,
-    *,
-    settings: SamplingSettings,
-    samples_per_prompt: int,
-    seed: int,
-    batch_size: int,
-) -> Responses:
-    """``samples_per_prompt`` responses to every prompt; keys as the module docstring says."""
-    num_prompts, samples = len(prompts.tokens), samples_per_prompt
-    arrays = {
-        "prompt_tokens": np.repeat(prompts.tokens, samples, axis=0),
-        "prompt_mask": np.repeat(prompts.mask, samples, axis=0),
-        "keys": sample_keys(seed, num_prompts, samples),
-    }
-
-    def step(batch: dict[str, np.ndarray]) -> Sequence[jax.Array]:
-        return _sample(
-            policy.graphdef, policy.params, batch["prompt_tokens"], batch["prompt_mask"],
-            batch["keys"], settings,
-        )  # fmt: skip
-
-    tokens, mask = map_batches(step, arrays, batch_size)
-    shape = (num_prompts, samples, settings.max_new_tokens)
-    return Responses(tokens.reshape(shape), mask.reshape(shape))
-
-
-def sample_keys(seed: int, num_prompts: int, samples_per_prompt: int) -> np.ndarray:
-    """Key of sample s of prompt p at row p * S + s: ``fold_in(fold_in(PRNGKey(seed), p), s)``."""
-    base = jax.random.PRNGKey(seed)
-    prompt_keys = jax.vmap(lambda p: jax.random.fold_in(base, p))(jnp.arange(num_prompts))
-    keys = jax.vmap(
-        lambda key: jax.vmap(lambda s: jax.random.fold_in(key, s))(jnp.arange(samples_per_prompt))
-    )(prompt_keys)
-    return np.asarray(keys).reshape(num_prompts * samples_per_prompt, -1)
 
 
 @functools.partial(jax.pmap, axis_name="data", static_broadcasted_argnums=(0, 3))
@@ -201,7 +76,7 @@ def policy_logprobs(
     def step(batch: dict[str, np.ndarray]) -> Sequence[jax.Array]:
         return _response_logprobs(policy.graphdef, policy.params, batch, temperature)
 
-    values = map_batches(step, _row_arrays(prompts, responses), batch_size)[0]
+    values = map_local_batches(step, _row_arrays(prompts, responses), batch_size)[0]
     return values.reshape(responses.tokens.shape)
 
 
@@ -213,7 +88,7 @@ def response_rewards(
     def step(batch: dict[str, np.ndarray]) -> Sequence[jax.Array]:
         return _response_rewards(reward_model.graphdef, reward_model.params, batch)
 
-    values = map_batches(step, _row_arrays(prompts, responses), batch_size)[0]
+    values = map_local_batches(step, _row_arrays(prompts, responses), batch_size)[0]
     return values.reshape(responses.tokens.shape[:2])
 
 
@@ -247,5 +122,5 @@ def eval_pair_rewards(
     def step(batch: dict[str, np.ndarray]) -> Sequence[jax.Array]:
         return _pair_rewards(reward_model.graphdef, reward_model.params, batch)
 
-    chosen, rejected = map_batches(step, arrays, batch_size)
+    chosen, rejected = map_local_batches(step, arrays, batch_size)
     return chosen, rejected

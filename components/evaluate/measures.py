@@ -322,7 +322,7 @@ def ppo_vs_best_of_n(
         raise ValueError("the best-of-n frontier must start at n = 1, the baseline of every gain")
     kls = [point["kl_per_sequence"] for point in frontier]
     gain, capped = gain_at_kl(kls, np.asarray(golds) - golds[0], aligned_kl)
-    ratio = aligned_gain / gain if gain > 0 or math.isnan(gain) else None
+    ratio = aligned_gain / gain if gain > 0 else None
     return {"ratio": ratio, "capped": capped, "aligned_gain": aligned_gain, "best_of_n_gain": gain}
 
 

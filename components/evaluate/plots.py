@@ -132,7 +132,9 @@ def win_rates(estimates: Mapping[str, Mapping[str, float]], confidence: float) -
             est["value"], row, xerr=[[max(below, 0.0)], [max(above, 0.0)]], fmt="o", capsize=4
         )
     axes.axvline(0.5, color="grey", linestyle="--", linewidth=1)
-    axes.set_yticks(range(len(shown)), list(shown))
+    # A user's gold reward is named by its spec, maybe a long path: keep its tail.
+    labels = [name if len(name) <= 32 else "…" + name[-31:] for name in shown]
+    axes.set_yticks(range(len(shown)), labels)
     axes.set_ylim(-0.6, len(shown) - 0.4)
     axes.set_xlim(0.0, 1.0)
     axes.set_xlabel(f"win rate of aligned over reference ({confidence:.0%} interval)")

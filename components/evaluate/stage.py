@@ -13,7 +13,9 @@ The best-of-n baseline draws max(n) samples per prompt from the reference (its f
 ``samples_per_prompt`` are the ones the win rate compares); the reward model keeps the best
 of the first n, at an analytic KL of log n − (n − 1)/n nats per sequence.
 
-Every host computes the same figures from every eval shard; process 0 writes the outputs.
+Every host reads every eval shard; sampling is split over the devices of every host and
+gathered back (core.eval_sampling), scoring runs whole on each host, so every host computes
+the same figures and process 0 writes the outputs.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from components.core import fileio
+from components.core import eval_sampling, fileio
 from components.core.checkpoint import read_model_config
 from components.core.distributed import maybe_initialize
 from components.core.gold import GoldReward, is_builtin, resolve_gold_reward
@@ -58,7 +60,7 @@ class Inputs(NamedTuple):
 class PolicyResult(NamedTuple):
     """One policy's responses on the eval prompts and their scores."""
 
-    responses: generation.Responses
+    responses: eval_sampling.Responses
     texts: list[str]  # [P * S], row order
     rewards: np.ndarray  # [P, S] raw reward-model scores
     gold: np.ndarray | None  # [P, S]
@@ -67,7 +69,7 @@ class PolicyResult(NamedTuple):
         """The first ``count`` samples of every prompt."""
         prompts, samples = self.rewards.shape
         texts = [self.texts[p * samples + s] for p in range(prompts) for s in range(count)]
-        responses = generation.Responses(*(part[:, :count] for part in self.responses))
+        responses = eval_sampling.Responses(*(part[:, :count] for part in self.responses))
         gold = None if self.gold is None else self.gold[:, :count]
         return PolicyResult(responses, texts, self.rewards[:, :count], gold)
 
@@ -166,19 +168,20 @@ def decode(tokenizer: Tokenizer, tokens: np.ndarray, mask: np.ndarray) -> list[s
 def run_policy(
     role: str,
     models: dict[str, generation.LoadedModel],
-    prompts: generation.Prompts,
+    prompts: eval_sampling.Prompts,
     prompt_texts: list[str],
     *,
     samples: int,
     config: EvalConfig,
-    settings: generation.SamplingSettings,
+    settings: eval_sampling.SamplingSettings,
     tokenizer: Tokenizer,
     gold: GoldReward | None,
 ) -> PolicyResult:
     """Sample ``samples`` responses per prompt of ``role``; score them (reward model, gold)."""
-    responses = generation.sample_responses(
-        models[role], prompts, settings=settings, samples_per_prompt=samples, seed=config.seed,
-        batch_size=config.batch_size,
+    policy = models[role]
+    responses = eval_sampling.sample_responses(
+        policy.graphdef, policy.params, prompts, settings=settings, samples_per_prompt=samples,
+        seed=config.seed, batch_size=config.batch_size,
     )  # fmt: skip
     rewards = generation.response_rewards(
         models["reward"], prompts, responses, batch_size=config.batch_size
@@ -215,14 +218,14 @@ def report_samples(
 def sample_both(
     config: EvalConfig,
     models: dict[str, generation.LoadedModel],
-    prompts: generation.Prompts,
+    prompts: eval_sampling.Prompts,
     prompt_texts: list[str],
     *,
     tokenizer: Tokenizer,
     gold: GoldReward | None,
 ) -> tuple[PolicyResult, PolicyResult]:
     """Aligned samples, and the reference's: as many as the win rate or best-of-n needs."""
-    settings = generation.SamplingSettings(
+    settings = eval_sampling.SamplingSettings(
         max_new_tokens=config.max_new_tokens, eos_id=tokenizer.eos_id, pad_id=tokenizer.pad_id,
         temperature=0.0 if config.greedy else config.temperature,
     )  # fmt: skip
@@ -246,8 +249,8 @@ def measure(
 ) -> Measured:
     """Sample both policies on the eval prompts and measure them: summary and sample rows."""
     prompt_len, pair_len = sequence_lengths(config, manifest, models)
-    prompts = generation.load_prompts(
-        shards_dir, max_prompts=config.max_eval_prompts, prompt_len=prompt_len
+    prompts = eval_sampling.eval_prompts(
+        shards_dir, prompt_len=prompt_len, max_prompts=config.max_eval_prompts
     )
     prompt_texts = decode(tokenizer, prompts.tokens, prompts.mask)
     gold = resolve_gold_reward(gold_name) if gold_name else None

@@ -1,0 +1,190 @@
+"""Sampling a policy on the eval split's unique prompts: PPO's gold measure and the evaluate stage.
+
+Every host reads every unique eval prompt, in shard order. Rows are (prompt, sample) pairs:
+row ``r`` is sample ``r % S`` of prompt ``r // S``, drawn with its own key
+``fold_in(fold_in(PRNGKey(seed), prompt), sample)``. A response thus depends only on the
+seed, its prompt, its sample index and the policy: never on the batch size, the device or
+host count, the padding, or how many samples are drawn. Two policies sampled with one seed
+share keys (common random numbers): identical policies give identical responses.
+
+Rows go in global batches over every device of every host: each host samples the rows of
+its own devices and the responses are gathered back, so every host ends with all of them.
+The last batch is padded with copies of the last row, computed and dropped, so no prompt
+is left out. The pmapped sampler takes the model's ``graphdef`` and the settings as static
+arguments: equal architectures share one compilation across policies and runs.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from components.core import fsdp, parallel
+from components.core.input_pipeline import prompt_dataset
+from components.core.sampler import generate
+
+PyTree = Any
+
+
+class Prompts(NamedTuple):
+    """Left-padded eval prompts."""
+
+    tokens: np.ndarray  # [P, L] int32
+    mask: np.ndarray  # [P, L] bool
+
+
+class Responses(NamedTuple):
+    """Sampled responses of every prompt."""
+
+    tokens: np.ndarray  # [P, S, N] int32; pad after EOS
+    mask: np.ndarray  # [P, S, N] int32; 1 up to and including EOS
+
+
+class SamplingSettings(NamedTuple):
+    """The sampler's settings (hashable: a static argument of the pmapped sampler)."""
+
+    max_new_tokens: int
+    eos_id: int
+    pad_id: int
+    temperature: float  # 0 = greedy
+
+
+def eval_prompts(shards_dir: str, *, prompt_len: int, max_prompts: int | None = None) -> Prompts:
+    """The first ``max_prompts`` (default: all) unique eval-split prompts, in shard order."""
+    # Every host reads every eval shard: the measures then need nothing from other hosts.
+    everything = prompt_dataset(
+        shards_dir, "eval", batch_size=1, prompt_len=prompt_len, seed=0,
+        host_index=0, host_count=1, shuffle=False, repeat=False,
+    )  # fmt: skip
+    count = len(everything.tokens) if max_prompts is None else max_prompts
+    return Prompts(tokens=everything.tokens[:count], mask=everything.masks[:count])
+
+
+def sample_keys(seed: int, num_prompts: int, samples_per_prompt: int) -> np.ndarray:
+    """Key of sample s of prompt p at row p * S + s: ``fold_in(fold_in(PRNGKey(seed), p), s)``."""
+    base = jax.random.PRNGKey(seed)
+    prompt_keys = jax.vmap(lambda p: jax.random.fold_in(base, p))(jnp.arange(num_prompts))
+    keys = jax.vmap(
+        lambda key: jax.vmap(lambda s: jax.random.fold_in(key, s))(jnp.arange(samples_per_prompt))
+    )(prompt_keys)
+    return np.asarray(keys).reshape(num_prompts * samples_per_prompt, -1)
+
+
+def global_batch(rows: int, batch_size: int, devices: int) -> int:
+    """Rows per step: ``batch_size`` rounded up to ``devices``, no larger than ``rows`` needs."""
+    per_device = min(-(-batch_size // devices), -(-rows // devices))
+    return max(per_device, 1) * devices
+
+
+def _padded_batches(arrays: dict[str, np.ndarray], size: int):
+    """Batches of ``size`` rows, the last padded with copies of the last row."""
+    rows = len(next(iter(arrays.values())))
+    take = np.minimum(np.arange(-(-rows // size) * size), rows - 1)
+    for start in range(0, len(take), size):
+        yield {name: array[take[start : start + size]] for name, array in arrays.items()}
+
+
+def map_local_batches(
+    step: Callable[[dict[str, np.ndarray]], Sequence[jax.Array]],
+    arrays: dict[str, np.ndarray],
+    batch_size: int,
+) -> list[np.ndarray]:
+    """``step`` over every row in batches split over this host's devices, outputs row-aligned."""
+    rows = len(next(iter(arrays.values())))
+    size = global_batch(rows, batch_size, parallel.local_device_count())
+    outputs = []
+    for batch in _padded_batches(arrays, size):
+        results = step(parallel.shard_batch(batch))
+        # [devices, per_device, ...] → [batch, ...] in row order.
+        outputs.append([np.asarray(r).reshape(size, *np.shape(r)[2:]) for r in results])
+    return [np.concatenate(column)[:rows] for column in zip(*outputs, strict=True)]
+
+
+def _local_blocks(batch: dict[str, np.ndarray]) -> tuple[dict[str, jax.Array], np.ndarray]:
+    """This host's part of a global batch: block *i* of ``[devices, rows / devices, ...]``
+    on the local device whose pmap axis index is *i*; and those axis indices."""
+    local = jax.local_devices()
+    indices = np.asarray(fsdp.axis_indices(tuple(local)), np.int32)
+    placed = {}
+    for name, array in batch.items():
+        blocks = array.reshape(jax.device_count(), -1, *array.shape[1:])
+        placed[name] = fsdp.put_rows([blocks[i] for i in indices], local)
+    return placed, indices
+
+
+def _gather_blocks(local: np.ndarray, indices: np.ndarray) -> np.ndarray:
+    """The global ``[rows, ...]`` from every host's ``[local devices, per device, ...]`` blocks."""
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+
+        local = np.asarray(multihost_utils.process_allgather(local, tiled=True))
+        indices = np.asarray(multihost_utils.process_allgather(indices, tiled=True))
+    blocks = np.empty_like(local)
+    blocks[indices] = local
+    return blocks.reshape(-1, *blocks.shape[2:])
+
+
+def map_global_batches(
+    step: Callable[[dict[str, jax.Array]], Sequence[jax.Array]],
+    arrays: dict[str, np.ndarray],
+    batch_size: int,
+) -> list[np.ndarray]:
+    """``step`` over every row in batches split over every host's devices; every host gets all.
+
+    ``batch_size`` counts the rows of one step on each host, as ``map_local_batches`` does.
+    """
+    rows = len(next(iter(arrays.values())))
+    size = global_batch(rows, batch_size * jax.process_count(), jax.device_count())
+    outputs = []
+    for batch in _padded_batches(arrays, size):
+        placed, indices = _local_blocks(batch)
+        outputs.append([_gather_blocks(np.asarray(r), indices) for r in step(placed)])
+    return [np.concatenate(column)[:rows] for column in zip(*outputs, strict=True)]
+
+
+@functools.partial(jax.pmap, axis_name="data", static_broadcasted_argnums=(0, 5))
+def _sample(graphdef, params, prompt_tokens, prompt_mask, keys, settings: SamplingSettings):
+    """One device's responses, each row sampled with its own key."""
+
+    def one_row(tokens, mask, key):
+        out = generate((graphdef, params), tokens[None], mask[None], key, **settings._asdict())
+        return out.tokens[0], out.mask[0]
+
+    return jax.vmap(one_row)(prompt_tokens, prompt_mask, keys)
+
+
+def sample_responses(
+    graphdef: nnx.GraphDef,
+    params: PyTree,
+    prompts: Prompts,
+    *,
+    settings: SamplingSettings,
+    samples_per_prompt: int,
+    seed: int,
+    batch_size: int,
+) -> Responses:
+    """``samples_per_prompt`` responses to every prompt by the policy of ``params`` (placed
+    on the devices: ``parallel.place``), ``batch_size`` rows per step and host; keys and
+    batching as the module docstring says."""
+    num_prompts, samples = len(prompts.tokens), samples_per_prompt
+    arrays = {
+        "prompt_tokens": np.repeat(prompts.tokens, samples, axis=0),
+        "prompt_mask": np.repeat(prompts.mask, samples, axis=0),
+        "keys": sample_keys(seed, num_prompts, samples),
+    }
+
+    def step(batch: dict[str, jax.Array]) -> Sequence[jax.Array]:
+        return _sample(
+            graphdef, params, batch["prompt_tokens"], batch["prompt_mask"], batch["keys"],
+            settings,
+        )  # fmt: skip
+
+    tokens, mask = map_global_batches(step, arrays, batch_size)
+    shape = (num_prompts, samples, settings.max_new_tokens)
+    return Responses(tokens.reshape(shape), mask.reshape(shape))
