@@ -195,6 +195,8 @@ def evaluate(
     max_kl: float,
     max_eval_prompts: int,
     gold_reward: str,
+    samples_per_prompt: int,
+    best_of_n: str,
     max_new_tokens: int,
     batch_size: int,
     evaluation: Output[Artifact],

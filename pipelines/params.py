@@ -154,6 +154,8 @@ PARAMS: tuple[Param, ...] = (
     Param("ppo_epochs", (("ppo", "ppo_epochs"),)),
     *_stage("ppo", "kl_coef", "adaptive_kl", "kl_target", "kl_stop", "max_new_tokens"),
     *_stage("evaluate", "min_win_rate_lower", "max_kl", "max_eval_prompts", "gold_reward"),
+    Param("eval_samples_per_prompt", (("evaluate", "samples_per_prompt"),)),
+    Param("best_of_n", (("evaluate", "best_of_n"),), kind=str),
     Param("eval_max_new_tokens", (("evaluate", "max_new_tokens"),)),
     Param("eval_batch_size", (("evaluate", "batch_size"),)),
     Param(
