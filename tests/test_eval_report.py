@@ -254,3 +254,15 @@ def test_select_samples_is_seeded_and_bounded() -> None:
     assert len(SAMPLES) == 2 and "aligned_gold" in SAMPLES[0]
     with pytest.raises(ValueError, match="one entry per response pair"):
         report.select_samples(["p"], ["a", "b"], ["r"], [0.0], [0.0], num=1, seed=0)
+
+
+def test_ppo_curves_mark_guard_restorations_as_events() -> None:
+    """A restoration is a dashed line at its step, not a step that goes backwards."""
+    from matplotlib.figure import Figure
+
+    rows = [{"step": s, "objective/kl": 0.1 * s, "objective/scores": 0.2 * s} for s in (1, 2, 3)]
+    rows.append({"step": 3, "event": "guard_restored", "iteration": 2, "restored_to": 0})
+    axes = Figure().subplots()
+    assert report.plots._mark_events(axes, rows) == 1
+    assert [line.get_xdata()[0] for line in axes.get_lines()] == [3]
+    assert report.plots.ppo_curves(rows)[:8] == b"\x89PNG\r\n\x1a\n"

@@ -15,7 +15,7 @@ import numpy as np
 
 from components.core import fileio
 from components.core.distributed import is_primary
-from components.core.metrics import read_metrics
+from components.core.metrics import read_events, read_metrics
 from components.evaluate.gate import Gate
 from components.evaluate.report import json_ready, write_report
 
@@ -87,8 +87,10 @@ def write_outputs(
     """report.html, eval.json, metrics.json and samples.jsonl into ``output`` (process 0 only)."""
     if not is_primary():
         return
+    # PPO's guard restorations travel with its metrics: the curves mark them as events.
+    ppo_rows = read_metrics(dirs["policy"]) + read_events(dirs["policy"])
     write_report(
-        output, summary, gate, ppo_metrics=read_metrics(dirs["policy"]) or None,
+        output, summary, gate, ppo_metrics=ppo_rows or None,
         reward_metrics=read_metrics(dirs["reward"]) or None, samples=samples,
     )  # fmt: skip
     figures = json.dumps(flat_figures(summary, gate), indent=2, sort_keys=True)

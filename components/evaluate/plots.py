@@ -17,6 +17,7 @@ from matplotlib.figure import Figure
 
 ALIGNED_COLOR = "#1f77b4"
 REFERENCE_COLOR = "#ff7f0e"
+GUARD_COLOR = "#d62728"
 # PPO metric names as the PPO stage logs them (TRL's names); the first panel plots rewards.
 PPO_REWARD_KEYS = ("objective/scores", "objective/rlhf_reward", "objective/non_score_reward")
 PPO_KL_KEYS = ("objective/kl",)
@@ -66,8 +67,18 @@ def _plot_series(axes: Any, rows: Sequence[Mapping[str, Any]], keys: Sequence[st
     return drawn
 
 
+def _mark_events(axes: Any, rows: Sequence[Mapping[str, Any]]) -> int:
+    """A dashed line at every event row's step (PPO's guard restorations); returns how many."""
+    events = [row for row in rows if "event" in row and _is_finite_number(row.get("step"))]
+    for i, row in enumerate(events):
+        label = "guard restoration" if i == 0 else None
+        axes.axvline(row["step"], color=GUARD_COLOR, linestyle="--", linewidth=1, label=label)
+    return len(events)
+
+
 def ppo_curves(rows: Sequence[Mapping[str, Any]] | None) -> bytes | None:
-    """PPO rewards and KL (per sequence, as PPO logs it) over training steps."""
+    """PPO rewards and KL (per sequence, as PPO logs it) over training steps; the rows' events
+    (``metrics.read_events``: guard restorations) as dashed lines, not as steps going back."""
     if not rows:
         return None
     figure = Figure(figsize=(9, 3.2))
@@ -76,6 +87,9 @@ def ppo_curves(rows: Sequence[Mapping[str, Any]] | None) -> bytes | None:
     has_kl = _plot_series(kl_axes, rows, PPO_KL_KEYS)
     if not (has_reward or has_kl):
         return None
+    for axes in (reward_axes, kl_axes):
+        if _mark_events(axes, rows):
+            axes.legend(fontsize="small")
     reward_axes.set_title("PPO reward" if has_reward else "PPO reward: not logged")
     kl_axes.set_title("PPO KL (nats per sequence)" if has_kl else "PPO KL: not logged")
     return _png(figure)
