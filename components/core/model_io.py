@@ -141,20 +141,16 @@ def stage_model(
     seed: int,
     remat: str = "",
     dtype: str = "",
-    workdir: str = "",
 ) -> Transformer:
     """The model a training stage starts from: ``base`` if given, else ``preset``.
 
-    ``base`` is a model artifact or a Hugging Face model folder (imported into
-    ``workdir`` once). Either way it must fit the shards' tokenizer, checked
+    ``base`` is a model artifact (a stage imports a Hugging Face folder first:
+    ``hf.importer.resolve_base``). It must fit the shards' tokenizer, checked
     before any training.
     """
     from components.core.input_pipeline import check_vocab
 
     if base:
-        from components.hf.importer import resolve_base
-
-        base = resolve_base(base, workdir)
         model, info = load_model(base, scalar_head=scalar_head, seed=seed, remat=remat, dtype=dtype)
         check_tokenizer(info, manifest, base)
     else:

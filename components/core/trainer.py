@@ -364,7 +364,6 @@ def train_on_preferences(
     """Build the stage's model, train it on the train split, evaluate it on the eval split."""
     from flax import nnx
 
-    from components.core import fileio
     from components.core.distributed import maybe_initialize
     from components.core.input_pipeline import longest_lengths, read_manifest
     from components.core.model_io import is_pretrained, stage_model
@@ -379,7 +378,7 @@ def train_on_preferences(
     log.info("%s: learning rate %g (%s)", stage, config.learning_rate, start)
     model = stage_model(
         manifest, base=base, preset=config.preset, scalar_head=scalar_head, seed=config.seed,
-        remat=config.remat, dtype=config.dtype, workdir=fileio.join(output, "work"),
+        remat=config.remat, dtype=config.dtype,
     )  # fmt: skip
     graphdef, params = nnx.split(model, nnx.Param)
     eval_step = make_eval_step(make_eval_sums(graphdef))

@@ -10,6 +10,7 @@ from components.core import fileio
 from components.core.distributed import is_primary
 from components.core.model_io import save_model
 from components.core.trainer import train_on_preferences
+from components.hf.importer import resolve_base
 from components.reward.config import RewardConfig
 from components.reward.train import make_reward_eval_sums, make_reward_loss, summarize_eval
 
@@ -32,7 +33,8 @@ def run(config: RewardConfig, shards_dir: str, output: str) -> dict[str, Any]:
         shards_dir,
         output,
         stage="reward",
-        base=config.base_policy,
+        # A Hugging Face folder is imported once into the task's work folder.
+        base=resolve_base(config.base_policy, fileio.join(output, "work")),
         scalar_head=True,
         make_loss=lambda graphdef: make_reward_loss(graphdef, **loss_terms),
         make_eval_sums=lambda graphdef: make_reward_eval_sums(graphdef, **loss_terms),

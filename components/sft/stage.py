@@ -5,8 +5,10 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from components.core import fileio
 from components.core.model_io import save_model
 from components.core.trainer import train_on_preferences
+from components.hf.importer import resolve_base
 from components.sft.config import SFTConfig
 from components.sft.train import make_sft_eval_sums, make_sft_loss, summarize_eval
 
@@ -18,7 +20,8 @@ def run(config: SFTConfig, shards_dir: str, output: str) -> dict[str, Any]:
         shards_dir,
         output,
         stage="sft",
-        base=config.base_policy,
+        # A Hugging Face folder is imported once into the task's work folder.
+        base=resolve_base(config.base_policy, fileio.join(output, "work")),
         scalar_head=False,
         make_loss=make_sft_loss,
         make_eval_sums=make_sft_eval_sums,
