@@ -10,7 +10,8 @@ What may differ between the two layouts: float32 reductions over devices (the
 gradient ``pmean``, the chunks' reduce-scatter) run as one in-process all-reduce
 on 1 host and over gloo across 2, summing in another order, so values agree to a
 few ulps per step (measured: parameters within 1.2e-7 after 3 iterations that move
-them by ~6e-3; metrics within ~1e-7 relative). Sampled tokens are discrete and
+them by ~6e-3, but for single weights with ~0 gradients, where Adam's normalization
+makes it ~1e-6; metrics within ~1e-7 relative). Sampled tokens are discrete and
 must agree exactly; so must everything counted from them.
 """
 
@@ -177,8 +178,11 @@ def test_ppo_on_two_hosts_matches_one_host(inputs, ppo_runs):
     initial = _params(inputs["policy"])
     moved = max(np.max(np.abs(a - b)) for a, b in zip(_params(single), initial, strict=True))
     assert moved > 1e-3  # the comparison below is not between two untouched copies
+    # atol 2e-6: Adam divides each step by the root of its second moment, so a weight whose
+    # gradients are ~0 turns ulps of summation order into ~1e-6 (measured: 1 of 4096
+    # weights 1.05e-6 apart, every other within 1.2e-7).
     for a, b in zip(_params(multi), _params(single), strict=True):
-        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=2e-6)
 
     records = {hosts: read_metrics(out) for hosts, (out, _) in ppo_runs.items()}
     assert [r["step"] for r in records[2]] == [r["step"] for r in records[1]] == [1, 2, 3]
@@ -244,5 +248,7 @@ def test_evaluate_on_two_hosts_matches_one_host(inputs, ppo_runs):
     assert got["summary"]["win_rate"] == want["summary"]["win_rate"]
     assert got["summary"]["kl"] == pytest.approx(want["summary"]["kl"], **CLOSE)
     # Not a tie of two identical policies: the measures have something to agree on.
-    assert want["summary"]["kl"]["per_token"] > 1e-4
-    assert want["summary"]["win_rate"]["ties"] < want["summary"]["num_prompts"]
+    # k1 may read below 0 on a barely moved policy; its size is what shows it moved.
+    assert abs(want["summary"]["kl"]["per_token"]) > 1e-4
+    summary = want["summary"]
+    assert summary["win_rate"]["ties"] < summary["num_prompts"] * summary["samples_per_prompt"]
