@@ -67,7 +67,7 @@ class LoopResult:
     status: str
     metrics: dict[str, float]  # the output policy's rollout figures, plus the run's counts
     guard_events: list[dict[str, Any]]
-    final_kl: float  # KL per token of the output policy's check rollout
+    final_kl: float | None  # KL per token of the output policy's check rollout
 
 
 # Compiled phases by (graphs, config, ids, norm): repeated runs in one process (tests, a
@@ -318,7 +318,8 @@ class PPOLoop:
             "guard/restores": float(self.guard.state.restores),
             "objective/kl_coef": float(self.controller.kl_coef),
         }
-        final_kl = self.good_rollout[KL_METRIC]
+        # None only for a run resumed from a checkpoint written before they held the figures.
+        final_kl = self.good_rollout.get(KL_METRIC)
         return LoopResult(
             host.policy.params, self.iteration, status, summary, self.guard.state.events, final_kl
         )
