@@ -80,7 +80,7 @@ def alignpipe_seconds(iterations: int, remat: str) -> tuple[float, float]:
         batch, metrics = rollout(params, prompts, key, np.float32(0.01))
         host_floats(metrics)
         middle = time.perf_counter()
-        state, metrics = update(state, batch, key, np.float32(1.0))
+        state, metrics = update(state, batch, key, np.float32(1.0), np.float32(0.0))
         host_floats(metrics)
         end = time.perf_counter()
         if step:

@@ -61,7 +61,9 @@ def update_temp_bytes(remat: str) -> int:
     update = make_update(Models(policy_graph, critic_graph, critic_graph), config, device)
     state = parallel.replicate(PPOState.create(policy_params, critic_params, config), device)
     batch = parallel.shard_batch(_batch(), device)
-    compiled = update.lower(state, batch, jax.random.PRNGKey(0), np.float32(1.0)).compile()
+    compiled = update.lower(
+        state, batch, jax.random.PRNGKey(0), np.float32(1.0), np.float32(0.0)
+    ).compile()
     return int(compiled.memory_analysis().temp_size_in_bytes)
 
 

@@ -67,6 +67,9 @@ def test_defaults_let_the_kl_penalty_bind() -> None:
         ({"restore_kl_factor": 0.5}, "restore_kl_factor"),
         ({"kl_horizon": -1.0}, "kl_horizon"),
         ({"kl_horizon": 10.0}, "kl_horizon"),
+        ({"algorithm": "dpo"}, "algorithm"),
+        ({"algorithm": "grpo", "group_size": 1}, "group_size"),
+        ({"algorithm": "rloo", "rollout_batch_size": 64, "group_size": 3}, "group_size"),
     ],
 )
 def test_guard_and_controller_fields_are_checked(overrides: dict, field: str) -> None:

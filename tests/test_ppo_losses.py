@@ -18,6 +18,7 @@ from components.ppo.kl_control import (
 from components.ppo.losses import (
     entropy_from_logits,
     gae,
+    group_advantages,
     kl_penalty,
     last_token_index,
     masked_mean,
@@ -470,3 +471,24 @@ def test_init_kl_controller_rejects_bad_settings(kwargs, message):
     """Bad settings fail with a message that names the field."""
     with pytest.raises(ValueError, match=message):
         init_kl_controller(**kwargs)
+
+
+# ---------------------------------------------------------------- group advantages (grpo, rloo)
+
+
+def test_group_advantages_match_numpy_references():
+    """GRPO: (s − group mean) / (Bessel std + 1e-4); RLOO: s − mean of the group's others."""
+    rng = np.random.default_rng(3)
+    scores = rng.normal(size=12).astype(np.float32)
+    groups = scores.reshape(3, 4).astype(np.float64)
+    mean = groups.mean(axis=1, keepdims=True)
+    grpo = (groups - mean) / (groups.std(axis=1, ddof=1, keepdims=True) + 1e-4)
+    others = (groups.sum(axis=1, keepdims=True) - groups) / 3
+    np.testing.assert_allclose(group_advantages(scores, 4, "grpo"), grpo.reshape(-1), rtol=1e-5)
+    np.testing.assert_allclose(
+        group_advantages(scores, 4, "rloo"), (groups - others).reshape(-1), rtol=1e-5, atol=1e-6
+    )
+    # A group of equal scores carries no signal: zero advantage, not a division by zero.
+    np.testing.assert_array_equal(group_advantages(np.ones(4, np.float32), 4, "grpo"), 0.0)
+    with pytest.raises(ValueError, match="grpo"):
+        group_advantages(scores, 4, "ppo")

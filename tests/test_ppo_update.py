@@ -84,11 +84,11 @@ def update_8(setup):
     return make_update(setup[0], CONFIG)
 
 
-def _run(update, state: PPOState, batch: dict, devices=None, sharded: bool = False):
+def _run(update, state: PPOState, batch: dict, devices=None, sharded: bool = False, kl_coef=0.1):
     placed = parallel.place(state, sharded=sharded, devices=devices)
-    scale = np.float32(1.0)
+    scale, kl_coef = np.float32(1.0), np.float32(kl_coef)
     new_state, metrics = update(
-        placed, parallel.shard_batch(batch, devices), jax.random.PRNGKey(7), scale
+        placed, parallel.shard_batch(batch, devices), jax.random.PRNGKey(7), scale, kl_coef
     )
     return parallel.unreplicate(new_state), parallel.unreplicate(metrics)
 
@@ -224,3 +224,24 @@ def test_first_step_log_probs_equal_the_rollouts_at_temperature(setup) -> None:
     assert metrics["policy/logprob_mismatch"] < 1e-5
     _, untempered_metrics = _run(make_update(models, CONFIG), state, exact)
     assert untempered_metrics["policy/logprob_mismatch"] > 0.05
+
+
+@pytest.mark.parametrize("algorithm", ["grpo", "rloo"])
+def test_group_update_without_critic_eight_devices_equal_one(setup, algorithm) -> None:
+    """grpo/rloo: the policy alone is updated; grpo's k3 KL term in the loss moves it too."""
+    models, policy_params, _, batch = setup
+    config = dataclasses.replace(CONFIG, algorithm=algorithm, group_size=2)
+    group_batch = {k: v for k, v in batch.items() if k not in ("values", "returns")}
+    group_batch["ref_logprobs"] = (batch["logprobs"] * 0.5).astype(np.float32)
+    state = PPOState.create(policy_params, None, config)
+    one = [jax.local_devices()[0]]
+    new_8, metrics_8 = _run(make_update(models, config), state, group_batch)
+    new_1, _ = _run(make_update(models, config, devices=one), state, group_batch, one)
+    assert new_8.critic is None and "val/grad_norm" not in metrics_8
+    assert int(new_8.policy.step) == config.ppo_epochs * config.minibatches
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=2e-4, atol=2e-5), new_8, new_1)
+    if algorithm == "grpo":
+        assert metrics_8["kl"] > 0
+        no_kl, _ = _run(make_update(models, config), state, group_batch, kl_coef=0.0)
+        moved = jax.tree.map(lambda a, b: float(np.abs(a - b).max()), new_8.policy, no_kl.policy)
+        assert max(jax.tree.leaves(moved)) > 1e-6  # the KL term changes the step

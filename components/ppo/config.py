@@ -41,9 +41,19 @@ STATUS_STOPPED_KL_GUARD = "stopped_kl_guard"
 class PPOConfig:
     """PPO of a policy against a reward model, with KL control and divergence guard rails."""
 
+    algorithm: Literal["ppo", "grpo", "rloo"] = field(
+        "ppo",
+        help="ppo (policy + critic, GAE), grpo (group-normalized advantages, k3 KL in the "
+        "loss) or rloo (leave-one-out baseline, KL in the reward); grpo and rloo need no critic",
+    )
+    group_size: int = field(
+        4, help="grpo/rloo: responses sampled per prompt, whose scores make the baseline"
+    )
     iterations: int = field(50, help="PPO iterations (each: one rollout, then the updates)")
     rollout_batch_size: int = field(
-        64, help="prompts sampled per iteration, global over all devices and hosts"
+        64,
+        help="responses sampled per iteration, global over all devices and hosts "
+        "(grpo/rloo: rollout_batch_size / group_size prompts, group_size responses each)",
     )
     data_streams: int = field(
         0,
@@ -162,6 +172,22 @@ class PPOConfig:
         for name in ("prompt_len", "max_new_tokens"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name}: {getattr(self, name)} must be >= 0 (0 = from the data)")
+        if self.algorithm not in ("ppo", "grpo", "rloo"):
+            raise ValueError(
+                f"algorithm: {self.algorithm!r} is not an RL algorithm of this stage; use ppo, "
+                "grpo or rloo (dpo is a stage of its own: python -m components.dpo)"
+            )
+        if self.uses_groups:
+            if self.group_size < 2:
+                raise ValueError(
+                    f"group_size: {self.group_size} must be at least 2 for {self.algorithm} "
+                    "(a response's baseline is its group's other responses)"
+                )
+            if self.rollout_batch_size % self.group_size:
+                raise ValueError(
+                    f"rollout_batch_size: {self.rollout_batch_size} must be a multiple of "
+                    f"group_size ({self.group_size}); change one of them"
+                )
         if self.rollout_batch_size % self.minibatches:
             raise ValueError(
                 f"rollout_batch_size: {self.rollout_batch_size} must be a multiple of "
@@ -175,10 +201,10 @@ class PPOConfig:
             )
         if self.data_streams < 0:
             raise ValueError(f"data_streams: {self.data_streams} must be >= 0 (0 = one per host)")
-        if self.data_streams and self.rollout_batch_size % self.data_streams:
+        if self.data_streams and self.prompts_per_iteration % self.data_streams:
             raise ValueError(
-                f"rollout_batch_size: {self.rollout_batch_size} must be a multiple of "
-                f"data_streams ({self.data_streams}); change one of them"
+                f"rollout_batch_size: {self.prompts_per_iteration} prompts per iteration must "
+                f"be a multiple of data_streams ({self.data_streams}); change one of them"
             )
 
     def _check_coefficients(self) -> None:
@@ -218,6 +244,16 @@ class PPOConfig:
         for name in ("learning_rate", "critic_learning_rate"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name}: {getattr(self, name)} must be > 0, or 0 for auto")
+
+    @property
+    def uses_groups(self) -> bool:
+        """Whether advantages come from groups of responses (grpo, rloo) instead of a critic."""
+        return self.algorithm in ("grpo", "rloo")
+
+    @property
+    def prompts_per_iteration(self) -> int:
+        """Prompts drawn per iteration: one per response, or one per group."""
+        return self.rollout_batch_size // (self.group_size if self.uses_groups else 1)
 
     @property
     def kl_horizon_sequences(self) -> float:
@@ -279,6 +315,12 @@ class PPOConfig:
                 f"rollout_batch_size: {self.rollout_batch_size} must be a multiple of "
                 f"{devices} devices x {self.minibatches} minibatches = {per_device_quantum}"
             )
+        if self.uses_groups and self.rollout_batch_size % (devices * self.group_size):
+            # A group's responses must share a device: its baseline is computed there.
+            raise ValueError(
+                f"rollout_batch_size: {self.rollout_batch_size} must be a multiple of "
+                f"{devices} devices x group_size {self.group_size} = {devices * self.group_size}"
+            )
         return self.rollout_batch_size // jax.process_count()
 
     def prompt_streams(self) -> tuple[list[int], int, int]:
@@ -290,4 +332,4 @@ class PPOConfig:
         from components.core.trainer import stream_shares
 
         self.per_host_batch()  # refuses a batch that does not split over the devices
-        return stream_shares(self.rollout_batch_size, self.data_streams, "rollout_batch_size")
+        return stream_shares(self.prompts_per_iteration, self.data_streams, "rollout_batch_size")

@@ -52,7 +52,7 @@ class Networks:
 
     models: Models
     policy: PyTree
-    critic: PyTree
+    critic: PyTree | None  # None for grpo and rloo
     reward: PyTree
     ids: TokenIds
     norm: ScoreNorm
@@ -199,13 +199,19 @@ class PPOLoop:
     def _rollout(self) -> tuple[dict, dict[str, float], float]:
         """Sample and score this iteration's batch; returns batch, metrics, seconds."""
         start = time.perf_counter()
+        critic = self.state.critic
         params = RolloutParams(
             policy=self.state.policy.params,
             reference=self.reference,
-            critic=self.state.critic.params,
+            critic=None if critic is None else critic.params,
             reward=self.reward,
         )
-        prompts = parallel.shard_batch(next(self.prompts))
+        prompts = next(self.prompts)
+        if self.config.uses_groups:
+            # Each prompt's group side by side: a device holds whole groups (config checks).
+            size = self.config.group_size
+            prompts = {name: np.repeat(rows, size, axis=0) for name, rows in prompts.items()}
+        prompts = parallel.shard_batch(prompts)
         batch, metrics = self.rollout(params, prompts, self._rng(0), self.controller.kl_coef)
         metrics = host_floats(metrics)  # waits for the devices
         return batch, metrics, time.perf_counter() - start
@@ -214,7 +220,8 @@ class PPOLoop:
         """All PPO epochs on ``batch``; returns metrics and seconds."""
         start = time.perf_counter()
         lr_scale = np.float32(self.guard.state.lr_scale)
-        self.state, metrics = self.update(self.state, batch, self._rng(1), lr_scale)
+        kl_coef = np.float32(self.controller.kl_coef)
+        self.state, metrics = self.update(self.state, batch, self._rng(1), lr_scale, kl_coef)
         metrics = host_floats(metrics)
         return metrics, time.perf_counter() - start
 

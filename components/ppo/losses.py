@@ -203,3 +203,22 @@ def entropy_from_logits(logits: jax.Array, mask: jax.Array) -> jax.Array:
     # where(): a −inf logit has p = 0, and 0·(−inf) would be nan instead of 0.
     plogp = jnp.where(log_probs > -jnp.inf, jnp.exp(log_probs) * log_probs, 0.0)
     return masked_mean(-jnp.sum(plogp, axis=-1), mask)
+
+
+def group_advantages(scores: jax.Array, group_size: int, kind: str) -> jax.Array:
+    """Per-sequence advantages [B] from groups of ``group_size`` consecutive responses to one
+    prompt: GRPO's (s − mean) / (std + 1e-4), or RLOO's s − mean of the other k − 1.
+
+    GRPO's std is Bessel-corrected and its epsilon 1e-4, as TRL's GRPOTrainer computes them;
+    RLOO's leave-one-out baseline is k / (k − 1) · (s − group mean).
+    """
+    grouped = jnp.asarray(scores, jnp.float32).reshape(-1, group_size)
+    mean = jnp.mean(grouped, axis=1, keepdims=True)
+    if kind == "grpo":
+        std = jnp.std(grouped, axis=1, ddof=1, keepdims=True)
+        advantages = (grouped - mean) / (std + 1e-4)
+    elif kind == "rloo":
+        advantages = (grouped - mean) * (group_size / (group_size - 1))
+    else:
+        raise ValueError(f"kind={kind!r} is not a group advantage; use 'grpo' or 'rloo'.")
+    return advantages.reshape(-1)

@@ -1,7 +1,8 @@
 """The rollout phase: sample responses, score them, and turn scores into advantages.
 
 One pmapped function per iteration: the KV-cache sampler draws a response per
-prompt; the policy, the reference, the critic and the reward model each run one
+row (grpo/rloo: ``group_size`` rows per prompt, side by side on one device); the
+policy, the reference, the critic (ppo only) and the reward model each run one
 forward pass over prompt + response; scores are normalized with the reward
 model's ``reward_stats.json``, penalized when EOS is missing and clipped; the
 per-token KL penalty is added; GAE gives advantages, whitened with statistics
@@ -120,10 +121,41 @@ def _metrics(
         "objective/raw_scores": jnp.mean(extra["raw_scores"]),
         "response_length": jnp.mean(jnp.sum(mask, axis=1).astype(jnp.float32)),
         "eos_fraction": jnp.mean(extra["has_eos"].astype(jnp.float32)),
-        "val/mean": losses.masked_mean(extra["values"], mask, axis_name=AXIS),
     }
+    if "values" in extra:
+        metrics["val/mean"] = losses.masked_mean(extra["values"], mask, axis_name=AXIS)
+    if "group_std" in extra:
+        metrics["reward_std"] = jnp.mean(extra["group_std"])  # TRL GRPO's name
     # Every device holds the same number of sequences: pmean of means is the global mean.
     return {name: lax.pmean(value, AXIS) for name, value in metrics.items()}
+
+
+def _group_advantages(
+    scores: jax.Array, kl: jax.Array, mask: jax.Array, kl_coef: jax.Array, config: PPOConfig
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """grpo/rloo: per-token advantages [B, N], the KL part of the reward [B], group stds [G].
+
+    RLOO puts the KL in the sequence's reward (−kl_coef · Σ kl, as TRL's RLOOTrainer); GRPO
+    keeps it out of the reward and adds k3 · kl_coef to the loss instead (update.py).
+    """
+    non_score = -kl_coef * jnp.sum(kl, axis=1)
+    if config.algorithm == "grpo":
+        non_score = jnp.zeros_like(non_score)
+    sequence = losses.group_advantages(scores + non_score, config.group_size, config.algorithm)
+    group_std = jnp.std(scores.reshape(-1, config.group_size), axis=1, ddof=1)
+    advantages = jnp.where(mask != 0, sequence[:, None], 0.0)
+    return advantages, non_score, group_std
+
+
+def _score(
+    models: Models, params: RolloutParams, batch: dict, config: PPOConfig, after: jax.Array
+) -> tuple[jax.Array | None, jax.Array]:
+    """Critic values (None without a critic) and raw reward-model scores, one net at a time."""
+    if config.uses_groups:
+        return None, scoring.sequence_scores(models.reward, fsdp.after(params.reward, after), batch)
+    values = scoring.response_values(models.critic, fsdp.after(params.critic, after), batch)
+    raw = scoring.sequence_scores(models.reward, fsdp.after(params.reward, values), batch)
+    return values, raw
 
 
 def rollout_step(
@@ -141,29 +173,31 @@ def rollout_step(
     rng = jax.random.fold_in(rng, lax.axis_index(AXIS))
     batch = _sample(models, params, prompts, rng, config, ids)
     mask = batch["response_mask"]
+    real = mask != 0
     # One network at a time: under fsdp each pass may gather its network only once the
-    # previous pass is done, so the four networks' embeddings are never whole together.
+    # previous pass is done, so the networks' embeddings are never whole together.
     policy = fsdp.after(params.policy, batch["response_tokens"])
     temperature = config.temperature
     logprobs = scoring.response_logprobs(models.policy, policy, batch, temperature)
     reference = fsdp.after(params.reference, logprobs)
     ref_logprobs = scoring.response_logprobs(models.policy, reference, batch, temperature)
-    values = scoring.response_values(models.critic, fsdp.after(params.critic, ref_logprobs), batch)
-    raw_scores = scoring.sequence_scores(models.reward, fsdp.after(params.reward, values), batch)
-    has_eos = jnp.any((batch["response_tokens"] == ids.eos_id) & (mask != 0), axis=1)
+    values, raw_scores = _score(models, params, batch, config, ref_logprobs)
+    has_eos = jnp.any((batch["response_tokens"] == ids.eos_id) & real, axis=1)
     scores = normalize_scores(raw_scores, has_eos, norm)
     kl = losses.kl_penalty(logprobs, ref_logprobs, mask, config.kl_estimator)
-    rewards, non_score = losses.token_rewards(scores, kl, mask, kl_coef)
-    advantages, returns = _advantages(rewards, values, mask, config)
-    extra = dict(scores=scores, raw_scores=raw_scores, non_score=non_score, has_eos=has_eos)
-    metrics = _metrics(batch, kl, logprobs, ref_logprobs, {**extra, "values": values})
-    real = mask != 0
-    batch.update(
-        logprobs=jnp.where(real, logprobs, 0.0),
-        values=jnp.where(real, values, 0.0),
-        advantages=advantages,
-        returns=returns,
-    )
+    extra = dict(scores=scores, raw_scores=raw_scores, has_eos=has_eos)
+    if config.uses_groups:
+        advantages, extra["non_score"], extra["group_std"] = _group_advantages(
+            scores, kl, mask, kl_coef, config
+        )
+        batch.update(ref_logprobs=jnp.where(real, ref_logprobs, 0.0))
+    else:
+        rewards, extra["non_score"] = losses.token_rewards(scores, kl, mask, kl_coef)
+        advantages, returns = _advantages(rewards, values, mask, config)
+        extra["values"] = values
+        batch.update(values=jnp.where(real, values, 0.0), returns=returns)
+    metrics = _metrics(batch, kl, logprobs, ref_logprobs, extra)
+    batch.update(logprobs=jnp.where(real, logprobs, 0.0), advantages=advantages)
     return batch, metrics
 
 

@@ -92,17 +92,19 @@ def build_networks(
             f"{reward_dir} has no scalar head: it is a policy, not a reward model; "
             "pass the output of the reward stage as --reward"
         )
-    critic, _ = _load(reward_dir, manifest, config, scalar_head=True)
     stats = read_reward_stats(reward_dir, reward_info)
-    fold_normalization(critic, stats["mean"], stats["std"])
     policy_graph, policy_params = nnx.split(policy, nnx.Param)
-    critic_graph, critic_params = nnx.split(critic, nnx.Param)
     reward_graph, reward_params = nnx.split(reward, nnx.Param)
+    critic_graph, critic_params = reward_graph, None  # grpo and rloo: no critic
+    if not config.uses_groups:
+        critic, _ = _load(reward_dir, manifest, config, scalar_head=True)
+        fold_normalization(critic, stats["mean"], stats["std"])
+        critic_graph, critic_params = nnx.split(critic, nnx.Param)
     tokenizer = manifest["tokenizer"]
     nets = Networks(
         models=Models(policy_graph, critic_graph, reward_graph),
         policy=jax.device_get(policy_params),
-        critic=jax.device_get(critic_params),
+        critic=None if critic_params is None else jax.device_get(critic_params),
         reward=jax.device_get(reward_params),
         ids=TokenIds(eos_id=int(tokenizer["eos_id"]), pad_id=int(tokenizer["pad_id"])),
         norm=ScoreNorm(stats["mean"], stats["std"], config.missing_eos_penalty, config.reward_clip),

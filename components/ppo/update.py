@@ -1,7 +1,8 @@
 """The update phase: ``ppo_epochs`` × ``minibatches`` clipped PPO steps, one compiled call.
 
-Loss = clipped surrogate + ``vf_coef`` · clipped value loss − ``entropy_coef`` ·
-entropy, per-token means over the GLOBAL minibatch: each device weights its
+Loss = clipped surrogate + ``vf_coef`` · clipped value loss (ppo) − ``entropy_coef``
+· entropy (+ ``kl_coef`` · k3 KL to the reference for grpo), per-token means over
+the GLOBAL minibatch: each device weights its
 local mean by its share of the real tokens, so the ``lax.pmean`` of the
 gradients is the gradient of the global mean whatever the device count.
 
@@ -31,33 +32,40 @@ from components.ppo.config import PPOConfig
 from components.ppo.rollout import AXIS, Models
 
 PyTree = Any
-UPDATE_FIELDS = (
+BATCH_FIELDS = (
     "prompt_tokens",
     "prompt_mask",
     "response_tokens",
     "response_mask",
     "logprobs",
-    "values",
     "advantages",
-    "returns",
 )
+
+
+def update_fields(config: PPOConfig) -> tuple[str, ...]:
+    """The rollout batch's fields the update reads: the critic's targets (ppo), or the
+    reference's log-probs for the loss's KL term (grpo)."""
+    if config.algorithm == "ppo":
+        return (*BATCH_FIELDS, "values", "returns")
+    return (*BATCH_FIELDS, "ref_logprobs") if config.algorithm == "grpo" else BATCH_FIELDS
 
 
 @flax.struct.dataclass
 class PPOState:
-    """What the update changes: the policy's and the critic's parameters and optimizer states."""
+    """What the update changes: the policy's and the critic's parameters and optimizer states
+    (``critic`` None for grpo and rloo, which have none)."""
 
     policy: TrainState
-    critic: TrainState
+    critic: TrainState | None
 
     @classmethod
-    def create(cls, policy_params: PyTree, critic_params: PyTree, config: PPOConfig) -> PPOState:
-        """Fresh optimizer states for both networks."""
+    def create(
+        cls, policy_params: PyTree, critic_params: PyTree | None, config: PPOConfig
+    ) -> PPOState:
+        """Fresh optimizer states for both networks (the policy's only without a critic)."""
         policy_opt, critic_opt = optimizers(config)
-        return cls(
-            policy=TrainState.create(policy_params, policy_opt),
-            critic=TrainState.create(critic_params, critic_opt),
-        )
+        critic = None if critic_params is None else TrainState.create(critic_params, critic_opt)
+        return cls(policy=TrainState.create(policy_params, policy_opt), critic=critic)
 
 
 def optimizers(config: PPOConfig) -> tuple[optax.GradientTransformation, ...]:
@@ -65,8 +73,25 @@ def optimizers(config: PPOConfig) -> tuple[optax.GradientTransformation, ...]:
     return make_optimizer(config.policy_optim()), make_optimizer(config.critic_optim())
 
 
+def _value_loss(
+    critic_params: PyTree | None, minibatch: dict, models: Models, config: PPOConfig
+) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """The critic's clipped value loss and metrics; nothing without a critic."""
+    if critic_params is None:
+        return jnp.zeros((), jnp.float32), {}
+    values = scoring.response_values(models.critic, critic_params, minibatch)
+    return losses.value_loss(
+        values, minibatch["values"], minibatch["returns"], minibatch["response_mask"],
+        config.value_clip_eps,
+    )  # fmt: skip
+
+
 def _ppo_loss(
-    params: tuple[PyTree, PyTree], minibatch: dict, models: Models, config: PPOConfig
+    params: tuple[PyTree, PyTree | None],
+    minibatch: dict,
+    kl_coef: jax.Array,
+    models: Models,
+    config: PPOConfig,
 ) -> tuple[jax.Array, tuple[dict[str, jax.Array], jax.Array]]:
     """This device's share of the global minibatch loss, its metrics (same weighting), and the
     largest |log-prob now − log-prob at rollout| on its real tokens."""
@@ -75,19 +100,24 @@ def _ppo_loss(
     # Tempered as the sampler drew them (TRL divides the logits by T here too).
     logits = scoring.response_logits(models.policy, policy_params, minibatch, config.temperature)
     logprobs = scoring.logprobs_of(logits, minibatch["response_tokens"])
-    values = scoring.response_values(models.critic, critic_params, minibatch)
     pg_loss, pg_metrics = losses.policy_loss(
         logprobs, minibatch["logprobs"], minibatch["advantages"], mask, config.clip_eps
     )
-    vf_loss, vf_metrics = losses.value_loss(
-        values, minibatch["values"], minibatch["returns"], mask, config.value_clip_eps
-    )
+    vf_loss, vf_metrics = _value_loss(critic_params, minibatch, models, config)
     entropy = losses.entropy_from_logits(logits, mask)
     loss = pg_loss + config.vf_coef * vf_loss - config.entropy_coef * entropy
+    metrics = {**pg_metrics, **vf_metrics, "policy/entropy": entropy}
+    if config.algorithm == "grpo":
+        # GRPO's KL in the loss: k3 of the current policy to the reference, per token.
+        kl = losses.masked_mean(
+            losses.kl_penalty(logprobs, minibatch["ref_logprobs"], mask, "k3"), mask
+        )
+        loss = loss + kl_coef * kl
+        metrics["kl"] = kl  # TRL GRPO's name
+    metrics["loss/total"] = loss
     mismatch = jnp.max(jnp.where(mask != 0, jnp.abs(logprobs - minibatch["logprobs"]), 0.0))
     # Local token mean × (local tokens / mean tokens per device): pmean gives the global mean.
     weight = minibatch["weight"]
-    metrics = {**pg_metrics, **vf_metrics, "policy/entropy": entropy, "loss/total": loss}
     weighted = {name: value * weight for name, value in metrics.items()}
     return loss * weight, (weighted, lax.stop_gradient(mismatch))
 
@@ -110,12 +140,18 @@ def _token_weights(minibatches: dict) -> jax.Array:
 
 
 def minibatch_step(
-    state: PPOState, minibatch: dict, lr_scale: jax.Array, models: Models, config: PPOConfig
+    state: PPOState,
+    minibatch: dict,
+    lr_scale: jax.Array,
+    kl_coef: jax.Array,
+    models: Models,
+    config: PPOConfig,
 ) -> tuple[PPOState, dict[str, jax.Array]]:
     """One optimizer step of both networks; skipped (state kept) when anything is non-finite."""
     grad_fn = jax.value_and_grad(_ppo_loss, has_aux=True)
-    params = (state.policy.params, state.critic.params)
-    (loss, (metrics, mismatch)), grads = grad_fn(params, minibatch, models, config)
+    critic_params = None if state.critic is None else state.critic.params
+    params = (state.policy.params, critic_params)
+    (loss, (metrics, mismatch)), grads = grad_fn(params, minibatch, kl_coef, models, config)
     # One all-reduce of everything replicated; sharded gradients come back summed.
     loss, metrics, grads = fsdp.mean_over_devices((loss, metrics, grads), AXIS)
     metrics["policy/logprob_mismatch"] = lax.pmax(mismatch, AXIS)
@@ -123,18 +159,14 @@ def minibatch_step(
     # Decided after pmean: every device takes the same branch.
     finite = jnp.isfinite(loss) & jnp.isfinite(policy_norm) & jnp.isfinite(critic_norm)
     policy_opt, critic_opt = optimizers(config)
-    updated = PPOState(
-        policy=_apply(state.policy, grads[0], policy_opt, lr_scale),
-        critic=_apply(state.critic, grads[1], critic_opt, lr_scale),
-    )
+    critic = state.critic
+    if critic is not None:
+        critic = _apply(critic, grads[1], critic_opt, lr_scale)
+    updated = PPOState(policy=_apply(state.policy, grads[0], policy_opt, lr_scale), critic=critic)
     state = jax.tree.map(lambda new, old: jnp.where(finite, new, old), updated, state)
-    metrics.update(
-        {
-            "policy/grad_norm": policy_norm,
-            "val/grad_norm": critic_norm,
-            "skipped": 1.0 - finite.astype(jnp.float32),
-        }
-    )
+    metrics.update({"policy/grad_norm": policy_norm, "skipped": 1.0 - finite.astype(jnp.float32)})
+    if state.critic is not None:
+        metrics["val/grad_norm"] = critic_norm
     return state, metrics
 
 
@@ -161,6 +193,7 @@ def update_step(
     batch: dict,
     rng: jax.Array,
     lr_scale: jax.Array,
+    kl_coef: jax.Array,
     *,
     models: Models,
     config: PPOConfig,
@@ -170,10 +203,10 @@ def update_step(
     ``policy/logprob_mismatch`` is that of the first step, before any parameter moved:
     rollout and update score with one function, so it is ~0 unless they disagree.
     """
-    fields = {k: batch[k] for k in UPDATE_FIELDS}
+    fields = {k: batch[k] for k in update_fields(config)}
 
     def one_step(carry: PPOState, minibatch: dict):
-        return minibatch_step(carry, minibatch, lr_scale, models, config)
+        return minibatch_step(carry, minibatch, lr_scale, kl_coef, models, config)
 
     def epoch(carry: PPOState, key: jax.Array):
         # Same key on every device: the global minibatches are layout-free.
@@ -190,16 +223,17 @@ def update_step(
 
 def make_update(
     models: Models, config: PPOConfig, devices: Sequence[jax.Device] | None = None
-) -> Callable[[PPOState, dict, jax.Array, jax.Array], tuple[PPOState, dict]]:
-    """``update(state, batch, rng, lr_scale) -> (state, metrics)`` pmapped; donates ``state``."""
+) -> Callable[..., tuple[PPOState, dict]]:
+    """``update(state, batch, rng, lr_scale, kl_coef) -> (state, metrics)`` pmapped; donates
+    ``state``. ``kl_coef`` weighs grpo's KL term in the loss (ppo and rloo ignore it)."""
 
-    def step(state: PPOState, batch: dict, rng: jax.Array, lr_scale: jax.Array):
-        return update_step(state, batch, rng, lr_scale, models=models, config=config)
+    def step(state: PPOState, batch: dict, rng: jax.Array, lr_scale: jax.Array, kl_coef):
+        return update_step(state, batch, rng, lr_scale, kl_coef, models=models, config=config)
 
     return jax.pmap(
         step,
         axis_name=AXIS,
-        in_axes=(0, 0, None, None),
+        in_axes=(0, 0, None, None, None),
         donate_argnums=0,
         devices=None if devices is None else list(devices),
     )
