@@ -153,6 +153,8 @@ def ppo(
     remat: str,
     dtype: str,
     fsdp: bool,
+    algorithm: str,
+    group_size: int,
     iterations: int,
     rollout_batch_size: int,
     minibatches: int,
@@ -167,7 +169,8 @@ def ppo(
     model: Output[Model],
     metrics: Output[Metrics],
 ):
-    """Align the policy against the reward model with PPO (resumes from its checkpoints)."""
+    """Align the policy against the reward model with PPO, GRPO or RLOO (resumes from its
+    checkpoints)."""
     import time
 
     from pipelines import stage_io

@@ -149,6 +149,7 @@ PARAMS: tuple[Param, ...] = (
         help="stop the run after the reward stage (no ppo, evaluate or promote) when the reward "
         "model's eval accuracy is below this; 0 = never",
     ),
+    *_stage("ppo", "algorithm", "group_size"),
     *_stage("ppo", "iterations", "rollout_batch_size", "minibatches", prefix="ppo_"),
     *_stage("ppo", "learning_rate", "critic_learning_rate", prefix="ppo_"),
     Param("ppo_epochs", (("ppo", "ppo_epochs"),)),
@@ -256,6 +257,14 @@ def _check_batches(values: dict[str, Any], chips: int) -> None:
         raise ParamError(
             f"ppo_rollout_batch_size: {values['ppo_rollout_batch_size']} must be a multiple of "
             f"{chips} chips x {values['ppo_minibatches']} ppo_minibatches = {quantum}"
+        )
+    groups = chips * values["group_size"]
+    if values["algorithm"] != "ppo" and values["ppo_rollout_batch_size"] % groups:
+        # A group's responses share a chip: their baseline is computed there.
+        raise ParamError(
+            f"ppo_rollout_batch_size: {values['ppo_rollout_batch_size']} must be a multiple of "
+            f"{chips} chips x group_size {values['group_size']} = {groups} for "
+            f"{values['algorithm']}"
         )
 
 
