@@ -196,6 +196,12 @@ def test_compile_time_values_become_defaults(tmp_path):
         ({"reward_batch_size": 128}, {}, "min_eval_pairs: 64 is below reward_batch_size 128"),
         ({"min_eval_pairs": -1}, {}, "min_eval_pairs: -1 must be >= 0"),
         ({"min_reward_accuracy": 1.5}, {}, "min_reward_accuracy: 1.5 must be in"),
+        ({"algorithm": "dpo"}, {}, "algorithm: 'dpo' is not an RL algorithm"),
+        (
+            {"algorithm": "grpo", "group_size": 8, "ppo_rollout_batch_size": 16},
+            {},
+            "4 chips x group",
+        ),
     ],
 )
 def test_bad_parameters_refused_before_writing(tmp_path, values, placement, message):
