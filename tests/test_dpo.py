@@ -286,7 +286,7 @@ def _pretrained_copy(model_dir: str, folder) -> str:
 
 
 @pytest.mark.slow
-def test_ipo_from_a_pretrained_policy_starts_at_its_target_with_trl_rate(artifacts, tmp_path):
+def test_ipo_from_a_pretrained_policy_starts_at_its_target(artifacts, tmp_path):
     """IPO at the reference: h = 0, loss (1/(2β))²; a pretrained start gets 5e-7 and passes
     ``pretrained`` on."""
     policy = _pretrained_copy(artifacts["sft"], tmp_path / "pretrained")

@@ -3,8 +3,8 @@
 DPO (Rafailov et al. 2023) trains the policy directly on preference pairs against a
 frozen copy of itself, with no reward model and no sampling. ``beta`` weighs the
 implicit KL to that reference: the implicit reward of a response is
-β·(log π(y) − log π_ref(y)). Defaults follow TRL's DPOConfig (β 0.1, sigmoid loss,
-no label smoothing, learning rate 5e-7 for pretrained weights).
+β·(log π(y) − log π_ref(y)). Loss defaults follow TRL's DPOConfig (β 0.1, sigmoid
+loss, no label smoothing).
 """
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ from typing import Literal
 from components.core.flags import field
 from components.core.trainer import TrainConfig
 
-# Peak learning rates of learning_rate = 0 (auto). Pretrained: TRL's DPOConfig default.
+# Peak learning rates of learning_rate = 0 (auto). Pretrained: the Zephyr DPO recipe's
+# (alignment-handbook, 7B); recent TRL releases default to 1e-6, the DPO paper used 1e-6.
 # From scratch, measured on the built-in task (demo preset, sft 300 steps at 1e-3, DPO
 # 100 steps, 88 eval prompts x 4 samples): gold +0.26 ± 0.02 at KL 0.22 nats/token for
 # 1e-4, +0.34 ± 0.03 at KL 0.49 for 3e-4 (the evaluation's max_kl is 0.5).
@@ -36,7 +37,7 @@ class DPOConfig(TrainConfig):
     learning_rate: float = field(
         0.0,
         help=f"peak learning rate; 0 = auto: {PRETRAINED_LEARNING_RATE:g} when the policy "
-        "descends from pretrained weights (TRL's default), "
+        "descends from pretrained weights (the Zephyr DPO recipe's), "
         f"else {FROM_SCRATCH_LEARNING_RATE:g}",
     )
     beta: float = field(
