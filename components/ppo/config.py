@@ -175,7 +175,7 @@ class PPOConfig:
         if self.algorithm not in ("ppo", "grpo", "rloo"):
             raise ValueError(
                 f"algorithm: {self.algorithm!r} is not an RL algorithm of this stage; use ppo, "
-                "grpo or rloo (dpo is a stage of its own: python -m components.dpo)"
+                "grpo or rloo (DPO has a stage of its own, the dpo stage)"
             )
         if self.uses_groups:
             if self.group_size < 2:
