@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import Callable, Iterator
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import jax
 import numpy as np
@@ -34,6 +34,12 @@ PRETRAINED_LEARNING_RATE = 1e-5
 @dataclasses.dataclass(slots=True, kw_only=True)
 class TrainConfig:
     """What every training stage shares: model shape, batch, schedule, checkpoints."""
+
+    # (from scratch, pretrained) peak rates of learning_rate = 0; a stage's config may differ.
+    AUTO_LEARNING_RATES: ClassVar[tuple[float, float]] = (
+        FROM_SCRATCH_LEARNING_RATE,
+        PRETRAINED_LEARNING_RATE,
+    )
 
     preset: str = field("demo", help="model preset when starting fresh: tiny, demo, 1b, 2b, 7b")
     remat: Literal["", "none", "full", "dots_saveable"] = field(
@@ -100,7 +106,8 @@ class TrainConfig:
         """``learning_rate``, or when it is 0 (auto) the rate for the starting weights."""
         if self.learning_rate:
             return self.learning_rate
-        return PRETRAINED_LEARNING_RATE if pretrained else FROM_SCRATCH_LEARNING_RATE
+        from_scratch, from_pretrained = self.AUTO_LEARNING_RATES
+        return from_pretrained if pretrained else from_scratch
 
     def resolved(self, *, pretrained: bool) -> TrainConfig:
         """This config with an auto learning rate made concrete for the starting weights."""
@@ -347,6 +354,16 @@ class PreferenceTraining:
     def summary(self) -> dict[str, float]:
         """The last training metrics and the final evaluation, for the stage's caller."""
         return {**self.result.metrics, **{f"eval/{k}": v for k, v in self.final_eval.items()}}
+
+    def save(self, output: str, stage: str, **extra: Any) -> None:
+        """Export the trained model as ``stage``'s artifact (``extra`` joins its config.json)."""
+        from components.core.model_io import save_model
+
+        save_model(
+            output, self.model, self.result.params, tokenizer=self.manifest["tokenizer"],
+            stage=stage, training=dataclasses.asdict(self.config), step=self.result.step,
+            pretrained=self.pretrained, **extra,
+        )  # fmt: skip
 
 
 def train_on_preferences(

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import typing
-from typing import Literal
+from typing import ClassVar, Literal
 
 from components.core.flags import field
 from components.core.trainer import TrainConfig
@@ -30,6 +30,11 @@ LOSS_TYPES: tuple[str, ...] = typing.get_args(LossType)
 @dataclasses.dataclass(slots=True, kw_only=True)
 class DPOConfig(TrainConfig):
     """Direct preference optimization of a policy against its frozen starting copy."""
+
+    AUTO_LEARNING_RATES: ClassVar[tuple[float, float]] = (
+        FROM_SCRATCH_LEARNING_RATE,
+        PRETRAINED_LEARNING_RATE,
+    )
 
     # About 3 epochs of the built-in task's 1,800 train pairs, TRL's default epoch count:
     # 300 steps (11 epochs) nearly tripled the KL for little more gold (README, dpo section).
@@ -73,9 +78,3 @@ class DPOConfig(TrainConfig):
                 f"label_smoothing: {self.label_smoothing} applies to loss_type sigmoid only; "
                 "set it to 0 with loss_type ipo"
             )
-
-    def peak_learning_rate(self, *, pretrained: bool) -> float:
-        """``learning_rate``, or when it is 0 (auto) DPO's rate for the starting weights."""
-        if self.learning_rate:
-            return self.learning_rate
-        return PRETRAINED_LEARNING_RATE if pretrained else FROM_SCRATCH_LEARNING_RATE

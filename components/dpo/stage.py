@@ -28,7 +28,7 @@ from components.core import fileio, parallel
 from components.core.checkpoint import read_model_config
 from components.core.distributed import maybe_initialize
 from components.core.input_pipeline import longest_lengths, read_manifest
-from components.core.model_io import ModelMismatchError, is_pretrained, save_model, stage_model
+from components.core.model_io import ModelMismatchError, is_pretrained, stage_model
 from components.core.trainer import (
     PreferenceTraining,
     StreamBatches,
@@ -59,11 +59,7 @@ def run(config: DPOConfig, shards_dir: str, policy_dir: str, output: str) -> dic
     # A Hugging Face folder is imported once into the task's work folder.
     policy = resolve_base(policy_dir, fileio.join(output, "work"))
     trained = train_dpo(config, shards_dir, policy, output)
-    save_model(
-        output, trained.model, trained.result.params, tokenizer=trained.manifest["tokenizer"],
-        stage="dpo", training=dataclasses.asdict(trained.config), step=trained.result.step,
-        pretrained=trained.pretrained,
-    )  # fmt: skip
+    trained.save(output, "dpo")
     return trained.summary()
 
 

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from typing import Any
 
 from components.core import fileio
 from components.core.distributed import is_primary
-from components.core.model_io import save_model
 from components.core.trainer import train_on_preferences
 from components.hf.importer import resolve_base
 from components.reward.config import RewardConfig
@@ -49,11 +47,7 @@ def run(config: RewardConfig, shards_dir: str, output: str) -> dict[str, Any]:
         "accuracy": final["accuracy"],
         "split": "eval",
     }
-    save_model(
-        output, trained.model, trained.result.params, tokenizer=trained.manifest["tokenizer"],
-        stage="reward", training=dataclasses.asdict(trained.config), step=trained.result.step,
-        pretrained=trained.pretrained, reward_stats=stats,
-    )  # fmt: skip
+    trained.save(output, "reward", reward_stats=stats)
     if is_primary():
         fileio.write_text(fileio.join(output, REWARD_STATS_FILE), json.dumps(stats, indent=2))
     check_accuracy(config, stats, output)

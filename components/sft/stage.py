@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 from components.core import fileio
-from components.core.model_io import save_model
 from components.core.trainer import train_on_preferences
 from components.hf.importer import resolve_base
 from components.sft.config import SFTConfig
@@ -27,9 +25,5 @@ def run(config: SFTConfig, shards_dir: str, output: str) -> dict[str, Any]:
         make_eval_sums=make_sft_eval_sums,
         summarize_eval=summarize_eval,
     )
-    save_model(
-        output, trained.model, trained.result.params, tokenizer=trained.manifest["tokenizer"],
-        stage="sft", training=dataclasses.asdict(trained.config), step=trained.result.step,
-        pretrained=trained.pretrained,
-    )  # fmt: skip
+    trained.save(output, "sft")
     return trained.summary()
