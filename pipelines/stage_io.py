@@ -83,14 +83,20 @@ def failure_reason(folder: str) -> Iterator[None]:
         raise
 
 
-def reference(uri: str, fingerprint: str = "") -> str:
-    """A JSON reference to a file or folder, with an optional content fingerprint."""
-    return json.dumps({"uri": uri, "fingerprint": fingerprint}, sort_keys=True)
+def reference(uri: str, fingerprint: str = "", **details: Any) -> str:
+    """A JSON reference to a file or folder, with an optional content fingerprint and details
+    (e.g. an aligned policy's reward model and stage figures)."""
+    return json.dumps({"uri": uri, "fingerprint": fingerprint, **details}, sort_keys=True)
 
 
 def reference_uri(ref: str) -> str:
     """The URI of a reference made by :func:`reference`."""
     return json.loads(ref)["uri"]
+
+
+def reference_details(ref: str) -> dict[str, Any]:
+    """Everything a reference made by :func:`reference` holds (uri, fingerprint, details)."""
+    return json.loads(ref) if ref else {}
 
 
 def fingerprint(path: str) -> str:
