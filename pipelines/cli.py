@@ -5,6 +5,7 @@
 - ``alignpipe run|rerun|compile|submit|schedule``: the pipeline (cli_pipeline.py)
 - ``alignpipe model import|export``: Hugging Face checkpoints (cli_model.py)
 - ``alignpipe presets [NAME]``: run presets and their memory arithmetic (cli_presets.py)
+- ``alignpipe history|rollback``: promoted policy versions (cli_history.py)
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 def build_parser() -> argparse.ArgumentParser:
     """The top-level parser with every sub-command registered."""
-    from pipelines import cli_data, cli_eval, cli_model, cli_pipeline, cli_presets
+    from pipelines import cli_data, cli_eval, cli_history, cli_model, cli_pipeline, cli_presets
 
     parser = argparse.ArgumentParser(
         prog="alignpipe",
@@ -32,6 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
     cli_pipeline.register(commands)
     cli_model.register(commands)
     cli_presets.register(commands)
+    cli_history.register(commands)
     return parser
 
 

@@ -124,14 +124,21 @@ def find_sources(data_uri: str) -> list[dict[str, str]]:
 
 
 def check_policy(base_policy: str) -> str:
-    """A reference to a policy folder, refused unless it holds ``config.json`` and ``params/``."""
-    for name in ("config.json", "params"):
-        if not fileio.exists(fileio.join(base_policy, name)):
+    """A reference to a policy folder, refused unless it holds ``config.json`` and ``params/``.
+
+    A promotion root (a ``promoted_policy_uri``) stands for its current version's folder.
+    """
+    from pipelines import promotion
+
+    policy = promotion.resolve_policy(base_policy)
+    shown = base_policy if policy == base_policy else f"{base_policy} (current: {policy})"
+    for name in promotion.POLICY_FILES:
+        if not fileio.exists(fileio.join(policy, name)):
             raise FileNotFoundError(
-                f"base_policy {base_policy!r} has no {name}; pass a model folder written by "
+                f"base_policy {shown!r} has no {name}; pass a model folder written by "
                 "the sft, ppo or promote stage (config.json + params/), or '' to train one"
             )
-    return reference(base_policy, fingerprint(base_policy))
+    return reference(policy, fingerprint(policy))
 
 
 def copy_tree(source: str, destination: str) -> int:
@@ -181,15 +188,22 @@ def publish_report(evaluation_dir: str, report_path: str) -> None:
     fileio.write_bytes(report_path, fileio.read_bytes(fileio.join(evaluation_dir, "report.html")))
 
 
-def promote(policy_dir: str, artifact_dir: str, promoted_policy_uri: str) -> None:
-    """Copy the blessed policy to the promote task's artifact and to ``promoted_policy_uri``.
+def promote(
+    policy_dir: str,
+    artifact_dir: str,
+    promoted_policy_uri: str,
+    *,
+    record: dict[str, Any] | None = None,
+) -> int | None:
+    """Copy the blessed policy to the promote task's artifact and, when given, promote it.
 
-    The destination's ``PROMOTED.json`` is written last, so a reader that sees it sees
-    a complete copy.
+    At ``promoted_policy_uri`` it becomes a new version and the current one (promotion.py);
+    ``record`` (run id, data fingerprint, the evaluation's eval.json) joins the history.
+    Returns the version number, or None when no URI is given.
     """
     copy_tree(policy_dir, artifact_dir)
     if not promoted_policy_uri:
-        return
-    copy_tree(policy_dir, promoted_policy_uri)
-    record = {"source": policy_dir, "promoted_at": now()}
-    fileio.write_text(fileio.join(promoted_policy_uri, "PROMOTED.json"), json.dumps(record))
+        return None
+    from pipelines import promotion
+
+    return promotion.promote(promoted_policy_uri, policy_dir, record)

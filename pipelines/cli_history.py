@@ -1,0 +1,123 @@
+"""``alignpipe history URI`` and ``alignpipe rollback URI --to VERSION``: promoted versions."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+# The history table's figures: column title, name in the evaluation's flat figures, format.
+FIGURES = (
+    ("win rate", "win_rate/value", "{:.3f}"),
+    ("KL/token", "kl/per_token", "{:.4f}"),
+    ("gold gain", "gold/difference/value", "{:+.3f}"),
+)
+
+
+def register(commands: argparse._SubParsersAction) -> None:
+    """Add the ``history`` and ``rollback`` commands to the top-level parser."""
+    uri_help = "a promoted_policy_uri: a local folder or gs://"
+    history = commands.add_parser(
+        "history", help="the versions promoted to a promoted_policy_uri, and its rollbacks"
+    )
+    history.add_argument("uri", metavar="URI", help=uri_help)
+    history.add_argument("--json", action="store_true", help="print the events as JSON lines")
+    history.set_defaults(handler=_history)
+
+    rollback = commands.add_parser(
+        "rollback",
+        help="make an earlier promoted version current again (recorded in the history)",
+        description="Switch URI's CURRENT pointer to a complete version; the next run that "
+        "warm-starts from URI reads it. The switch is recorded in the history.",
+    )
+    rollback.add_argument("uri", metavar="URI", help=uri_help)
+    rollback.add_argument("--to", type=int, required=True, metavar="VERSION", help="e.g. 2")
+    rollback.add_argument("--reason", default="", help="why, for the history")
+    rollback.set_defaults(handler=_rollback)
+
+
+def format_history(events: list[dict[str, Any]], current: int | None) -> str:
+    """The events as a table, oldest first; ``*`` marks the current version."""
+    header = ["", "version", "event", "time (UTC)", "run", *(f[0] for f in FIGURES), "note"]
+    rows = [header] + [_row(event, current) for event in events]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    numeric = range(5, 5 + len(FIGURES))  # the figures line up on their right edge
+    lines = []
+    for row in rows:
+        cells = [
+            c.rjust(w) if i in numeric else c.ljust(w)
+            for i, (c, w) in enumerate(zip(row, widths, strict=True))
+        ]
+        lines.append("  ".join(cells))
+    return "\n".join(line.rstrip() for line in lines)
+
+
+def _row(event: dict[str, Any], current: int | None) -> list[str]:
+    when = event["time"][:19].replace("T", " ")
+    if event["event"] == "rollback":
+        moved = f"{event.get('from') or '-'} -> {event['to']}"
+        return ["", moved, "rollback", when, "", *("" for _ in FIGURES), event.get("reason", "")]
+    figures = event.get("figures", {})
+    shown = [fmt.format(figures[name]) if name in figures else "-" for _, name, fmt in FIGURES]
+    mark = "*" if event["version"] == current else ""
+    note = event.get("note", "")
+    return [mark, str(event["version"]), "promotion", when, event.get("run_id", ""), *shown, note]
+
+
+def _history(args: argparse.Namespace, rest: list[str]) -> int:
+    from pipelines import promotion
+
+    try:
+        root = _existing(args.uri)
+        events = promotion.read_history(root)
+    except (ValueError, FileNotFoundError) as error:
+        return _error(error)
+    if args.json:
+        for event in events:
+            print(json.dumps(event, sort_keys=True))
+        return 0
+    if not events:
+        if promotion.is_legacy(root):
+            print(f"{root} holds one policy, promoted before versions were kept; the next "
+                  "promotion there keeps it as version 1")  # fmt: skip
+            return 0
+        return _error(f"{root} holds no promoted versions; pass the promoted_policy_uri of "
+                      "runs whose evaluation blessed a policy")  # fmt: skip
+    current = promotion.current_version(root)
+    print(format_history(events, current))
+    if current is not None:
+        print(f"* current: version {current} ({promotion.version_folder(root, current)})")
+    return 0
+
+
+def _rollback(args: argparse.Namespace, rest: list[str]) -> int:
+    from pipelines import promotion
+
+    try:
+        root = _existing(args.uri)
+        entry = promotion.rollback(root, args.to, args.reason)
+    except (ValueError, FileNotFoundError) as error:
+        return _error(error)
+    if entry is None:
+        print(f"version {args.to} is already current at {root}; nothing changed")
+    else:
+        print(f"version {args.to} is current at {root} (was {entry['from']}); recorded in "
+              f"{promotion.HISTORY}")  # fmt: skip
+    return 0
+
+
+def _existing(uri: str) -> str:
+    """``uri`` when it names an existing folder; a message that says what to pass otherwise."""
+    from components.core import fileio
+
+    if not uri.strip():
+        raise ValueError("URI is empty; pass a promoted_policy_uri (a local folder or gs://)")
+    if not fileio.isdir(uri):
+        raise FileNotFoundError(f"{uri} is not a folder; pass the promoted_policy_uri of a run")
+    return uri
+
+
+def _error(error: Exception | str) -> int:
+    print(f"error: {error}", file=sys.stderr)
+    return 1

@@ -1,0 +1,305 @@
+"""Promotion history: numbered policy versions under one URI, an atomic CURRENT pointer.
+
+A promotion root (the pipeline's ``promoted_policy_uri``, a local folder or gs://)::
+
+    ROOT/
+      CURRENT                       {"version": 3, ...}: the version readers use
+      history.jsonl                 one JSON line per event, oldest first
+      versions/000001/              a complete policy folder (config.json, params/, ...)
+        PROMOTED.json               its promotion record, written last: the COMPLETE marker
+      versions/000002/ ...
+      rollbacks/<ns>-<id>.json      one record per rollback
+
+A promotion claims the next number, copies the policy into its folder, writes PROMOTED.json,
+then switches CURRENT, so CURRENT names only complete versions whatever crashes or races.
+Version folders are never changed once complete: a task that resolved CURRENT keeps reading
+the same files after a later promotion or a rollback.
+
+Claiming a number: locally ``os.mkdir`` of the version folder, which fails when it exists. On
+gs:// tf.io.gfile offers no generation preconditions (GFile writes unconditionally, and
+``rename(overwrite=False)`` checks, then copies), so each claimant writes an object of its
+own, ``versions/N/CLAIM-<random>``, then lists the folder and owns N only when its claim is
+the only one. Object listing on GCS is strongly consistent
+(https://cloud.google.com/storage/docs/consistency) and TensorFlow's GCS file system does not
+cache listings (only stat results, for 5 s), so of two claims the later writer always lists
+both: at most one claimant wins. When both list both, both move on and N stays unused.
+
+Switching CURRENT: locally a temporary file and ``os.replace``; on gs:// one object write,
+which GCS makes atomic (a reader gets the old object or the new one, never a part). Of two
+racing promotions the one that finishes last is current; both stay in the history.
+
+The history: GCS objects cannot be appended to, and a read-modify-write of one log loses an
+event written meanwhile. So each event is a write-once record (a version's PROMOTED.json, a
+rollback's file) and history.jsonl is rewritten whole from the records after every event,
+again when a racing event landed during the rewrite. :func:`read_history` reads the records.
+
+The layout before versions (a policy copied into ROOT itself, with PROMOTED.json) still reads
+as a policy, and the first promotion after it keeps that policy as version 1.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import random
+import tempfile
+import time
+import uuid
+from typing import Any
+
+from components.core import fileio
+from pipelines import stage_io
+
+CURRENT = "CURRENT"
+HISTORY = "history.jsonl"
+VERSIONS = "versions"
+ROLLBACKS = "rollbacks"
+COMPLETE = "PROMOTED.json"  # a version's record, written last; the legacy layout's marker too
+CLAIM_PREFIX = "CLAIM-"
+POLICY_FILES = ("config.json", "params")
+# Top-level names of a root that are not part of a legacy policy copied into it.
+ROOT_ENTRIES = frozenset({CURRENT, HISTORY, VERSIONS, ROLLBACKS, COMPLETE})
+
+
+def version_folder(root: str, version: int) -> str:
+    """The folder of a version: ``ROOT/versions/000042``."""
+    return fileio.join(root, VERSIONS, f"{version:06d}")
+
+
+def claimed_versions(root: str) -> list[int]:
+    """Every version number claimed under ``root``, complete or not, ascending."""
+    names = _listdir(fileio.join(root, VERSIONS))
+    return sorted(int(name) for name in names if name.isdigit())
+
+
+def complete_versions(root: str) -> list[int]:
+    """The versions whose copy finished (their PROMOTED.json exists), ascending."""
+    return [v for v in claimed_versions(root) if _is_complete(root, v)]
+
+
+def current_version(root: str) -> int | None:
+    """The version CURRENT names, or None when ``root`` has no CURRENT."""
+    path = fileio.join(root, CURRENT)
+    if not root or not fileio.exists(path):
+        return None
+    return int(json.loads(fileio.read_text(path))["version"])
+
+
+def is_legacy(root: str) -> bool:
+    """Whether ``root`` holds a policy copied straight into it (the layout before versions)."""
+    return bool(root) and fileio.exists(fileio.join(root, "config.json"))
+
+
+def resolve_policy(uri: str) -> str:
+    """The policy folder ``uri`` stands for: its current version when it is a promotion root.
+
+    A plain policy folder, or one promoted in the layout before versions, is itself.
+    """
+    version = current_version(uri)
+    if version is not None:
+        if not _is_complete(uri, version):
+            raise FileNotFoundError(
+                f"{uri}: CURRENT names version {version}, which has no {COMPLETE}; "
+                f"choose a complete one with `alignpipe rollback {uri} --to VERSION`"
+            )
+        return version_folder(uri, version)
+    if uri and not is_legacy(uri) and claimed_versions(uri):
+        raise FileNotFoundError(
+            f"{uri} holds promotion versions but no {CURRENT}: no promotion there finished; "
+            f"see `alignpipe history {uri}`, or pass a policy folder"
+        )
+    return uri
+
+
+def promote(root: str, policy_dir: str, record: dict[str, Any] | None = None) -> int:
+    """Add ``policy_dir`` to ``root`` as a new version, make it current; returns its number.
+
+    ``record`` adds to the history line: ``run_id``, ``data_fingerprint``, the evaluation's
+    ``blessed`` and ``reasons``, and its ``summary`` (stored flat as ``figures``).
+    """
+    for name in POLICY_FILES:
+        if not fileio.exists(fileio.join(policy_dir, name)):
+            raise FileNotFoundError(f"cannot promote {policy_dir!r}: it has no {name}")
+    _adopt_legacy(root)
+    version = _claim_next(root)
+    _copy_policy(policy_dir, version_folder(root, version))
+    entry = _promotion_entry(version, policy_dir, record or {})
+    _write_atomic(fileio.join(version_folder(root, version), COMPLETE), json.dumps(entry))
+    _switch_current(root, version)
+    _rebuild_history(root)
+    return version
+
+
+def rollback(root: str, to: int, reason: str = "") -> dict[str, Any] | None:
+    """Make version ``to`` current again and record it; None when it already was."""
+    complete = complete_versions(root) if root else []
+    if not complete:
+        raise FileNotFoundError(
+            f"{root!r} holds no promoted versions to roll back to; pass the "
+            "promoted_policy_uri of runs that promoted a policy"
+        )
+    if to not in complete:
+        state = "never finished copying" if to in claimed_versions(root) else "does not exist"
+        listed = ", ".join(str(v) for v in complete)
+        raise ValueError(f"version {to} of {root} {state}; complete versions: {listed}")
+    previous = current_version(root)
+    if previous == to:
+        return None
+    _switch_current(root, to)
+    entry = {"event": "rollback", "from": previous, "to": to, "time": _now(), "reason": reason}
+    name = f"{time.time_ns():020d}-{uuid.uuid4().hex[:8]}.json"
+    _write_atomic(fileio.join(root, ROLLBACKS, name), json.dumps(entry))
+    _rebuild_history(root)
+    return entry
+
+
+def read_history(root: str) -> list[dict[str, Any]]:
+    """Every promotion and rollback recorded under ``root``, oldest first."""
+    return _read_events(_record_paths(root))
+
+
+def claim_folder(folder: str) -> bool:
+    """Claim ``folder`` for this caller alone; False when another claimant has it."""
+    if "://" in folder:
+        return claim_by_listing(folder)
+    os.makedirs(os.path.dirname(folder), exist_ok=True)
+    try:
+        os.mkdir(folder)
+    except FileExistsError:
+        return False
+    return True
+
+
+def claim_by_listing(folder: str) -> bool:
+    """Claim ``folder`` where only whole-object writes and listings are atomic (gs://).
+
+    Write a claim of one's own, then list: the claim holds when it is the only one there.
+    """
+    mine = f"{CLAIM_PREFIX}{uuid.uuid4().hex}"
+    fileio.write_text(fileio.join(folder, mine), _now())
+    claims = [name for name in _listdir(folder) if name.startswith(CLAIM_PREFIX)]
+    if claims == [mine]:
+        return True
+    time.sleep(random.uniform(0.0, 0.2))  # when every claimant lost, try the next apart
+    return False
+
+
+def _claim_next(root: str) -> int:
+    """Claim the lowest number above every claimed one (a lost race moves up by one)."""
+    version = max(claimed_versions(root), default=0) + 1
+    while not claim_folder(version_folder(root, version)):
+        version += 1
+    return version
+
+
+def _adopt_legacy(root: str) -> None:
+    """A policy promoted into ``root`` itself, before versions were kept, becomes version 1.
+
+    The top-level copy stays where it is, so readers that resolved ``root`` to it go on
+    reading it. When two promotions race here, the one that claims version 1 copies it.
+    """
+    if not is_legacy(root) or claimed_versions(root):
+        return
+    if not claim_folder(version_folder(root, 1)):
+        return
+    marker = fileio.join(root, COMPLETE)
+    legacy = json.loads(fileio.read_text(marker)) if fileio.exists(marker) else {}
+    _copy_policy(root, version_folder(root, 1))
+    entry = {
+        "event": "promotion",
+        "version": 1,
+        "time": legacy.get("promoted_at") or _now(),
+        "source": legacy.get("source", root),
+        "note": "adopted: promoted into the folder itself, before versions were kept",
+    }
+    _write_atomic(fileio.join(version_folder(root, 1), COMPLETE), json.dumps(entry))
+
+
+def _copy_policy(policy_dir: str, folder: str) -> None:
+    """Copy a policy's files into a claimed version folder (its marker and claims excluded)."""
+    for name in _listdir(policy_dir):
+        if name in ROOT_ENTRIES or name.startswith((CLAIM_PREFIX, ".")):
+            continue
+        source, target = fileio.join(policy_dir, name), fileio.join(folder, name)
+        if fileio.isdir(source):
+            stage_io.copy_tree(source, target)
+        else:
+            fileio.write_bytes(target, fileio.read_bytes(source))
+
+
+def _promotion_entry(version: int, source: str, record: dict[str, Any]) -> dict[str, Any]:
+    """The history line of a promotion: the caller's record, with the evaluation flattened."""
+    extras = dict(record)
+    summary = extras.pop("summary", None)
+    if summary is not None:
+        extras.setdefault("figures", stage_io.scalar_metrics(summary))
+    return {**extras, "event": "promotion", "version": version, "time": _now(), "source": source}
+
+
+def _switch_current(root: str, version: int) -> None:
+    folder = f"{VERSIONS}/{version:06d}"
+    pointer = {"version": version, "folder": folder, "switched_at": _now()}
+    _write_atomic(fileio.join(root, CURRENT), json.dumps(pointer))
+
+
+def _rebuild_history(root: str) -> None:
+    """Rewrite history.jsonl from the records; again while a racing event lands meanwhile."""
+    for _ in range(5):
+        paths = _record_paths(root)
+        lines = [json.dumps(event, sort_keys=True) + "\n" for event in _read_events(paths)]
+        _write_atomic(fileio.join(root, HISTORY), "".join(lines))
+        if _record_paths(root) == paths:
+            return
+
+
+def _record_paths(root: str) -> list[str]:
+    """The write-once records of ``root``'s events: complete versions' markers, rollbacks."""
+    markers = [fileio.join(version_folder(root, v), COMPLETE) for v in complete_versions(root)]
+    folder = fileio.join(root, ROLLBACKS)
+    rollbacks = [fileio.join(folder, n) for n in sorted(_listdir(folder)) if n.endswith(".json")]
+    return markers + rollbacks
+
+
+def _read_events(paths: list[str]) -> list[dict[str, Any]]:
+    events = [json.loads(fileio.read_text(path)) for path in paths]
+    return sorted(events, key=_event_order)
+
+
+def _event_order(event: dict[str, Any]) -> tuple[datetime.datetime, int]:
+    return datetime.datetime.fromisoformat(event["time"]), int(event.get("version") or 0)
+
+
+def _is_complete(root: str, version: int) -> bool:
+    return fileio.exists(fileio.join(version_folder(root, version), COMPLETE))
+
+
+def _listdir(folder: str) -> list[str]:
+    """The names in ``folder`` (none when it is missing); gs:// listings are never cached."""
+    if not folder or not fileio.isdir(folder):
+        return []
+    if "://" not in folder:
+        return os.listdir(folder)
+    import tensorflow as tf  # only remote paths need TensorFlow's filesystems
+
+    return [name.rstrip("/") for name in tf.io.gfile.listdir(folder)]
+
+
+def _write_atomic(path: str, text: str) -> None:
+    """Write ``path`` so that a reader sees the old content or the new, never a part."""
+    if "://" in path:
+        fileio.write_text(path, text)  # one GCS object write is atomic
+        return
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    handle, temporary = tempfile.mkstemp(dir=folder, prefix=f".{os.path.basename(path)}.")
+    with os.fdopen(handle, "w", encoding="utf-8") as stream:
+        stream.write(text)
+        stream.flush()
+        os.fsync(stream.fileno())
+    os.replace(temporary, path)
+
+
+def _now() -> str:
+    """The UTC time to the microsecond, so events of one second still sort."""
+    return datetime.datetime.now(datetime.UTC).isoformat(timespec="microseconds")
