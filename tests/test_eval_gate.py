@@ -65,6 +65,16 @@ def test_figures_near_a_threshold_show_enough_decimals() -> None:
     assert gate.blessed and gate.reasons[0] == "win-rate lower bound 0.5001 > 0.5000: pass"
 
 
+def test_the_reason_names_the_gold_reward_when_it_judged() -> None:
+    judged = {**summary(win_low=0.62), "judge": "gold"}
+    gate = decide(judged, CONFIG)
+    assert gate.blessed
+    assert gate.reasons[0] == "win-rate lower bound (judged by the gold reward) 0.62 > 0.50: pass"
+    assert decide({**summary(), "judge": "reward_model"}, CONFIG).reasons == (
+        decide(summary(), CONFIG).reasons
+    )
+
+
 def test_an_unchanged_policy_is_not_blessed() -> None:
     """Identical policies tie every comparison: win rate 0.5 [0.5, 0.5], KL 0."""
     ties = np.zeros((40, 4))

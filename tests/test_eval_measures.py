@@ -304,6 +304,24 @@ def test_summarize_with_gold_and_reward_model_pairs() -> None:
     assert summary["gold"]["aligned"]["mean"] == 0.5
 
 
+def test_summarize_records_its_judge() -> None:
+    """Gold as the judge: the rewards are the gold scores, and the summary says so."""
+    config = EvalConfig(bootstrap_samples=100)
+    gold = [[1.0, 0.0], [0.5, 0.5]]
+    args = dict(aligned_logprobs=np.zeros((4, 6)), reference_logprobs=np.zeros((4, 6)))
+    aligned = _outputs(gold, [3, 3, 3, 3], gold=gold)
+    reference = _outputs([[0.0, 0.0], [0.5, 1.0]], [3, 3, 3, 3], gold=[[0.0, 0.0], [0.5, 1.0]])
+    summary = measures.summarize(
+        aligned, reference, config=config, gold_name=GOLD, judge=measures.JUDGE_GOLD, **args
+    )
+    assert summary["judge"] == "gold" and summary["reward_model_accuracy"] is None
+    assert summary["win_rate"] == summary["gold"]["win_rate"]
+    default = measures.summarize(aligned, reference, config=config, **args)
+    assert default["judge"] == "reward_model"
+    with pytest.raises(ValueError, match="judge: 'oracle' must be one of reward_model, gold"):
+        measures.summarize(aligned, reference, config=config, judge="oracle", **args)
+
+
 @pytest.mark.parametrize(
     "overrides, field",
     [

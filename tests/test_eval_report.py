@@ -16,6 +16,7 @@ from components.core import builtin_task
 from components.evaluate import measures, report
 from components.evaluate.config import EvalConfig
 from components.evaluate.gate import decide
+from components.evaluate.outputs import flat_figures
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 VOID = {"meta", "img", "br", "hr", "input", "link"}
@@ -193,6 +194,56 @@ def test_best_of_n_section_states_the_ratio(written: tuple[str, dict]) -> None:
     assert figures["ppo_vs_best_of_n"] == report.format_figure(ratio)
     assert "times best-of-n's gold gain at the same KL" in page
     assert 'alt="gold (builtin/sentiment-v1) gain against KL per sequence' in page
+
+
+def test_header_states_the_reward_model_as_judge(written: tuple[str, dict]) -> None:
+    page, record = written
+    assert record["summary"]["judge"] == "reward_model"
+    assert page.index('data-judge="reward_model">Judge: the reward model.') < page.index(
+        "data-blessed"
+    )
+    assert "win rate (reward model)" in page and f"win rate ({GOLD})" in page
+
+
+def gold_judged_summary() -> dict:
+    """A summary as the stage writes it without a reward model: the gold scores are the rewards."""
+    rng = np.random.default_rng(1)
+    mask = np.ones((16, 2, 4))
+    outputs = []
+    for mu in (0.3, 0.0):
+        gold = rng.normal(mu, 0.5, (16, 2))
+        outputs.append(measures.PolicyOutputs(gold, mask, np.ones((16, 2), bool), gold))
+    draws = rng.normal(0, 1, (16, 4))
+    logp = -rng.random((16, 2, 4))
+    return measures.summarize(
+        *outputs, aligned_logprobs=logp, reference_logprobs=logp - 0.05,
+        config=EvalConfig(bootstrap_samples=100, best_of_n="1,2,4"), gold_name=GOLD,
+        best_of_n_draws=measures.BestOfNDraws(draws, draws), judge=measures.JUDGE_GOLD,
+    )  # fmt: skip
+
+
+def test_gold_as_judge_is_stated_and_not_repeated() -> None:
+    summary = gold_judged_summary()
+    page = report.render_report(summary, decide(summary, EvalConfig()))
+    parser = parse(page)
+    assert page.index(f'data-judge="gold">Judge: the gold reward {GOLD}; no reward model') < (
+        page.index("data-blessed")
+    )
+    assert page.count(f"win rate ({GOLD})") == 1  # the judge's row; no second gold row
+    assert "win rate (reward model)" not in page
+    assert '<td class="num missing">no reward model</td>' in page  # reward-model accuracy
+    assert "oracle baseline" in page and "no reward model (the gold reward judged)" in page
+    assert "gold.win_rate.value" not in parser.figures and "win_rate.value" in parser.figures
+    assert len(parser.images) == 3  # win rate, gold distributions, frontier (no PPO, no RM)
+
+
+def test_flat_metrics_record_the_judge_as_a_number() -> None:
+    gold = gold_judged_summary()
+    figures = flat_figures(gold, decide(gold, EvalConfig()))
+    assert figures["judge_is_gold"] == 1.0
+    assert "judge" not in figures and "gold.name" not in figures  # strings are not figures
+    with_rm = make_summary()
+    assert flat_figures(with_rm, decide(with_rm, EvalConfig()))["judge_is_gold"] == 0.0
 
 
 def test_frontier_falls_back_to_the_reward_model_without_gold() -> None:

@@ -1,5 +1,6 @@
 """The evaluate stage end to end on real shard, sft and reward artifacts (tiny models)."""
 
+import dataclasses
 import html.parser
 import json
 import logging
@@ -17,6 +18,7 @@ from components.core.checkpoint import ModelArtifactError
 from components.core.input_pipeline import DataError
 from components.core.model_io import ModelMismatchError, create_model
 from components.evaluate import EvalConfig, generation, measures, run
+from components.evaluate.gate import decide
 from components.evaluate.report import format_figure
 from components.evaluate.stage import gold_reward_name
 from components.reward import RewardConfig
@@ -233,6 +235,76 @@ def test_results_do_not_depend_on_the_batch_size_or_sharding(
     assert [r["aligned_gold"] for r in rows] == pytest.approx(lengths)
     assert result["gold"]["aligned"]["mean"] == pytest.approx(np.mean(lengths))
     assert result["gold"]["aligned"]["mean"] > 0.1  # the responses hold words
+
+
+@pytest.fixture(scope="module")
+def gold_judged(artifacts):
+    """The stage without a reward model ('' as reward_dir): the built-in gold reward judges."""
+    out = artifacts["root"] + "/gold_judged"
+    a = artifacts
+    return run(CONFIG, a["shards"], a["aligned"], a["reference"], "", out), out
+
+
+def test_without_a_reward_model_the_gold_reward_judges(gold_judged, evaluated):
+    result, out = gold_judged
+    with_rm, rm_out = evaluated
+    assert result["judge"] == "gold" and with_rm["judge"] == "reward_model"
+    # Same seed, same policies: the same samples, so the same gold figures as with a reward
+    # model, and now the head-to-head win rate and rewards are those gold figures.
+    assert result["gold"] == with_rm["gold"]
+    assert result["win_rate"] == result["gold"]["win_rate"] == with_rm["gold"]["win_rate"]
+    assert result["reward"]["difference"] == result["gold"]["difference"]
+    assert result["kl"] == with_rm["kl"]
+    assert result["reward_model_accuracy"] is None
+    rows = _samples(out)
+    assert all(r["aligned_reward"] == r["aligned_gold"] for r in rows)
+    assert all(r["reference_reward"] == r["reference_gold"] for r in rows)
+    record = json.load(open(f"{out}/eval.json"))
+    assert record["summary"]["judge"] == "gold"
+    assert json.load(open(f"{rm_out}/eval.json"))["summary"]["judge"] == "reward_model"
+    assert json.load(open(f"{out}/metrics.json"))["judge_is_gold"] == 1.0
+    assert json.load(open(f"{rm_out}/metrics.json"))["judge_is_gold"] == 0.0
+
+
+def test_without_a_reward_model_blessing_and_best_of_n_are_by_gold(gold_judged):
+    result, out = gold_judged
+    gold_low = result["gold"]["win_rate"]["low"]
+    record = json.load(open(f"{out}/eval.json"))
+    reason = f"win-rate lower bound (judged by the gold reward) {gold_low:.2f}"
+    assert record["reasons"][0].startswith(reason)
+    passes = gold_low > CONFIG.min_win_rate_lower and result["kl"]["per_token"] <= CONFIG.max_kl
+    assert result["blessed"] is passes
+    # Thresholds either side of the gold win rate's lower bound flip the verdict.
+    summary = record["summary"]
+    assert decide(summary, dataclasses.replace(CONFIG, min_win_rate_lower=gold_low - 0.01)).blessed
+    assert not decide(summary, dataclasses.replace(CONFIG, min_win_rate_lower=gold_low)).blessed
+    # The oracle baseline: the gold reward picks, so each point's reward is its gold, and
+    # the best of more samples is never worse (these tiny policies rarely score off 0).
+    frontier = result["best_of_n"]
+    assert [p["n"] for p in frontier] == [1, 2, 4, 8, 16]
+    assert all(p["reward"] == p["gold"] for p in frontier)
+    golds = [p["gold"] for p in frontier]
+    assert golds == sorted(golds)
+    page = open(f"{out}/report.html", encoding="utf-8").read()
+    figures = _Figures()
+    figures.feed(page)
+    assert figures.blessed is record["blessed"]
+    for path, shown in figures.figures.items():
+        assert shown == format_figure(_at(record["summary"], path)), path
+    assert f'data-judge="gold">Judge: the gold reward {GOLD_REWARD_NAME}' in page
+    assert "no reward model" in page and "oracle baseline" in page
+
+
+def test_no_reward_model_and_no_gold_reward_is_refused_before_loading(artifacts, tmp_path):
+    shards = str(tmp_path / "shards")
+    shutil.copytree(artifacts["shards"], shards)
+    manifest = _manifest({"shards": shards})
+    manifest["gold_reward"] = None  # data without a built-in gold reward
+    json.dump(manifest, open(f"{shards}/manifest.json", "w"))
+    missing = str(tmp_path / "no_model")  # never read: the check comes first
+    with pytest.raises(ValueError, match=r"pass --reward \(a reward model folder\) or --gold"):
+        run(CONFIG, shards, missing, missing, "", str(tmp_path / "o"))
+    assert not (tmp_path / "o").exists()
 
 
 def test_map_batches_pads_the_last_batch_and_drops_the_padding():

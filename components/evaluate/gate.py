@@ -2,7 +2,8 @@
 
 Checks, each reported as one line with its figure and threshold:
 
-- the win rate's lower interval bound > ``min_win_rate_lower``, strictly;
+- the win rate's lower interval bound > ``min_win_rate_lower``, strictly (the win rate by the
+  summary's judge: the reward model, or the gold reward when no reward model was given);
 - KL(aligned ‖ reference) per response token ≤ ``max_kl``;
 - every figure in the summary is finite (a NaN means a broken measure, not a pass).
 
@@ -20,6 +21,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from components.evaluate.config import EvalConfig
+from components.evaluate.measures import JUDGE_GOLD
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -81,8 +83,9 @@ def decide(summary: Mapping[str, Any], config: EvalConfig) -> Gate:
     """Bless iff win-rate lower bound > min_win_rate_lower, KL ≤ max_kl and all figures finite."""
     win_low = _lookup(summary, "win_rate", "low")
     kl = _lookup(summary, "kl", "per_token")
+    by_gold = " (judged by the gold reward)" if summary.get("judge") == JUDGE_GOLD else ""
     checks = [
-        _check("win-rate lower bound", win_low, config.min_win_rate_lower, above=True),
+        _check(f"win-rate lower bound{by_gold}", win_low, config.min_win_rate_lower, above=True),
         _check("KL", kl, config.max_kl, above=False, unit=" nats/token"),
     ]
     broken = [path for path, value in _numbers(summary) if not math.isfinite(value)]

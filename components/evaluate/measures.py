@@ -29,6 +29,11 @@ from components.evaluate.config import EvalConfig
 
 SCHEMA_VERSION = 1
 HISTOGRAM_BINS = 20
+# Who scores the responses (win rate, rewards, best-of-n selection): the learned reward
+# model, or, when none is given, the gold reward itself.
+JUDGE_REWARD_MODEL = "reward_model"
+JUDGE_GOLD = "gold"
+JUDGES = (JUDGE_REWARD_MODEL, JUDGE_GOLD)
 
 
 def _paired(aligned: ArrayLike, reference: ArrayLike) -> tuple[np.ndarray, np.ndarray]:
@@ -266,10 +271,12 @@ def best_of_n_choice(rewards: ArrayLike, n: int) -> np.ndarray:
 def best_of_n(
     rewards: ArrayLike, gold: ArrayLike | None, sizes: Sequence[int]
 ) -> list[dict[str, Any]]:
-    """Per n: KL per sequence and the mean reward-model and gold score of the picks [P, N].
+    """Per n: KL per sequence and the mean judge's and gold score of the picks [P, N].
 
-    The reward model picks, for each prompt, the best of the prompt's first n samples of the
-    reference; ``gold`` (like ``rewards``, or None) is read at the same picks.
+    ``rewards`` (the judge's: the reward model's, or the gold reward's when it is the judge,
+    which makes this the oracle baseline) pick, for each prompt, the best of the prompt's
+    first n samples of the reference; ``gold`` (like ``rewards``, or None) is read at the
+    same picks.
     """
     scores = np.asarray(rewards, np.float64)
     gold_scores_ = None if gold is None else np.asarray(gold, np.float64)
@@ -330,7 +337,7 @@ def ppo_vs_best_of_n(
 class BestOfNDraws:
     """The reference's samples drawn for the best-of-n baseline, scored."""
 
-    rewards: ArrayLike  # [P, N]: reward-model score of each sample
+    rewards: ArrayLike  # [P, N]: the judge's score of each sample (reward model or gold)
     gold_rewards: ArrayLike | None = None  # [P, N], when a gold reward is known
 
 
@@ -338,7 +345,7 @@ class BestOfNDraws:
 class PolicyOutputs:
     """What one policy produced on the eval prompts, as arrays."""
 
-    rewards: ArrayLike  # [P] or [P, S]: reward-model score of each response
+    rewards: ArrayLike  # [P] or [P, S]: the judge's score of each response
     response_mask: ArrayLike  # [..., T]: non-zero on response tokens, EOS included
     ended_with_eos: ArrayLike  # [...]: whether each response stopped at EOS
     gold_rewards: ArrayLike | None = None  # like rewards, when a gold reward is known
@@ -365,6 +372,7 @@ def summarize(
     rejected_rewards: ArrayLike | None = None,
     gold_name: str = "",
     best_of_n_draws: BestOfNDraws | None = None,
+    judge: str = JUDGE_REWARD_MODEL,
 ) -> dict[str, Any]:
     """Every measure in one JSON-ready dict: what eval.json holds and the report shows.
 
@@ -373,8 +381,11 @@ def summarize(
     the aligned samples' tokens (masked by ``aligned.response_mask``); chosen/rejected
     rewards are the reward model's scores of held-out preference pairs; ``best_of_n_draws``
     are the reference's samples for the best-of-n baseline (``config.best_of_n_sizes()``).
-    Optional parts are None when not given.
+    ``judge`` says whose scores ``rewards`` are: the reward model's, or the gold reward's
+    (``JUDGE_GOLD``, when no reward model was given). Optional parts are None when not given.
     """
+    if judge not in JUDGES:
+        raise ValueError(f"judge: {judge!r} must be one of {', '.join(JUDGES)}")
     bootstrap = {
         "n_resamples": config.bootstrap_samples,
         "confidence": config.confidence,
@@ -401,6 +412,7 @@ def summarize(
     kl = sequence_kl(aligned_logprobs, reference_logprobs, aligned.response_mask)
     return {
         "schema_version": SCHEMA_VERSION,
+        "judge": judge,
         "num_prompts": int(a_rewards.size),
         "samples_per_prompt": config.samples_per_prompt,
         "confidence": config.confidence,

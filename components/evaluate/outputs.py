@@ -1,8 +1,9 @@
 """The evaluate stage's files: report.html and eval.json (report.py), metrics.json, samples.jsonl.
 
 ``samples.jsonl`` holds one line per eval sample, (prompt, sample index) in row order: the
-prompt, the aligned and the reference response, their reward-model scores and their gold
-scores (null when no gold reward is known). Only process 0 writes.
+prompt, the aligned and the reference response, their judge's scores (the reward model's,
+or the gold ones when the gold reward judges) and their gold scores (null when no gold
+reward is known). Only process 0 writes.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from components.core import fileio
 from components.core.distributed import is_primary
 from components.core.metrics import read_events, read_metrics
 from components.evaluate.gate import Gate
+from components.evaluate.measures import JUDGE_GOLD
 from components.evaluate.report import json_ready, write_report
 
 METRICS_JSON_FILE = "metrics.json"
@@ -26,7 +28,9 @@ SAMPLES_FILE = "samples.jsonl"
 def flat_figures(summary: dict[str, Any], gate: Gate) -> dict[str, float]:
     """Every finite figure of the summary by dotted path (KFP Metrics), plus blessed as 0/1.
 
-    A best-of-n point is named by its n: ``best_of_n.n4.gold``.
+    A best-of-n point is named by its n: ``best_of_n.n4.gold``. Strings (the gold reward's
+    name) are not figures and drop out, except the judge: ``judge_is_gold`` is 1 when the
+    gold reward judged (no reward model), else 0.
     """
     flat: dict[str, float] = {}
 
@@ -45,6 +49,7 @@ def flat_figures(summary: dict[str, Any], gate: Gate) -> dict[str, float]:
     skip = ("reward_histogram", "schema_version")
     walk({k: v for k, v in json_ready(summary).items() if k not in skip}, "")
     flat["blessed"] = 1.0 if gate.blessed else 0.0
+    flat["judge_is_gold"] = 1.0 if summary.get("judge") == JUDGE_GOLD else 0.0
     return flat
 
 
@@ -84,14 +89,18 @@ def write_outputs(
     samples: list[dict[str, Any]],
     all_samples: Sequence[dict[str, Any]] = (),
 ) -> None:
-    """report.html, eval.json, metrics.json and samples.jsonl into ``output`` (process 0 only)."""
+    """report.html, eval.json, metrics.json and samples.jsonl into ``output`` (process 0 only).
+
+    ``dirs`` holds the models' folders by role; "reward" is absent when the gold reward judged.
+    """
     if not is_primary():
         return
     # PPO's guard restorations travel with its metrics: the curves mark them as events.
     ppo_rows = read_metrics(dirs["policy"]) + read_events(dirs["policy"])
+    reward_rows = read_metrics(dirs["reward"]) if "reward" in dirs else []
     write_report(
         output, summary, gate, ppo_metrics=ppo_rows or None,
-        reward_metrics=read_metrics(dirs["reward"]) or None, samples=samples,
+        reward_metrics=reward_rows or None, samples=samples,
     )  # fmt: skip
     figures = json.dumps(flat_figures(summary, gate), indent=2, sort_keys=True)
     fileio.write_text(fileio.join(output, METRICS_JSON_FILE), figures + "\n")

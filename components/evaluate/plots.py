@@ -113,8 +113,10 @@ def reward_model_curves(rows: Sequence[Mapping[str, Any]] | None) -> bytes | Non
     return _png(figure)
 
 
-def reward_distributions(histogram: Mapping[str, Sequence[float]] | None) -> bytes | None:
-    """Both policies' per-prompt reward histograms over shared bins."""
+def reward_distributions(
+    histogram: Mapping[str, Sequence[float]] | None, judge: str = "reward-model reward"
+) -> bytes | None:
+    """Both policies' per-prompt reward histograms over shared bins, scored by ``judge``."""
     if not histogram or len(histogram.get("bin_edges", ())) < 2:
         return None
     edges = list(histogram["bin_edges"])
@@ -122,7 +124,7 @@ def reward_distributions(histogram: Mapping[str, Sequence[float]] | None) -> byt
     axes = figure.subplots()
     for name, color in (("reference", REFERENCE_COLOR), ("aligned", ALIGNED_COLOR)):
         axes.stairs(histogram[name], edges, fill=True, alpha=0.45, color=color, label=name)
-    axes.set_xlabel("reward-model reward (per prompt)")
+    axes.set_xlabel(f"{judge} (per prompt)")
     axes.set_ylabel("prompts")
     axes.set_title("reward distributions")
     axes.legend(fontsize="small")

@@ -1,6 +1,7 @@
 """The evaluation report: one self-contained HTML file, and eval.json holding the same figures.
 
-The page reads top-down: the gate's verdict and its reasons, the figures (head-to-head, per
+The page reads top-down: who judged the responses (the reward model, or the gold reward when
+no reward model was given), the gate's verdict and its reasons, the figures (head-to-head, per
 policy, then the best-of-n baseline with the aligned policy's gain as a share of its gain at
 the same KL), the plots (inline base64 PNG, the KL frontier among them), then samples. Every
 number in a table cell carries ``data-key`` with its dotted path in the summary (list items
@@ -24,6 +25,7 @@ from numpy.typing import ArrayLike
 from components.core import fileio
 from components.evaluate import plots
 from components.evaluate.gate import Gate
+from components.evaluate.measures import JUDGE_GOLD, JUDGE_REWARD_MODEL
 
 EVAL_JSON_SCHEMA_VERSION = 1
 REPORT_FILE = "report.html"
@@ -104,6 +106,35 @@ def _interval(summary: Mapping[str, Any], path: str) -> str:
     return f'<td class="num">[{low}, {high}]</td>'
 
 
+def _gold_judged(summary: Mapping[str, Any]) -> bool:
+    """Whether the gold reward judged the responses (no reward model was given)."""
+    return _at(summary, "judge") == JUDGE_GOLD
+
+
+def _judge_name(summary: Mapping[str, Any]) -> str:
+    """The judge as the page names it: "reward model", or the gold reward's name."""
+    if _gold_judged(summary):
+        return _at(summary, "gold.name") or "gold reward"
+    return "reward model"
+
+
+def _judge(summary: Mapping[str, Any]) -> str:
+    """The header's line on who scored the responses: the win rate, rewards and best-of-n."""
+    if _gold_judged(summary):
+        text = (
+            f"Judge: the gold reward {_judge_name(summary)}; no reward model was given. The win "
+            "rate, the rewards and the best-of-n selection are by the gold reward (best-of-n is "
+            "then the oracle baseline), and no reward model's accuracy is measured."
+        )
+    else:
+        text = (
+            "Judge: the reward model. The win rate, the rewards and the best-of-n selection "
+            "are by its scores; gold figures, where shown, by the gold reward."
+        )
+    judge = _at(summary, "judge") or JUDGE_REWARD_MODEL
+    return f'<p class="judge" data-judge="{_esc(judge)}">{_esc(text)}</p>'
+
+
 def _verdict(gate: Gate) -> str:
     """The verdict and its reasons, first on the page."""
     css, title = (
@@ -119,14 +150,15 @@ def _verdict(gate: Gate) -> str:
     )
 
 
-def _head_to_head(summary: Mapping[str, Any]) -> str:
-    """Figures that compare the two policies, with their bootstrap intervals."""
-    confidence = _at(summary, "confidence")
-    level = f"{confidence:.0%}" if isinstance(confidence, float) else "?"
+def _head_to_head_rows(summary: Mapping[str, Any]) -> list[tuple[str, str, str | None]]:
+    """(label, value path, interval path) of each head-to-head row; gold rows unless gold
+    judged (they would repeat the judge's)."""
+    gold_judged = _gold_judged(summary)
+    score = _judge_name(summary) if gold_judged else "reward"
     rows = [
-        ("win rate (reward model)", "win_rate.value", "win_rate"),
+        (f"win rate ({_judge_name(summary)})", "win_rate.value", "win_rate"),
         (
-            "mean reward difference (aligned − reference)",
+            f"mean {score} difference (aligned − reference)",
             "reward.difference.value",
             "reward.difference",
         ),
@@ -134,7 +166,7 @@ def _head_to_head(summary: Mapping[str, Any]) -> str:
         ("KL(aligned ‖ reference), nats per sequence", "kl.per_sequence", None),
         ("reward-model accuracy on held-out pairs", "reward_model_accuracy.value", None),
     ]
-    if _at(summary, "gold") is not None:
+    if _at(summary, "gold") is not None and not gold_judged:
         name = _at(summary, "gold.name") or "gold"
         rows += [
             (f"win rate ({name})", "gold.win_rate.value", "gold.win_rate"),
@@ -144,11 +176,21 @@ def _head_to_head(summary: Mapping[str, Any]) -> str:
                 "gold.difference",
             ),
         ]
+    return rows
+
+
+def _head_to_head(summary: Mapping[str, Any]) -> str:
+    """Figures that compare the two policies, with their bootstrap intervals."""
+    confidence = _at(summary, "confidence")
+    level = f"{confidence:.0%}" if isinstance(confidence, float) else "?"
+    gold_judged = _gold_judged(summary)
     body = []
-    for label, value_path, interval_path in rows:
+    for label, value_path, interval_path in _head_to_head_rows(summary):
+        part = value_path.split(".")[0]
         # A part left out is None at its top key; a NaN figure inside one shows as n/a.
-        if _at(summary, value_path.split(".")[0]) is None:
-            cells = '<td class="num missing">not measured</td><td></td>'
+        if _at(summary, part) is None:
+            why = "no reward model" if gold_judged and part == "reward_model_accuracy" else ""
+            cells = f'<td class="num missing">{why or "not measured"}</td><td></td>'
         else:
             interval = _interval(summary, interval_path) if interval_path else "<td></td>"
             cells = _figure(summary, value_path) + interval
@@ -156,25 +198,27 @@ def _head_to_head(summary: Mapping[str, Any]) -> str:
     counts = " ".join(
         f"{_figure(summary, f'win_rate.{key}', 'span')} {key}" for key in ("wins", "ties", "losses")
     )
+    verdicts = "Gold-reward verdicts" if gold_judged else "Reward-model verdicts"
     return (
         f"<h2>Aligned against reference</h2><p>{_figure(summary, 'num_prompts', 'span')} "
         f"prompts, {_figure(summary, 'samples_per_prompt', 'span')} sample(s) each; "
-        f"{_esc(level)} percentile-bootstrap intervals over prompts. Reward-model verdicts: "
+        f"{_esc(level)} percentile-bootstrap intervals over prompts. {verdicts}: "
         f"{counts}.</p><table><tr><th>measure</th><th>value</th><th>{_esc(level)} interval</th>"
         f"</tr>{''.join(body)}</table>"
     )
 
 
 def _per_policy(summary: Mapping[str, Any]) -> str:
-    """Figures of each policy side by side."""
+    """Figures of each policy side by side (no gold rows when gold judged: they would repeat)."""
+    score = _judge_name(summary) if _gold_judged(summary) else "reward"
     rows = [
-        ("mean reward", "reward.{}.mean"),
-        ("median reward", "reward.{}.median"),
+        (f"mean {score}", "reward.{}.mean"),
+        (f"median {score}", "reward.{}.median"),
         ("mean response length (tokens, EOS included)", "response_length.{}.mean"),
         ("median response length", "response_length.{}.median"),
         ("EOS rate (stopped before max_new_tokens)", "eos_rate.{}"),
     ]
-    if _at(summary, "gold") is not None:
+    if _at(summary, "gold") is not None and not _gold_judged(summary):
         name = _at(summary, "gold.name") or "gold"
         rows += [(f"mean {name}", "gold.{}.mean"), (f"median {name}", "gold.{}.median")]
     body = "".join(
@@ -204,25 +248,29 @@ def _plots(
     reward_metrics: Sequence[Mapping[str, Any]] | None,
 ) -> str:
     """Every plot whose data is present; a short note for each that is not."""
-    estimates = {"reward model": _at(summary, "win_rate") or {}}
-    if _at(summary, "gold") is not None:
+    judge, gold_judged = _judge_name(summary), _gold_judged(summary)
+    estimates = {judge: _at(summary, "win_rate") or {}}
+    if _at(summary, "gold") is not None and not gold_judged:
         estimates[_at(summary, "gold.name") or "gold"] = _at(summary, "gold.win_rate") or {}
     confidence = _at(summary, "confidence") or 0.95
+    score, axis, no_curves = (
+        (judge, judge, "no reward model (the gold reward judged)")
+        if gold_judged
+        else ("reward", "reward-model reward", "no reward-model metrics given")
+    )
     parts = [
         _image(
             plots.win_rates(estimates, confidence), "win rate with interval", "no win rate plot"
         ),
         _image(
-            plots.reward_distributions(_at(summary, "reward_histogram")),
-            "per-prompt reward distributions",
+            plots.reward_distributions(_at(summary, "reward_histogram"), axis),
+            f"per-prompt {score} distributions",
             "no rewards to plot",
         ),
         _frontier_plot(summary),
         _image(plots.ppo_curves(ppo_metrics), "PPO training curves", "no PPO metrics given"),
         _image(
-            plots.reward_model_curves(reward_metrics),
-            "reward-model training curves",
-            "no reward-model metrics given",
+            plots.reward_model_curves(reward_metrics), "reward-model training curves", no_curves
         ),
     ]
     return "<h2>Plots</h2>" + "".join(parts)
@@ -284,9 +332,14 @@ def _best_of_n(summary: Mapping[str, Any]) -> str:
             f"same KL of {_figure(summary, 'kl.per_sequence', 'span')} nats per sequence, "
             f"{best}{_esc(note)}.</p>"
         )
+    selector = (
+        f"the gold reward {_judge_name(summary)} itself keeps the best of n responses of the "
+        "reference to each prompt (the oracle baseline: selection by a perfect reward model)"
+        if _gold_judged(summary)
+        else "the reward model keeps the best of n responses of the reference to each prompt"
+    )
     return (
-        "<h2>Best-of-n baseline</h2><p>For each n the reward model keeps the best of n "
-        "responses of the reference to each prompt; its KL to the reference is "
+        f"<h2>Best-of-n baseline</h2><p>For each n {_esc(selector)}; its KL to the reference is "
         "log n − (n − 1)/n nats per sequence.</p><table><tr><th>n</th>"
         "<th>KL, nats per sequence</th><th>mean reward</th><th>mean gold</th></tr>"
         f"{rows}</table>{versus}"
@@ -341,7 +394,7 @@ def render_report(
     return (
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
         "<title>alignpipe evaluation</title>"
-        f"<style>{_CSS}</style></head><body><h1>alignpipe evaluation</h1>"
+        f"<style>{_CSS}</style></head><body><h1>alignpipe evaluation</h1>{_judge(shown)}"
         f"{_verdict(gate)}{_head_to_head(shown)}{_per_policy(shown)}{_best_of_n(shown)}"
         f"{_plots(shown, ppo_metrics, reward_metrics)}{_samples(samples)}</body></html>\n"
     )

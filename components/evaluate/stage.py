@@ -1,16 +1,22 @@
 """The evaluate stage: sample both policies on the eval prompts, measure, gate and report.
 
-Rewards are the reward model's raw scores (no normalization): the win rate and the EOS and
-length figures do not depend on it, and raw scores stay comparable with the reward stage's
-own figures. KL(aligned ‖ reference) is the k1 estimate on the aligned policy's samples,
-both log-probs recomputed by one forward pass each (not the sampler's cached ones), so two
-identical policies give exactly 0. Both log-probs are at the sampling temperature T, as the
-samples are drawn: the figure is KL(aligned_T ‖ reference_T), in the units of the best-of-n
-baseline drawn from reference_T. With greedy decoding the log-probs are untempered and the
+The judge scores the responses: the reward model when one is given, else the gold reward
+(a DPO run has no reward model). Rewards are the judge's raw scores (no normalization): the
+win rate and the EOS and length figures do not depend on it, and raw scores stay comparable
+with the reward stage's own figures. With the gold reward as the judge, the win rate, the
+reward figures and the best-of-n selection are all by gold (best-of-n then is the oracle
+baseline: what a perfect reward model's selection would gain), and the reward model's
+accuracy on held-out pairs is not measured.
+
+KL(aligned ‖ reference) is the k1 estimate on the aligned policy's samples, both log-probs
+recomputed by one forward pass each (not the sampler's cached ones), so two identical
+policies give exactly 0. Both log-probs are at the sampling temperature T, as the samples
+are drawn: the figure is KL(aligned_T ‖ reference_T), in the units of the best-of-n baseline
+drawn from reference_T. With greedy decoding the log-probs are untempered and the
 figure is the mean log-ratio on the greedy responses.
 
 The best-of-n baseline draws max(n) samples per prompt from the reference (its first
-``samples_per_prompt`` are the ones the win rate compares); the reward model keeps the best
+``samples_per_prompt`` are the ones the win rate compares); the judge keeps the best
 of the first n, at an analytic KL of log n − (n − 1)/n nats per sequence.
 
 Every host reads every eval shard; sampling is split over the devices of every host and
@@ -22,11 +28,12 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from collections.abc import Collection
 from typing import Any, NamedTuple
 
 import numpy as np
 
-from components.core import eval_sampling, fileio
+from components.core import builtin_task, eval_sampling, fileio
 from components.core.checkpoint import read_model_config
 from components.core.distributed import maybe_initialize
 from components.core.gold import GoldReward, is_builtin, resolve_gold_reward
@@ -37,6 +44,8 @@ from components.evaluate import generation
 from components.evaluate.config import EvalConfig
 from components.evaluate.gate import Gate, decide
 from components.evaluate.measures import (
+    JUDGE_GOLD,
+    JUDGE_REWARD_MODEL,
     BestOfNDraws,
     PolicyOutputs,
     ends_with_eos,
@@ -47,7 +56,6 @@ from components.evaluate.outputs import sample_rows, write_outputs
 from components.evaluate.report import json_ready, select_samples
 
 log = logging.getLogger(__name__)
-ROLES = ("policy", "reference", "reward")
 
 
 class Inputs(NamedTuple):
@@ -62,7 +70,7 @@ class PolicyResult(NamedTuple):
 
     responses: eval_sampling.Responses
     texts: list[str]  # [P * S], row order
-    rewards: np.ndarray  # [P, S] raw reward-model scores
+    rewards: np.ndarray  # [P, S] the judge's raw scores (reward model, else gold)
     gold: np.ndarray | None  # [P, S]
 
     def first(self, count: int) -> PolicyResult:
@@ -82,18 +90,40 @@ class Measured(NamedTuple):
     sample_rows: list[dict[str, Any]]
 
 
+def model_dirs(policy_dir: str, reference_dir: str, reward_dir: str) -> dict[str, str]:
+    """Each model's folder by role; no "reward" role when ``reward_dir`` is empty."""
+    dirs = {"policy": policy_dir, "reference": reference_dir}
+    if reward_dir:
+        dirs["reward"] = reward_dir
+    return dirs
+
+
+def judge_of(roles: Collection[str]) -> str:
+    """Who scores the responses: the reward model when it is among ``roles``, else gold."""
+    return JUDGE_REWARD_MODEL if "reward" in roles else JUDGE_GOLD
+
+
 def check_inputs(config: EvalConfig, shards_dir: str, dirs: dict[str, str]) -> Inputs:
-    """Refuse missing artifacts, foreign tokenizers and models in the wrong role, before loading."""
+    """Refuse missing artifacts, foreign tokenizers, models in the wrong role and a run with
+    no judge (neither a reward model nor a gold reward), before loading."""
     manifest = read_manifest(shards_dir)
     if not manifest.get("splits", {}).get("eval", {}).get("unique_prompts"):
         raise DataError(
             f"the eval split of {shards_dir} has no prompts; re-shard with eval_fraction > 0"
         )
-    infos = {role: read_model_config(dirs[role]) for role in ROLES}
-    for role in ROLES:
-        check_tokenizer(infos[role], manifest, dirs[role])
-        check_vocab(manifest, int(infos[role]["model"]["vocab_size"]))
-    if not infos["reward"].get("scalar_head"):
+    gold_name = gold_reward_name(config, manifest)
+    if "reward" not in dirs and not gold_name:
+        raise ValueError(
+            f"nothing to judge the responses with: no reward model (reward_dir is empty) and "
+            f"no gold reward (gold_reward is empty and the manifest of {shards_dir} names no "
+            "built-in one); pass --reward (a reward model folder) or --gold-reward (a built-in "
+            f"name such as {builtin_task.GOLD_REWARD_NAME}, PATH.py:FUNCTION or MODULE:FUNCTION)"
+        )
+    infos = {role: read_model_config(folder) for role, folder in dirs.items()}
+    for role, info in infos.items():
+        check_tokenizer(info, manifest, dirs[role])
+        check_vocab(manifest, int(info["model"]["vocab_size"]))
+    if "reward" in infos and not infos["reward"].get("scalar_head"):
         raise ModelMismatchError(
             f"{dirs['reward']} has no reward head (stage {infos['reward'].get('stage')!r}); "
             "pass the reward stage's model as --reward"
@@ -103,7 +133,7 @@ def check_inputs(config: EvalConfig, shards_dir: str, dirs: dict[str, str]) -> I
             raise ModelMismatchError(
                 f"{dirs[role]} is a reward model; pass a policy (sft or ppo output) as --{role}"
             )
-    return Inputs(manifest, gold_reward_name(config, manifest))
+    return Inputs(manifest, gold_name)
 
 
 def gold_reward_name(config: EvalConfig, manifest: dict[str, Any]) -> str:
@@ -127,8 +157,11 @@ def gold_reward_name(config: EvalConfig, manifest: dict[str, Any]) -> str:
 
 def sequence_lengths(
     config: EvalConfig, manifest: dict[str, Any], models: dict[str, generation.LoadedModel]
-) -> tuple[int, int]:
-    """Prompt length for sampling, and pair length for scoring the eval pairs, in tokens."""
+) -> tuple[int, int | None]:
+    """Prompt length for sampling, and pair length for scoring the eval pairs, in tokens.
+
+    The pair length is None without a reward model: no eval pairs are scored then.
+    """
     limit = min(model.config.max_seq_len for model in models.values())
     room = limit - config.max_new_tokens
     if room < 1:
@@ -140,21 +173,24 @@ def sequence_lengths(
     longest_prompt = int(lengths.get("prompt", {}).get("max", room))
     if longest_prompt > room:
         log.warning("eval prompts over %d tokens are cut from the left", room)
+    prompt_len = max(min(longest_prompt, room), 1)
+    if "reward" not in models:
+        return prompt_len, None
     longest_response = max(int(lengths.get(k, {}).get("max", 0)) for k in ("chosen", "rejected"))
     pair_len = min(models["reward"].config.max_seq_len, longest_prompt + longest_response)
-    return max(min(longest_prompt, room), 1), max(pair_len, 2)
+    return prompt_len, max(pair_len, 2)
 
 
 def load_models(
     dirs: dict[str, str], seed: int, *, sharded: bool = False
 ) -> dict[str, generation.LoadedModel]:
-    """Every model, split and placed on the local devices (in chunks when ``sharded``)."""
-    heads = {"policy": False, "reference": False, "reward": True}
+    """Every model of ``dirs``, split and placed on the local devices (in chunks when
+    ``sharded``); only the reward model has a scalar head."""
     return {
         role: generation.prepare(
-            load_model(dirs[role], scalar_head=heads[role], seed=seed)[0], sharded=sharded
+            load_model(folder, scalar_head=role == "reward", seed=seed)[0], sharded=sharded
         )
-        for role in ROLES
+        for role, folder in dirs.items()
     }
 
 
@@ -177,20 +213,27 @@ def run_policy(
     tokenizer: Tokenizer,
     gold: GoldReward | None,
 ) -> PolicyResult:
-    """Sample ``samples`` responses per prompt of ``role``; score them (reward model, gold)."""
+    """Sample ``samples`` responses per prompt of ``role``; score them (reward model, gold).
+
+    Without a reward model the gold scores are the rewards too: the gold reward judges.
+    """
     policy = models[role]
     responses = eval_sampling.sample_responses(
         policy.graphdef, policy.params, prompts, settings=settings, samples_per_prompt=samples,
         seed=config.seed, batch_size=config.batch_size,
     )  # fmt: skip
-    rewards = generation.response_rewards(
-        models["reward"], prompts, responses, batch_size=config.batch_size
-    )
     texts = decode(tokenizer, responses.tokens, responses.mask)
     gold_rewards = None
     if gold is not None:
         repeated = [p for p in prompt_texts for _ in range(samples)]
-        gold_rewards = gold_scores(gold, repeated, texts).reshape(rewards.shape)
+        gold_rewards = gold_scores(gold, repeated, texts).reshape(responses.mask.shape[:2])
+    if "reward" not in models:
+        if gold_rewards is None:
+            raise ValueError("no reward model and no gold reward: nothing scores the responses")
+        return PolicyResult(responses, texts, gold_rewards, gold_rewards)
+    rewards = generation.response_rewards(
+        models["reward"], prompts, responses, batch_size=config.batch_size
+    )
     return PolicyResult(responses, texts, rewards, gold_rewards)
 
 
@@ -270,14 +313,16 @@ def measure(
         )  # fmt: skip
         for role in ("policy", "reference")
     }
-    chosen, rejected = generation.eval_pair_rewards(
-        models["reward"], shards_dir, max_len=pair_len, batch_size=config.batch_size
-    )
+    chosen, rejected = None, None  # the reward model's accuracy needs a reward model
+    if pair_len is not None:
+        chosen, rejected = generation.eval_pair_rewards(
+            models["reward"], shards_dir, max_len=pair_len, batch_size=config.batch_size
+        )
     summary = summarize(
         _outputs(aligned, tokenizer.eos_id), _outputs(reference, tokenizer.eos_id),
         aligned_logprobs=logprobs["policy"], reference_logprobs=logprobs["reference"],
         config=config, chosen_rewards=chosen, rejected_rewards=rejected, gold_name=gold_name,
-        best_of_n_draws=BestOfNDraws(drawn.rewards, drawn.gold),
+        best_of_n_draws=BestOfNDraws(drawn.rewards, drawn.gold), judge=judge_of(models),
     )  # fmt: skip
     rows = sample_rows(
         prompt_texts,
@@ -297,11 +342,16 @@ def run(
 ) -> dict[str, Any]:
     """Evaluate ``policy_dir`` against ``reference_dir``; write the report; return the figures.
 
-    The result is the summary (as in eval.json) plus ``blessed``; ``output`` receives
-    report.html, eval.json, metrics.json and samples.jsonl.
+    ``reward_dir`` is the reward model that judges the responses, or '' for none: the gold
+    reward (``config.gold_reward``, else the shards' built-in one) then judges them, so the
+    win rate, the reward figures and the best-of-n selection are by gold (best-of-n becomes
+    the oracle baseline) and the reward model's accuracy is None. With neither, a ValueError
+    says so before any model loads. The result is the summary (as in eval.json, ``judge``
+    "reward_model" or "gold") plus ``blessed``; ``output`` receives report.html, eval.json,
+    metrics.json and samples.jsonl.
     """
     maybe_initialize()
-    dirs = {"policy": policy_dir, "reference": reference_dir, "reward": reward_dir}
+    dirs = model_dirs(policy_dir, reference_dir, reward_dir)
     inputs = check_inputs(config, shards_dir, dirs)
     if not config.max_new_tokens:
         config = dataclasses.replace(config, max_new_tokens=longest_lengths(inputs.manifest)[1])
@@ -324,8 +374,9 @@ def _log_verdict(summary: dict[str, Any], gate: Gate, output: str) -> None:
     """One line with the headline figures, then the gate's reasons."""
     win = summary["win_rate"]
     log.info(
-        "%d prompts: win rate %.3f [%.3f, %.3f], KL %.4f nats/token: %s; report in %s",
-        summary["num_prompts"], win["value"], win["low"], win["high"],
+        "%d prompts: win rate %.3f [%.3f, %.3f] (judge: %s), KL %.4f nats/token: %s; "
+        "report in %s",
+        summary["num_prompts"], win["value"], win["low"], win["high"], summary["judge"],
         summary["kl"]["per_token"], "blessed" if gate.blessed else "not blessed", output,
     )  # fmt: skip
     if summary.get("ppo_vs_best_of_n") is not None:
