@@ -2,6 +2,7 @@
 
 import json
 import os
+import shutil
 
 import pytest
 from flax import nnx
@@ -65,6 +66,26 @@ def test_evaluate_runs_the_stage_and_report_finds_it(artifacts, capsys):
     assert capsys.readouterr().out.strip() == os.path.abspath(f"{output}/report.html")
 
 
+def test_evaluate_without_a_reward_model_uses_the_gold_reward(artifacts, tmp_path, capsys):
+    args = _evaluate_args(artifacts, str(tmp_path / "gold"))
+    at = args.index("--reward")
+    del args[at : at + 2]
+    assert main(args) == 0
+    printed = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert printed["judge"] == "gold" and printed["reward_model_accuracy"] is None
+    assert printed["win_rate"] == printed["gold"]["win_rate"]
+    # Data without a built-in gold reward: nothing could judge, said in one line.
+    shards = str(tmp_path / "shards")
+    shutil.copytree(artifacts["shards"], shards)
+    manifest = json.load(open(f"{shards}/manifest.json"))
+    json.dump({**manifest, "gold_reward": None}, open(f"{shards}/manifest.json", "w"))
+    args[args.index(artifacts["shards"])] = shards
+    assert main(args) == 1
+    err = capsys.readouterr().err
+    assert "error: nothing to judge the responses with" in err
+    assert "pass --reward (a reward model folder) or --gold-reward" in err
+
+
 def test_evaluate_reports_a_missing_model_in_one_line(artifacts, tmp_path, capsys):
     args = _evaluate_args(artifacts, str(tmp_path / "o"), policy=str(tmp_path / "nothing"))
     assert main(args) == 1
@@ -81,6 +102,8 @@ def test_evaluate_help_lists_the_config_flags(capsys):
     flags = ("--reference", "--max-kl", "--min-win-rate-lower", "--samples-per-prompt")
     for flag in (*flags, "--best-of-n", "--gold-reward"):
         assert flag in out
+    text = " ".join(out.split())  # argparse wraps lines
+    assert "[--reward REWARD_DIR]" in text and "'' (the default): the gold reward" in text
 
 
 def _report_at(folder, mtime):
