@@ -142,6 +142,7 @@ def reward(
     config = stage_io.config_from(RewardConfig, locals())
     with stage_io.failure_reason(model.path):  # e.g. below min_reward_accuracy
         summary = run(config, shards.path, model.path)
+    model.metadata["eval/accuracy"] = summary.get("eval/accuracy")  # for the run's summary
     stage_io.write_metrics(metrics, "reward", summary, started)
 
 
@@ -168,9 +169,9 @@ def ppo(
     max_new_tokens: int,
     model: Output[Model],
     metrics: Output[Metrics],
-):
+) -> str:
     """Align the policy against the reward model with PPO, GRPO or RLOO (resumes from its
-    checkpoints)."""
+    checkpoints); returns a reference to the aligned policy and the reward model that judges it."""
     import time
 
     from pipelines import stage_io
@@ -185,13 +186,58 @@ def ppo(
     with stage_io.failure_reason(model.path):
         summary = run(config, shards.path, policy_dir, reward.path, model.path)
     stage_io.write_metrics(metrics, "ppo", summary, started)
+    figures = {
+        "reward_accuracy": reward.metadata.get("eval/accuracy"),
+        "stopped_kl_guard": summary.get("stopped_kl_guard"),
+        "restores": summary.get("guard/restores"),
+    }
+    return stage_io.reference(
+        model.uri, stage_io.now(), algorithm=algorithm, reward=reward.uri, figures=figures
+    )
+
+
+def dpo(
+    shards: Input[Dataset],
+    policy: str,
+    max_len: int,
+    seed: int,
+    remat: str,
+    dtype: str,
+    fsdp: bool,
+    steps: int,
+    batch_size: int,
+    learning_rate: float,
+    beta: float,
+    loss_type: str,
+    label_smoothing: float,
+    model: Output[Model],
+    metrics: Output[Metrics],
+) -> str:
+    """Align the policy on the preference pairs with DPO (no reward model; resumes from its
+    checkpoints); returns a reference to the aligned policy."""
+    import time
+
+    from pipelines import stage_io
+
+    started = time.time()
+    stage_io.start_jax()
+    from components.dpo import DPOConfig, run
+
+    config = stage_io.config_from(DPOConfig, locals())
+    with stage_io.failure_reason(model.path):
+        summary = run(config, shards.path, stage_io.reference_uri(policy), model.path)
+    stage_io.write_metrics(metrics, "dpo", summary, started)
+    figures = {"steps": summary.get("step"), "accuracy": summary.get("eval/rewards/accuracies")}
+    return stage_io.reference(
+        model.uri, stage_io.now(), algorithm="dpo", reward="", figures=figures
+    )
 
 
 def evaluate(
     shards: Input[Dataset],
-    policy: Input[Model],
+    policy: str,
     reference: str,
-    reward: Input[Model],
+    reward_model: str,
     seed: int,
     fsdp: bool,
     min_win_rate_lower: float,
@@ -206,7 +252,11 @@ def evaluate(
     report: Output[HTML],
     metrics: Output[Metrics],
 ) -> bool:
-    """Measure the aligned policy against its reference; returns whether it is blessed."""
+    """Measure the aligned policy against its reference; returns whether it is blessed.
+
+    The judge is the reward model the policy was aligned against, else ``reward_model``
+    (a dpo policy's, when given), else the gold reward.
+    """
     import time
 
     from pipelines import stage_io
@@ -217,21 +267,45 @@ def evaluate(
     from components.evaluate.config import EvalConfig
 
     config = stage_io.config_from(EvalConfig, locals())
+    aligned = stage_io.reference_details(policy)
+    reward_dir = aligned.get("reward") or reward_model
     reference_dir = stage_io.reference_uri(reference)
     with stage_io.failure_reason(evaluation.path):
-        summary = run(config, shards.path, policy.path, reference_dir, reward.path, evaluation.path)
+        summary = run(
+            config, shards.path, aligned["uri"], reference_dir, reward_dir, evaluation.path
+        )
     stage_io.publish_report(evaluation.path, report.path)
     evaluation.metadata["blessed"] = bool(summary["blessed"])
     stage_io.write_metrics(metrics, "evaluate", summary, started)
     return bool(summary["blessed"])
 
 
-def promote(policy: Input[Model], promoted_policy_uri: str, promoted: Output[Model]):
-    """Copy the blessed policy to its artifact and, when given, to ``promoted_policy_uri``."""
+def promote(
+    policy: str,
+    evaluation: Input[Artifact],
+    sources: str,
+    run_id: str,
+    promoted_policy_uri: str,
+    promoted: Output[Model],
+):
+    """Copy the blessed policy to its artifact and, when given, promote it as a new version of
+    ``promoted_policy_uri`` with its record: run, data, the evaluation's figures and reasons."""
+    import json
+
+    from components.core import fileio
     from pipelines import stage_io
 
-    stage_io.promote(policy.path, promoted.path, promoted_policy_uri)
+    aligned = stage_io.reference_details(policy)
+    record = {
+        **json.loads(fileio.read_text(fileio.join(evaluation.path, "eval.json"))),
+        "run_id": run_id,
+        "algorithm": aligned.get("algorithm", ""),
+        "data": json.loads(sources),
+        "data_fingerprint": stage_io.data_fingerprint(sources),
+    }
+    version = stage_io.promote(aligned["uri"], promoted.path, promoted_policy_uri, record=record)
     promoted.metadata["promoted_policy_uri"] = promoted_policy_uri
+    promoted.metadata["version"] = version or 0
 
 
 class Components(NamedTuple):
@@ -244,6 +318,7 @@ class Components(NamedTuple):
     check_policy: Any
     reward: Any
     ppo: Any
+    dpo: Any
     evaluate: Any
     promote: Any
 

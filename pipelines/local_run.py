@@ -98,14 +98,18 @@ class RunResult:
 
     def figures(self) -> dict[str, Any]:
         """The summary's figures from the stages' metrics files (missing ones are None)."""
-        reward = _metrics(self.outputs.get("reward_metrics"))
-        ppo = _metrics(self.outputs.get("ppo_metrics"))
+        aligned = stage_io.reference_details(self.outputs.get("aligned") or "")
+        trained = aligned.get("figures", {})
         evaluation = _metrics(self.outputs.get("eval_metrics"))
         eval_folder = self.outputs.get("evaluation")
         return {
-            "reward_accuracy": reward.get("eval/accuracy"),
-            "ppo_stopped": ppo.get("stopped_kl_guard"),
-            "ppo_restores": ppo.get("guard/restores"),
+            "algorithm": aligned.get("algorithm"),
+            "reward_accuracy": trained.get("reward_accuracy"),
+            "ppo_stopped": trained.get("stopped_kl_guard"),
+            "ppo_restores": trained.get("restores"),
+            "dpo_steps": trained.get("steps"),
+            "dpo_accuracy": trained.get("accuracy"),
+            "judge": _judge(evaluation.get("judge_is_gold")),
             "win_rate": evaluation.get("win_rate/value"),
             "win_rate_low": evaluation.get("win_rate/low"),
             "win_rate_high": evaluation.get("win_rate/high"),
@@ -247,12 +251,13 @@ def format_summary(result: RunResult) -> str:
     f = result.figures()
     lines += [
         f"reward-model accuracy  {_num(f['reward_accuracy'])}",
-        f"ppo                    {_ppo_status(f)}",
-        f"win rate vs reference  {_interval(f, 'win_rate')}",
+        f"{f['algorithm'] or 'aligned':<22} {_training_status(f)}",
+        f"win rate vs reference  {_interval(f, 'win_rate')} (judged by the {f['judge']})",
         f"gold win rate          {_interval(f, 'gold_win_rate')}",
         f"gold-reward gain       {_interval(f, 'gold_gain', signed=True)}",
-        # PPO's gold gain over best-of-n's at the same KL (> 1: PPO spends its KL better).
-        f"ppo vs best-of-n       {_num(f['ppo_vs_best_of_n'])} (gold gain / best-of-n's at "
+        # The aligned policy's gold gain over best-of-n's at the same KL (> 1: it spends its
+        # KL better than sampling n and keeping the judge's best).
+        f"vs best-of-n           {_num(f['ppo_vs_best_of_n'])} (gold gain / best-of-n's at "
         "the same KL)",
         # General format: a small KL stays visible instead of rounding to 0.000.
         f"KL per token           {_general(f['kl_per_token'])} nats",
@@ -263,14 +268,23 @@ def format_summary(result: RunResult) -> str:
     return "\n".join(lines)
 
 
-def _ppo_status(f: dict[str, Any]) -> str:
-    """How PPO ended: completed, or stopped by its KL guard (the last good policy kept)."""
+def _training_status(f: dict[str, Any]) -> str:
+    """How the aligning stage ended: dpo's steps, or whether the RL stage's KL guard stopped it."""
+    if f["algorithm"] == "dpo":
+        return (
+            f"{int(f['dpo_steps'] or 0)} steps, eval preference accuracy {_num(f['dpo_accuracy'])}"
+        )
     if f["ppo_stopped"] is None:
         return "n/a"
     restores = int(f["ppo_restores"] or 0)
     if f["ppo_stopped"]:
         return f"stopped by the KL guard after {restores} restorations (last good policy kept)"
     return f"completed ({restores} KL-guard restorations)"
+
+
+def _judge(is_gold: float | None) -> str:
+    """Who judged the evaluation's win rate: the reward model, or the gold reward without one."""
+    return "n/a" if is_gold is None else ("gold reward" if is_gold else "reward model")
 
 
 def _num(value: float | None, signed: bool = False) -> str:

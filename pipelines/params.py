@@ -13,6 +13,7 @@ import typing
 from typing import Any
 
 from components.core.model_config import PRESETS
+from components.dpo.config import DPOConfig
 from components.evaluate.config import EvalConfig
 from components.ppo.config import PPOConfig
 from components.reward.config import RewardConfig
@@ -24,8 +25,12 @@ STAGE_CONFIGS: dict[str, type] = {
     "sft": SFTConfig,
     "reward": RewardConfig,
     "ppo": PPOConfig,
+    "dpo": DPOConfig,
     "evaluate": EvalConfig,
 }
+ALGORITHMS = ("ppo", "grpo", "rloo", "dpo")
+# The stages a run of each kind trains: dpo needs no reward model and replaces ppo.
+TRAINED_STAGES = {"rl": ("sft", "reward", "ppo"), "dpo": ("sft", "dpo")}
 
 
 class ParamError(ValueError):
@@ -135,11 +140,11 @@ PARAMS: tuple[Param, ...] = (
         "from with a fresh scalar head, e.g. the same as base_policy; '' = a fresh model of preset",
     ),
     _shared("preset", "preset", "sft", "reward"),
-    _shared("max_len", "max_len", "sft", "reward"),
-    _shared("seed", "seed", "sft", "reward", "ppo", "evaluate"),
-    _shared("remat", "remat", "sft", "reward", "ppo"),
-    _shared("dtype", "dtype", "sft", "reward", "ppo"),
-    _shared("fsdp", "fsdp", "sft", "reward", "ppo", "evaluate"),
+    _shared("max_len", "max_len", "sft", "reward", "dpo"),
+    _shared("seed", "seed", "sft", "reward", "ppo", "dpo", "evaluate"),
+    _shared("remat", "remat", "sft", "reward", "ppo", "dpo"),
+    _shared("dtype", "dtype", "sft", "reward", "ppo", "dpo"),
+    _shared("fsdp", "fsdp", "sft", "reward", "ppo", "dpo", "evaluate"),
     *_stage("sft", "steps", "batch_size", "learning_rate", prefix="sft_"),
     *_stage("reward", "steps", "batch_size", "learning_rate", prefix="reward_"),
     Param(
@@ -149,12 +154,30 @@ PARAMS: tuple[Param, ...] = (
         help="stop the run after the reward stage (no ppo, evaluate or promote) when the reward "
         "model's eval accuracy is below this; 0 = never",
     ),
-    *_stage("ppo", "algorithm", "group_size"),
+    Param(
+        "algorithm",
+        (("ppo", "algorithm"),),
+        default="ppo",
+        kind=str,
+        help="ppo (reward model, critic), grpo or rloo (reward model, no critic: group "
+        "baselines), or dpo (no reward model: the dpo stage replaces the reward and ppo stages)",
+    ),
+    Param("group_size", (("ppo", "group_size"),)),
     *_stage("ppo", "iterations", "rollout_batch_size", "minibatches", prefix="ppo_"),
     *_stage("ppo", "learning_rate", "critic_learning_rate", prefix="ppo_"),
     Param("ppo_epochs", (("ppo", "ppo_epochs"),)),
     *_stage("ppo", "kl_coef", "adaptive_kl", "kl_target", "kl_stop", "max_new_tokens"),
+    *_stage("dpo", "steps", "batch_size", "learning_rate", "beta", prefix="dpo_"),
+    *_stage("dpo", "loss_type", "label_smoothing", prefix="dpo_"),
     *_stage("evaluate", "min_win_rate_lower", "max_kl", "max_eval_prompts", "gold_reward"),
+    Param(
+        "eval_reward_model",
+        default="",
+        kind=str,
+        help="algorithm dpo only: a reward model folder (reward stage output, local or gs://) "
+        "evaluate judges the dpo policy with; '' = the gold reward judges (built-in task, or "
+        "gold_reward)",
+    ),
     Param("eval_samples_per_prompt", (("evaluate", "samples_per_prompt"),)),
     Param("best_of_n", (("evaluate", "best_of_n"),), kind=str),
     Param("eval_max_new_tokens", (("evaluate", "max_new_tokens"),)),
@@ -169,7 +192,7 @@ PARAMS: tuple[Param, ...] = (
 )
 BY_NAME: dict[str, Param] = {p.name: p for p in PARAMS}
 # Stages whose tasks hold the accelerator: their batches must split over its chips.
-BATCHES_PER_CHIP = {"sft_batch_size": "sft", "reward_batch_size": "reward"}
+BATCHES_PER_CHIP = {"sft_batch_size": "sft", "reward_batch_size": "reward", "dpo_batch_size": "dpo"}
 
 
 def defaults() -> dict[str, Any]:
@@ -221,13 +244,39 @@ def validate(values: dict[str, Any], chips: int) -> dict[str, Any]:
         )
     if merged["builtin_pairs"] < 1:
         raise ParamError(f"builtin_pairs: {merged['builtin_pairs']} must be at least 1")
-    for stage, config_cls in STAGE_CONFIGS.items():
+    _check_algorithm(merged)
+    for stage in ("shard", *trained_stages(merged), "evaluate"):
         try:
-            config_cls(**stage_values(stage, merged))
+            STAGE_CONFIGS[stage](**stage_values(stage, merged))
         except ValueError as error:
             raise ParamError(f"{stage} parameters: {error}") from None
     _check_batches(merged, chips)
     return merged
+
+
+def trained_stages(values: dict[str, Any]) -> tuple[str, ...]:
+    """The training stages a run with these parameters runs (sft only without base_policy)."""
+    stages = TRAINED_STAGES["dpo" if values["algorithm"] == "dpo" else "rl"]
+    return tuple(s for s in stages if s != "sft" or not values["base_policy"])
+
+
+def _check_algorithm(values: dict[str, Any]) -> None:
+    """A known algorithm, and a judge for evaluate when no reward model is trained."""
+    algorithm = values["algorithm"]
+    if algorithm not in ALGORITHMS:
+        raise ParamError(f"algorithm: {algorithm!r} is unknown; use one of {ALGORITHMS}")
+    if algorithm != "dpo" and values["eval_reward_model"]:
+        raise ParamError(
+            f"eval_reward_model: applies to algorithm dpo only; with {algorithm} the reward "
+            "stage's model judges the evaluation: set eval_reward_model to ''"
+        )
+    has_gold = values["gold_reward"] or not values["data_uri"]  # the built-in task has one
+    if algorithm == "dpo" and not (values["eval_reward_model"] or has_gold):
+        raise ParamError(
+            "algorithm: dpo trains no reward model, so evaluate has no judge for your data: "
+            "pass eval_reward_model (a reward model folder) or gold_reward (a gold scoring "
+            "function, PATH.py:FUNCTION)"
+        )
 
 
 def _check_type(name: str, value: Any) -> None:
@@ -244,7 +293,8 @@ def _check_batches(values: dict[str, Any], chips: int) -> None:
     """Global batches must split evenly over the chips of one training task."""
     if chips < 1:
         raise ParamError(f"chip count: {chips} must be at least 1")
-    for name in BATCHES_PER_CHIP:
+    trained = trained_stages(values)
+    for name in (n for n, stage in BATCHES_PER_CHIP.items() if stage in trained):
         if values[name] % chips:
             nearest = max(chips, values[name] // chips * chips)
             raise ParamError(
@@ -252,6 +302,8 @@ def _check_batches(values: dict[str, Any], chips: int) -> None:
                 f"use a multiple of {chips} (e.g. {nearest})"
             )
     _check_min_eval_pairs(values)
+    if "ppo" not in trained:
+        return
     quantum = chips * values["ppo_minibatches"]
     if values["ppo_rollout_batch_size"] % quantum:
         raise ParamError(
@@ -259,7 +311,7 @@ def _check_batches(values: dict[str, Any], chips: int) -> None:
             f"{chips} chips x {values['ppo_minibatches']} ppo_minibatches = {quantum}"
         )
     groups = chips * values["group_size"]
-    if values["algorithm"] != "ppo" and values["ppo_rollout_batch_size"] % groups:
+    if values["algorithm"] in ("grpo", "rloo") and values["ppo_rollout_batch_size"] % groups:
         # A group's responses share a chip: their baseline is computed there.
         raise ParamError(
             f"ppo_rollout_batch_size: {values['ppo_rollout_batch_size']} must be a multiple of "
@@ -272,13 +324,14 @@ def _check_min_eval_pairs(values: dict[str, Any]) -> None:
     """The shard stage must keep one eval batch of each training stage that runs."""
     if not values["min_eval_pairs"]:
         return
-    batches = ["reward_batch_size"] + (["sft_batch_size"] if not values["base_policy"] else [])
+    trained = trained_stages(values)
+    batches = [name for name, stage in BATCHES_PER_CHIP.items() if stage in trained]
     largest = max(batches, key=lambda name: values[name])
     if values["min_eval_pairs"] < values[largest]:
         raise ParamError(
             f"min_eval_pairs: {values['min_eval_pairs']} is below {largest} "
-            f"{values[largest]}, and sft and reward read the eval split in batches of their "
-            f"batch_size; set min_eval_pairs to {values[largest]}"
+            f"{values[largest]}, and the training stages read the eval split in batches of "
+            f"their batch_size; set min_eval_pairs to {values[largest]}"
         )
 
 

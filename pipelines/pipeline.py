@@ -8,8 +8,12 @@ Steps:
              the given policy (e.g. the last promoted one) is checked and used
 4. reward    train the Bradley-Terry reward model; below ``min_reward_accuracy`` the run
              stops here, the model kept for inspection
-5. ppo       align the policy against the reward model, KL to the initial policy
-6. evaluate  win rate, KL, rewards against the initial policy; HTML report; ``blessed``
+5. ppo       align the policy against the reward model (PPO, GRPO or RLOO), KL to the
+             initial policy
+   dpo       instead of 4 and 5 when ``algorithm`` is dpo: align the policy on the pairs
+             directly, no reward model
+6. evaluate  win rate, KL, rewards against the initial policy, judged by the reward model
+             (a dpo run's: ``eval_reward_model``, else the gold reward); HTML report; ``blessed``
 7. promote   only when blessed: copy the policy to ``promoted_policy_uri``
 
 Parameter defaults come from the stage configs (``pipelines/params.py``); placement
@@ -27,13 +31,14 @@ from pipelines.components import build_components
 from pipelines.targets import DATA, LIGHT, TRAIN, Placement, place
 
 PIPELINE_NAME = "alignpipe"
-STAGES = ("data", "shard", "sft", "reward", "ppo", "evaluate", "promote")
+STAGES = ("data", "shard", "sft", "reward", "ppo", "dpo", "evaluate", "promote")
 UPSTREAM = {
     "shard": ("data",),
     "sft": ("shard",),
     "reward": ("shard",),
     "ppo": ("sft", "reward"),
-    "evaluate": ("ppo",),
+    "dpo": ("sft",),
+    "evaluate": ("ppo", "dpo"),
     "promote": ("evaluate",),
 }
 # Task names (as kfp names them after their components) of each stage.
@@ -43,6 +48,7 @@ STAGE_TASKS = {
     "sft": ("sft", "check-policy"),
     "reward": ("reward",),
     "ppo": ("ppo",),
+    "dpo": ("dpo",),
     "evaluate": ("evaluate",),
     "promote": ("promote",),
 }
@@ -53,8 +59,7 @@ class Outputs(NamedTuple):
     """What a run hands back: each stage's metrics, the evaluation folder and its report."""
 
     shard_metrics: Metrics
-    reward_metrics: Metrics
-    ppo_metrics: Metrics
+    aligned: str  # reference to the aligned policy: algorithm, reward model, stage figures
     eval_metrics: Metrics
     evaluation: Artifact
     report: HTML
@@ -81,7 +86,9 @@ def build_pipeline(placement: Placement, fresh_from: str | None = None) -> Any:
         task.set_caching_options(cache and stage not in fresh)
         return place(task, role, placement)
 
-    @dsl.pipeline(name=PIPELINE_NAME, description="RLHF: shard, sft, reward, PPO, evaluate.")
+    @dsl.pipeline(
+        name=PIPELINE_NAME, description="RLHF: shard, sft, reward, PPO (or DPO), evaluate."
+    )
     def alignment_pipeline(
         data_uri: str = D["data_uri"],
         builtin_pairs: int = D["builtin_pairs"],
@@ -122,10 +129,17 @@ def build_pipeline(placement: Placement, fresh_from: str | None = None) -> Any:
         kl_target: float = D["kl_target"],
         kl_stop: float = D["kl_stop"],
         max_new_tokens: int = D["max_new_tokens"],
+        dpo_steps: int = D["dpo_steps"],
+        dpo_batch_size: int = D["dpo_batch_size"],
+        dpo_learning_rate: float = D["dpo_learning_rate"],
+        dpo_beta: float = D["dpo_beta"],
+        dpo_loss_type: str = D["dpo_loss_type"],
+        dpo_label_smoothing: float = D["dpo_label_smoothing"],
         min_win_rate_lower: float = D["min_win_rate_lower"],
         max_kl: float = D["max_kl"],
         max_eval_prompts: int = D["max_eval_prompts"],
         gold_reward: str = D["gold_reward"],
+        eval_reward_model: str = D["eval_reward_model"],
         eval_samples_per_prompt: int = D["eval_samples_per_prompt"],
         best_of_n: str = D["best_of_n"],
         eval_max_new_tokens: int = D["eval_max_new_tokens"],
@@ -152,35 +166,45 @@ def build_pipeline(placement: Placement, fresh_from: str | None = None) -> Any:
         initial_policy = dsl.OneOf(sft.outputs["Output"], given.output)
 
         # The reward gate (min_reward_accuracy) is the reward task failing after it wrote its
-        # model, not a dsl.If around ppo: ppo and evaluate make the run's outputs, which KFP
-        # returns only from the top level (and kfp.local cannot dsl.OneOf artifacts), and a
-        # failed task stops its dependents on every backend with its reason as the error.
-        reward = c.reward(shards=shards, **params.stage_values("reward", p))
-        reward_model = configure(reward, "reward", TRAIN).outputs["model"]
-        ppo = c.ppo(
-            shards=shards,
-            policy=initial_policy,
-            reward=reward_model,
-            **params.stage_values("ppo", p),
-        )
-        policy = configure(ppo, "ppo", TRAIN).outputs["model"]
+        # model: a failed task stops its dependents on every backend with its reason as the
+        # error. Each branch returns a reference to its policy (kfp.local cannot dsl.OneOf
+        # artifacts): evaluate and promote stay one task each, whichever branch ran.
+        with dsl.If(algorithm == "dpo", name="algorithm-dpo"):
+            dpo = c.dpo(shards=shards, policy=initial_policy, **params.stage_values("dpo", p))
+            configure(dpo, "dpo", TRAIN)
+        with dsl.Else(name="algorithm-rl"):
+            reward = c.reward(shards=shards, **params.stage_values("reward", p))
+            reward_model = configure(reward, "reward", TRAIN).outputs["model"]
+            ppo = c.ppo(
+                shards=shards,
+                policy=initial_policy,
+                reward=reward_model,
+                **params.stage_values("ppo", p),
+            )
+            configure(ppo, "ppo", TRAIN)
+        aligned = dsl.OneOf(dpo.outputs["Output"], ppo.outputs["Output"])
         evaluate = c.evaluate(
             shards=shards,
-            policy=policy,
+            policy=aligned,
             reference=initial_policy,
-            reward=reward_model,
+            reward_model=eval_reward_model,
             **params.stage_values("evaluate", p),
         )
         configure(evaluate, "evaluate", TRAIN)
 
         # A pipeline condition (compiled to the backend), not a Python comparison.
         with dsl.If(evaluate.outputs["Output"] == True, name="blessed"):  # noqa: E712
-            promote = c.promote(policy=policy, promoted_policy_uri=promoted_policy_uri)
+            promote = c.promote(
+                policy=aligned,
+                evaluation=evaluate.outputs["evaluation"],
+                sources=sources,
+                run_id=dsl.PIPELINE_JOB_NAME_PLACEHOLDER,
+                promoted_policy_uri=promoted_policy_uri,
+            )
             configure(promote, "promote", LIGHT)
         return Outputs(
             shard_metrics=shard.outputs["metrics"],
-            reward_metrics=reward.outputs["metrics"],
-            ppo_metrics=ppo.outputs["metrics"],
+            aligned=aligned,
             eval_metrics=evaluate.outputs["metrics"],
             evaluation=evaluate.outputs["evaluation"],
             report=evaluate.outputs["report"],

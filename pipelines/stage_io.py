@@ -94,6 +94,14 @@ def reference_uri(ref: str) -> str:
     return json.loads(ref)["uri"]
 
 
+def data_fingerprint(sources: str) -> str:
+    """One digest of the data a run read: its sources' URIs and fingerprints (find_sources)."""
+    import hashlib
+
+    listed = sorted((s["uri"], s.get("fingerprint", "")) for s in json.loads(sources))
+    return hashlib.sha256(json.dumps(listed).encode()).hexdigest()[:16]
+
+
 def reference_details(ref: str) -> dict[str, Any]:
     """Everything a reference made by :func:`reference` holds (uri, fingerprint, details)."""
     return json.loads(ref) if ref else {}

@@ -19,7 +19,7 @@ from pipelines.targets import Placement, PlacementError
 
 TRAIN_IMAGE = "us-docker.pkg.dev/p/alignpipe/train:1"
 DATA_IMAGE = "us-docker.pkg.dev/p/alignpipe/data:1"
-TRAINING = ("sft", "reward", "ppo", "evaluate")
+TRAINING = ("sft", "reward", "ppo", "dpo", "evaluate")
 CPU_TASKS = ("builtin-data", "find-data", "shard", "check-policy", "promote")
 
 
@@ -53,10 +53,32 @@ def _executor(spec: dict, task: str) -> dict:
     return spec["deploymentSpec"]["executors"][f"exec-{task}"]["container"]
 
 
+def _branch(spec: dict, condition: str) -> dict[str, dict]:
+    """The tasks of the condition DAG named ``condition``."""
+    task = next(t for t in _tasks(spec).values() if t["taskInfo"]["name"] == condition)
+    return spec["components"][task["componentRef"]["name"]]["dag"]["tasks"]
+
+
+def _nested(spec: dict, task: dict) -> set[str]:
+    """The names of every task inside ``task``'s condition DAGs, however deep."""
+    inner = spec["components"][task["componentRef"]["name"]].get("dag", {}).get("tasks", {})
+    return set(inner).union(*(_nested(spec, t) for t in inner.values()))
+
+
+def _group_of(spec: dict, task_name: str) -> str:
+    """The pipeline-level task (a condition group or the task) that holds ``task_name``."""
+    root = spec["root"]["dag"]["tasks"]
+    return next(n for n, t in root.items() if task_name == n or task_name in _nested(spec, t))
+
+
 def test_dag_order_and_conditions(vertex):
     tasks = _tasks(vertex)
-    assert set(tasks["ppo"]["dependentTasks"]) >= {"reward", "shard"}
-    assert set(tasks["evaluate"]["dependentTasks"]) >= {"ppo", "reward"}
+    assert set(tasks["ppo"]["dependentTasks"]) >= {"reward"}
+    # The training branches wait on the shards and the initial policy; evaluate on both.
+    rl_group = _group_of(vertex, "ppo")
+    assert _group_of(vertex, "dpo") == rl_group  # one If/Else group: one branch runs
+    assert set(tasks[rl_group]["dependentTasks"]) >= {"shard", _group_of(vertex, "sft")}
+    assert set(tasks["evaluate"]["dependentTasks"]) >= {rl_group, "shard"}
     conditions = {t["taskInfo"]["name"]: t.get("triggerPolicy", {}) for t in tasks.values()}
     assert conditions["train-policy"]["condition"] == (
         "inputs.parameter_values['pipelinechannel--base_policy'] == ''"
@@ -70,7 +92,29 @@ def test_dag_order_and_conditions(vertex):
     blessed = next(t for t in tasks.values() if t["taskInfo"]["name"] == "blessed")
     branch = vertex["components"][blessed["componentRef"]["name"]]["dag"]["tasks"]
     assert list(branch) == ["promote"]
-    assert set(blessed["dependentTasks"]) == {"evaluate", "ppo"}
+    assert set(blessed["dependentTasks"]) == {"evaluate", rl_group}
+
+
+def test_algorithm_dpo_branch_replaces_reward_and_ppo(vertex):
+    """algorithm=dpo runs the dpo task; the else branch holds reward and ppo; one OneOf
+    reference feeds evaluate and promote, and is the run's ``aligned`` output."""
+    tasks = _tasks(vertex)
+    conditions = {t["taskInfo"]["name"]: t.get("triggerPolicy", {}) for t in tasks.values()}
+    assert conditions["algorithm-dpo"]["condition"] == (
+        "inputs.parameter_values['pipelinechannel--algorithm'] == 'dpo'"
+    )
+    assert conditions["algorithm-rl"]["condition"].startswith("!(")
+    assert list(_branch(vertex, "algorithm-dpo")) == ["dpo"]
+    assert set(_branch(vertex, "algorithm-rl")) == {"reward", "ppo"}
+    dpo_inputs = tasks["dpo"]["inputs"]["parameters"]
+    assert dpo_inputs["beta"] == {"componentInputParameter": "pipelinechannel--dpo_beta"}
+    selected = vertex["root"]["dag"]["outputs"]["parameters"]["aligned"]["valueFromParameter"]
+    assert selected["producerSubtask"] == _group_of(vertex, "ppo")
+    policy = tasks["evaluate"]["inputs"]["parameters"]["policy"]["taskOutputParameter"]
+    assert policy["producerTask"] == _group_of(vertex, "ppo")
+    assert tasks["evaluate"]["inputs"]["parameters"]["reward_model"] == {
+        "componentInputParameter": "eval_reward_model"
+    }
 
 
 def test_reward_gate_stops_the_run_before_ppo(vertex):
@@ -80,12 +124,13 @@ def test_reward_gate_stops_the_run_before_ppo(vertex):
     assert compiled["min_reward_accuracy"]["defaultValue"] == 0.6
     reward_inputs = tasks["reward"]["inputs"]["parameters"]
     assert reward_inputs["min_reward_accuracy"] == {
-        "componentInputParameter": "min_reward_accuracy"
+        "componentInputParameter": "pipelinechannel--min_reward_accuracy"
     }
     assert "triggerPolicy" not in tasks["reward"]  # it always runs, and gates by failing
-    # ppo, evaluate and promote all wait on the reward task (promote through evaluate).
+    # ppo, evaluate and promote all wait on the reward task (evaluate on its branch group,
+    # promote through evaluate).
     assert "reward" in tasks["ppo"]["dependentTasks"]
-    assert {"reward", "ppo"} <= set(tasks["evaluate"]["dependentTasks"])
+    assert _group_of(vertex, "reward") in tasks["evaluate"]["dependentTasks"]
     blessed = next(t for t in tasks.values() if t["taskInfo"]["name"] == "blessed")
     assert "evaluate" in blessed["dependentTasks"]
 
@@ -153,8 +198,9 @@ def test_fresh_from_ppo_turns_caching_off_downstream(tmp_path):
         assert not tasks[task]["cachingOptions"].get("enableCache"), task
     for task in ("shard", "sft", "reward"):
         assert tasks[task]["cachingOptions"]["enableCache"] is True, task
-    assert downstream("sft") == ("sft", "ppo", "evaluate", "promote")
-    assert downstream("shard") == ("shard", "sft", "reward", "ppo", "evaluate", "promote")
+    assert downstream("sft") == ("sft", "ppo", "dpo", "evaluate", "promote")
+    assert downstream("shard") == ("shard", "sft", "reward", "ppo", "dpo", "evaluate", "promote")
+    assert downstream("dpo") == ("dpo", "evaluate", "promote")
 
 
 def test_gke_node_selectors_limit_and_toleration(gke):
@@ -196,7 +242,11 @@ def test_compile_time_values_become_defaults(tmp_path):
         ({"reward_batch_size": 128}, {}, "min_eval_pairs: 64 is below reward_batch_size 128"),
         ({"min_eval_pairs": -1}, {}, "min_eval_pairs: -1 must be >= 0"),
         ({"min_reward_accuracy": 1.5}, {}, "min_reward_accuracy: 1.5 must be in"),
-        ({"algorithm": "dpo"}, {}, "algorithm: 'dpo' is not an RL algorithm"),
+        ({"algorithm": "a2c"}, {}, "algorithm: 'a2c' is unknown"),
+        ({"algorithm": "dpo", "data_uri": "gs://b/p.jsonl"}, {}, "evaluate has no judge"),
+        ({"eval_reward_model": "gs://b/rm"}, {}, "eval_reward_model: applies to algorithm dpo"),
+        ({"algorithm": "dpo", "dpo_batch_size": 6}, {}, "dpo_batch_size: 6 does not split"),
+        ({"algorithm": "dpo", "dpo_beta": 0.0}, {}, "dpo parameters: beta: 0.0 must be > 0"),
         (
             {"algorithm": "grpo", "group_size": 8, "ppo_rollout_batch_size": 16},
             {},
@@ -244,7 +294,7 @@ def test_cli_compile_writes_a_spec_or_refuses(tmp_path, capsys):
 
 def test_components_take_exactly_their_stage_fields():
     built = build_components("python:3.11")
-    stage_of = {"shard": "shard", "sft": "sft", "reward": "reward", "ppo": "ppo"}
+    stage_of = {"shard": "shard", "sft": "sft", "reward": "reward", "ppo": "ppo", "dpo": "dpo"}
     stage_of["evaluate"] = "evaluate"
     for component, stage in stage_of.items():
         fields = set(params.stage_values(stage, params.defaults()))

@@ -54,7 +54,7 @@ def test_local_run_cache_and_rerun(tmp_path, monkeypatch, capsys):
     first = run_local(TINY, runs_dir=tmp_path, echo=False)
     assert not first.error, first.error
     assert first.executed == ALL_TASKS
-    assert set(_statuses(first).values()) == {"ran"}
+    assert {s: v for s, v in _statuses(first).items() if v != "ran"} == {"dpo": "skipped"}
     figures = first.figures()
     assert 0.0 <= figures["reward_accuracy"] <= 1.0
     assert 0.0 <= figures["win_rate_low"] <= figures["win_rate"] <= figures["win_rate_high"]
@@ -63,8 +63,13 @@ def test_local_run_cache_and_rerun(tmp_path, monkeypatch, capsys):
     assert figures["blessed"] == 1.0
     assert "<html" in Path(figures["report"]).read_text().lower()
     promoted = tmp_path / PROMOTED_DIR
-    assert (promoted / "config.json").exists() and (promoted / "params").is_dir()
-    assert json.loads((promoted / "PROMOTED.json").read_text())["source"].endswith("ppo/model")
+    current = Path(stage_io.reference_uri(stage_io.check_policy(str(promoted))))
+    assert current == promoted / "versions" / "000001"
+    assert (current / "config.json").exists() and (current / "params").is_dir()
+    record = json.loads((current / "PROMOTED.json").read_text())
+    assert record["source"].endswith("ppo/model") and record["algorithm"] == "ppo"
+    assert record["run_id"] == first.run_dir.name and len(record["data_fingerprint"]) == 16
+    assert record["figures"]["win_rate/value"] == figures["win_rate"]
 
     # One PPO parameter changed: shard, sft and reward come from the cache.
     second = run_local({**TINY, "kl_coef": 0.05}, runs_dir=tmp_path, echo=False)
@@ -83,7 +88,23 @@ def test_local_run_cache_and_rerun(tmp_path, monkeypatch, capsys):
     printed = capsys.readouterr().out
     assert "ppo        cached" in printed and "evaluate   ran" in printed
     assert "win rate vs reference" in printed and "gold win rate" in printed
-    assert "ppo vs best-of-n" in printed
+    assert "vs best-of-n" in printed
+
+    # algorithm=dpo: the dpo branch replaces reward and ppo; shard and sft from the cache;
+    # evaluate judges with the reward model it is given.
+    reward_model = str(first.run_dir / "reward" / "model")
+    dpo = {**TINY, "algorithm": "dpo", "dpo_steps": 4, "dpo_batch_size": 16}
+    fourth = run_local({**dpo, "eval_reward_model": reward_model}, runs_dir=tmp_path, echo=False)
+    assert not fourth.error, fourth.error
+    assert fourth.executed == {"dpo", "evaluate", "promote"}
+    statuses = _statuses(fourth)
+    assert [statuses[s] for s in ("data", "shard", "sft")] == ["cached"] * 3
+    assert [statuses[s] for s in ("reward", "ppo")] == ["skipped"] * 2
+    figures = fourth.figures()
+    assert figures["algorithm"] == "dpo" and figures["dpo_steps"] == 4
+    assert figures["reward_accuracy"] is None and figures["kl_per_token"] > 0
+    summary = format_summary(fourth)
+    assert "dpo        ran" in summary and "4 steps, eval preference accuracy" in summary
 
     # Periodic realignment: warm-start from the promoted policy; sft gives way to its check.
     warm = {**TINY, "kl_coef": 0.05, "base_policy": str(promoted)}
@@ -164,11 +185,11 @@ def test_sources_policy_check_and_promotion(tmp_path):
     assert stage_io.reference_uri(stage_io.check_policy(str(policy))) == str(policy)
 
     destination = tmp_path / "promoted"
-    (destination / "stale").mkdir(parents=True)
-    stage_io.promote(str(policy), str(tmp_path / "artifact"), str(destination))
-    assert (destination / "params" / "weights").read_text() == "w"
-    assert not (destination / "stale").exists()
-    assert json.loads((destination / "PROMOTED.json").read_text())["source"] == str(policy)
+    assert stage_io.promote(str(policy), str(tmp_path / "artifact"), str(destination)) == 1
+    version = destination / "versions" / "000001"
+    assert (version / "params" / "weights").read_text() == "w"
+    assert json.loads((version / "PROMOTED.json").read_text())["source"] == str(policy)
+    assert stage_io.reference_uri(stage_io.check_policy(str(destination))) == str(version)
     assert (tmp_path / "artifact" / "config.json").exists()
 
 
