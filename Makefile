@@ -46,6 +46,7 @@ bench: install ## Run every benchmark (prints figures and ratios; ~15 min; insta
 	$(BIN)/python benchmarks/bench_sampler.py
 	$(BIN)/python benchmarks/bench_ppo.py
 	$(BIN)/python benchmarks/bench_ppo_memory.py
+	$(BIN)/python benchmarks/bench_algorithms.py --json build/bench_algorithms.json
 
 clean: ## Remove the virtual environment, caches and local runs.
 	rm -rf $(VENV) runs .pytest_cache .ruff_cache build *.egg-info

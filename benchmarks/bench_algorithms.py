@@ -1,0 +1,424 @@
+"""PPO, GRPO, RLOO and DPO side by side on the built-in task, from one sft policy.
+
+What ``make demo`` runs (the pipeline's defaults, pipelines/params.py): the built-in task
+is generated and sharded once, the sft policy and the reward model are trained once, then
+PPO, GRPO and RLOO (``components.ppo --algorithm``) and DPO (``components.dpo``) each
+start from that sft policy, and ``components.evaluate`` measures each against it with the
+same reward model, the built-in gold reward and the demo's evaluation settings (same seed:
+the sft policy's samples are the same in every evaluation). Every training stage runs in a
+process of its own through its container entry point, as a pipeline task does, so its wall
+time counts start-up and compilation as the demo's summary does (the RL stages' time also
+includes their gold measure before and after). 8 virtual CPU devices, as the demo.
+
+Update memory is XLA's ``memory_analysis()`` of the compiled pmapped program, per device,
+for the shapes the stage ran (bench_fsdp_memory.measure): arguments + outputs + temporaries
+− donated aliases, plus the frozen parameters that stay on the device meanwhile. PPO's
+update holds policy and critic with their optimizer states, reference and reward model
+resident; GRPO's and RLOO's no critic; DPO's update is its reference forward and then its
+train step (the frozen reference resident during the step, the train state during the
+forward), and the larger of the two counts.
+
+Targets (issue 13): GRPO and RLOO reach PPO's gold gain (rule: their gain is at least the
+lower bound of PPO's 95% interval; the point estimates and the paired difference to PPO
+on the same prompts are printed beside it) at no more KL per token, with less update
+memory; DPO's gold-gain interval lies above zero.
+
+    python benchmarks/bench_algorithms.py [--work-dir DIR] [--json PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, NamedTuple
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+os.environ.setdefault("ALIGNPIPE_CPU_DEVICES", "8")  # the demo's; the stage processes inherit it
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from components.core.entry import configure_cpu_devices  # noqa: E402
+
+configure_cpu_devices()  # before JAX starts
+
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+from bench_fsdp_memory import measure  # noqa: E402
+from flax import nnx  # noqa: E402
+
+from components.core import parallel  # noqa: E402
+from components.core.builtin_task import write_jsonl  # noqa: E402
+from components.core.checkpoint import read_model_config  # noqa: E402
+from components.core.input_pipeline import read_manifest  # noqa: E402
+from components.core.model_io import stage_model  # noqa: E402
+from components.core.optim import make_optimizer  # noqa: E402
+from components.core.tokenizers import BUILTIN_WORDS  # noqa: E402
+from components.core.trainer import preference_streams  # noqa: E402
+from components.dpo.config import DPOConfig  # noqa: E402
+from components.dpo.stage import ReferenceScored  # noqa: E402
+from components.dpo.train import (  # noqa: E402
+    REFERENCE_CHOSEN,
+    REFERENCE_REJECTED,
+    make_dpo_loss,
+    make_reference_step,
+)
+from components.evaluate.config import EvalConfig  # noqa: E402
+from components.evaluate.measures import paired_difference  # noqa: E402
+from components.evaluate.stage import run as evaluate  # noqa: E402
+from components.ppo.config import PPOConfig  # noqa: E402
+from components.ppo.loop import compiled_phases  # noqa: E402
+from components.ppo.rollout import RolloutParams  # noqa: E402
+from components.ppo.stage import build_networks  # noqa: E402
+from components.ppo.update import PPOState  # noqa: E402
+from components.shard import ShardConfig  # noqa: E402
+from components.shard import run as run_shard  # noqa: E402
+from pipelines import params  # noqa: E402
+
+RL_ALGORITHMS = ("ppo", "grpo", "rloo")
+ALGORITHMS = (*RL_ALGORITHMS, "dpo")
+# The pipeline's fields every training stage shares: DPO's settings where the pipeline has
+# no dpo parameters (its own defaults for the rest).
+SHARED_FIELDS = ("preset", "max_len", "seed", "remat", "dtype", "fsdp", "batch_size")
+MIB = 2**20
+
+
+class StageRun(NamedTuple):
+    """A training stage's output folder, printed summary and wall time."""
+
+    output: str
+    summary: dict[str, Any]
+    seconds: float
+
+
+def stage_flags(settings: dict[str, Any]) -> list[str]:
+    """``--field=value`` flags of a stage's config fields."""
+    return [f"--{name.replace('_', '-')}={value}" for name, value in settings.items()]
+
+
+def run_stage(module: str, settings: dict[str, Any], paths: dict[str, str], logs: Path) -> StageRun:
+    """``python -m components.<module>`` in a fresh process; its last stdout line is its summary."""
+    path_flags = [arg for name, path in paths.items() for arg in (f"--{name}", path)]
+    command = [sys.executable, "-m", f"components.{module}", *path_flags, *stage_flags(settings)]
+    log = logs / f"{Path(paths['output']).name}.log"
+    print(f"[bench] {Path(paths['output']).name}: running (log {log})", flush=True)
+    start = time.perf_counter()
+    with open(log, "w") as stderr:
+        done = subprocess.run(command, stdout=subprocess.PIPE, stderr=stderr, text=True)
+    seconds = time.perf_counter() - start
+    if done.returncode:
+        raise RuntimeError(f"{' '.join(command)} failed (exit {done.returncode}); see {log}")
+    print(f"[bench] {Path(paths['output']).name}: done in {seconds:.1f} s", flush=True)
+    return StageRun(paths["output"], json.loads(done.stdout.strip().splitlines()[-1]), seconds)
+
+
+def prepare(values: dict[str, Any], root: Path) -> tuple[str, dict[str, StageRun]]:
+    """The built-in task sharded, and the sft policy and reward model trained, as the demo does."""
+    pairs = str(root / "pairs.jsonl")
+    write_jsonl(pairs, values["builtin_pairs"], seed=values["seed"])
+    shard = params.stage_values("shard", values)
+    shard["tokenizer"] = shard["tokenizer"] or BUILTIN_WORDS  # the task's own, as the demo's
+    shards = str(root / "shards")
+    run_shard(ShardConfig(**shard), [pairs], shards)
+    logs = root / "logs"
+    logs.mkdir(exist_ok=True)
+    runs = {}
+    for stage in ("sft", "reward"):
+        paths = {"shards": shards, "output": str(root / stage)}
+        runs[stage] = run_stage(stage, params.stage_values(stage, values), paths, logs)
+    return shards, runs
+
+
+def train_algorithms(
+    values: dict[str, Any], shards: str, base: dict[str, StageRun], root: Path
+) -> dict[str, StageRun]:
+    """Each algorithm from the same sft policy (the RL ones against the same reward model)."""
+    sft, reward, logs = base["sft"].output, base["reward"].output, root / "logs"
+    runs = {}
+    for algorithm in RL_ALGORITHMS:
+        settings = {**params.stage_values("ppo", values), "algorithm": algorithm}
+        paths = {"shards": shards, "policy": sft, "reward": reward, "output": str(root / algorithm)}
+        runs[algorithm] = run_stage("ppo", settings, paths, logs)
+    if "dpo" in params.STAGE_CONFIGS:
+        dpo = params.stage_values("dpo", values)
+    else:  # a pipeline without dpo parameters: the fields the training stages share
+        dpo = {name: params.stage_values("sft", values)[name] for name in SHARED_FIELDS}
+    paths = {"shards": shards, "policy": sft, "output": str(root / "dpo")}
+    runs["dpo"] = run_stage("dpo", dpo, paths, logs)
+    return runs
+
+
+def evaluate_against_sft(
+    values: dict[str, Any], shards: str, base: dict[str, StageRun], policy: str, output: str
+) -> dict[str, Any]:
+    """The evaluate stage's summary of ``policy`` against the sft policy (demo settings)."""
+    config = EvalConfig(**params.stage_values("evaluate", values))
+    return evaluate(
+        config, shards_dir=shards, policy_dir=policy, reference_dir=base["sft"].output,
+        reward_dir=base["reward"].output, output=output,
+    )  # fmt: skip
+
+
+class _Bound(NamedTuple):
+    """A pmapped program with its arguments after the first two bound: what measure() lowers."""
+
+    program: Any
+    rest: tuple
+
+    def lower(self, first: Any, second: Any, key: Any) -> Any:
+        return self.program.lower(first, second, *self.rest)
+
+
+def _bytes_per_device(tree: Any) -> int:
+    """Bytes one device holds of a placed tree: every leaf is [devices, ...] (whole tensors
+    replicated, or fsdp's chunks)."""
+    return sum(int(np.prod(leaf.shape[1:])) * leaf.dtype.itemsize for leaf in jax.tree.leaves(tree))
+
+
+def rl_update_memory(output: str, shards: str, sft: str, reward: str) -> dict[str, int]:
+    """Per-device bytes of the RL stage's compiled update at the shapes it ran, and resident."""
+    config = PPOConfig(**read_model_config(output)["training"])
+    _, nets = build_networks(config, read_manifest(shards), sft, reward)
+    rollout, update, _ = compiled_phases(config, nets)
+    place = lambda tree: parallel.place(tree, sharded=config.fsdp)  # noqa: E731
+    state = place(PPOState.create(nets.policy, nets.critic, config))
+    frozen = {"reference": place(nets.policy), "reward": place(nets.reward)}
+    critic = None if state.critic is None else state.critic.params
+    rollout_params = RolloutParams(
+        state.policy.params, frozen["reference"], critic, frozen["reward"]
+    )
+    rows = config.rollout_batch_size
+    prompts = parallel.shard_batch(
+        {
+            "prompt_tokens": np.zeros((rows, config.prompt_len), np.int32),
+            "prompt_mask": np.ones((rows, config.prompt_len), np.int32),
+        }
+    )
+    key, kl_coef = jax.random.PRNGKey(0), np.float32(config.kl_coef)
+    # The rollout batch's shapes and dtypes, traced (not run): memory depends on nothing else.
+    shapes, _ = jax.eval_shape(rollout, rollout_params, prompts, key, kl_coef)
+    batch = jax.tree.map(lambda s: np.zeros(s.shape, s.dtype), shapes)
+    figures, _, _ = measure(_Bound(update, (key, np.float32(1.0), kl_coef)), state, batch, key)
+    resident = _bytes_per_device(frozen)
+    return {
+        "program_live": figures["live"],
+        "resident": resident,
+        "peak": figures["live"] + resident,
+    }
+
+
+def dpo_step_memory(output: str, shards: str, sft: str) -> dict[str, int]:
+    """Per-device bytes of DPO's reference forward and train step, each with what stays resident."""
+    config = DPOConfig(**read_model_config(output)["training"])
+    model = stage_model(
+        read_manifest(shards), base=sft, preset=config.preset, scalar_head=False,
+        seed=config.seed, remat=config.remat, dtype=config.dtype,
+    )  # fmt: skip
+    graphdef, initial = nnx.split(model, nnx.Param)
+    optimizer = make_optimizer(config.optim())
+    loss = {"beta": config.beta, "loss_type": config.loss_type}
+    step = parallel.make_train_step(
+        make_dpo_loss(graphdef, **loss, label_smoothing=config.label_smoothing), optimizer
+    )
+    state = parallel.place(parallel.TrainState.create(initial, optimizer), sharded=config.fsdp)
+    reference = parallel.place(jax.device_get(initial), sharded=config.fsdp)
+    forward = make_reference_step(graphdef, average=config.loss_type == "ipo")
+    batches = preference_streams(shards, "train", config, shuffle=False, repeat=True)
+    scored = ReferenceScored(batches, lambda batch: forward(reference, batch))
+    batch = parallel.shard_batch(next(scored))
+    key = jax.random.PRNGKey(0)
+    train, _, _ = measure(step, state, batch, key)
+    plain = {k: v for k, v in batch.items() if k not in (REFERENCE_CHOSEN, REFERENCE_REJECTED)}
+    reference_pass, _, _ = measure(_Bound(forward, ()), reference, plain, key)
+    held_reference = _bytes_per_device(reference)
+    held_state = _bytes_per_device(state)
+    return {
+        "program_live": max(train["live"], reference_pass["live"]),
+        "train_step_live": train["live"],
+        "reference_forward_live": reference_pass["live"],
+        "resident": held_reference,
+        "peak": max(train["live"] + held_reference, reference_pass["live"] + held_state),
+    }
+
+
+def update_memory(algorithm: str, runs: dict[str, StageRun], shards: str) -> dict[str, int]:
+    """Per-device update memory of ``algorithm`` at the shapes its stage ran."""
+    sft, reward = runs["sft"].output, runs["reward"].output
+    if algorithm == "dpo":
+        return dpo_step_memory(runs["dpo"].output, shards, sft)
+    return rl_update_memory(runs[algorithm].output, shards, sft, reward)
+
+
+def per_prompt_gold(evaluation: str) -> np.ndarray:
+    """Mean gold reward per eval prompt of the aligned policy (the evaluation's samples.jsonl)."""
+    rows = [
+        json.loads(line) for line in (Path(evaluation) / "samples.jsonl").read_text().splitlines()
+    ]
+    prompts = max(row["prompt_index"] for row in rows) + 1
+    sums, counts = np.zeros(prompts), np.zeros(prompts)
+    for row in rows:
+        sums[row["prompt_index"]] += row["aligned_gold"]
+        counts[row["prompt_index"]] += 1
+    return sums / counts
+
+
+def row_of(summary: dict[str, Any], memory: dict[str, int], seconds: float) -> dict[str, Any]:
+    """The table's figures of one algorithm."""
+    gold = summary["gold"]
+    return {
+        "gold_gain": gold["difference"],
+        "gold_win_rate": gold["win_rate"]["value"],
+        "kl_per_token": summary["kl"]["per_token"],
+        "kl_per_sequence": summary["kl"]["per_sequence"],
+        "vs_best_of_n": summary["ppo_vs_best_of_n"],
+        "vs_best_of_n_capped": summary["ppo_vs_best_of_n_capped"],
+        "reward_model_win_rate": summary["win_rate"]["value"],
+        "stage_seconds": seconds,
+        "update_memory_bytes": memory,
+    }
+
+
+def format_table(rows: dict[str, dict[str, Any]]) -> str:
+    """One line per algorithm."""
+    lines = [
+        f"{'algorithm':<9} {'gold gain [95% interval]':<26} {'gold win':>8} {'KL/token':>9} "
+        f"{'vs BoN':>7} {'RM win':>7} {'stage s':>8} {'update MiB/dev':>14}"
+    ]
+    for name, row in rows.items():
+        gain, ratio = row["gold_gain"], row["vs_best_of_n"]
+        interval = f"{gain['value']:+.3f} [{gain['low']:+.3f}, {gain['high']:+.3f}]"
+        versus = (
+            "n/a" if ratio is None else f"{ratio:.2f}" + ("*" if row["vs_best_of_n_capped"] else "")
+        )
+        lines.append(
+            f"{name:<9} {interval:<26} {row['gold_win_rate']:>8.3f} {row['kl_per_token']:>9.4f} "
+            f"{versus:>7} {row['reward_model_win_rate']:>7.3f} {row['stage_seconds']:>8.1f} "
+            f"{row['update_memory_bytes']['peak'] / MIB:>14.2f}"
+        )
+    return "\n".join(lines)
+
+
+def targets(rows: dict[str, dict[str, Any]], versus_ppo: dict[str, dict]) -> list[dict[str, Any]]:
+    """The issue's targets, each with its figures and whether it is met."""
+    ppo = rows["ppo"]
+    checks = []
+    for name in ("grpo", "rloo"):
+        row, paired = rows[name], versus_ppo[name]["difference"]
+        gain, ppo_gain = row["gold_gain"]["value"], ppo["gold_gain"]
+        checks.append(
+            {
+                "target": f"{name} reaches PPO's gold gain (at least its interval's low end)",
+                "met": gain >= ppo_gain["low"],
+                "figures": f"{gain:+.3f} vs PPO {ppo_gain['value']:+.3f} "
+                f"[{ppo_gain['low']:+.3f}, {ppo_gain['high']:+.3f}]; point estimate "
+                f"{'at or above' if gain >= ppo_gain['value'] else 'below'} PPO's; paired "
+                f"{name} - PPO on the same prompts {paired['value']:+.3f} "
+                f"[{paired['low']:+.3f}, {paired['high']:+.3f}]",
+            }
+        )
+        kl, ppo_kl = row["kl_per_token"], ppo["kl_per_token"]
+        checks.append(
+            {
+                "target": f"{name} at no more KL than PPO",
+                "met": kl <= ppo_kl,
+                "figures": f"{kl:.4f} vs PPO {ppo_kl:.4f} nats/token",
+            }
+        )
+        memory = row["update_memory_bytes"]["peak"]
+        ppo_memory = ppo["update_memory_bytes"]["peak"]
+        checks.append(
+            {
+                "target": f"{name} with less update memory than PPO",
+                "met": memory < ppo_memory,
+                "figures": f"{memory / MIB:.2f} vs PPO {ppo_memory / MIB:.2f} MiB per device "
+                f"= {memory / ppo_memory:.2f}x",
+            }
+        )
+    dpo = rows["dpo"]["gold_gain"]
+    checks.append(
+        {
+            "target": "dpo's gold-gain interval lies above zero",
+            "met": dpo["low"] > 0,
+            "figures": f"{dpo['value']:+.3f} [{dpo['low']:+.3f}, {dpo['high']:+.3f}]",
+        }
+    )
+    return checks
+
+
+def machine() -> str:
+    """The machine in words."""
+    return (
+        f"{os.cpu_count()}-core {platform.machine()} CPU, no accelerator (CPU only), "
+        f"{jax.local_device_count()} virtual JAX devices"
+    )
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--work-dir", default="", help="folder for every artifact (default: temp)")
+    parser.add_argument("--json", default="", help="also write the results to this JSON file")
+    parser.add_argument(
+        "--set", nargs="*", default=[], metavar="PARAM=VALUE",
+        help="pipeline parameters other than the demo's (the figures then are not the demo's)",
+    )  # fmt: skip
+    args = parser.parse_args()
+    started = time.perf_counter()
+    root = Path(args.work_dir or tempfile.mkdtemp(prefix="bench-algorithms-"))
+    root.mkdir(parents=True, exist_ok=True)
+    changed = dict(item.split("=", 1) for item in args.set)
+    changed = {name: params.coerce(name, text) for name, text in changed.items()}
+    values = params.validate(changed, jax.local_device_count())  # the demo's, unless --set
+    print(f"[bench] {machine()}; artifacts in {root}", flush=True)
+    shards, runs = prepare(values, root)
+    runs.update(train_algorithms(values, shards, runs, root))
+    rows, gold = {}, {}
+    for name in ALGORITHMS:
+        evaluation = str(root / f"eval-{name}")
+        print(f"[bench] evaluating {name} against the sft policy", flush=True)
+        summary = evaluate_against_sft(values, shards, runs, runs[name].output, evaluation)
+        rows[name] = row_of(summary, update_memory(name, runs, shards), runs[name].seconds)
+        gold[name] = per_prompt_gold(evaluation)
+    versus_ppo = {
+        name: paired_difference(gold[name], gold["ppo"], n_resamples=1000, confidence=0.95, seed=0)
+        for name in ALGORITHMS
+    }
+    checks = targets(rows, versus_ppo)
+    seconds = time.perf_counter() - started
+    print(
+        f"\nbuilt-in task, {'settings ' + ' '.join(args.set) if args.set else 'demo settings'}, "
+        f"{machine()}; sft {runs['sft'].seconds:.0f} s, "
+        f"reward {runs['reward'].seconds:.0f} s (accuracy "
+        f"{runs['reward'].summary.get('eval/accuracy', float('nan')):.3f})"
+    )
+    print(format_table(rows))
+    print(
+        "gold gain and win rate, KL (k1, aligned samples) and RM win rate against the sft "
+        "policy; vs BoN = gold gain / best-of-n's at the same KL (* capped at the largest n); "
+        "update MiB/dev = the compiled update's live bytes + frozen parameters resident"
+    )
+    for check in checks:
+        print(f"{'PASS' if check['met'] else 'FAIL'}  {check['target']}: {check['figures']}")
+    print(f"benchmark wall time {seconds:.0f} s")
+    if args.json:
+        record = {
+            "machine": machine(),
+            "settings": {k: v for k, v in values.items() if isinstance(v, int | float | str)},
+            "stage_seconds": {name: run.seconds for name, run in runs.items()},
+            "rows": rows,
+            "paired_gold_vs_ppo": {name: versus_ppo[name]["difference"] for name in ALGORITHMS},
+            "targets": checks,
+            "seconds": seconds,
+            "work_dir": str(root),
+        }
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(record, indent=2, default=float) + "\n")
+    return 0 if all(check["met"] for check in checks) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
