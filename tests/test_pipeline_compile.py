@@ -92,7 +92,7 @@ def test_dag_order_and_conditions(vertex):
     blessed = next(t for t in tasks.values() if t["taskInfo"]["name"] == "blessed")
     branch = vertex["components"][blessed["componentRef"]["name"]]["dag"]["tasks"]
     assert list(branch) == ["promote"]
-    assert set(blessed["dependentTasks"]) == {"evaluate", rl_group}
+    assert set(blessed["dependentTasks"]) == {"evaluate", rl_group, _group_of(vertex, "find-data")}
 
 
 def test_algorithm_dpo_branch_replaces_reward_and_ppo(vertex):
