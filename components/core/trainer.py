@@ -366,6 +366,11 @@ class PreferenceTraining:
         )  # fmt: skip
 
 
+# What a stage may put between the preference stream and the step: a wrapper of each split's
+# batches that keeps their position and restore (DPO adds the frozen reference's log-probs).
+BatchWrapper = Callable[[StreamBatches], Iterator[dict[str, np.ndarray]]]
+
+
 def train_on_preferences(
     config: TrainConfig,
     shards_dir: str,
@@ -377,8 +382,13 @@ def train_on_preferences(
     make_loss: Callable[[Any], parallel.LossFn],
     make_eval_sums: Callable[[Any], Callable],
     summarize_eval: Callable[[dict[str, float]], dict[str, float]],
+    wrap_batches: Callable[[Any, PyTree], BatchWrapper] | None = None,
 ) -> PreferenceTraining:
-    """Build the stage's model, train it on the train split, evaluate it on the eval split."""
+    """Build the stage's model, train it on the train split, evaluate it on the eval split.
+
+    ``wrap_batches(graphdef, initial_params)``, when given, returns the wrapper every split's
+    batches pass through (train and eval alike).
+    """
     from flax import nnx
 
     from components.core.distributed import maybe_initialize
@@ -398,17 +408,21 @@ def train_on_preferences(
         remat=config.remat, dtype=config.dtype,
     )  # fmt: skip
     graphdef, params = nnx.split(model, nnx.Param)
+    wrap = wrap_batches(graphdef, params) if wrap_batches else lambda batches: batches
+
+    def batches(split: str, *, shuffle: bool, repeat: bool) -> Iterator[dict[str, np.ndarray]]:
+        return wrap(preference_streams(shards_dir, split, config, shuffle=shuffle, repeat=repeat))
+
     eval_step = make_eval_step(make_eval_sums(graphdef))
     eval_count = eval_batch_count(manifest, "eval", config)
 
     def evaluate(placed_params: PyTree) -> dict[str, float]:
-        batches = preference_streams(shards_dir, "eval", config, shuffle=False, repeat=False)
-        return summarize_eval(run_eval(eval_step, placed_params, batches, eval_count))
+        eval_batches = batches("eval", shuffle=False, repeat=False)
+        return summarize_eval(run_eval(eval_step, placed_params, eval_batches, eval_count))
 
     result = fit(
         config=config, output=output, stage=stage, params=params, loss_fn=make_loss(graphdef),
-        train_data=preference_streams(shards_dir, "train", config, shuffle=True, repeat=True),
-        evaluate=evaluate,
+        train_data=batches("train", shuffle=True, repeat=True), evaluate=evaluate,
     )  # fmt: skip
     final_eval = evaluate(parallel.place(result.params, sharded=config.fsdp))
     return PreferenceTraining(model, manifest, config, pretrained, result, final_eval)

@@ -9,14 +9,13 @@ TensorBoard events.
 
 The reference's log-probs are computed for each batch before the train step, by a
 forward-only pmapped pass over the frozen parameters (replicated, or in chunks with
-``fsdp``), and travel in the batch: the step's gradient never reaches the reference,
-and the trainer's loop (``fit``: checkpoints, exact resume, eval) runs unchanged.
+``fsdp``), and travel in the batch: the step's gradient never reaches the reference, and
+the sft and reward stages' trainer (``train_on_preferences``: checkpoints, exact resume,
+eval) runs unchanged, the scoring passed to it as its ``wrap_batches`` hook.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import logging
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -26,18 +25,8 @@ from flax import nnx
 
 from components.core import fileio, parallel
 from components.core.checkpoint import read_model_config
-from components.core.distributed import maybe_initialize
-from components.core.input_pipeline import longest_lengths, read_manifest
-from components.core.model_io import ModelMismatchError, is_pretrained, stage_model
-from components.core.trainer import (
-    PreferenceTraining,
-    StreamBatches,
-    eval_batch_count,
-    fit,
-    make_eval_step,
-    preference_streams,
-    run_eval,
-)
+from components.core.model_io import ModelMismatchError
+from components.core.trainer import BatchWrapper, StreamBatches, train_on_preferences
 from components.dpo.config import DPOConfig
 from components.dpo.train import (
     REFERENCE_CHOSEN,
@@ -50,7 +39,6 @@ from components.dpo.train import (
 )
 from components.hf.importer import resolve_base
 
-log = logging.getLogger(__name__)
 PyTree = Any
 
 
@@ -58,7 +46,15 @@ def run(config: DPOConfig, shards_dir: str, policy_dir: str, output: str) -> dic
     """Train ``policy_dir`` with DPO on ``shards_dir``; write the aligned policy to ``output``."""
     # A Hugging Face folder is imported once into the task's work folder.
     policy = resolve_base(policy_dir, fileio.join(output, "work"))
-    trained = train_dpo(config, shards_dir, policy, output)
+    check_policy(policy)
+    loss = {"beta": config.beta, "loss_type": config.loss_type}
+    loss["label_smoothing"] = config.label_smoothing
+    trained = train_on_preferences(
+        config, shards_dir, output, stage="dpo", base=policy, scalar_head=False,
+        make_loss=lambda graphdef: make_dpo_loss(graphdef, **loss),
+        make_eval_sums=lambda graphdef: make_dpo_eval_sums(graphdef, **loss),
+        summarize_eval=summarize_eval, wrap_batches=reference_scoring(config),
+    )  # fmt: skip
     trained.save(output, "dpo")
     return trained.summary()
 
@@ -98,44 +94,15 @@ class ReferenceScored(Iterator[dict[str, np.ndarray]]):
         self.batches.restore(position)
 
 
-def train_dpo(
-    config: DPOConfig, shards_dir: str, policy_dir: str, output: str
-) -> PreferenceTraining:
-    """Train the policy of ``policy_dir`` against its frozen copy; evaluate on the eval split."""
-    maybe_initialize()
-    manifest = read_manifest(shards_dir)
-    if not config.max_len:
-        config = dataclasses.replace(config, max_len=sum(longest_lengths(manifest)))
-    check_policy(policy_dir)
-    pretrained = is_pretrained(policy_dir)
-    config = config.resolved(pretrained=pretrained)
-    start = "pretrained policy" if pretrained else "policy trained from scratch"
-    log.info("dpo: learning rate %g (%s)", config.learning_rate, start)
-    model = stage_model(
-        manifest, base=policy_dir, preset=config.preset, scalar_head=False, seed=config.seed,
-        remat=config.remat, dtype=config.dtype,
-    )  # fmt: skip
-    graphdef, params = nnx.split(model, nnx.Param)
-    loss = {"beta": config.beta, "loss_type": config.loss_type}
-    loss["label_smoothing"] = config.label_smoothing
-    reference = parallel.place(jax.device_get(params), sharded=config.fsdp)
-    reference_step = make_reference_step(graphdef, average=config.loss_type == "ipo")
+def reference_scoring(config: DPOConfig) -> Callable[[nnx.GraphDef, PyTree], BatchWrapper]:
+    """The trainer's ``wrap_batches``: the starting policy, placed once as the frozen
+    reference, scores every batch of every split."""
 
-    def scored(split: str, *, shuffle: bool, repeat: bool) -> ReferenceScored:
-        batches = preference_streams(shards_dir, split, config, shuffle=shuffle, repeat=repeat)
-        return ReferenceScored(batches, lambda batch: reference_step(reference, batch))
+    def wrap_batches(graphdef: nnx.GraphDef, params: PyTree) -> BatchWrapper:
+        reference = parallel.place(jax.device_get(params), sharded=config.fsdp)
+        reference_step = make_reference_step(graphdef, average=config.loss_type == "ipo")
+        return lambda batches: ReferenceScored(
+            batches, lambda batch: reference_step(reference, batch)
+        )
 
-    eval_step = make_eval_step(make_dpo_eval_sums(graphdef, **loss))
-    eval_count = eval_batch_count(manifest, "eval", config)
-
-    def evaluate(placed_params: PyTree) -> dict[str, float]:
-        batches = scored("eval", shuffle=False, repeat=False)
-        return summarize_eval(run_eval(eval_step, placed_params, batches, eval_count))
-
-    result = fit(
-        config=config, output=output, stage="dpo", params=params,
-        loss_fn=make_dpo_loss(graphdef, **loss),
-        train_data=scored("train", shuffle=True, repeat=True), evaluate=evaluate,
-    )  # fmt: skip
-    final_eval = evaluate(parallel.place(result.params, sharded=config.fsdp))
-    return PreferenceTraining(model, manifest, config, pretrained, result, final_eval)
+    return wrap_batches
