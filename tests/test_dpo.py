@@ -17,14 +17,13 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from components.core import eval_sampling, fileio, parallel
+from components.core import parallel
 from components.core.builtin_task import write_jsonl
 from components.core.checkpoint import read_model_config, work_checkpoint_dir
-from components.core.gold import resolve_gold_reward
+from components.core.gold import policy_gold_scores
 from components.core.input_pipeline import longest_lengths, read_manifest
 from components.core.metrics import read_metrics
 from components.core.model_io import ModelMismatchError, load_model
-from components.core.tokenizers import load_tokenizer
 from components.dpo import DPOConfig, run
 from components.dpo.__main__ import main as dpo_main
 from components.dpo.config import FROM_SCRATCH_LEARNING_RATE, PRETRAINED_LEARNING_RATE
@@ -173,21 +172,12 @@ def _gold_per_prompt(model_dir: str, shards_dir: str, samples: int = 4) -> np.nd
     model, _ = load_model(model_dir)
     graphdef, params = nnx.split(model, nnx.Param)
     manifest = read_manifest(shards_dir)
-    gold = resolve_gold_reward(manifest["gold_reward"])
-    tokenizer = load_tokenizer(fileio.join(shards_dir, "tokenizer"))
     prompt_len, response_len = longest_lengths(manifest)
-    prompts = eval_sampling.eval_prompts(shards_dir, prompt_len=prompt_len)
-    settings = eval_sampling.SamplingSettings(response_len, tokenizer.eos_id, tokenizer.pad_id, 1.0)
-    responses = eval_sampling.sample_responses(
-        graphdef, parallel.replicate(params), prompts, settings=settings,
-        samples_per_prompt=samples, seed=0, batch_size=len(prompts.tokens) * samples,
+    scores = policy_gold_scores(
+        graphdef, parallel.replicate(params), shards_dir, manifest["gold_reward"],
+        prompt_len=prompt_len, max_new_tokens=response_len, temperature=1.0,
+        samples_per_prompt=samples, seed=0,
     )  # fmt: skip
-    scores = np.zeros((len(prompts.tokens), samples))
-    for p, (prompt, prompt_mask) in enumerate(zip(prompts.tokens, prompts.mask, strict=True)):
-        text = tokenizer.decode(prompt[prompt_mask])
-        for s in range(samples):
-            response = responses.tokens[p, s][responses.mask[p, s].astype(bool)]
-            scores[p, s] = gold(text, tokenizer.decode(response))
     return scores.mean(axis=1)
 
 

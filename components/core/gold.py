@@ -11,6 +11,10 @@ names one of:
 The resolved function checks every score: a non-number or a non-finite value raises a
 ValueError naming the spec, the prompt and the response, so a broken gold reward never
 turns into a NaN figure three stages later.
+
+``policy_gold_scores`` measures a policy with one: its samples on the unique eval prompts
+(core.eval_sampling: per-(prompt, sample) keys, so two policies sampled with one seed share
+them), each scored by the gold reward.
 """
 
 from __future__ import annotations
@@ -23,9 +27,12 @@ import types
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
+
 from components.core import builtin_task, fileio
 
 GoldReward = Callable[[str, str], float]
+PyTree = Any
 _SHOWN_CHARS = 200  # of a prompt or response quoted in an error
 
 
@@ -140,3 +147,42 @@ def validate_gold_reward(spec: str) -> None:
 def is_builtin(spec: str) -> bool:
     """Whether ``spec`` names a built-in gold reward (safe to take from a data manifest)."""
     return spec in builtin_task.gold_reward_names()
+
+
+def policy_gold_scores(
+    graphdef: Any,
+    params: PyTree,
+    shards_dir: str,
+    spec: str,
+    *,
+    prompt_len: int,
+    max_new_tokens: int,
+    temperature: float,
+    samples_per_prompt: int,
+    seed: int,
+) -> np.ndarray:
+    """Gold scores [P, S] of ``samples_per_prompt`` samples of the policy (``params`` placed on
+    the devices: ``parallel.place``) on every unique eval prompt of ``shards_dir``."""
+    # Sampling needs JAX and the input pipeline: imported here, so the configs that
+    # validate a spec import this module lightly.
+    from components.core import eval_sampling
+    from components.core.tokenizers import load_tokenizer
+
+    gold = resolve_gold_reward(spec)
+    tokenizer = load_tokenizer(fileio.join(shards_dir, "tokenizer"))
+    prompts = eval_sampling.eval_prompts(shards_dir, prompt_len=prompt_len)
+    settings = eval_sampling.SamplingSettings(
+        max_new_tokens, tokenizer.eos_id, tokenizer.pad_id, temperature
+    )
+    responses = eval_sampling.sample_responses(
+        graphdef, params, prompts, settings=settings, samples_per_prompt=samples_per_prompt,
+        seed=seed, batch_size=len(prompts.tokens) * samples_per_prompt,
+    )  # fmt: skip
+    scores = np.zeros((len(prompts.tokens), samples_per_prompt))
+    for p, (prompt, prompt_mask) in enumerate(zip(prompts.tokens, prompts.mask, strict=True)):
+        prompt_text = tokenizer.decode(prompt[prompt_mask])
+        for s, (response, mask) in enumerate(
+            zip(responses.tokens[p], responses.mask[p], strict=True)
+        ):
+            scores[p, s] = gold(prompt_text, tokenizer.decode(response[mask.astype(bool)]))
+    return scores
