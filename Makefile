@@ -4,6 +4,9 @@ SHELL := bash
 .DEFAULT_GOAL := help
 
 PYTHON ?= python3
+# pytest-xdist workers; each module stays on one worker (its fixtures compile once), the
+# long ones start first (tests/conftest.py).
+TEST_WORKERS ?= 2
 VENV ?= .venv
 BIN := $(VENV)/bin
 # pip prints one warning per package for index folders this machine lacks; keep the log
@@ -27,8 +30,8 @@ install: $(BIN)/.installed ## Create .venv and install alignpipe with its test t
 demo: install ## Run the whole pipeline locally on the built-in task (CPU).
 	$(BIN)/python -m pipelines.demo
 
-test: install ## Run the test suite (CPU, 8 virtual devices).
-	$(BIN)/python -m pytest -q tests
+test: install ## Run the test suite (CPU, 8 virtual devices; TEST_WORKERS processes, 2).
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder tests
 
 lint: install ## Check style with ruff.
 	$(BIN)/ruff check .
@@ -38,7 +41,7 @@ format: install ## Format the code with ruff.
 	$(BIN)/ruff check --fix .
 	$(BIN)/ruff format .
 
-bench: install ## Run every benchmark (prints figures and ratios; ~15 min; installs the [bench] extra for TRL).
+bench: install ## Run every benchmark (prints figures and ratios; ~30 min; installs the [bench] extra for TRL).
 	$(BIN)/pip install -q -e '.[bench]' 2>&1 | $(PIP_QUIET)
 	$(BIN)/python benchmarks/bench_shard.py
 	$(BIN)/python benchmarks/bench_remat.py

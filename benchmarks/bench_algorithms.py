@@ -417,7 +417,7 @@ def main() -> int:
         }
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(record, indent=2, default=float) + "\n")
-    return 0 if all(check["met"] for check in checks) else 1
+    return 0  # a missed target is a figure (FAIL above, "met" in the JSON), not an error
 
 
 if __name__ == "__main__":
