@@ -82,9 +82,6 @@ from pipelines import params  # noqa: E402
 
 RL_ALGORITHMS = ("ppo", "grpo", "rloo")
 ALGORITHMS = (*RL_ALGORITHMS, "dpo")
-# The pipeline's fields every training stage shares: DPO's settings where the pipeline has
-# no dpo parameters (its own defaults for the rest).
-SHARED_FIELDS = ("preset", "max_len", "seed", "remat", "dtype", "fsdp", "batch_size")
 MIB = 2**20
 
 
@@ -144,12 +141,8 @@ def train_algorithms(
         settings = {**params.stage_values("ppo", values), "algorithm": algorithm}
         paths = {"shards": shards, "policy": sft, "reward": reward, "output": str(root / algorithm)}
         runs[algorithm] = run_stage("ppo", settings, paths, logs)
-    if "dpo" in params.STAGE_CONFIGS:
-        dpo = params.stage_values("dpo", values)
-    else:  # a pipeline without dpo parameters: the fields the training stages share
-        dpo = {name: params.stage_values("sft", values)[name] for name in SHARED_FIELDS}
     paths = {"shards": shards, "policy": sft, "output": str(root / "dpo")}
-    runs["dpo"] = run_stage("dpo", dpo, paths, logs)
+    runs["dpo"] = run_stage("dpo", params.stage_values("dpo", values), paths, logs)
     return runs
 
 
