@@ -1,9 +1,22 @@
-"""Test set-up: 8 virtual CPU devices for pmap, before any JAX computation."""
+"""Test set-up: 8 virtual CPU devices for pmap, before any JAX computation.
+
+One persistent XLA compilation cache per test session (shared by pytest-xdist's workers,
+and by the stage processes tests start, which inherit the environment): the same stage
+compiled again in another process or run (kfp.local tasks, resumed runs) is read back
+instead of recompiled. Cached executables are XLA's own output for the same program, so
+results do not change; only the compile time goes.
+"""
 
 import os
+import tempfile
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+_SESSION = os.environ.get("PYTEST_XDIST_TESTRUNUID") or f"pid{os.getpid()}"
+os.environ.setdefault(
+    "JAX_COMPILATION_CACHE_DIR", os.path.join(tempfile.gettempdir(), f"alignpipe-xla-{_SESSION}")
+)
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.5")
 
 import jax  # noqa: E402
 
@@ -28,3 +41,22 @@ def sharded_placements(monkeypatch):
 
     monkeypatch.setattr(fsdp, "shard", counting)
     return calls
+
+
+# The modules that take minutes, longest first: with pytest-xdist (``-n 2 --dist loadfile
+# --no-loadscope-reorder``, as ``make test`` runs) each worker starts on one of them and the
+# short modules fill in after, instead of two long ones ending the run on one worker.
+LONG_MODULES = (
+    "test_pipeline_local.py",
+    "test_ppo_stage.py",
+    "test_ppo_multihost.py",
+    "test_dpo.py",
+    "test_eval_stage.py",
+    "test_multihost.py",
+)
+
+
+def pytest_collection_modifyitems(config, items):
+    """Long modules first, in LONG_MODULES order; the rest keep their order."""
+    rank = {name: i for i, name in enumerate(LONG_MODULES)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
