@@ -1,4 +1,5 @@
-"""``alignpipe history URI`` and ``alignpipe rollback URI --to VERSION``: promoted versions."""
+"""``alignpipe history URI``, ``alignpipe rollback URI --to VERSION`` and ``alignpipe promote
+POLICY --to URI`` (seeding a root with the original policy): promoted versions."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from typing import Any
 FIGURES = (
     ("win rate", "win_rate/value", "{:.3f}"),
     ("KL/token", "kl/per_token", "{:.4f}"),
+    ("anchor KL", "anchor/kl/per_token", "{:.4f}"),
     ("gold gain", "gold/difference/value", "{:+.3f}"),
 )
 
@@ -35,6 +37,19 @@ def register(commands: argparse._SubParsersAction) -> None:
     rollback.add_argument("--to", type=int, required=True, metavar="VERSION", help="e.g. 2")
     rollback.add_argument("--reason", default="", help="why, for the history")
     rollback.set_defaults(handler=_rollback)
+
+    promote = commands.add_parser(
+        "promote",
+        help="add a policy folder to a promoted_policy_uri as a new version (e.g. seed it "
+        "with the original SFT or base policy: the anchor of later runs)",
+        description="Copy POLICY (config.json + params/) into URI as its next version and make "
+        "it current. Seeding an empty URI this way gives scheduled runs (base_policy=URI) "
+        "their start and their anchor: the first version.",
+    )
+    promote.add_argument("policy", metavar="POLICY", help="a policy model folder")
+    promote.add_argument("--to", required=True, metavar="URI", help=uri_help)
+    promote.add_argument("--note", default="", help="why, for the history")
+    promote.set_defaults(handler=_promote)
 
 
 def format_history(events: list[dict[str, Any]], current: int | None) -> str:
@@ -104,6 +119,20 @@ def _rollback(args: argparse.Namespace, rest: list[str]) -> int:
     else:
         print(f"version {args.to} is current at {root} (was {entry['from']}); recorded in "
               f"{promotion.HISTORY}")  # fmt: skip
+    return 0
+
+
+def _promote(args: argparse.Namespace, rest: list[str]) -> int:
+    from pipelines import promotion
+
+    if not args.to.strip():
+        return _error("--to is empty; pass a promoted_policy_uri (a local folder or gs://)")
+    record = {"run_id": "", "note": args.note or "promoted by hand"}
+    try:
+        version = promotion.promote(args.to, args.policy, record)
+    except (ValueError, FileNotFoundError) as error:
+        return _error(error)
+    print(f"version {version} is current at {args.to}")
     return 0
 
 

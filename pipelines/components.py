@@ -40,6 +40,26 @@ def find_data(data_uri: str) -> str:
     return json.dumps(stage_io.find_sources(data_uri))
 
 
+def plan_run(
+    data_uri: str, sources: str, force_run: bool, anchor_policy: str, promoted_policy_uri: str
+) -> NamedTuple("Plan", [("new_data", bool), ("anchor", str)]):
+    """Whether the run trains (its data differs from the last promoted run's, or forced) and
+    the anchor drift is measured from, with the past promotions' drift (never cached)."""
+    from collections import namedtuple
+
+    from pipelines import realign
+
+    train, anchor = realign.plan(data_uri, sources, force_run, anchor_policy, promoted_policy_uri)
+    return namedtuple("Plan", ["new_data", "anchor"])(train, anchor)
+
+
+def no_new_data(sources: str, promoted_policy_uri: str) -> str:
+    """The result of a run that trains nothing: its data equals the last promoted run's."""
+    from pipelines import realign
+
+    return realign.no_new_data_result(sources, promoted_policy_uri)
+
+
 def shard(
     sources: str,
     format: str,
@@ -237,11 +257,13 @@ def evaluate(
     shards: Input[Dataset],
     policy: str,
     reference: str,
+    anchor: str,
     reward_model: str,
     seed: int,
     fsdp: bool,
     min_win_rate_lower: float,
     max_kl: float,
+    max_anchor_kl: float,
     max_eval_prompts: int,
     gold_reward: str,
     samples_per_prompt: int,
@@ -251,13 +273,16 @@ def evaluate(
     evaluation: Output[Artifact],
     report: Output[HTML],
     metrics: Output[Metrics],
-) -> bool:
-    """Measure the aligned policy against its reference; returns whether it is blessed.
+) -> NamedTuple("Evaluated", [("blessed", bool), ("result", str)]):
+    """Measure the aligned policy against its reference and its anchor; returns whether it is
+    blessed and the run's result (the aligned policy's reference and the evaluation's files).
 
     The judge is the reward model the policy was aligned against, else ``reward_model``
     (a dpo policy's, when given), else the gold reward.
     """
+    import json
     import time
+    from collections import namedtuple
 
     from pipelines import stage_io
 
@@ -270,14 +295,19 @@ def evaluate(
     aligned = stage_io.reference_details(policy)
     reward_dir = aligned.get("reward") or reward_model
     reference_dir = stage_io.reference_uri(reference)
+    drift = stage_io.reference_details(anchor)
     with stage_io.failure_reason(evaluation.path):
         summary = run(
-            config, shards.path, aligned["uri"], reference_dir, reward_dir, evaluation.path
-        )
+            config, shards.path, aligned["uri"], reference_dir, reward_dir, evaluation.path,
+            anchor_dir=drift.get("uri", ""), past=drift.get("past", []),
+        )  # fmt: skip
     stage_io.publish_report(evaluation.path, report.path)
-    evaluation.metadata["blessed"] = bool(summary["blessed"])
+    blessed = bool(summary["blessed"])
+    evaluation.metadata["blessed"] = blessed
     stage_io.write_metrics(metrics, "evaluate", summary, started)
-    return bool(summary["blessed"])
+    result = {"status": "evaluated", "blessed": blessed, "aligned": policy,
+              "evaluation": evaluation.uri, "metrics": metrics.uri}  # fmt: skip
+    return namedtuple("Evaluated", ["blessed", "result"])(blessed, json.dumps(result))
 
 
 def promote(
@@ -313,6 +343,8 @@ class Components(NamedTuple):
 
     builtin_data: Any
     find_data: Any
+    plan_run: Any
+    no_new_data: Any
     shard: Any
     sft: Any
     check_policy: Any

@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from pipelines import params, stage_io
-from pipelines.pipeline import PIPELINE_NAME, STAGE_TASKS, STAGES, build_pipeline
+from pipelines.pipeline import PIPELINE_NAME, RESULT, STAGE_TASKS, STAGES, build_pipeline
+from pipelines.realign import NO_NEW_DATA
 from pipelines.targets import Placement
 
 LAST_RUN_FILE = "last_run.json"
@@ -96,13 +97,19 @@ class RunResult:
     error: str = ""
     reasons: dict[str, str] = dataclasses.field(default_factory=dict)  # failed task → why
 
+    def result(self) -> dict[str, Any]:
+        """The run's result output: evaluated (with its files), or no new data."""
+        return json.loads(self.outputs.get(RESULT) or "{}")
+
     def figures(self) -> dict[str, Any]:
         """The summary's figures from the stages' metrics files (missing ones are None)."""
-        aligned = stage_io.reference_details(self.outputs.get("aligned") or "")
+        result = self.result()
+        aligned = stage_io.reference_details(result.get("aligned") or "")
         trained = aligned.get("figures", {})
-        evaluation = _metrics(self.outputs.get("eval_metrics"))
-        eval_folder = self.outputs.get("evaluation")
+        evaluation = _metrics(result.get("metrics"))
+        eval_folder = result.get("evaluation")
         return {
+            "status": result.get("status"),
             "algorithm": aligned.get("algorithm"),
             "reward_accuracy": trained.get("reward_accuracy"),
             "ppo_stopped": trained.get("stopped_kl_guard"),
@@ -121,26 +128,29 @@ class RunResult:
             "gold_gain_low": evaluation.get("gold/difference/low"),
             "gold_gain_high": evaluation.get("gold/difference/high"),
             "kl_per_token": evaluation.get("kl/per_token"),
+            "anchor_kl_per_token": evaluation.get("anchor/kl/per_token"),
+            "anchor_win_rate": evaluation.get("anchor/win_rate/value"),
+            "anchor_is_reference": evaluation.get("anchor/same_as_reference"),
             "blessed": evaluation.get("blessed"),
             "gate": _gate_reasons(eval_folder),
             # The evaluation folder's copy ends in .html, so a browser opens it as a page.
-            "report": str(Path(eval_folder.path) / "report.html") if eval_folder else None,
+            "report": str(Path(eval_folder) / "report.html") if eval_folder else None,
         }
 
 
-def _gate_reasons(artifact: Any) -> list[str]:
+def _gate_reasons(folder: str | None) -> list[str]:
     """The promotion gate's checks with pass/fail, from the evaluate stage's eval.json."""
-    path = Path(artifact.path) / "eval.json" if artifact is not None else None
+    path = Path(folder) / "eval.json" if folder else None
     if path is None or not path.exists():
         return []
     return list(json.loads(path.read_text()).get("reasons", []))
 
 
-def _metrics(artifact: Any) -> dict[str, float]:
-    """The scalar metrics a component wrote to its Metrics artifact file."""
-    if artifact is None or not os.path.exists(artifact.path):
+def _metrics(path: str | None) -> dict[str, float]:
+    """The scalar metrics a component wrote to its Metrics artifact file (a local run's)."""
+    if not path or not os.path.exists(path):
         return {}
-    return json.loads(Path(artifact.path).read_text())["metrics"]
+    return json.loads(Path(path).read_text())["metrics"]
 
 
 def failure_reasons(run_dir: Path | None) -> dict[str, str]:
@@ -249,6 +259,8 @@ def format_summary(result: RunResult) -> str:
         lines += [f"  {task}: {reason}" for task, reason in result.reasons.items()]
         return "\n".join(lines)
     f = result.figures()
+    if f["status"] == NO_NEW_DATA:
+        return "\n".join([*lines, _no_new_data(result.result())])
     lines += [
         f"reward-model accuracy  {_num(f['reward_accuracy'])}",
         f"{f['algorithm'] or 'aligned':<22} {_training_status(f)}",
@@ -261,11 +273,23 @@ def format_summary(result: RunResult) -> str:
         "the same KL)",
         # General format: a small KL stays visible instead of rounding to 0.000.
         f"KL per token           {_general(f['kl_per_token'])} nats",
+        f"KL to the anchor       {_general(f['anchor_kl_per_token'])} nats/token"
+        + (" (the anchor is the reference)" if f["anchor_is_reference"] else ""),
         f"blessed                {_blessed(f['blessed'])}",
         *(f"  gate: {reason}" for reason in f["gate"]),
         f"report                 {f['report']}",
     ]
     return "\n".join(lines)
+
+
+def _no_new_data(result: dict[str, Any]) -> str:
+    """The summary's line for a run that trained nothing."""
+    matched = result.get("matches_version")
+    where = f" (those of version {matched}, run {result.get('matches_run') or '?'})"
+    return (
+        f"{NO_NEW_DATA}: nothing trained; the {result.get('files')} data file(s) equal the last "
+        f"promoted run's{where if matched else ''}; force_run=true trains anyway"
+    )
 
 
 def _training_status(f: dict[str, Any]) -> str:

@@ -169,7 +169,8 @@ PARAMS: tuple[Param, ...] = (
     *_stage("ppo", "kl_coef", "adaptive_kl", "kl_target", "kl_stop", "max_new_tokens"),
     *_stage("dpo", "steps", "batch_size", "learning_rate", "beta", prefix="dpo_"),
     *_stage("dpo", "loss_type", "label_smoothing", prefix="dpo_"),
-    *_stage("evaluate", "min_win_rate_lower", "max_kl", "max_eval_prompts", "gold_reward"),
+    *_stage("evaluate", "min_win_rate_lower", "max_kl", "max_anchor_kl"),
+    *_stage("evaluate", "max_eval_prompts", "gold_reward"),
     Param(
         "eval_reward_model",
         default="",
@@ -188,6 +189,22 @@ PARAMS: tuple[Param, ...] = (
         kind=str,
         help="folder (local or gs://) the policy is copied to when evaluation blesses it; "
         "'' = keep it only as the promote task's artifact",
+    ),
+    Param(
+        "anchor_policy",
+        default="",
+        kind=str,
+        help="policy folder (or promotion root: its first version) drift is measured from: "
+        "evaluate reports KL to it, win rate and gold gain against it, max_anchor_kl gates "
+        "it; '' = the first version promoted to promoted_policy_uri, else the run's initial "
+        "policy",
+    ),
+    Param(
+        "force_run",
+        default=False,
+        kind=bool,
+        help="train even when data_uri matches the same files as the last promoted run "
+        "(otherwise such a run ends as 'no new data')",
     ),
 )
 BY_NAME: dict[str, Param] = {p.name: p for p in PARAMS}

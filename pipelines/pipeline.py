@@ -2,7 +2,9 @@
 
 Steps:
 1. data      the built-in task generated into the run (``data_uri`` '') or the files
-             ``data_uri`` matches (a glob: the newest data of a periodic run)
+             ``data_uri`` matches (a glob: the newest data of a periodic run); the plan:
+             when those files equal the last promoted run's, the run trains nothing and
+             ends as "no new data" (unless ``force_run``); the anchor drift is measured from
 2. shard     validate, dedupe, tokenize and shard by prompt hash (Beam)
 3. sft       train the initial policy, only when no ``base_policy`` is given; otherwise
              the given policy (e.g. the last promoted one) is checked and used
@@ -13,8 +15,14 @@ Steps:
    dpo       instead of 4 and 5 when ``algorithm`` is dpo: align the policy on the pairs
              directly, no reward model
 6. evaluate  win rate, KL, rewards against the initial policy, judged by the reward model
-             (a dpo run's: ``eval_reward_model``, else the gold reward); HTML report; ``blessed``
-7. promote   only when blessed: copy the policy to ``promoted_policy_uri``
+             (a dpo run's: ``eval_reward_model``, else the gold reward); KL to the anchor,
+             win rate and gold gain against it; HTML report; ``blessed``
+7. promote   only when blessed: a new version at ``promoted_policy_uri``, with its record
+
+The run's one output, ``result``, is a JSON string: the evaluation's (status "evaluated",
+the aligned policy's reference, the evaluation and metrics folders) or the no-new-data
+one (status "no new data"). kfp.local cannot dsl.OneOf artifacts, and a pipeline output
+must come from a top-level task or a OneOf, so the training branch returns a string.
 
 Parameter defaults come from the stage configs (``pipelines/params.py``); placement
 per target from ``pipelines/targets.py``.
@@ -24,7 +32,6 @@ per target from ``pipelines/targets.py``.
 from typing import Any, NamedTuple
 
 from kfp import dsl
-from kfp.dsl import HTML, Artifact, Metrics
 
 from pipelines import params
 from pipelines.components import build_components
@@ -32,6 +39,7 @@ from pipelines.targets import DATA, LIGHT, TRAIN, Placement, place
 
 PIPELINE_NAME = "alignpipe"
 STAGES = ("data", "shard", "sft", "reward", "ppo", "dpo", "evaluate", "promote")
+RESULT = "result"  # the run's one output
 UPSTREAM = {
     "shard": ("data",),
     "sft": ("shard",),
@@ -43,7 +51,7 @@ UPSTREAM = {
 }
 # Task names (as kfp names them after their components) of each stage.
 STAGE_TASKS = {
-    "data": ("builtin-data", "find-data"),
+    "data": ("builtin-data", "find-data", "plan-run", "no-new-data"),
     "shard": ("shard",),
     "sft": ("sft", "check-policy"),
     "reward": ("reward",),
@@ -56,13 +64,9 @@ D = params.defaults()
 
 
 class Outputs(NamedTuple):
-    """What a run hands back: each stage's metrics, the evaluation folder and its report."""
+    """What a run hands back: its result (evaluated, or no new data), as JSON."""
 
-    shard_metrics: Metrics
-    aligned: str  # reference to the aligned policy: algorithm, reward model, stage figures
-    eval_metrics: Metrics
-    evaluation: Artifact
-    report: HTML
+    result: str
 
 
 def downstream(stage: str) -> tuple[str, ...]:
@@ -137,6 +141,7 @@ def build_pipeline(placement: Placement, fresh_from: str | None = None) -> Any:
         dpo_label_smoothing: float = D["dpo_label_smoothing"],
         min_win_rate_lower: float = D["min_win_rate_lower"],
         max_kl: float = D["max_kl"],
+        max_anchor_kl: float = D["max_anchor_kl"],
         max_eval_prompts: int = D["max_eval_prompts"],
         gold_reward: str = D["gold_reward"],
         eval_reward_model: str = D["eval_reward_model"],
@@ -145,6 +150,8 @@ def build_pipeline(placement: Placement, fresh_from: str | None = None) -> Any:
         eval_max_new_tokens: int = D["eval_max_new_tokens"],
         eval_batch_size: int = D["eval_batch_size"],
         promoted_policy_uri: str = D["promoted_policy_uri"],
+        anchor_policy: str = D["anchor_policy"],
+        force_run: bool = D["force_run"],
     ) -> Outputs:
         """Align a policy to the preference data; promote it only when evaluation blesses it."""
         p = dict(locals())  # the parameter channels by name, for params.stage_values
@@ -155,59 +162,66 @@ def build_pipeline(placement: Placement, fresh_from: str | None = None) -> Any:
             # Never cached: the same glob matches new files on a later run.
             found = configure(c.find_data(data_uri=data_uri), "data", DATA, cache=False)
         sources = dsl.OneOf(generated.outputs["Output"], found.output)
-        shard = c.shard(sources=sources, beam_args=beam_args, **params.stage_values("shard", p))
-        shards = configure(shard, "shard", DATA).outputs["shards"]
-
-        with dsl.If(base_policy == "", name="train-policy"):
-            sft = configure(c.sft(shards=shards, **params.stage_values("sft", p)), "sft", TRAIN)
-        with dsl.Else(name="warm-start"):
-            # Never cached: a policy promoted again to the same folder must be re-read.
-            given = configure(c.check_policy(base_policy=base_policy), "sft", LIGHT, cache=False)
-        initial_policy = dsl.OneOf(sft.outputs["Output"], given.output)
-
-        # The reward gate (min_reward_accuracy) is the reward task failing after it wrote its
-        # model: a failed task stops its dependents on every backend with its reason as the
-        # error. Each branch returns a reference to its policy (kfp.local cannot dsl.OneOf
-        # artifacts): evaluate and promote stay one task each, whichever branch ran.
-        with dsl.If(algorithm == "dpo", name="algorithm-dpo"):
-            dpo = c.dpo(shards=shards, policy=initial_policy, **params.stage_values("dpo", p))
-            configure(dpo, "dpo", TRAIN)
-        with dsl.Else(name="algorithm-rl"):
-            reward = c.reward(shards=shards, **params.stage_values("reward", p))
-            reward_model = configure(reward, "reward", TRAIN).outputs["model"]
-            ppo = c.ppo(
-                shards=shards,
-                policy=initial_policy,
-                reward=reward_model,
-                **params.stage_values("ppo", p),
-            )
-            configure(ppo, "ppo", TRAIN)
-        aligned = dsl.OneOf(dpo.outputs["Output"], ppo.outputs["Output"])
-        evaluate = c.evaluate(
-            shards=shards,
-            policy=aligned,
-            reference=initial_policy,
-            reward_model=eval_reward_model,
-            **params.stage_values("evaluate", p),
-        )
-        configure(evaluate, "evaluate", TRAIN)
-
-        # A pipeline condition (compiled to the backend), not a Python comparison.
-        with dsl.If(evaluate.outputs["Output"] == True, name="blessed"):  # noqa: E712
-            promote = c.promote(
-                policy=aligned,
-                evaluation=evaluate.outputs["evaluation"],
-                sources=sources,
-                run_id=dsl.PIPELINE_JOB_NAME_PLACEHOLDER,
-                promoted_policy_uri=promoted_policy_uri,
-            )
-            configure(promote, "promote", LIGHT)
-        return Outputs(
-            shard_metrics=shard.outputs["metrics"],
-            aligned=aligned,
-            eval_metrics=evaluate.outputs["metrics"],
-            evaluation=evaluate.outputs["evaluation"],
-            report=evaluate.outputs["report"],
-        )
+        plan = c.plan_run(
+            data_uri=data_uri, sources=sources, force_run=force_run,
+            anchor_policy=anchor_policy, promoted_policy_uri=promoted_policy_uri,
+        )  # fmt: skip
+        # Never cached: the promotion history it reads moves between runs.
+        configure(plan, "data", LIGHT, cache=False)
+        with dsl.If(plan.outputs["new_data"] == True, name="new-data"):  # noqa: E712
+            evaluated = _train_and_evaluate(c, configure, p, sources, plan.outputs["anchor"])
+        with dsl.Else(name="nothing-new"):
+            nothing = c.no_new_data(sources=sources, promoted_policy_uri=promoted_policy_uri)
+            configure(nothing, "data", LIGHT, cache=False)
+        return Outputs(result=dsl.OneOf(evaluated, nothing.output))
 
     return alignment_pipeline
+
+
+def _train_and_evaluate(
+    c: Any, configure: Any, p: dict[str, Any], sources: Any, anchor: Any
+) -> Any:
+    """Shard, the initial policy, the aligning branch, evaluate and promote; returns the
+    evaluation's result channel."""
+    shard = c.shard(sources=sources, beam_args=p["beam_args"], **params.stage_values("shard", p))
+    shards = configure(shard, "shard", DATA).outputs["shards"]
+
+    with dsl.If(p["base_policy"] == "", name="train-policy"):
+        sft = configure(c.sft(shards=shards, **params.stage_values("sft", p)), "sft", TRAIN)
+    with dsl.Else(name="warm-start"):
+        # Never cached: a policy promoted again to the same folder must be re-read.
+        given = c.check_policy(base_policy=p["base_policy"])
+        configure(given, "sft", LIGHT, cache=False)
+    initial_policy = dsl.OneOf(sft.outputs["Output"], given.output)
+
+    # The reward gate (min_reward_accuracy) is the reward task failing after it wrote its
+    # model: a failed task stops its dependents on every backend with its reason as the
+    # error. Each branch returns a reference to its policy (kfp.local cannot dsl.OneOf
+    # artifacts): evaluate and promote stay one task each, whichever branch ran.
+    with dsl.If(p["algorithm"] == "dpo", name="algorithm-dpo"):
+        dpo = c.dpo(shards=shards, policy=initial_policy, **params.stage_values("dpo", p))
+        configure(dpo, "dpo", TRAIN)
+    with dsl.Else(name="algorithm-rl"):
+        reward = c.reward(shards=shards, **params.stage_values("reward", p))
+        reward_model = configure(reward, "reward", TRAIN).outputs["model"]
+        ppo = c.ppo(
+            shards=shards, policy=initial_policy, reward=reward_model,
+            **params.stage_values("ppo", p),
+        )  # fmt: skip
+        configure(ppo, "ppo", TRAIN)
+    aligned = dsl.OneOf(dpo.outputs["Output"], ppo.outputs["Output"])
+    evaluate = c.evaluate(
+        shards=shards, policy=aligned, reference=initial_policy, anchor=anchor,
+        reward_model=p["eval_reward_model"], **params.stage_values("evaluate", p),
+    )  # fmt: skip
+    configure(evaluate, "evaluate", TRAIN)
+
+    # A pipeline condition (compiled to the backend), not a Python comparison.
+    with dsl.If(evaluate.outputs["blessed"] == True, name="blessed"):  # noqa: E712
+        promote = c.promote(
+            policy=aligned, evaluation=evaluate.outputs["evaluation"], sources=sources,
+            run_id=dsl.PIPELINE_JOB_NAME_PLACEHOLDER,
+            promoted_policy_uri=p["promoted_policy_uri"],
+        )  # fmt: skip
+        configure(promote, "promote", LIGHT)
+    return evaluate.outputs["result"]

@@ -131,3 +131,26 @@ def test_gate_on_a_real_summary() -> None:
     )
     assert decide(summ, CONFIG).blessed
     assert not decide(summ, EvalConfig(max_kl=0.1)).blessed
+
+
+@pytest.mark.parametrize(
+    "anchor_kl, blessed, reason",
+    [
+        (0.8, True, "KL to the anchor 0.80 nats/token ≤ 1.00 nats/token: pass"),
+        (1.0, True, "KL to the anchor 1.00 nats/token ≤ 1.00 nats/token: pass"),
+        (1.2, False, "KL to the anchor 1.20 nats/token > 1.00 nats/token: fail"),
+    ],
+)
+def test_anchor_kl_threshold(anchor_kl: float, blessed: bool, reason: str) -> None:
+    anchored = {**summary(), "anchor": {"kl": {"per_token": anchor_kl}, "past": []}}
+    gate = decide(anchored, EvalConfig(max_anchor_kl=1.0))
+    assert gate.blessed is blessed
+    assert reason in gate.reasons
+
+
+def test_no_anchor_part_no_anchor_check_and_inf_turns_it_off() -> None:
+    assert not any("anchor" in r for r in decide(summary(), CONFIG).reasons)
+    far = {**summary(), "anchor": {"kl": {"per_token": 50.0}}}
+    assert decide(far, EvalConfig(max_anchor_kl=math.inf)).blessed
+    with pytest.raises(ValueError, match="max_anchor_kl"):
+        EvalConfig(max_anchor_kl=-1.0)

@@ -73,7 +73,7 @@ def test_writes_report_eval_json_and_flat_metrics(evaluated):
     result, out = evaluated
     record = json.load(open(f"{out}/eval.json"))
     assert record["blessed"] is result["blessed"]
-    assert len(record["reasons"]) == 3
+    assert len(record["reasons"]) == 4  # win rate, KL, KL to the anchor, finite figures
     assert record["summary"]["win_rate"] == result["win_rate"]
     metrics = json.load(open(f"{out}/metrics.json"))
     assert metrics["blessed"] == float(result["blessed"])
@@ -392,3 +392,32 @@ def test_kl_log_probs_use_the_sampling_temperature():
     one = generation.policy_logprobs(loaded, prompts, responses, temperature=1.0, batch_size=8)
     np.testing.assert_allclose(one.reshape(6, 4), untempered, atol=1e-5)
     assert np.abs(got - one).max() > 0.01  # T = 0.5 differs from T = 1
+
+
+def test_drift_from_an_anchor_is_measured_reported_and_gated(artifacts, evaluated):
+    a = artifacts
+    base, _ = evaluated
+    # Without an anchor the reference is it: its figures, nothing measured again.
+    assert base["anchor"]["same_as_reference"] and base["anchor"]["kl"] == base["kl"]
+    assert base["anchor"]["uri"] == a["reference"]
+    out = a["root"] + "/anchored"
+    past = [{"label": "version 1", "anchor_kl": 0.0123, "kl": 0.0123}]
+    config = dataclasses.replace(CONFIG, max_anchor_kl=0.0)
+    result = run(config, a["shards"], a["aligned"], a["reference"], a["rm"], out,
+                 anchor_dir=a["aligned"], past=past)  # fmt: skip
+    drift = result["anchor"]
+    # The aligned policy against itself as the anchor: the same forward pass, KL exactly 0.
+    assert drift["kl"] == {"per_sequence": 0.0, "per_token": 0.0}
+    assert drift["same_as_reference"] is False and drift["uri"] == a["aligned"]
+    assert drift["samples_per_prompt"] == 1 and drift["past"] == past
+    assert 0.0 <= drift["win_rate"]["low"] <= drift["win_rate"]["high"] <= 1.0
+    assert drift["gold"]["difference"]["value"] is not None
+    assert result["kl"] == base["kl"]  # the reference's figures do not move
+    with open(f"{out}/eval.json") as handle:
+        reasons = json.load(handle)["reasons"]
+    assert "KL to the anchor 0.00 nats/token ≤ 0.00 nats/token: pass" in reasons
+    with open(f"{out}/metrics.json") as handle:
+        assert json.load(handle)["anchor.kl.per_token"] == 0.0
+    with open(f"{out}/report.html", encoding="utf-8") as handle:
+        page = handle.read()
+    assert "Drift from the anchor" in page and "version 1" in page and "0.0123" in page

@@ -20,7 +20,7 @@ from pipelines.targets import Placement, PlacementError
 TRAIN_IMAGE = "us-docker.pkg.dev/p/alignpipe/train:1"
 DATA_IMAGE = "us-docker.pkg.dev/p/alignpipe/data:1"
 TRAINING = ("sft", "reward", "ppo", "dpo", "evaluate")
-CPU_TASKS = ("builtin-data", "find-data", "shard", "check-policy", "promote")
+CPU_TASKS = ("builtin-data", "find-data", "shard", "check-policy", "promote", "plan-run")
 
 
 def _compile(tmp_path: Path, target: str, values: dict | None = None, **placement) -> list:
@@ -66,9 +66,13 @@ def _nested(spec: dict, task: dict) -> set[str]:
 
 
 def _group_of(spec: dict, task_name: str) -> str:
-    """The pipeline-level task (a condition group or the task) that holds ``task_name``."""
-    root = spec["root"]["dag"]["tasks"]
-    return next(n for n, t in root.items() if task_name == n or task_name in _nested(spec, t))
+    """The task of the training branch (new-data: a condition group or the task) that holds
+    ``task_name``; at the pipeline level for tasks outside it."""
+    for tasks in (_branch(spec, "new-data"), spec["root"]["dag"]["tasks"]):
+        for name, task in tasks.items():
+            if task_name == name or task_name in _nested(spec, task):
+                return name
+    raise KeyError(task_name)
 
 
 def test_dag_order_and_conditions(vertex):
@@ -86,18 +90,42 @@ def test_dag_order_and_conditions(vertex):
     assert conditions["warm-start"]["condition"].startswith("!(")
     assert conditions["builtin-data"]["condition"].endswith("data_uri'] == ''")
     assert conditions["blessed"]["condition"] == (
-        "inputs.parameter_values['pipelinechannel--evaluate-Output'] == true"
+        "inputs.parameter_values['pipelinechannel--evaluate-blessed'] == true"
     )
     # promote is the only task of the branch the blessed condition guards
     blessed = next(t for t in tasks.values() if t["taskInfo"]["name"] == "blessed")
     branch = vertex["components"][blessed["componentRef"]["name"]]["dag"]["tasks"]
     assert list(branch) == ["promote"]
-    assert set(blessed["dependentTasks"]) == {"evaluate", rl_group, _group_of(vertex, "find-data")}
+    assert set(blessed["dependentTasks"]) == {"evaluate", rl_group}
+
+
+def test_training_runs_only_on_new_data(vertex):
+    """plan-run decides; everything that trains is in its new-data branch, the no-new-data
+    task in the other, and the run's one output is either branch's result."""
+    tasks = _tasks(vertex)
+    root = vertex["root"]["dag"]["tasks"]
+    conditions = {t["taskInfo"]["name"]: t.get("triggerPolicy", {}) for t in tasks.values()}
+    assert conditions["new-data"]["condition"] == (
+        "inputs.parameter_values['pipelinechannel--plan-run-new_data'] == true"
+    )
+    assert conditions["nothing-new"]["condition"].startswith("!(")
+    inside = _nested(vertex, next(t for t in tasks.values() if t["taskInfo"]["name"] == "new-data"))
+    assert {"shard", "sft", "check-policy", "reward", "ppo", "dpo", "evaluate", "promote"} <= inside
+    assert "plan-run" in root and list(_branch(vertex, "nothing-new")) == ["no-new-data"]
+    assert not tasks["plan-run"]["cachingOptions"].get("enableCache")
+    assert tasks["plan-run"]["inputs"]["parameters"]["force_run"] == {
+        "componentInputParameter": "force_run"
+    }
+    anchor = tasks["evaluate"]["inputs"]["parameters"]["anchor"]
+    assert anchor == {"componentInputParameter": "pipelinechannel--plan-run-anchor"}
+    outputs = vertex["root"]["dag"]["outputs"]["parameters"]
+    assert list(outputs) == ["result"]
+    assert outputs["result"]["valueFromParameter"]["producerSubtask"].startswith("condition-")
 
 
 def test_algorithm_dpo_branch_replaces_reward_and_ppo(vertex):
     """algorithm=dpo runs the dpo task; the else branch holds reward and ppo; one OneOf
-    reference feeds evaluate and promote, and is the run's ``aligned`` output."""
+    reference feeds evaluate and promote."""
     tasks = _tasks(vertex)
     conditions = {t["taskInfo"]["name"]: t.get("triggerPolicy", {}) for t in tasks.values()}
     assert conditions["algorithm-dpo"]["condition"] == (
@@ -108,12 +136,10 @@ def test_algorithm_dpo_branch_replaces_reward_and_ppo(vertex):
     assert set(_branch(vertex, "algorithm-rl")) == {"reward", "ppo"}
     dpo_inputs = tasks["dpo"]["inputs"]["parameters"]
     assert dpo_inputs["beta"] == {"componentInputParameter": "pipelinechannel--dpo_beta"}
-    selected = vertex["root"]["dag"]["outputs"]["parameters"]["aligned"]["valueFromParameter"]
-    assert selected["producerSubtask"] == _group_of(vertex, "ppo")
     policy = tasks["evaluate"]["inputs"]["parameters"]["policy"]["taskOutputParameter"]
     assert policy["producerTask"] == _group_of(vertex, "ppo")
     assert tasks["evaluate"]["inputs"]["parameters"]["reward_model"] == {
-        "componentInputParameter": "eval_reward_model"
+        "componentInputParameter": "pipelinechannel--eval_reward_model"
     }
 
 
@@ -139,7 +165,9 @@ def test_shard_keeps_one_eval_batch_of_sft_and_reward(vertex):
     compiled = vertex["root"]["inputDefinitions"]["parameters"]
     assert compiled["min_eval_pairs"]["defaultValue"] == params.defaults()["sft_batch_size"] == 64
     shard_inputs = _tasks(vertex)["shard"]["inputs"]["parameters"]
-    assert shard_inputs["min_eval_pairs"] == {"componentInputParameter": "min_eval_pairs"}
+    assert shard_inputs["min_eval_pairs"] == {
+        "componentInputParameter": "pipelinechannel--min_eval_pairs"
+    }
     # sft does not run on a warm start: only the reward batch must fit then.
     warm = {"base_policy": "gs://b/policy", "sft_batch_size": 128}
     assert params.validate(warm, chips=8)["min_eval_pairs"] == 64
@@ -185,7 +213,7 @@ def test_caching_on_except_for_listings(vertex):
     for task in ("builtin-data", "shard", "sft", "reward", "ppo", "evaluate", "promote"):
         assert tasks[task]["cachingOptions"].get("enableCache") is True, task
     # A glob and a promoted folder change behind the same string: always re-read.
-    for task in ("find-data", "check-policy"):
+    for task in ("find-data", "check-policy", "plan-run", "no-new-data"):
         assert not tasks[task]["cachingOptions"].get("enableCache"), task
 
 

@@ -26,6 +26,7 @@ def _record(run: str, win_rate: float, kl: float, gold: float) -> dict:
         "win_rate": {"value": win_rate, "low": win_rate - 0.05, "high": win_rate + 0.05},
         "kl": {"per_token": kl},
         "gold": {"difference": {"value": gold}},
+        "anchor": {"kl": {"per_token": 2 * kl}, "win_rate": {"value": win_rate + 0.1}},
     }
     reasons = [f"win rate lower bound {win_rate - 0.05:.2f} >= 0.5: pass"]
     return {"run_id": run, "data_fingerprint": f"sha-{run}", "blessed": True, "summary": summary,
@@ -102,9 +103,9 @@ def test_history_prints_a_table_with_the_current_version_and_rollbacks(tmp_path,
     assert main(["history", str(root)]) == 0
     out = capsys.readouterr().out.splitlines()
     assert out[0].split() == ["version", "event", "time", "(UTC)", "run", "win", "rate",
-                              "KL/token", "gold", "gain", "note"]  # fmt: skip
+                              "KL/token", "anchor", "KL", "gold", "gain", "note"]  # fmt: skip
     first, second, third, moved = out[1:5]
-    assert first.split()[-3:] == ["0.640", "0.0120", "+0.210"]
+    assert first.split()[-4:] == ["0.640", "0.0120", "0.0240", "+0.210"]
     assert first.split()[:2] == ["1", "promotion"] and "run-1" in first
     assert second.startswith("*") and second.split()[1] == "2" and "run-2" in second
     assert third.split()[-1] == "-0.020"
@@ -243,3 +244,14 @@ def test_check_policy_on_plain_folders_and_roots_without_a_current_version(tmp_p
         stage_io.check_policy(str(root))
     with pytest.raises(FileNotFoundError, match="it has no config.json"):
         promotion.promote(str(root), str(tmp_path / "nothing"))
+
+
+def test_promote_by_hand_seeds_a_root_with_the_original_policy(tmp_path, capsys):
+    root = tmp_path / "promoted"
+    sft = _policy(tmp_path / "sft", "original")
+    assert main(["promote", sft, "--to", str(root), "--note", "the sft policy"]) == 0
+    assert "version 1 is current" in capsys.readouterr().out
+    assert _weights(stage_io.check_policy(str(root))) == "original"
+    assert promotion.read_history(str(root))[0]["note"] == "the sft policy"
+    assert main(["promote", str(tmp_path / "none"), "--to", str(root)]) == 1
+    assert "has no config.json" in capsys.readouterr().err

@@ -38,9 +38,14 @@ def main(argv: list[str] | None = None, prog: str = "python -m components.evalua
         flag = "--" + name.removesuffix("_dir").replace("_", "-")
         parser.add_argument(flag, dest=name, required=True, help=help_text)
     parser.add_argument("--reward", dest="reward_dir", default="", help=REWARD_HELP)
+    parser.add_argument(
+        "--anchor", dest="anchor_dir", default="",
+        help="policy folder drift is measured from (KL to it, win rate and gold gain against "
+        "it; gated by --max-anchor-kl); '' (the default): the reference",
+    )  # fmt: skip
     add_config_flags(parser, EvalConfig)
     args = parser.parse_args(argv)
-    paths = {name: getattr(args, name) for name in (*PATHS, "reward_dir")}
+    paths = {name: getattr(args, name) for name in (*PATHS, "reward_dir", "anchor_dir")}
     return run_stage(lambda: _run(config_from_flags(EvalConfig, args), **paths))
 
 

@@ -58,6 +58,15 @@ class EvalConfig:
         help="blessing requires KL(aligned || reference) <= this, in nats per response token "
         "(k1 estimate on aligned samples); inf disables the check",
     )
+    # Finite by default: a chain of runs may drift further than one run (max_kl each), but
+    # not without bound. Twice the per-run limit lets a few full-budget runs through; past
+    # it a policy's tokens are on average e^1 = 2.7x likelier under it than under the
+    # anchor, which has stopped being a small step from the original.
+    max_anchor_kl: float = field(
+        1.0,
+        help="blessing requires KL(aligned || anchor) <= this, in nats per response token: "
+        "drift from the anchor (the first promoted policy) across runs; inf disables the check",
+    )
     num_report_samples: int = field(20, help="prompts shown with both responses in the report")
     gold_reward: str = field(
         "",
@@ -99,6 +108,11 @@ class EvalConfig:
         if math.isnan(self.max_kl) or self.max_kl < 0:
             raise ValueError(
                 f"max_kl: {self.max_kl} must be >= 0 nats per token; inf disables the check"
+            )
+        if math.isnan(self.max_anchor_kl) or self.max_anchor_kl < 0:
+            raise ValueError(
+                f"max_anchor_kl: {self.max_anchor_kl} must be >= 0 nats per token; "
+                "inf disables the check"
             )
         if self.num_report_samples < 0:
             raise ValueError(f"num_report_samples: {self.num_report_samples} must be >= 0")

@@ -5,6 +5,8 @@ Checks, each reported as one line with its figure and threshold:
 - the win rate's lower interval bound > ``min_win_rate_lower``, strictly (the win rate by the
   summary's judge: the reward model, or the gold reward when no reward model was given);
 - KL(aligned ‖ reference) per response token ≤ ``max_kl``;
+- KL(aligned ‖ anchor) per response token ≤ ``max_anchor_kl`` (when the summary has an
+  anchor part: drift across runs from the first promoted policy);
 - every figure in the summary is finite (a NaN means a broken measure, not a pass).
 
 The win rate must beat its threshold: an unchanged policy ties its reference on every
@@ -80,7 +82,8 @@ def _lookup(summary: Mapping[str, Any], *keys: str) -> Any:
 
 
 def decide(summary: Mapping[str, Any], config: EvalConfig) -> Gate:
-    """Bless iff win-rate lower bound > min_win_rate_lower, KL ≤ max_kl and all figures finite."""
+    """Bless iff win-rate lower bound > min_win_rate_lower, KL ≤ max_kl, KL to the anchor ≤
+    max_anchor_kl and all figures finite."""
     win_low = _lookup(summary, "win_rate", "low")
     kl = _lookup(summary, "kl", "per_token")
     by_gold = " (judged by the gold reward)" if summary.get("judge") == JUDGE_GOLD else ""
@@ -88,6 +91,12 @@ def decide(summary: Mapping[str, Any], config: EvalConfig) -> Gate:
         _check(f"win-rate lower bound{by_gold}", win_low, config.min_win_rate_lower, above=True),
         _check("KL", kl, config.max_kl, above=False, unit=" nats/token"),
     ]
+    if summary.get("anchor") is not None:
+        anchor_kl = _lookup(summary, "anchor", "kl", "per_token")
+        checks.append(
+            _check("KL to the anchor", anchor_kl, config.max_anchor_kl, above=False,
+                   unit=" nats/token")
+        )  # fmt: skip
     broken = [path for path, value in _numbers(summary) if not math.isfinite(value)]
     if broken:
         checks.append((False, f"non-finite figures in the summary ({', '.join(broken)}): fail"))

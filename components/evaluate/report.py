@@ -24,6 +24,7 @@ from numpy.typing import ArrayLike
 
 from components.core import fileio
 from components.evaluate import plots
+from components.evaluate.anchor import render_drift
 from components.evaluate.gate import Gate
 from components.evaluate.measures import JUDGE_GOLD, JUDGE_REWARD_MODEL
 
@@ -395,7 +396,8 @@ def render_report(
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
         "<title>alignpipe evaluation</title>"
         f"<style>{_CSS}</style></head><body><h1>alignpipe evaluation</h1>{_judge(shown)}"
-        f"{_verdict(gate)}{_head_to_head(shown)}{_per_policy(shown)}{_best_of_n(shown)}"
+        f"{_verdict(gate)}{_head_to_head(shown)}{render_drift(shown)}{_per_policy(shown)}"
+        f"{_best_of_n(shown)}"
         f"{_plots(shown, ppo_metrics, reward_metrics)}{_samples(samples)}</body></html>\n"
     )
 

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Collection
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -40,7 +40,7 @@ from components.core.gold import GoldReward, is_builtin, resolve_gold_reward
 from components.core.input_pipeline import DataError, check_vocab, longest_lengths, read_manifest
 from components.core.model_io import ModelMismatchError, check_tokenizer, load_model
 from components.core.tokenizers import Tokenizer, load_tokenizer
-from components.evaluate import generation
+from components.evaluate import anchor, generation
 from components.evaluate.config import EvalConfig
 from components.evaluate.gate import Gate, decide
 from components.evaluate.measures import (
@@ -90,11 +90,17 @@ class Measured(NamedTuple):
     sample_rows: list[dict[str, Any]]
 
 
-def model_dirs(policy_dir: str, reference_dir: str, reward_dir: str) -> dict[str, str]:
-    """Each model's folder by role; no "reward" role when ``reward_dir`` is empty."""
+def model_dirs(
+    policy_dir: str, reference_dir: str, reward_dir: str, anchor_dir: str = ""
+) -> dict[str, str]:
+    """Each model's folder by role; no "reward" role when ``reward_dir`` is empty, no
+    "anchor" role when ``anchor_dir`` is empty or the reference (its figures are the
+    reference's then)."""
     dirs = {"policy": policy_dir, "reference": reference_dir}
     if reward_dir:
         dirs["reward"] = reward_dir
+    if anchor_dir and anchor_dir.rstrip("/") != reference_dir.rstrip("/"):
+        dirs["anchor"] = anchor_dir
     return dirs
 
 
@@ -128,8 +134,8 @@ def check_inputs(config: EvalConfig, shards_dir: str, dirs: dict[str, str]) -> I
             f"{dirs['reward']} has no reward head (stage {infos['reward'].get('stage')!r}); "
             "pass the reward stage's model as --reward"
         )
-    for role in ("policy", "reference"):
-        if infos[role].get("stage") == "reward":
+    for role in ("policy", "reference", "anchor"):
+        if role in infos and infos[role].get("stage") == "reward":
             raise ModelMismatchError(
                 f"{dirs[role]} is a reward model; pass a policy (sft or ppo output) as --{role}"
             )
@@ -258,6 +264,13 @@ def report_samples(
     )  # fmt: skip
 
 
+def _sampling(config: EvalConfig, tokenizer: Tokenizer) -> eval_sampling.SamplingSettings:
+    return eval_sampling.SamplingSettings(
+        max_new_tokens=config.max_new_tokens, eos_id=tokenizer.eos_id, pad_id=tokenizer.pad_id,
+        temperature=0.0 if config.greedy else config.temperature,
+    )  # fmt: skip
+
+
 def sample_both(
     config: EvalConfig,
     models: dict[str, generation.LoadedModel],
@@ -268,10 +281,7 @@ def sample_both(
     gold: GoldReward | None,
 ) -> tuple[PolicyResult, PolicyResult]:
     """Aligned samples, and the reference's: as many as the win rate or best-of-n needs."""
-    settings = eval_sampling.SamplingSettings(
-        max_new_tokens=config.max_new_tokens, eos_id=tokenizer.eos_id, pad_id=tokenizer.pad_id,
-        temperature=0.0 if config.greedy else config.temperature,
-    )  # fmt: skip
+    settings = _sampling(config, tokenizer)
     common = dict(config=config, settings=settings, tokenizer=tokenizer, gold=gold)
     aligned = run_policy(
         "policy", models, prompts, prompt_texts, samples=config.samples_per_prompt, **common
@@ -311,7 +321,8 @@ def measure(
             temperature=temperature,
             batch_size=config.batch_size,
         )  # fmt: skip
-        for role in ("policy", "reference")
+        for role in ("policy", "reference", "anchor")
+        if role in models
     }
     chosen, rejected = None, None  # the reward model's accuracy needs a reward model
     if pair_len is not None:
@@ -324,12 +335,44 @@ def measure(
         config=config, chosen_rewards=chosen, rejected_rewards=rejected, gold_name=gold_name,
         best_of_n_draws=BestOfNDraws(drawn.rewards, drawn.gold), judge=judge_of(models),
     )  # fmt: skip
+    summary["anchor"] = measure_anchor(
+        config, models, prompts, prompt_texts, aligned, logprobs, summary,
+        tokenizer=tokenizer, gold=gold,
+    )  # fmt: skip
     rows = sample_rows(
         prompt_texts,
         (aligned.texts, aligned.rewards, aligned.gold),
         (reference.texts, reference.rewards, reference.gold),
     )
     return Measured(summary, report_samples(prompt_texts, aligned, reference, config), rows)
+
+
+def measure_anchor(
+    config: EvalConfig,
+    models: dict[str, generation.LoadedModel],
+    prompts: eval_sampling.Prompts,
+    prompt_texts: list[str],
+    aligned: PolicyResult,
+    logprobs: dict[str, np.ndarray],
+    summary: dict[str, Any],
+    *,
+    tokenizer: Tokenizer,
+    gold: GoldReward | None,
+) -> dict[str, Any]:
+    """The summary's anchor part: KL to the anchor from its log-probs of the aligned samples,
+    the win rate against one anchor sample per prompt; the reference's figures when the
+    anchor is the reference (no "anchor" model loaded)."""
+    if "anchor" not in models:
+        return anchor.from_reference(summary, "")
+    drawn = run_policy(
+        "anchor", models, prompts, prompt_texts, samples=anchor.ANCHOR_SAMPLES_PER_PROMPT,
+        config=config, settings=_sampling(config, tokenizer), tokenizer=tokenizer, gold=gold,
+    )  # fmt: skip
+    return anchor.anchor_summary(
+        _outputs(aligned, tokenizer.eos_id), drawn.rewards, drawn.gold,
+        aligned_logprobs=logprobs["policy"], anchor_logprobs=logprobs["anchor"],
+        config=config, uri="",
+    )  # fmt: skip
 
 
 def run(
@@ -339,6 +382,9 @@ def run(
     reference_dir: str,
     reward_dir: str,
     output: str,
+    *,
+    anchor_dir: str = "",
+    past: Sequence[Mapping[str, Any]] = (),
 ) -> dict[str, Any]:
     """Evaluate ``policy_dir`` against ``reference_dir``; write the report; return the figures.
 
@@ -349,9 +395,13 @@ def run(
     says so before any model loads. The result is the summary (as in eval.json, ``judge``
     "reward_model" or "gold") plus ``blessed``; ``output`` receives report.html, eval.json,
     metrics.json and samples.jsonl.
+
+    ``anchor_dir``: the policy drift is measured from (``summary["anchor"]``: KL to it, win
+    rate and gold gain against it; '' = the reference); ``past``: earlier promotions' drift
+    rows (``anchor.drift_row``) for the report's drift table.
     """
     maybe_initialize()
-    dirs = model_dirs(policy_dir, reference_dir, reward_dir)
+    dirs = model_dirs(policy_dir, reference_dir, reward_dir, anchor_dir)
     inputs = check_inputs(config, shards_dir, dirs)
     if not config.max_new_tokens:
         config = dataclasses.replace(config, max_new_tokens=longest_lengths(inputs.manifest)[1])
@@ -361,6 +411,7 @@ def run(
         tokenizer=tokenizer, gold_name=inputs.gold_name,
     )  # fmt: skip
     summary = measured.summary
+    summary["anchor"].update(uri=anchor_dir or reference_dir, past=[dict(row) for row in past])
     gate = decide(summary, config)
     write_outputs(
         output, summary, gate, dirs=dirs, samples=measured.report_samples,
