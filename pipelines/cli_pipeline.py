@@ -19,6 +19,7 @@ from pipelines.pipeline import STAGES
 from pipelines.targets import TPU_GENERATIONS, Placement
 
 EXIT_USAGE = 2
+SCHEDULE_ACTIONS = ("pause", "resume", "delete")  # what schedules.change does
 # What `make images` tags without a registry; a cloud run needs the pushed URI (--image).
 DEFAULT_IMAGE = "alignpipe/train:0.1.0"
 
@@ -54,10 +55,23 @@ def register(commands: argparse._SubParsersAction) -> None:
     submit.set_defaults(handler=_submit)
 
     schedule = commands.add_parser(
-        "schedule", help="compile and run on a cron schedule (periodic realignment)"
+        "schedule",
+        help="compile and run on a cron schedule (periodic realignment); list, pause, resume "
+        "or delete schedules",
+        description="create (the default): compile and schedule the pipeline on --cron. "
+        "list: the schedules of --project/--region (vertex) or --host (gke). pause, resume, "
+        "delete SCHEDULE: one of them, by the id list shows (resume skips the missed runs).",
     )
     schedule.add_argument(
-        "--cron", required=True, help='5-field cron in UTC, e.g. "0 3 * * 1" (Mondays 03:00)'
+        "action", nargs="?", default="create", choices=("create", "list", *SCHEDULE_ACTIONS),
+        help="create (default), list, pause, resume or delete",
+    )  # fmt: skip
+    schedule.add_argument(
+        "schedule_id", nargs="?", default="", metavar="SCHEDULE",
+        help="pause, resume, delete: the schedule's id (Vertex: its ID or resource name)",
+    )  # fmt: skip
+    schedule.add_argument(
+        "--cron", default="", help='create: 5-field cron in UTC, e.g. "0 3 * * 1" (Mondays 03:00)'
     )
     _placement_options(schedule)
     _cloud_options(schedule)
@@ -272,8 +286,28 @@ def _submit(args: argparse.Namespace, rest: list[str]) -> int:
 
 
 def _schedule(args: argparse.Namespace, rest: list[str]) -> int:
-    """alignpipe schedule."""
-    return _guard(lambda: _cloud(args, "schedule"))
+    """alignpipe schedule [create|list|pause|resume|delete]."""
+    if args.action == "create":
+        if not args.cron:
+            print("error: schedule create needs --cron, e.g. --cron '0 3 * * 1'", file=sys.stderr)
+            return EXIT_USAGE
+        return _guard(lambda: _cloud(args, "schedule"))
+    return _guard(lambda: _manage_schedules(args))
+
+
+def _manage_schedules(args: argparse.Namespace) -> int:
+    """List the target's schedules, or pause, resume or delete one."""
+    from pipelines import schedules
+
+    settings = _settings(args)
+    if args.action == "list":
+        rows = schedules.list_schedules(args.target, settings)
+        print(schedules.format_schedules(rows) if rows else f"no schedules on {args.target}")
+        return 0
+    schedules.change(args.target, settings, args.schedule_id, args.action)
+    done = {"pause": "paused", "resume": "resumed", "delete": "deleted"}[args.action]
+    print(f"schedule {args.schedule_id} {done} on {args.target}")
+    return 0
 
 
 def _guard(body: Any) -> int:
