@@ -273,9 +273,13 @@ def evaluate(
     evaluation: Output[Artifact],
     report: Output[HTML],
     metrics: Output[Metrics],
-) -> NamedTuple("Evaluated", [("blessed", bool), ("result", str)]):
+) -> NamedTuple("Evaluated", [("Output", bool), ("result", str)]):
     """Measure the aligned policy against its reference and its anchor; returns whether it is
-    blessed and the run's result (the aligned policy's reference and the evaluation's files).
+    blessed (``Output``) and the run's result (the aligned policy's reference and the
+    evaluation's files).
+
+    The verdict keeps the name ``Output``: kfp.local (2.17) resolves a condition on a task
+    output inside a condition group only when the channel ends in ``-Output``.
 
     The judge is the reward model the policy was aligned against, else ``reward_model``
     (a dpo policy's, when given), else the gold reward.
@@ -307,7 +311,7 @@ def evaluate(
     stage_io.write_metrics(metrics, "evaluate", summary, started)
     result = {"status": "evaluated", "blessed": blessed, "aligned": policy,
               "evaluation": evaluation.uri, "metrics": metrics.uri}  # fmt: skip
-    return namedtuple("Evaluated", ["blessed", "result"])(blessed, json.dumps(result))
+    return namedtuple("Evaluated", ["Output", "result"])(blessed, json.dumps(result))
 
 
 def promote(

@@ -217,7 +217,7 @@ def _train_and_evaluate(
     configure(evaluate, "evaluate", TRAIN)
 
     # A pipeline condition (compiled to the backend), not a Python comparison.
-    with dsl.If(evaluate.outputs["blessed"] == True, name="blessed"):  # noqa: E712
+    with dsl.If(evaluate.outputs["Output"] == True, name="blessed"):  # noqa: E712
         promote = c.promote(
             policy=aligned, evaluation=evaluate.outputs["evaluation"], sources=sources,
             run_id=dsl.PIPELINE_JOB_NAME_PLACEHOLDER,

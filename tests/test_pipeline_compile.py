@@ -90,7 +90,7 @@ def test_dag_order_and_conditions(vertex):
     assert conditions["warm-start"]["condition"].startswith("!(")
     assert conditions["builtin-data"]["condition"].endswith("data_uri'] == ''")
     assert conditions["blessed"]["condition"] == (
-        "inputs.parameter_values['pipelinechannel--evaluate-blessed'] == true"
+        "inputs.parameter_values['pipelinechannel--evaluate-Output'] == true"
     )
     # promote is the only task of the branch the blessed condition guards
     blessed = next(t for t in tasks.values() if t["taskInfo"]["name"] == "blessed")
