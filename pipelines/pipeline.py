@@ -38,10 +38,11 @@ from pipelines.components import build_components
 from pipelines.targets import DATA, LIGHT, TRAIN, Placement, place
 
 PIPELINE_NAME = "alignpipe"
-STAGES = ("data", "shard", "sft", "reward", "ppo", "dpo", "evaluate", "promote")
+STAGES = ("data", "plan", "shard", "sft", "reward", "ppo", "dpo", "evaluate", "promote")
 RESULT = "result"  # the run's one output
 UPSTREAM = {
-    "shard": ("data",),
+    "plan": ("data",),
+    "shard": ("plan",),
     "sft": ("shard",),
     "reward": ("shard",),
     "ppo": ("sft", "reward"),
@@ -51,7 +52,9 @@ UPSTREAM = {
 }
 # Task names (as kfp names them after their components) of each stage.
 STAGE_TASKS = {
-    "data": ("builtin-data", "find-data", "plan-run", "no-new-data"),
+    "data": ("builtin-data", "find-data"),
+    # Never cached: whether the data is new, and the anchor, are read afresh each run.
+    "plan": ("plan-run", "no-new-data"),
     "shard": ("shard",),
     "sft": ("sft", "check-policy"),
     "reward": ("reward",),

@@ -136,6 +136,13 @@ def _check_sharded(state, initial) -> None:
             np.testing.assert_array_equal(a, np.asarray(b))
 
 
+def clean_env() -> dict[str, str]:
+    """This process's environment without its XLA/JAX settings (XLA_FLAGS forces 8 devices into
+    each process), but with the session's compilation cache (tests/conftest.py)."""
+    kept = ("JAX_COMPILATION_CACHE_DIR", "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS")
+    return {k: v for k, v in os.environ.items() if k in kept or not k.startswith(("XLA_", "JAX_"))}
+
+
 def _free_port() -> int:
     return _free_ports(1)[0]
 
@@ -159,8 +166,7 @@ def _spawn(
         f"import sys; sys.path[:0] = [{TESTS_DIR!r}, {REPO!r}]; import test_multihost; "
         f"test_multihost.worker({shards!r}, {out!r}, {local_devices}, sharded={sharded})"
     )
-    # A clean environment: no XLA_FLAGS forcing 8 devices into each process.
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("XLA_", "JAX_"))}
+    env = clean_env()
     env.update(TF_CPP_MIN_LOG_LEVEL="3", JAX_PLATFORMS="cpu", **extra_env)
     return subprocess.Popen(
         [sys.executable, "-c", code],

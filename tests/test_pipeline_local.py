@@ -34,13 +34,23 @@ TINY = {
     "max_new_tokens": 16,
     "eval_max_new_tokens": 16,
     "max_eval_prompts": 16,
+    # The smallest baseline that still gives a frontier: evaluate runs in four of the runs.
+    "eval_samples_per_prompt": 2,
+    "best_of_n": "1,2",
     "min_eval_pairs": 16,  # one eval batch of sft and reward
     # Four reward steps rank little; the gate has its own test below.
     "min_reward_accuracy": 0.0,
     # Bless whatever comes out, so the promotion branch runs too.
     "min_win_rate_lower": 0.0,
 }
-ALL_TASKS = {"builtin-data", "shard", "sft", "reward", "ppo", "evaluate", "promote"}
+# plan-run (never cached) decides whether the data is new and which policy is the anchor.
+ALL_TASKS = {"plan-run", "builtin-data", "shard", "sft", "reward", "ppo", "evaluate", "promote"}
+
+
+@pytest.fixture(scope="module")
+def runs_dir(tmp_path_factory) -> Path:
+    """One pipeline root for the module: later tests reuse the first one's cached tasks."""
+    return tmp_path_factory.mktemp("runs")
 
 
 def _statuses(result) -> dict[str, str]:
@@ -49,7 +59,8 @@ def _statuses(result) -> dict[str, str]:
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-def test_local_run_cache_and_rerun(tmp_path, monkeypatch, capsys):
+def test_local_run_cache_and_rerun(runs_dir, monkeypatch, capsys):
+    tmp_path = runs_dir
     monkeypatch.setenv("ALIGNPIPE_CPU_DEVICES", "8")
     first = run_local(TINY, runs_dir=tmp_path, echo=False)
     assert not first.error, first.error
@@ -75,7 +86,7 @@ def test_local_run_cache_and_rerun(tmp_path, monkeypatch, capsys):
     second = run_local({**TINY, "kl_coef": 0.05}, runs_dir=tmp_path, echo=False)
     assert not second.error, second.error
     # promote follows evaluate whenever it blesses; nothing upstream of ppo executed.
-    assert second.executed == {"ppo", "evaluate", "promote"}
+    assert second.executed == {"plan-run", "ppo", "evaluate", "promote"}
     statuses = _statuses(second)
     assert [statuses[s] for s in ("data", "shard", "sft", "reward")] == ["cached"] * 4
     assert [statuses[s] for s in ("ppo", "evaluate")] == ["ran", "ran"]
@@ -96,7 +107,7 @@ def test_local_run_cache_and_rerun(tmp_path, monkeypatch, capsys):
     dpo = {**TINY, "algorithm": "dpo", "dpo_steps": 4, "dpo_batch_size": 16}
     fourth = run_local({**dpo, "eval_reward_model": reward_model}, runs_dir=tmp_path, echo=False)
     assert not fourth.error, fourth.error
-    assert fourth.executed == {"dpo", "evaluate", "promote"}
+    assert fourth.executed == {"plan-run", "dpo", "evaluate", "promote"}
     statuses = _statuses(fourth)
     assert [statuses[s] for s in ("data", "shard", "sft")] == ["cached"] * 3
     assert [statuses[s] for s in ("reward", "ppo")] == ["skipped"] * 2
@@ -110,17 +121,21 @@ def test_local_run_cache_and_rerun(tmp_path, monkeypatch, capsys):
     warm = {**TINY, "kl_coef": 0.05, "base_policy": str(promoted)}
     third = run_local(warm, runs_dir=tmp_path, echo=False)
     assert not third.error, third.error
-    assert third.executed == {"check-policy", "ppo", "evaluate", "promote"}
+    assert third.executed == {"plan-run", "check-policy", "ppo", "evaluate", "promote"}
     assert third.stages["sft"].task == "check-policy"
     assert [third.stages[s].status for s in ("data", "shard", "reward")] == ["cached"] * 3
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_reward_gate_stops_the_local_run_before_ppo_with_its_reason(tmp_path, monkeypatch):
+def test_reward_gate_stops_the_local_run_before_ppo_with_its_reason(
+    runs_dir, tmp_path, monkeypatch
+):
     monkeypatch.setenv("ALIGNPIPE_CPU_DEVICES", "8")
-    result = run_local({**TINY, "min_reward_accuracy": 1.0}, runs_dir=tmp_path, echo=False)
-    assert result.error and result.executed == {"builtin-data", "shard", "sft"}
+    # Data, shard and sft come from the first test's cache when it ran; promote nowhere shared.
+    values = {**TINY, "min_reward_accuracy": 1.0, "promoted_policy_uri": str(tmp_path / "p")}
+    result = run_local(values, runs_dir=runs_dir, echo=False)
+    assert result.error and result.executed <= {"plan-run", "builtin-data", "shard", "sft"}
     statuses = _statuses(result)
     assert statuses["reward"] == "failed"
     assert [statuses[s] for s in ("ppo", "evaluate", "promote")] == ["skipped"] * 3
@@ -129,7 +144,7 @@ def test_reward_gate_stops_the_local_run_before_ppo_with_its_reason(tmp_path, mo
     assert "lower min_reward_accuracy" in reason
     assert f"  reward: {reason}" in format_summary(result)
     assert (result.run_dir / "reward" / "model" / "config.json").exists()  # kept to inspect
-    assert not (tmp_path / PROMOTED_DIR).exists()
+    assert not (tmp_path / "p").exists()
 
 
 def test_a_failed_tasks_reason_reaches_the_summary(tmp_path):

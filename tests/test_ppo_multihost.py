@@ -26,7 +26,7 @@ import jax
 import numpy as np
 import pytest
 from flax import nnx
-from test_multihost import _free_ports
+from test_multihost import _free_ports, clean_env
 
 from components.core import distributed
 from components.core.builtin_task import write_jsonl
@@ -51,6 +51,8 @@ PPO_FLAGS = [
     "--fsdp", "true",
 ]  # fmt: skip
 EVAL_FLAGS = ["--max-new-tokens", "8", "--bootstrap-samples", "200", "--fsdp", "true"]
+# Few samples and a short best-of-n: the two layouts agree or not whatever their number.
+EVAL_FLAGS += ["--samples-per-prompt", "2", "--best-of-n", "1,2"]
 # Float figures: a few ulps of float32 sums apart (see the module docstring).
 CLOSE = dict(rel=1e-5, abs=1e-6)
 
@@ -82,7 +84,7 @@ def inputs(tmp_path_factory) -> dict[str, str]:
 
 def _launch(module: str, args: list[str], hosts: int, port: int) -> list[subprocess.Popen]:
     """``python -m module`` as 1 process of 8 CPU devices, or 2 of 4 joined at ``port``."""
-    clean = {k: v for k, v in os.environ.items() if not k.startswith(("XLA_", "JAX_"))}
+    clean = clean_env()
     clean.update(TF_CPP_MIN_LOG_LEVEL="3", JAX_PLATFORMS="cpu")
     processes = []
     for index in range(hosts):

@@ -218,11 +218,12 @@ def test_learning_rate_blowup_trips_the_guard(artifacts, tmp_path) -> None:
 
 @pytest.fixture(scope="module")
 def group_runs(artifacts, tmp_path_factory) -> dict[str, tuple[dict[str, float], str]]:
-    """One grpo and one rloo run of the shared RUN settings (16 prompts x 4 responses)."""
+    """One grpo and one rloo run of the shared RUN settings (16 prompts x 4 responses); rloo's
+    with fsdp (its state, reference and reward model in chunks over the 8 devices)."""
     runs = {}
-    for algorithm in ("grpo", "rloo"):
+    for algorithm, fsdp in (("grpo", False), ("rloo", True)):
         output = str(tmp_path_factory.mktemp(algorithm) / "policy")
-        runs[algorithm] = (_run(artifacts, output, algorithm=algorithm), output)
+        runs[algorithm] = (_run(artifacts, output, algorithm=algorithm, fsdp=fsdp), output)
     return runs
 
 

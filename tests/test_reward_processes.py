@@ -12,7 +12,7 @@ import jax
 import numpy as np
 import pytest
 from flax import nnx
-from test_multihost import _free_port, _wait_all
+from test_multihost import _free_port, _wait_all, clean_env
 
 from components.core.builtin_task import write_jsonl
 from components.core.checkpoint import load_model_params, read_model_config, work_checkpoint_dir
@@ -37,7 +37,7 @@ def shards(tmp_path_factory):
 
 
 def _reward(shards: str, out: str, *flags: str, devices: int = 8, env: dict | None = None):
-    clean = {k: v for k, v in os.environ.items() if not k.startswith(("XLA_", "JAX_"))}
+    clean = clean_env()
     clean.update(JAX_PLATFORMS="cpu", ALIGNPIPE_CPU_DEVICES=str(devices), **(env or {}))
     command = [sys.executable, "-m", "components.reward", "--shards", shards, "--output", out]
     return subprocess.Popen(
