@@ -2,9 +2,10 @@
 
 Steps:
 1. data      the built-in task generated into the run (``data_uri`` '') or the files
-             ``data_uri`` matches (a glob: the newest data of a periodic run); the plan:
-             when those files equal the last promoted run's, the run trains nothing and
-             ends as "no new data" (unless ``force_run``); the anchor drift is measured from
+             ``data_uri`` matches (a glob: the newest data of a periodic run)
+   plan      when those files equal the last promoted run's, the run trains nothing and
+             ends as "no new data" (unless ``force_run``); resolves the anchor policy
+             that drift is measured from (``anchor_policy``, else the first promoted one)
 2. shard     validate, dedupe, tokenize and shard by prompt hash (Beam)
 3. sft       train the initial policy, only when no ``base_policy`` is given; otherwise
              the given policy (e.g. the last promoted one) is checked and used
@@ -170,12 +171,12 @@ def build_pipeline(placement: Placement, fresh_from: str | None = None) -> Any:
             anchor_policy=anchor_policy, promoted_policy_uri=promoted_policy_uri,
         )  # fmt: skip
         # Never cached: the promotion history it reads moves between runs.
-        configure(plan, "data", LIGHT, cache=False)
+        configure(plan, "plan", LIGHT, cache=False)
         with dsl.If(plan.outputs["new_data"] == True, name="new-data"):  # noqa: E712
             evaluated = _train_and_evaluate(c, configure, p, sources, plan.outputs["anchor"])
         with dsl.Else(name="nothing-new"):
             nothing = c.no_new_data(sources=sources, promoted_policy_uri=promoted_policy_uri)
-            configure(nothing, "data", LIGHT, cache=False)
+            configure(nothing, "plan", LIGHT, cache=False)
         return Outputs(result=dsl.OneOf(evaluated, nothing.output))
 
     return alignment_pipeline
