@@ -46,6 +46,7 @@ import random
 import tempfile
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 from components.core import fileio
@@ -112,11 +113,19 @@ def resolve_policy(uri: str) -> str:
     return uri
 
 
-def promote(root: str, policy_dir: str, record: dict[str, Any] | None = None) -> int:
+def promote(
+    root: str,
+    policy_dir: str,
+    record: dict[str, Any] | None = None,
+    register: Callable[[int, str], dict[str, Any]] | None = None,
+) -> int:
     """Add ``policy_dir`` to ``root`` as a new version, make it current; returns its number.
 
     ``record`` adds to the history line: ``run_id``, ``data_fingerprint``, the evaluation's
     ``blessed`` and ``reasons``, and its ``summary`` (stored flat as ``figures``).
+    ``register(version, folder)``, called once the copy is complete and before the version
+    is marked complete, registers it elsewhere (model_registry.py); what it returns is the
+    line's ``registry``. When it raises, the version stays incomplete and CURRENT unchanged.
     """
     for name in POLICY_FILES:
         if not fileio.exists(fileio.join(policy_dir, name)):
@@ -125,6 +134,8 @@ def promote(root: str, policy_dir: str, record: dict[str, Any] | None = None) ->
     version = _claim_next(root)
     _copy_policy(policy_dir, version_folder(root, version))
     entry = _promotion_entry(version, policy_dir, record or {})
+    if register is not None:
+        entry["registry"] = register(version, version_folder(root, version))
     _write_atomic(fileio.join(version_folder(root, version), COMPLETE), json.dumps(entry))
     _switch_current(root, version)
     _rebuild_history(root)

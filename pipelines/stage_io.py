@@ -20,7 +20,7 @@ import math
 import os
 import shutil
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from components.core import fileio
@@ -202,11 +202,13 @@ def promote(
     promoted_policy_uri: str,
     *,
     record: dict[str, Any] | None = None,
+    register: Callable[[int, str], dict[str, Any]] | None = None,
 ) -> int | None:
     """Copy the blessed policy to the promote task's artifact and, when given, promote it.
 
     At ``promoted_policy_uri`` it becomes a new version and the current one (promotion.py);
-    ``record`` (run id, data fingerprint, the evaluation's eval.json) joins the history.
+    ``record`` (run id, data fingerprint, the evaluation's eval.json) joins the history, and
+    ``register`` (see promotion.promote) registers the version elsewhere.
     Returns the version number, or None when no URI is given.
     """
     copy_tree(policy_dir, artifact_dir)
@@ -214,4 +216,4 @@ def promote(
         return None
     from pipelines import promotion
 
-    return promotion.promote(promoted_policy_uri, policy_dir, record)
+    return promotion.promote(promoted_policy_uri, policy_dir, record, register)
