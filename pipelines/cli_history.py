@@ -53,9 +53,17 @@ def register(commands: argparse._SubParsersAction) -> None:
 
 
 def format_history(events: list[dict[str, Any]], current: int | None) -> str:
-    """The events as a table, oldest first; ``*`` marks the current version."""
+    """The events as a table, oldest first; ``*`` marks the current version.
+
+    A ``registry`` column (the Vertex Model Registry version ID) shows when any version was
+    uploaded there (pipeline parameter registry_model); ``--json`` has the model's name.
+    """
     header = ["", "version", "event", "time (UTC)", "run", *(f[0] for f in FIGURES), "note"]
     rows = [header] + [_row(event, current) for event in events]
+    if any(event.get("registry") for event in events):
+        header.insert(-1, "registry")
+        for row, event in zip(rows[1:], events, strict=True):
+            row.insert(-1, event.get("registry", {}).get("version_id", ""))
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
     numeric = range(5, 5 + len(FIGURES))  # the figures line up on their right edge
     lines = []

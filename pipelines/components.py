@@ -320,14 +320,16 @@ def promote(
     sources: str,
     run_id: str,
     promoted_policy_uri: str,
+    registry_model: str,
     promoted: Output[Model],
 ):
     """Copy the blessed policy to its artifact and, when given, promote it as a new version of
-    ``promoted_policy_uri`` with its record: run, data, the evaluation's figures and reasons."""
+    ``promoted_policy_uri`` with its record: run, data, the evaluation's figures and reasons;
+    with ``registry_model``, also as a new version of that Vertex Model Registry model."""
     import json
 
     from components.core import fileio
-    from pipelines import stage_io
+    from pipelines import model_registry, stage_io
 
     aligned = stage_io.reference_details(policy)
     record = {
@@ -337,9 +339,23 @@ def promote(
         "data": json.loads(sources),
         "data_fingerprint": stage_io.data_fingerprint(sources),
     }
-    version = stage_io.promote(aligned["uri"], promoted.path, promoted_policy_uri, record=record)
+    registered: dict = {}
+
+    def register(version: int, folder: str) -> dict:
+        registered.update(
+            model_registry.register_version(registry_model, version, folder, run_id=run_id)
+        )
+        return registered
+
+    version = stage_io.promote(
+        aligned["uri"], promoted.path, promoted_policy_uri, record=record,
+        register=register if registry_model else None,
+    )  # fmt: skip
     promoted.metadata["promoted_policy_uri"] = promoted_policy_uri
     promoted.metadata["version"] = version or 0
+    if registered:
+        promoted.metadata["registry_model"] = registered["model"]
+        promoted.metadata["registry_version_id"] = registered["version_id"]
 
 
 class Components(NamedTuple):

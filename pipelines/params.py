@@ -191,6 +191,15 @@ PARAMS: tuple[Param, ...] = (
         "'' = keep it only as the promote task's artifact",
     ),
     Param(
+        "registry_model",
+        default="",
+        kind=str,
+        help="Vertex Model Registry model each promoted version is also uploaded to as its new "
+        "default version (alias v<version>): a display name (in the run's project and "
+        "region; created on the first upload) or projects/P/locations/L/models/ID; needs a "
+        "gs:// promoted_policy_uri; '' = no upload",
+    ),
+    Param(
         "anchor_policy",
         default="",
         kind=str,
@@ -262,6 +271,7 @@ def validate(values: dict[str, Any], chips: int) -> dict[str, Any]:
     if merged["builtin_pairs"] < 1:
         raise ParamError(f"builtin_pairs: {merged['builtin_pairs']} must be at least 1")
     _check_algorithm(merged)
+    _check_registry(merged)
     for stage in ("shard", *trained_stages(merged), "evaluate"):
         try:
             STAGE_CONFIGS[stage](**stage_values(stage, merged))
@@ -294,6 +304,26 @@ def _check_algorithm(values: dict[str, Any]) -> None:
             "pass eval_reward_model (a reward model folder) or gold_reward (a gold scoring "
             "function, PATH.py:FUNCTION)"
         )
+
+
+def _check_registry(values: dict[str, Any]) -> None:
+    """A registry model needs versions on gs://, and a well-formed resource name."""
+    from pipelines import model_registry
+
+    registry_model, root = values["registry_model"], values["promoted_policy_uri"]
+    if not registry_model:
+        return
+    if not root.startswith("gs://"):
+        where = f"the local folder {root!r}" if root else "'' (no promotion)"
+        raise ParamError(
+            f"registry_model: {registry_model!r} needs promoted versions on Cloud Storage, "
+            f"but promoted_policy_uri is {where}; set promoted_policy_uri to a gs:// folder, "
+            "or registry_model to ''"
+        )
+    try:
+        model_registry.parse_model(registry_model)
+    except ValueError as error:
+        raise ParamError(str(error)) from None
 
 
 def _check_type(name: str, value: Any) -> None:

@@ -154,6 +154,7 @@ def build_pipeline(placement: Placement, fresh_from: str | None = None) -> Any:
         eval_max_new_tokens: int = D["eval_max_new_tokens"],
         eval_batch_size: int = D["eval_batch_size"],
         promoted_policy_uri: str = D["promoted_policy_uri"],
+        registry_model: str = D["registry_model"],
         anchor_policy: str = D["anchor_policy"],
         force_run: bool = D["force_run"],
     ) -> Outputs:
@@ -225,7 +226,7 @@ def _train_and_evaluate(
         promote = c.promote(
             policy=aligned, evaluation=evaluate.outputs["evaluation"], sources=sources,
             run_id=dsl.PIPELINE_JOB_NAME_PLACEHOLDER,
-            promoted_policy_uri=p["promoted_policy_uri"],
+            promoted_policy_uri=p["promoted_policy_uri"], registry_model=p["registry_model"],
         )  # fmt: skip
         configure(promote, "promote", LIGHT)
     return evaluate.outputs["result"]
