@@ -56,9 +56,14 @@ clean: ## Remove the virtual environment, caches and local runs.
 
 # Images and cloud pipeline specs (see containers/ and `alignpipe compile --help`).
 REGISTRY ?= us-central1-docker.pkg.dev/PROJECT/alignpipe
-TAG ?= $(shell git rev-parse --short HEAD 2>/dev/null || echo dev)
+# The commit, marked -dirty when the work tree has changes: a tag names one content.
+TAG ?= $(shell git describe --always --dirty --abbrev=12 2>/dev/null || echo dev)
 TRAIN_IMAGE ?= $(REGISTRY)/train:$(TAG)
 DATA_IMAGE ?= $(REGISTRY)/data:$(TAG)
+# `make push` records the pushed digests here; `make compile` binds them. Pipelines cache
+# tasks by image reference, so a digest (immutable) is the reference to compile with.
+IMAGES_ENV := build/images.env
+-include $(IMAGES_ENV)
 
 .PHONY: images push compile
 
@@ -66,10 +71,16 @@ images: ## Build the training (JAX TPU) and data (Beam) images: REGISTRY=… TAG
 	DOCKER_BUILDKIT=1 docker build -f containers/Dockerfile.train -t $(TRAIN_IMAGE) .
 	DOCKER_BUILDKIT=1 docker build -f containers/Dockerfile.data -t $(DATA_IMAGE) .
 
-push: ## Push both images to $(REGISTRY).
+push: ## Push both images to $(REGISTRY); writes their digests to build/images.env.
 	docker push $(TRAIN_IMAGE)
 	docker push $(DATA_IMAGE)
+	mkdir -p build
+	{ echo "TRAIN_DIGEST := $$(docker inspect --format '{{range .RepoDigests}}{{println .}}{{end}}' $(TRAIN_IMAGE) | grep -m1 '^$(REGISTRY)/train@sha256:')"; \
+	  echo "DATA_DIGEST := $$(docker inspect --format '{{range .RepoDigests}}{{println .}}{{end}}' $(DATA_IMAGE) | grep -m1 '^$(REGISTRY)/data@sha256:')"; \
+	} > $(IMAGES_ENV)
+	cat $(IMAGES_ENV)
 
-compile: install ## Write build/pipeline-vertex.yaml and build/pipeline-gke.yaml for the images.
-	$(BIN)/alignpipe compile --target vertex --image $(TRAIN_IMAGE) --data-image $(DATA_IMAGE) -o build/pipeline-vertex.yaml
-	$(BIN)/alignpipe compile --target gke --image $(TRAIN_IMAGE) --data-image $(DATA_IMAGE) -o build/pipeline-gke.yaml
+compile: install ## Write build/pipeline-vertex.yaml and -gke.yaml, bound to the pushed digests.
+	@test -n "$(TRAIN_DIGEST)" || echo "note: no $(IMAGES_ENV) (make push): compiling with the tag $(TRAIN_IMAGE)"
+	$(BIN)/alignpipe compile --target vertex --image $(or $(TRAIN_DIGEST),$(TRAIN_IMAGE)) --data-image $(or $(DATA_DIGEST),$(DATA_IMAGE)) -o build/pipeline-vertex.yaml
+	$(BIN)/alignpipe compile --target gke --image $(or $(TRAIN_DIGEST),$(TRAIN_IMAGE)) --data-image $(or $(DATA_DIGEST),$(DATA_IMAGE)) -o build/pipeline-gke.yaml

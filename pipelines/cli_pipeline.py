@@ -127,7 +127,12 @@ def _placement_options(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="chips of one training task, e.g. 1x1, 2x2, 2x4 (default: the run preset's, else 2x2)",
     )
-    group.add_argument("--machine-type", default="", help="vertex TPU VM type (checked)")
+    group.add_argument(
+        "--machine-type", default="",
+        help="vertex: the TPU VM type of each training task's custom job; must match the chips "
+        "(default: the TPU's type for the topology, e.g. ct5lp-hightpu-4t for v5e 2x2, "
+        "ct5p-hightpu-4t for v5p 2x2x1, ct6e-standard-8t for v6e 2x4)",
+    )  # fmt: skip
     group.add_argument("--cpu-limit", default="4", help="CPU of non-training tasks (4)")
     group.add_argument("--memory-limit", default="16G", help="memory of non-training tasks")
     group.add_argument(
@@ -144,11 +149,33 @@ def _cloud_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--project", default="", help="Google Cloud project (vertex)")
     group.add_argument("--region", default="", help="Vertex AI region, e.g. us-central1")
     group.add_argument("--pipeline-root", default="", help="gs:// folder for run artifacts")
-    group.add_argument("--service-account", default="", help="service account the run uses")
+    group.add_argument(
+        "--service-account", default="",
+        help="vertex: the Google service account (EMAIL) the run and its TPU custom jobs act "
+        "as; without it Vertex uses the Compute Engine default account (a warning says so). "
+        "gke: the Kubernetes service account (NAME) of the run's pods in its namespace",
+    )  # fmt: skip
     group.add_argument(
         "--label", action="append", default=[], metavar="KEY=VALUE", help="run label (repeat)"
     )
     group.add_argument("--host", default="", help="Kubeflow Pipelines endpoint (gke)")
+    group.add_argument(
+        "--namespace", default="",
+        help="gke: the Kubeflow profile namespace of the run and experiment (multi-user)",
+    )  # fmt: skip
+    group.add_argument(
+        "--kube-context", default="",
+        help="gke without --host: reach KFP through this kubeconfig context's API server",
+    )  # fmt: skip
+    group.add_argument(
+        "--iap-client-id", default="",
+        help="gke behind Identity-Aware Proxy: the OAuth client id; the token comes from "
+        "the application default credentials",
+    )  # fmt: skip
+    group.add_argument(
+        "--token-env", default="", metavar="VAR",
+        help="gke: read a bearer token from environment variable VAR (never from a flag)",
+    )  # fmt: skip
     group.add_argument("--experiment", default="alignpipe", help="KFP experiment (gke)")
     group.add_argument("--display-name", default="alignpipe", help="run or schedule name")
     group.add_argument(
@@ -198,11 +225,14 @@ def _placement(args: argparse.Namespace) -> Placement:
                 f"--tpu {tpu} --tpu-topology {topology or '?'} is another slice. Drop those "
                 "flags, or choose the preset of that slice (alignpipe presets)"
             )
-    return Placement(
+    placement = Placement(
         target=args.target, image=args.image or DEFAULT_IMAGE, data_image=args.data_image,
         tpu=tpu, topology=topology, machine_type=args.machine_type,
         cpu_limit=args.cpu_limit, memory_limit=args.memory_limit, train_retries=args.train_retries,
     )  # fmt: skip
+    for warning in placement.warnings():
+        print(f"warning: {warning}", file=sys.stderr)
+    return placement
 
 
 def _local(values: dict[str, Any], args: argparse.Namespace, fresh_from: str | None) -> int:
@@ -256,6 +286,8 @@ def _settings(args: argparse.Namespace) -> Any:
     return CloudSettings(
         project=args.project, region=args.region, pipeline_root=args.pipeline_root,
         service_account=args.service_account, labels=labels, host=args.host,
+        namespace=args.namespace, kube_context=args.kube_context,
+        iap_client_id=args.iap_client_id, token_env=args.token_env,
         experiment=args.experiment, display_name=args.display_name,
         enable_caching=False if args.no_cache else None,
     )  # fmt: skip
@@ -267,6 +299,8 @@ def _cloud(args: argparse.Namespace, action: str) -> int:
 
     placement, settings, values = _placement(args), _settings(args), _values(args)
     cloud.check_settings(args.target, settings)  # before compiling: fail fast on settings
+    for warning in cloud.settings_warnings(args.target, settings):
+        print(f"warning: {warning}", file=sys.stderr)
     with tempfile.TemporaryDirectory() as folder:
         package = str(Path(folder) / "alignpipe.yaml")
         cloud.compile_pipeline(placement, values, package, args.fresh_from)

@@ -9,11 +9,14 @@ project, region, host or pipeline root fails with a message that names the flag.
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 from pathlib import Path
 from typing import Any
 
-from pipelines import params
+import yaml
+
+from pipelines import params, vertex_jobs
 from pipelines.pipeline import PIPELINE_NAME, build_pipeline
 from pipelines.targets import Placement
 
@@ -36,6 +39,12 @@ class CloudSettings:
     service_account: str = ""
     labels: dict[str, str] = dataclasses.field(default_factory=dict)
     host: str = ""  # Kubeflow Pipelines endpoint (gke target)
+    # gke: the profile namespace of the run and its experiment (multi-user Kubeflow);
+    # '' = the client's default namespace.
+    namespace: str = ""
+    kube_context: str = ""  # gke without --host: reach KFP through this kubeconfig context
+    iap_client_id: str = ""  # gke behind Identity-Aware Proxy: its OAuth client id
+    token_env: str = ""  # gke: the name of an environment variable holding a bearer token
     experiment: str = PIPELINE_NAME
     display_name: str = PIPELINE_NAME
     # None keeps each task's compiled setting (listings never cached, --fresh-from);
@@ -59,7 +68,18 @@ def compile_pipeline(
     pipeline = build_pipeline(placement, fresh_from)
     Path(package_path).parent.mkdir(parents=True, exist_ok=True)
     compiler.Compiler().compile(pipeline, str(package_path), pipeline_parameters=values or None)
+    if placement.target == "vertex":
+        _training_as_custom_jobs(placement, Path(package_path))
     return checked
+
+
+def _training_as_custom_jobs(placement: Placement, package: Path) -> None:
+    """Rewrite the compiled Vertex spec: each training task runs as a TPU custom job."""
+    spec = yaml.safe_load(package.read_text())
+    labels = {key.replace("-", "_"): value for key, value in placement.describe().items()}
+    labels = {"pipeline": PIPELINE_NAME, **labels}
+    vertex_jobs.as_custom_jobs(spec, placement.machine, placement.topology, labels)
+    package.write_text(yaml.safe_dump(spec, sort_keys=False))
 
 
 def check_settings(target: str, settings: CloudSettings) -> None:
@@ -68,9 +88,17 @@ def check_settings(target: str, settings: CloudSettings) -> None:
     if target not in needed:
         raise CloudError(f"target: {target!r} cannot be submitted; use vertex or gke")
     missing = [name for name in needed[target] if not getattr(settings, name)]
+    if target == "gke" and settings.kube_context and "host" in missing:
+        missing.remove("host")  # the kubeconfig context names the cluster
     if missing:
         flags = ", ".join("--" + name.replace("_", "-") for name in missing)
-        raise CloudError(f"the {target} target needs {flags}")
+        hint = " (or --kube-context)" if "host" in missing else ""
+        raise CloudError(f"the {target} target needs {flags}{hint}")
+    if settings.token_env and not os.environ.get(settings.token_env):
+        raise CloudError(
+            f"--token-env {settings.token_env}: that environment variable is unset or empty; "
+            "export the bearer token in it (the token itself is never a flag)"
+        )
     if not settings.pipeline_root.startswith("gs://"):
         raise CloudError(
             f"--pipeline-root {settings.pipeline_root!r} must be a gs:// folder: the stages "
@@ -82,6 +110,31 @@ def check_settings(target: str, settings: CloudSettings) -> None:
                 f"--label {key}={value}: keys and values take lowercase letters, digits, "
                 "'_' and '-' (keys start with a letter), at most 63 characters"
             )
+
+
+def settings_warnings(target: str, settings: CloudSettings) -> list[str]:
+    """What a user should hear before a submission that would still start."""
+    if target == "vertex" and not settings.service_account:
+        return [
+            "no --service-account: the run, and the TPU custom jobs it starts, use the "
+            "project's Compute Engine default service account (usually the broad Editor "
+            "role); pass a dedicated one with Vertex AI User and Storage access"
+        ]
+    return []
+
+
+def kfp_client(s: CloudSettings) -> Any:
+    """The Kubeflow Pipelines client of the gke target, authenticated as the flags say."""
+    import kfp
+
+    options: dict[str, Any] = {"host": s.host or None}
+    if s.kube_context:
+        options["kube_context"] = s.kube_context
+    if s.iap_client_id:
+        options["client_id"] = s.iap_client_id
+    if s.token_env:
+        options["existing_token"] = os.environ[s.token_env]
+    return kfp.Client(**options)
 
 
 def run_labels(placement: Placement, settings: CloudSettings) -> dict[str, str]:
@@ -115,14 +168,12 @@ def submit(
         job = _vertex_job(package, values, run_labels(placement, s), s)
         job.submit(service_account=s.service_account or None)
         return job
-    import kfp
-
-    client = kfp.Client(host=s.host)
-    return client.create_run_from_pipeline_package(
+    return kfp_client(s).create_run_from_pipeline_package(
         package,
         arguments=values,
         run_name=s.display_name,
         experiment_name=s.experiment,
+        namespace=s.namespace or None,
         pipeline_root=s.pipeline_root,
         enable_caching=s.enable_caching,
         service_account=s.service_account or None,
@@ -153,10 +204,8 @@ def schedule(
             cron=cron, max_concurrent_run_count=1, service_account=s.service_account or None
         )
         return scheduled
-    import kfp
-
-    client = kfp.Client(host=s.host)
-    experiment = client.create_experiment(name=s.experiment)
+    client = kfp_client(s)
+    experiment = client.create_experiment(name=s.experiment, namespace=s.namespace or None)
     return client.create_recurring_run(
         experiment_id=experiment.experiment_id,
         job_name=s.display_name,

@@ -228,5 +228,7 @@ def _train_and_evaluate(
             run_id=dsl.PIPELINE_JOB_NAME_PLACEHOLDER,
             promoted_policy_uri=p["promoted_policy_uri"], registry_model=p["registry_model"],
         )  # fmt: skip
-        configure(promote, "promote", LIGHT)
+        # Never cached: a promotion is a side effect (a new version, CURRENT moved), and a
+        # cache hit would report it done without doing it.
+        configure(promote, "promote", LIGHT, cache=False)
     return evaluate.outputs["result"]

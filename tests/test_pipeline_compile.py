@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pipelines import params
+from pipelines import params, vertex_jobs
 from pipelines.cli import main
 from pipelines.cloud import compile_pipeline
 from pipelines.components import Components, build_components
@@ -181,13 +181,14 @@ def test_parameters_default_to_the_stage_configs(vertex):
 
 
 def test_vertex_places_training_on_tpu_and_the_rest_on_cpu(vertex):
+    """Training tasks launch a TPU custom job of the training image (tests/test_vertex_jobs.py
+    checks those against aiplatform's types); other tasks get CPU and memory limits."""
     for task in TRAINING:
         container = _executor(vertex, task)
-        assert container["image"] == TRAIN_IMAGE
-        assert container["resources"]["accelerator"] == {
-            "count": "4", "resourceCount": "4",
-            "type": "TPU_V5_LITEPOD", "resourceType": "TPU_V5_LITEPOD",
-        }  # fmt: skip
+        assert container["image"] == vertex_jobs.LAUNCHER_IMAGE
+        (pool,) = vertex_jobs.payload_of(container)["job_spec"]["worker_pool_specs"]
+        assert pool["container_spec"]["image_uri"] == TRAIN_IMAGE
+        assert pool["machine_spec"] == {"machine_type": "ct5lp-hightpu-4t", "tpu_topology": "2x2"}
     for task in CPU_TASKS:
         container = _executor(vertex, task)
         assert "accelerator" not in container["resources"]
@@ -208,12 +209,13 @@ def test_retries_on_training_tasks_only(vertex):
         assert "retryPolicy" not in tasks[task]
 
 
-def test_caching_on_except_for_listings(vertex):
+def test_caching_on_except_for_listings_and_promote(vertex):
     tasks = _tasks(vertex)
-    for task in ("builtin-data", "shard", "sft", "reward", "ppo", "evaluate", "promote"):
+    for task in ("builtin-data", "shard", "sft", "reward", "ppo", "evaluate"):
         assert tasks[task]["cachingOptions"].get("enableCache") is True, task
-    # A glob and a promoted folder change behind the same string: always re-read.
-    for task in ("find-data", "check-policy", "plan-run", "no-new-data"):
+    # A glob and a promoted folder change behind the same string: always re-read; a
+    # promotion is a side effect that a cache hit would skip.
+    for task in ("find-data", "check-policy", "plan-run", "no-new-data", "promote"):
         assert not tasks[task]["cachingOptions"].get("enableCache"), task
 
 
@@ -298,6 +300,12 @@ def test_bad_parameters_refused_before_writing(tmp_path, values, placement, mess
         ({"target": "gke", "topology": "4x4"}, "not a single-host v5e slice"),
         ({"target": "vertex", "machine_type": "ct5lp-hightpu-8t"}, "use ct5lp-hightpu-4t"),
         ({"target": "vertex", "tpu": "v9"}, "tpu: 'v9' is unknown"),
+        ({"target": "vertex", "tpu": "v5p", "topology": "2x2"}, "not a single-host v5p slice"),
+        (
+            {"target": "vertex", "tpu": "v5p", "topology": "2x2x1", "machine_type": "ct5p-8t"},
+            "use ct5p-hightpu-4t",
+        ),
+        ({"target": "vertex", "image": "r/train:latest"}, "tag 'latest' moves"),
     ],
 )
 def test_bad_placement_refused(options, message):
@@ -349,12 +357,30 @@ def test_images_build_config():
         "train",
         "data",
     }
+    # No default tag: a build names its tag (never latest, see targets._check_image).
+    assert "_TAG" not in build["substitutions"]
     for name in ("Dockerfile.train", "Dockerfile.data"):
         lines = (containers / name).read_text().splitlines()
         base = next(line for line in lines if line.startswith("ARG ") and "_IMAGE=" in line)
         assert ":latest" not in base and base.split(":")[-1][0].isdigit(), base
-        assert "USER 10001:10001" in lines  # never root at run time
         assert any("pip install" in line and '".[cloud]"' in line for line in lines)
+    users = {
+        name: [line for line in (containers / name).read_text().splitlines()
+               if line.startswith("USER ")]
+        for name in ("Dockerfile.train", "Dockerfile.data")
+    }  # fmt: skip
+    assert users["Dockerfile.train"] == ["USER 10001:10001"]  # training never runs as root
+    # The data image is also a Dataflow worker image, and Dataflow runs those as root.
+    assert users["Dockerfile.data"] == []
+
+
+def test_make_compile_binds_the_pushed_digests():
+    makefile = (Path(__file__).resolve().parents[1] / "Makefile").read_text()
+    push = makefile[makefile.index("\npush:") : makefile.index("\ncompile:")]
+    assert "@sha256:" in push and "$(IMAGES_ENV)" in push
+    compile_ = makefile[makefile.index("\ncompile:") :]
+    assert "--image $(or $(TRAIN_DIGEST),$(TRAIN_IMAGE))" in compile_
+    assert "--data-image $(or $(DATA_DIGEST),$(DATA_IMAGE))" in compile_
 
 
 def test_empty_tokenizer_means_the_datas_own():

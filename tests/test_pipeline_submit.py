@@ -100,17 +100,59 @@ def test_submit_and_schedule_gke_with_the_kfp_client():
         assert kwargs == {
             "arguments": {"kl_coef": 0.05}, "run_name": "alignpipe", "experiment_name": "alignpipe",
             "pipeline_root": "gs://bucket/runs", "enable_caching": None, "service_account": None,
+            "namespace": None,
         }  # fmt: skip
         assert seen["spec"]["root"]["inputDefinitions"]["parameters"]["kl_coef"]
 
         client.create_experiment.return_value.experiment_id = "exp-1"
         assert main(["schedule", *GKE, "--cron", "30 2 * * *"]) == 0
-        client.create_experiment.assert_called_with(name="alignpipe")
+        client.create_experiment.assert_called_with(name="alignpipe", namespace=None)
         kwargs = client.create_recurring_run.call_args.kwargs
     assert kwargs["experiment_id"] == "exp-1"
     assert kwargs["cron_expression"] == "0 30 2 * * *"  # KFP cron leads with seconds
     assert kwargs["max_concurrency"] == 1 and kwargs["params"] == {}
     assert kwargs["pipeline_package_path"].endswith(".yaml")
+
+
+def test_vertex_without_a_service_account_warns(vertex_job, capsys):
+    at = VERTEX.index("--service-account")
+    assert main(["submit", *VERTEX[:at], *VERTEX[at + 2 :]]) == 0
+    assert "warning: no --service-account: the run, and the TPU custom jobs" in (
+        capsys.readouterr().err
+    )
+    vertex_job.return_value.submit.assert_called_once_with(service_account=None)
+    assert main(["submit", *VERTEX]) == 0
+    assert "no --service-account" not in capsys.readouterr().err
+
+
+def test_gke_namespace_and_authentication(monkeypatch):
+    """kfp.Client autospecced: every option is a real parameter of kfp 2.17's Client."""
+    monkeypatch.setenv("KFP_TOKEN", "t0k3n")
+    where = ["--target", "gke", "--image", IMAGE, "--pipeline-root", "gs://bucket/runs"]
+    with mock.patch("kfp.Client", autospec=True) as client_cls:
+        client = client_cls.return_value
+        argv = [*where, "--kube-context", "gke_p_z_c", "--namespace", "team-a"]
+        assert main(["submit", *argv]) == 0
+        client_cls.assert_called_with(host=None, kube_context="gke_p_z_c")
+        assert client.create_run_from_pipeline_package.call_args.kwargs["namespace"] == "team-a"
+        argv = [*where, "--host", "https://kfp.example.com", "--iap-client-id", "123.apps"]
+        assert main(["submit", *argv, "--token-env", "KFP_TOKEN"]) == 0
+        client_cls.assert_called_with(
+            host="https://kfp.example.com", client_id="123.apps", existing_token="t0k3n"
+        )
+        argv = [*where, "--kube-context", "c", "--namespace", "team-a", "--cron", "0 3 * * *"]
+        assert main(["schedule", *argv]) == 0
+        client.create_experiment.assert_called_with(name="alignpipe", namespace="team-a")
+
+
+def test_gke_token_env_must_be_set(capsys, monkeypatch):
+    monkeypatch.delenv("NO_SUCH_TOKEN", raising=False)
+    with mock.patch("kfp.Client") as client_cls:
+        assert main(["submit", *GKE, "--token-env", "NO_SUCH_TOKEN"]) == 2
+    assert "--token-env NO_SUCH_TOKEN: that environment variable is unset" in (
+        capsys.readouterr().err
+    )
+    client_cls.assert_not_called()
 
 
 @pytest.mark.parametrize(
@@ -132,7 +174,7 @@ def test_vertex_refuses_missing_settings(vertex_job, capsys, drop, message):
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["submit", *GKE[:4], "--pipeline-root", "gs://b/r"], "needs --host"),
+        (["submit", *GKE[:4], "--pipeline-root", "gs://b/r"], "needs --host (or --kube-context)"),
         (["submit", *VERTEX, "--pipeline-root", "/tmp/r"], "must be a gs:// folder"),
         (["submit", *VERTEX, "--label", "Team=x"], "--label Team=x"),
         (["submit", *VERTEX, "--reward-batch-size", "30"], "reward_batch_size: 30"),
