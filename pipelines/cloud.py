@@ -1,7 +1,9 @@
 """Compile the pipeline for a cloud target, submit it, schedule it (Vertex AI or Kubeflow on GKE).
 
 Vertex AI: ``aiplatform.PipelineJob`` (submit) and ``aiplatform.PipelineJobSchedule``
-(schedule). Kubeflow on GKE: ``kfp.Client`` (``create_run_from_pipeline_package``,
+(schedule); the compiled spec's training tasks are rewritten as TPU custom jobs
+(``pipelines/vertex_jobs.py``). Kubeflow on GKE: ``kfp.Client`` (``kfp_client``: host or
+kubeconfig context, IAP or a bearer token; ``create_run_from_pipeline_package``,
 ``create_recurring_run``). Settings are checked before any client is built, so a missing
 project, region, host or pipeline root fails with a message that names the flag.
 """

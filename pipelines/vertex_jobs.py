@@ -17,7 +17,6 @@ requires ``google-cloud-aiplatform<2`` and this project uses 2.x. GCPC 2.22 also
 
 from __future__ import annotations
 
-import copy
 import json
 from typing import Any
 
@@ -113,4 +112,4 @@ def as_custom_jobs(
 def payload_of(container: dict[str, Any]) -> dict[str, Any]:
     """The ``CustomJob`` a launcher container creates (placeholders left as they are)."""
     args = container["args"]
-    return copy.deepcopy(json.loads(args[args.index("--payload") + 1]))
+    return json.loads(args[args.index("--payload") + 1])
