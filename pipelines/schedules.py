@@ -35,9 +35,12 @@ def check_settings(target: str, s: CloudSettings) -> None:
     if target not in needed:
         raise CloudError(f"target: {target!r} has no schedules; use vertex or gke")
     missing = [name for name in needed[target] if not getattr(s, name)]
+    if target == "gke" and s.kube_context and "host" in missing:
+        missing.remove("host")  # the kubeconfig context names the cluster
     if missing:
         flags = ", ".join("--" + name.replace("_", "-") for name in missing)
-        raise CloudError(f"schedules on {target} need {flags}")
+        hint = " (or --kube-context)" if "host" in missing else ""
+        raise CloudError(f"schedules on {target} need {flags}{hint}")
 
 
 def list_schedules(target: str, s: CloudSettings) -> list[ScheduleRow]:
@@ -50,7 +53,8 @@ def list_schedules(target: str, s: CloudSettings) -> list[ScheduleRow]:
             order_by="create_time desc", project=s.project, location=s.region
         )
         return [_vertex_row(schedule.gca_resource) for schedule in found]
-    return [_kfp_row(run) for run in _kfp_recurring_runs(_kfp_client(s))]
+    runs = _kfp_recurring_runs(_kfp_client(s), s.namespace or None)
+    return [_kfp_row(run) for run in runs]
 
 
 def change(target: str, s: CloudSettings, schedule_id: str, action: str) -> None:
@@ -110,17 +114,17 @@ def _kfp_row(run: Any) -> ScheduleRow:
 
 
 def _kfp_client(s: CloudSettings) -> Any:
-    import kfp
+    from pipelines.cloud import kfp_client
 
-    return kfp.Client(host=s.host)
+    return kfp_client(s)  # the host or kubeconfig context and auth options submit uses
 
 
-def _kfp_recurring_runs(client: Any) -> list[Any]:
-    """Every recurring run, page by page."""
+def _kfp_recurring_runs(client: Any, namespace: str | None) -> list[Any]:
+    """Every recurring run (of the profile ``namespace``, when given), page by page."""
     runs, token = [], ""
     while True:
         page = client.list_recurring_runs(
-            page_token=token, page_size=_KFP_PAGE, sort_by="created_at desc"
+            page_token=token, page_size=_KFP_PAGE, sort_by="created_at desc", namespace=namespace
         )
         runs += page.recurring_runs or []
         token = page.next_page_token or ""
