@@ -50,9 +50,15 @@ LONG_MODULES = (
     "test_pipeline_local.py",
     "test_ppo_stage.py",
     "test_ppo_multihost.py",
+    "test_reward_processes.py",
+    "test_realign_local.py",
+    "test_training_stages.py",
+    "test_ppo_update.py",
+    "test_fsdp.py",
+    "test_model.py",
+    "test_multihost.py",
     "test_dpo.py",
     "test_eval_stage.py",
-    "test_multihost.py",
 )
 
 

@@ -32,7 +32,8 @@ from components.shard import run as shard_run
 
 pytestmark = pytest.mark.slow
 
-TRAIN = dict(preset="tiny", batch_size=64, max_len=96, warmup_steps=20, eval_every=1000)
+# max_len 0: the longest pair in the data (17 tokens), not a padded 96.
+TRAIN = dict(preset="tiny", batch_size=64, max_len=0, warmup_steps=20, eval_every=1000)
 # The PPO run every test below shares (compiled once): small, but long enough to learn.
 RUN = dict(
     iterations=20,
@@ -235,7 +236,7 @@ def test_critic_free_algorithms_raise_gold_reward(group_runs, algorithm) -> None
     gold = status["gold_reward"]
     margin = gold["final"] - gold["initial"]
     print(f"{algorithm}: gold {gold['initial']:.3f} -> {gold['final']:.3f} (+{margin:.3f})")
-    assert margin > 0.1  # measured: grpo +0.192, rloo +0.170
+    assert margin > 0.1  # measured: grpo +0.210, rloo (fsdp) +0.204
     assert status["final_kl_per_token"] < PPOConfig().kl_stop
     records = read_metrics(output)
     assert "val/mean" not in records[0] and "loss/value" not in records[0]
