@@ -30,6 +30,8 @@ _EVENTS = (
     ("cached", re.compile(r"^Task '?([\w-]+)'? cache hit")),
     ("finish", re.compile(r"^Task '?([\w-]+)'? finished with status (\w+)")),
 )
+# Who judged the evaluation's win rate (eval.json's summary.judge), in words.
+_JUDGES = {"reward_model": "reward model", "gold": "gold reward"}
 TASK_STAGE = {task: stage for stage, tasks in STAGE_TASKS.items() for task in tasks}
 
 
@@ -108,6 +110,7 @@ class RunResult:
         trained = aligned.get("figures", {})
         evaluation = _metrics(result.get("metrics"))
         eval_folder = result.get("evaluation")
+        record = _eval_record(eval_folder)
         return {
             "status": result.get("status"),
             "algorithm": aligned.get("algorithm"),
@@ -116,7 +119,7 @@ class RunResult:
             "ppo_restores": trained.get("restores"),
             "dpo_steps": trained.get("steps"),
             "dpo_accuracy": trained.get("accuracy"),
-            "judge": _judge(evaluation.get("judge_is_gold")),
+            "judge": _JUDGES.get(record.get("summary", {}).get("judge"), "n/a"),
             "win_rate": evaluation.get("win_rate/value"),
             "win_rate_low": evaluation.get("win_rate/low"),
             "win_rate_high": evaluation.get("win_rate/high"),
@@ -132,18 +135,18 @@ class RunResult:
             "anchor_win_rate": evaluation.get("anchor/win_rate/value"),
             "anchor_is_reference": evaluation.get("anchor/same_as_reference"),
             "blessed": evaluation.get("blessed"),
-            "gate": _gate_reasons(eval_folder),
+            "gate": list(record.get("reasons", [])),
             # The evaluation folder's copy ends in .html, so a browser opens it as a page.
             "report": str(Path(eval_folder) / "report.html") if eval_folder else None,
         }
 
 
-def _gate_reasons(folder: str | None) -> list[str]:
-    """The promotion gate's checks with pass/fail, from the evaluate stage's eval.json."""
+def _eval_record(folder: str | None) -> dict[str, Any]:
+    """The evaluate stage's eval.json (summary, the gate's reasons), or {} when absent."""
     path = Path(folder) / "eval.json" if folder else None
     if path is None or not path.exists():
-        return []
-    return list(json.loads(path.read_text()).get("reasons", []))
+        return {}
+    return json.loads(path.read_text())
 
 
 def _metrics(path: str | None) -> dict[str, float]:
@@ -304,11 +307,6 @@ def _training_status(f: dict[str, Any]) -> str:
     if f["ppo_stopped"]:
         return f"stopped by the KL guard after {restores} restorations (last good policy kept)"
     return f"completed ({restores} KL-guard restorations)"
-
-
-def _judge(is_gold: float | None) -> str:
-    """Who judged the evaluation's win rate: the reward model, or the gold reward without one."""
-    return "n/a" if is_gold is None else ("gold reward" if is_gold else "reward model")
 
 
 def _num(value: float | None, signed: bool = False) -> str:

@@ -92,6 +92,7 @@ def test_local_run_cache_and_rerun(runs_dir, monkeypatch, capsys):
     assert [statuses[s] for s in ("ppo", "evaluate")] == ["ran", "ran"]
     summary = format_summary(second)
     assert "reward     cached" in summary and "ppo        ran" in summary
+    assert "(judged by the reward model)" in summary
 
     # rerun --from evaluate: the last run's values again, caching off from evaluate on.
     capsys.readouterr()

@@ -81,7 +81,8 @@ def test_scheduled_runs_drift_skip_roll_back_and_stop_at_the_anchor_limit(
         assert figures["blessed"] == 1.0 and figures["status"] == "evaluated"
         assert bool(figures["anchor_is_reference"]) is (week == 1)  # week 1 starts at the anchor
         drift.append(figures["anchor_kl_per_token"])
-        assert "KL to the anchor" in format_summary(result)
+        summary = format_summary(result)
+        assert "KL to the anchor" in summary and "(judged by the gold reward)" in summary
     assert promotion.complete_versions(str(root)) == [1, 2, 3, 4]
     assert drift[0] < drift[1] < drift[2], drift  # each week drifts further from the original
     history = promotion.read_history(str(root))
