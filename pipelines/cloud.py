@@ -84,18 +84,24 @@ def _training_as_custom_jobs(placement: Placement, package: Path) -> None:
     package.write_text(yaml.safe_dump(spec, sort_keys=False))
 
 
-def check_settings(target: str, settings: CloudSettings) -> None:
-    """Refuse settings a submission to ``target`` would fail on, naming the missing flag."""
-    needed = {"vertex": ("project", "region", "pipeline_root"), "gke": ("host", "pipeline_root")}
-    if target not in needed:
-        raise CloudError(f"target: {target!r} cannot be submitted; use vertex or gke")
-    missing = [name for name in needed[target] if not getattr(settings, name)]
+def require(target: str, settings: CloudSettings, needed: tuple[str, ...], what: str) -> None:
+    """Refuse ``settings`` without the ``needed`` fields, naming their flags; on gke a
+    ``--kube-context`` stands for ``--host``. ``what`` says what needs them."""
+    missing = [name for name in needed if not getattr(settings, name)]
     if target == "gke" and settings.kube_context and "host" in missing:
         missing.remove("host")  # the kubeconfig context names the cluster
     if missing:
         flags = ", ".join("--" + name.replace("_", "-") for name in missing)
         hint = " (or --kube-context)" if "host" in missing else ""
-        raise CloudError(f"the {target} target needs {flags}{hint}")
+        raise CloudError(f"{what} needs {flags}{hint}")
+
+
+def check_settings(target: str, settings: CloudSettings) -> None:
+    """Refuse settings a submission to ``target`` would fail on, naming the missing flag."""
+    needed = {"vertex": ("project", "region", "pipeline_root"), "gke": ("host", "pipeline_root")}
+    if target not in needed:
+        raise CloudError(f"target: {target!r} cannot be submitted; use vertex or gke")
+    require(target, settings, needed[target], f"the {target} target")
     if settings.token_env and not os.environ.get(settings.token_env):
         raise CloudError(
             f"--token-env {settings.token_env}: that environment variable is unset or empty; "

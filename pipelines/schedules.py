@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-from pipelines.cloud import CloudError, CloudSettings
+from pipelines.cloud import CloudError, CloudSettings, require
 
 ACTIONS = ("pause", "resume", "delete")
 _KFP_PAGE = 100
@@ -34,13 +34,7 @@ def check_settings(target: str, s: CloudSettings) -> None:
     needed = {"vertex": ("project", "region"), "gke": ("host",)}
     if target not in needed:
         raise CloudError(f"target: {target!r} has no schedules; use vertex or gke")
-    missing = [name for name in needed[target] if not getattr(s, name)]
-    if target == "gke" and s.kube_context and "host" in missing:
-        missing.remove("host")  # the kubeconfig context names the cluster
-    if missing:
-        flags = ", ".join("--" + name.replace("_", "-") for name in missing)
-        hint = " (or --kube-context)" if "host" in missing else ""
-        raise CloudError(f"schedules on {target} need {flags}{hint}")
+    require(target, s, needed[target], f"managing schedules on {target}")
 
 
 def list_schedules(target: str, s: CloudSettings) -> list[ScheduleRow]:

@@ -270,8 +270,10 @@ def test_schedule_list_pause_resume_delete_on_gke(capsys):
     [
         (["schedule", "pause", "--target", "vertex", "--project", "p", "--region", "r"],
          "needs a SCHEDULE id"),
-        (["schedule", "list", "--target", "vertex", "--project", "p"], "need --region"),
-        (["schedule", "list", "--target", "gke"], "need --host"),
+        (["schedule", "list", "--target", "vertex", "--project", "p"],
+         "schedules on vertex needs --region"),
+        (["schedule", "list", "--target", "gke"],
+         "schedules on gke needs --host (or --kube-context)"),
         (["schedule", *VERTEX], "needs --cron"),
     ],
 )  # fmt: skip
