@@ -269,7 +269,11 @@ def _plots(
             "no rewards to plot",
         ),
         _frontier_plot(summary),
-        _image(plots.ppo_curves(ppo_metrics), "PPO training curves", "no PPO metrics given"),
+        _image(
+            plots.ppo_curves(ppo_metrics),
+            "PPO training curves (ppo, grpo or rloo)",
+            "no PPO metrics given (the policy was not trained by the ppo stage: dpo or sft)",
+        ),
         _image(
             plots.reward_model_curves(reward_metrics), "reward-model training curves", no_curves
         ),
