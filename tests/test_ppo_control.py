@@ -85,5 +85,10 @@ def test_auto_learning_rates_follow_the_starting_policy() -> None:
     assert (scratch.learning_rate, scratch.critic_learning_rate) == (2e-5, 1e-4)
     assert (pretrained.learning_rate, pretrained.critic_learning_rate) == (1e-6, 1e-5)
     assert pretrained.policy_optim().learning_rate == 1e-6
+    # grpo and rloo draw a quarter of PPO's prompts per iteration: 3e-5 from scratch.
+    for algorithm in ("grpo", "rloo"):
+        group = PPOConfig(algorithm=algorithm)
+        assert group.resolved(pretrained=False).learning_rate == 3e-5
+        assert group.resolved(pretrained=True).learning_rate == 1e-6
     # A rate the user set wins over auto.
     assert PPOConfig(learning_rate=3e-6).resolved(pretrained=True).learning_rate == 3e-6
