@@ -7,6 +7,9 @@ Tiny model, synthetic rollout batch; the 8-device and 1-device updates compile o
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
+from pathlib import Path
 
 import jax
 import numpy as np
@@ -27,6 +30,9 @@ from components.ppo.update import (
 )
 
 VOCAB, PROMPT, RESPONSE, BATCH = 40, 6, 5, 16
+# The update's results before its speed-ups (metrics and per-tensor sums of each parameter's
+# change), captured with ALIGNPIPE_WRITE_GOLDEN=1: the faster update must compute the same.
+GOLDEN = Path(__file__).parent / "fixtures" / "ppo_update_golden.json"
 CONFIG = PPOConfig(
     rollout_batch_size=BATCH,
     minibatches=2,
@@ -93,6 +99,35 @@ def _run(update, state: PPOState, batch: dict, devices=None, sharded: bool = Fal
     return parallel.unreplicate(new_state), parallel.unreplicate(metrics)
 
 
+def _fingerprint(before: PPOState, after: PPOState, metrics: dict) -> dict[str, float]:
+    """The metrics, and the sum and absolute sum of every parameter tensor's change."""
+    figures = {f"metric {name}": float(value) for name, value in metrics.items()}
+    changes = jax.tree_util.tree_flatten_with_path(
+        jax.tree.map(lambda a, b: np.asarray(b, np.float64) - a, before, after)
+    )[0]
+    for path, change in changes:
+        name = jax.tree_util.keystr(path)
+        if "opt_state" not in name:
+            figures[f"{name} sum"] = float(change.sum())
+            figures[f"{name} abs"] = float(np.abs(change).sum())
+    return figures
+
+
+def _check_golden(case: str, before: PPOState, after: PPOState, metrics: dict) -> None:
+    """``case``'s figures equal those recorded before the update was made faster."""
+    figures = _fingerprint(before, after, metrics)
+    if os.environ.get("ALIGNPIPE_WRITE_GOLDEN"):
+        recorded = json.loads(GOLDEN.read_text()) if GOLDEN.exists() else {}
+        GOLDEN.write_text(json.dumps({**recorded, case: figures}, indent=1, sort_keys=True))
+    expected = json.loads(GOLDEN.read_text())[case]
+    assert sorted(figures) == sorted(expected)
+    for name, value in expected.items():
+        # Summation order differs between CPUs (Adam magnifies it where a gradient is ~0):
+        # a change's sum is held to 1e-5 of its absolute sum. A changed formula moves more.
+        scale = expected.get(name.replace(" sum", " abs"), 0.0) if name.endswith(" sum") else 0
+        assert figures[name] == pytest.approx(value, rel=2e-4, abs=2e-5 + 1e-5 * scale), name
+
+
 def _shuffle(rows: np.ndarray, key: int, count: int, devices: int) -> np.ndarray:
     """Global minibatches [count, rows / count] of ``rows`` laid out over ``devices``."""
     per_device = rows.reshape(devices, -1)
@@ -133,6 +168,7 @@ def test_eight_devices_equal_one_device(setup, update_8) -> None:
     for name in ("loss/policy", "loss/value", "policy/clipfrac", "policy/entropy", "val/clipfrac"):
         np.testing.assert_allclose(metrics_8[name], metrics_1[name], rtol=1e-4, atol=1e-6)
     assert metrics_8["skipped"] == 0.0
+    _check_golden("ppo", state, new_8, metrics_8)
 
 
 def test_sharded_state_update_equals_replicated(setup, update_8) -> None:
@@ -213,15 +249,17 @@ def test_first_step_log_probs_equal_the_rollouts_at_temperature(setup) -> None:
     softmax(logits / T): the first ratio was exp(log p_1 − log p_T), far from 1.
     """
     models, policy_params, critic_params, batch = setup
-    config = dataclasses.replace(CONFIG, temperature=0.7)
+    # With an entropy bonus: its gradient flows only when entropy_coef > 0.
+    config = dataclasses.replace(CONFIG, temperature=0.7, entropy_coef=0.05)
     tempered = np.asarray(response_logprobs(models.policy, policy_params, batch, 0.7))
     untempered = np.asarray(response_logprobs(models.policy, policy_params, batch))
     real = batch["response_mask"] != 0
     assert np.abs(tempered - untempered)[real].max() > 0.05  # the temperature matters here
     exact = dict(batch, logprobs=(tempered * batch["response_mask"]).astype(np.float32))
     state = PPOState.create(policy_params, critic_params, config)
-    _, metrics = _run(make_update(models, config), state, exact)
+    tempered_state, metrics = _run(make_update(models, config), state, exact)
     assert metrics["policy/logprob_mismatch"] < 1e-5
+    _check_golden("ppo temperature 0.7 entropy 0.05", state, tempered_state, metrics)
     _, untempered_metrics = _run(make_update(models, CONFIG), state, exact)
     assert untempered_metrics["policy/logprob_mismatch"] > 0.05
 
@@ -238,6 +276,7 @@ def test_group_update_without_critic_eight_devices_equal_one(setup, algorithm) -
     new_8, metrics_8 = _run(make_update(models, config), state, group_batch)
     new_1, _ = _run(make_update(models, config, devices=one), state, group_batch, one)
     assert new_8.critic is None and "val/grad_norm" not in metrics_8
+    _check_golden(algorithm, state, new_8, metrics_8)
     assert int(new_8.policy.step) == config.ppo_epochs * config.minibatches
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=2e-4, atol=2e-5), new_8, new_1)
     if algorithm == "grpo":
