@@ -1,4 +1,4 @@
-"""``alignpipe run|rerun|compile|submit|schedule``: the pipeline locally and in the cloud.
+"""``alignpipe run|rerun|compile|submit|schedule|rbac``: the pipeline locally and in the cloud.
 
 Every pipeline parameter is a flag (``--sft-steps 100``); its default and help come
 from the stage configs (``pipelines/params.py``).
@@ -13,10 +13,10 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from components.core.run_presets import RUN_PRESETS
 from pipelines import params
 from pipelines.pipeline import STAGES
-from pipelines.targets import TPU_GENERATIONS, Placement
+from pipelines.run_presets import RUN_PRESETS
+from pipelines.targets import TPU_GENERATIONS, Placement, slice_topology
 
 EXIT_USAGE = 2
 SCHEDULE_ACTIONS = ("pause", "resume", "delete")  # what schedules.change does
@@ -78,6 +78,19 @@ def register(commands: argparse._SubParsersAction) -> None:
     _param_flags(schedule)
     schedule.set_defaults(handler=_schedule)
 
+    rbac = commands.add_parser(
+        "rbac",
+        help="gke: print the Role and RoleBinding a run's service account needs to run "
+        "multi-host TPU tasks as JobSets (kubectl apply -f -)",
+    )
+    rbac.add_argument("--namespace", required=True, help="the namespace the runs' pods run in")
+    rbac.add_argument(
+        "--service-account", required=True,
+        help="the Kubernetes service account of the runs' pods (submit's --service-account; "
+        "multi-user Kubeflow: default-editor, standalone KFP: pipeline-runner)",
+    )  # fmt: skip
+    rbac.set_defaults(handler=_rbac)
+
 
 def _param_flags(parser: argparse.ArgumentParser, note: str = "") -> None:
     """One ``--flag`` per pipeline parameter (unset keeps the default)."""
@@ -125,13 +138,15 @@ def _placement_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--tpu-topology",
         default=None,
-        help="chips of one training task, e.g. 1x1, 2x2, 2x4 (default: the run preset's, else 2x2)",
+        help="the TPU slice of one training task: one host's (1x1, 2x2, 2x4; v5p 2x2x1) or "
+        "several 4-chip hosts' (v5e/v6e 4x4, 4x8, ...; v5p 2x2x2, 2x2x4, ...: a JobSet on gke) "
+        "(default: the run preset's, else 2x2)",
     )
     group.add_argument(
         "--machine-type", default="",
-        help="vertex: the TPU VM type of each training task's custom job; must match the chips "
-        "(default: the TPU's type for the topology, e.g. ct5lp-hightpu-4t for v5e 2x2, "
-        "ct5p-hightpu-4t for v5p 2x2x1, ct6e-standard-8t for v6e 2x4)",
+        help="vertex: the TPU VM type of each host of a training task's custom job; must match "
+        "the chips per host (default: the TPU's type for the topology, e.g. ct5lp-hightpu-4t for "
+        "v5e 2x2 and 4x4, ct5p-hightpu-4t for v5p 2x2x1 and 2x2x4, ct6e-standard-8t for v6e 2x4)",
     )  # fmt: skip
     group.add_argument("--cpu-limit", default="4", help="CPU of non-training tasks (4)")
     group.add_argument("--memory-limit", default="16G", help="memory of non-training tasks")
@@ -193,17 +208,16 @@ def _values(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _run_preset(args: argparse.Namespace) -> Any:
-    """The --run-preset, refused when one pipeline task cannot hold its slice."""
+    """The --run-preset, refused when this pipeline places no slice of its size."""
     name = getattr(args, "run_preset", None)
     if name is None:
         return None
     preset = RUN_PRESETS[name]
-    generation = TPU_GENERATIONS.get(preset.chip)
-    if preset.hosts > 1 or generation is None or preset.chips not in generation.host_topologies:
+    if not slice_topology(preset.chip, preset.chips):
         raise ValueError(
-            f"--run-preset {name}: its slice ({preset.slice_name}, {preset.hosts} host(s)) is not "
-            "one pipeline task's single-host TPU; run its stages on the slice's workers with the "
-            f"commands `alignpipe presets {name}` prints"
+            f"--run-preset {name}: its slice ({preset.slice_name}, {preset.chips} chips on "
+            f"{preset.hosts} host(s)) is no {preset.chip} slice this pipeline places; run its "
+            f"stages on the slice's workers with the commands `alignpipe presets {name}` prints"
         )
     return preset
 
@@ -214,9 +228,7 @@ def _placement(args: argparse.Namespace) -> Placement:
         print(f"note: no --image given; the spec names {DEFAULT_IMAGE}", file=sys.stderr)
     preset = _run_preset(args)
     tpu = args.tpu or (preset.chip if preset else "v5e")
-    topology = args.tpu_topology or (
-        TPU_GENERATIONS[tpu].host_topologies.get(preset.chips, "") if preset else "2x2"
-    )
+    topology = args.tpu_topology or (slice_topology(tpu, preset.chips) if preset else "2x2")
     if preset is not None:
         chips = math.prod(int(d) for d in topology.split("x")) if topology else 0
         if tpu != preset.chip or chips != preset.chips:
@@ -341,6 +353,16 @@ def _manage_schedules(args: argparse.Namespace) -> int:
     schedules.change(args.target, settings, args.schedule_id, args.action)
     done = {"pause": "paused", "resume": "resumed", "delete": "deleted"}[args.action]
     print(f"schedule {args.schedule_id} {done} on {args.target}")
+    return 0
+
+
+def _rbac(args: argparse.Namespace, rest: list[str]) -> int:
+    """alignpipe rbac: the launcher's Role and RoleBinding as YAML."""
+    import yaml
+
+    from pipelines import jobset
+
+    print(yaml.safe_dump_all(jobset.rbac(args.namespace, args.service_account), sort_keys=False))
     return 0
 
 

@@ -2,8 +2,9 @@
 
 Without a name: one line per preset with each stage's estimated peak per chip.
 With one: the arithmetic of every stage, the pipeline parameters it sets
-(``alignpipe compile --run-preset NAME`` sets them), and each stage's command
-for slices of several hosts, where a stage runs on every worker of a TPU VM slice.
+(``alignpipe compile --run-preset NAME`` sets them; the pipeline places a multi-host
+slice itself: one custom job on Vertex, a JobSet on GKE), and each stage's command for
+running it by hand on every worker of a TPU VM slice.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from components.core.run_presets import (
+from pipelines.run_presets import (
     CHIP_HBM,
     GB,
     HEADROOM,
@@ -86,9 +87,7 @@ def describe(name: str) -> str:
     lines += ["", "  pipeline parameters (compile, submit and schedule --run-preset set them):"]
     lines.append(f"    {params}")
     lines += ["", "  stage commands (shard once; the others on every worker of the slice):"]
-    lengths = _flag("max_prompt_tokens", preset.prompt_len)
-    lengths += " " + _flag("max_response_tokens", preset.response_len)
-    lengths += " " + _flag("min_eval_pairs", preset.pipeline_params()["min_eval_pairs"])
+    lengths = " ".join(_flag(k, v) for k, v in preset.flags("shard").items())
     lines.append(f"    alignpipe data shard {SHARD_PATHS} {lengths}")
     for stage in STAGES:
         flags = " ".join(_flag(k, v) for k, v in preset.flags(stage).items())

@@ -4,8 +4,10 @@ Vertex AI: ``aiplatform.PipelineJob`` (submit) and ``aiplatform.PipelineJobSched
 (schedule); the compiled spec's training tasks are rewritten as TPU custom jobs
 (``pipelines/vertex_jobs.py``). Kubeflow on GKE: ``kfp.Client`` (``kfp_client``: host or
 kubeconfig context, IAP or a bearer token; ``create_run_from_pipeline_package``,
-``create_recurring_run``). Settings are checked before any client is built, so a missing
-project, region, host or pipeline root fails with a message that names the flag.
+``create_recurring_run``); on a slice of several hosts each training task launches its stage
+on the hosts as a JobSet (``pipelines/jobset.py``). Settings are checked before any client is
+built, so a missing project, region, host or pipeline root fails with a message that names
+the flag.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from typing import Any
 
 import yaml
 
-from pipelines import params, vertex_jobs
+from pipelines import jobset, params, vertex_jobs
 from pipelines.pipeline import PIPELINE_NAME, build_pipeline
 from pipelines.targets import Placement
 
@@ -70,18 +72,22 @@ def compile_pipeline(
     pipeline = build_pipeline(placement, fresh_from)
     Path(package_path).parent.mkdir(parents=True, exist_ok=True)
     compiler.Compiler().compile(pipeline, str(package_path), pipeline_parameters=values or None)
-    if placement.target == "vertex":
-        _training_as_custom_jobs(placement, Path(package_path))
+    if placement.target == "vertex" or placement.hosts > 1:
+        _rewrite_training(placement, Path(package_path))
     return checked
 
 
-def _training_as_custom_jobs(placement: Placement, package: Path) -> None:
-    """Rewrite the compiled Vertex spec: each training task runs as a TPU custom job."""
-    spec = yaml.safe_load(package.read_text())
-    labels = {key.replace("-", "_"): value for key, value in placement.describe().items()}
-    labels = {"pipeline": PIPELINE_NAME, **labels}
-    vertex_jobs.as_custom_jobs(spec, placement.machine, placement.topology, labels)
-    package.write_text(yaml.safe_dump(spec, sort_keys=False))
+def _rewrite_training(placement: Placement, package: Path) -> None:
+    """Rewrite the compiled spec's training tasks: each a TPU custom job on Vertex, or a
+    JobSet over the hosts of a multi-host slice on GKE."""
+    spec, *platform = yaml.safe_load_all(package.read_text())
+    if placement.target == "vertex":
+        labels = {key.replace("-", "_"): value for key, value in placement.describe().items()}
+        labels = {"pipeline": PIPELINE_NAME, **labels}
+        vertex_jobs.as_custom_jobs(spec, placement.machine, placement.topology, labels)
+    else:
+        jobset.as_launchers(spec, placement)
+    package.write_text(yaml.safe_dump_all([spec, *platform], sort_keys=False))
 
 
 def require(target: str, settings: CloudSettings, needed: tuple[str, ...], what: str) -> None:

@@ -5,10 +5,18 @@ topology, and Vertex needs both for TPU v5e and later. So each training task of 
 Vertex pipeline is rewritten the way Google Cloud Pipeline Components'
 ``create_custom_training_job_from_component`` does it (GCPC 2.22, ``v1/custom_job``): the
 task runs GCPC's custom-job launcher, whose ``--payload`` is a ``CustomJob`` with one
-worker pool (machine type, ``tpu_topology``, one replica per host) whose container is the
-task's own image, command and arguments. The launcher creates the job, waits for it and
-cancels it when the task is cancelled; the stage inside writes its outputs itself (``/gcs``
-is mounted on the job's workers), exactly as it would in the task's own container.
+worker pool (machine type, ``tpu_topology``) whose container is the task's own image,
+command and arguments. The launcher creates the job, waits for it and cancels it when the
+task is cancelled; the stage inside writes its outputs itself (``/gcs`` is mounted on the
+job's workers), exactly as it would in the task's own container.
+
+A multi-host slice is the same single pool: Vertex's TPU pools take exactly one replica
+("When you use a TPU VM ..., you must only use a single worker pool ... and configure this
+worker pool to use only one replica", configure-compute, TPUs), and the topology names the
+VMs (``ct5lp-hightpu-4t`` with ``4x4``: four VMs), each of which runs the container. The
+hosts join with ``jax.distributed.initialize()`` and no arguments (JAX reads the worker
+number and the workers' addresses from the TPU VM metadata); ``ALIGNPIPE_TPU_HOSTS`` on the
+container says that the slice has several hosts, and how many.
 
 The spec is generated here rather than through GCPC's package: GCPC 2.22 (the newest)
 requires ``google-cloud-aiplatform<2`` and this project uses 2.x. GCPC 2.22 also has no
@@ -38,13 +46,12 @@ GCP_RESOURCES = "gcp_resources"  # the output Vertex reads to link and cancel th
 ROLE_ENV = "ALIGNPIPE_ROLE"
 
 
-def worker_pool(
-    container: dict[str, Any], machine_type: str, tpu_topology: str, hosts: int = 1
-) -> dict[str, Any]:
-    """One worker pool: ``hosts`` TPU VMs of ``machine_type`` running ``container``."""
+def worker_pool(container: dict[str, Any], machine_type: str, tpu_topology: str) -> dict[str, Any]:
+    """The TPU worker pool: a ``tpu_topology`` slice of ``machine_type`` VMs, each running
+    ``container`` (one replica: Vertex runs it on every VM of a multi-host slice)."""
     return {
         "machine_spec": {"machine_type": machine_type, "tpu_topology": tpu_topology},
-        "replica_count": hosts,
+        "replica_count": 1,
         "container_spec": {
             "image_uri": container["image"],
             "command": _escaped(container.get("command", [])),

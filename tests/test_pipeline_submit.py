@@ -53,7 +53,7 @@ def test_submit_vertex_pipeline_job(vertex_job):
     assert kwargs["enable_caching"] is None
     assert kwargs["labels"] == {
         "pipeline": "alignpipe", "target": "vertex", "tpu": "v5e", "tpu_topology": "2x2",
-        "tpu_chips": "4", "machine_type": "ct5lp-hightpu-4t", "team": "align",
+        "tpu_chips": "4", "tpu_hosts": "1", "machine_type": "ct5lp-hightpu-4t", "team": "align",
     }  # fmt: skip
     assert vertex_job.seen["spec"]["pipelineInfo"]["name"] == "alignpipe"
     vertex_job.return_value.submit.assert_called_once_with(service_account=RUNNER)
@@ -112,6 +112,27 @@ def test_submit_and_schedule_gke_with_the_kfp_client():
     assert kwargs["cron_expression"] == "0 30 2 * * *"  # KFP cron leads with seconds
     assert kwargs["max_concurrency"] == 1 and kwargs["params"] == {}
     assert kwargs["pipeline_package_path"].endswith(".yaml")
+
+
+def test_submit_run_preset_v5p_32_7b_to_vertex_and_gke(vertex_job):
+    """The 4-host preset: Vertex gets one custom-job pool over the slice, GKE a JobSet launcher."""
+    from pipelines.run_presets import RUN_PRESETS
+
+    preset = RUN_PRESETS["v5p-32-7b"].pipeline_params()
+    assert main(["submit", *VERTEX, "--run-preset", "v5p-32-7b"]) == 0
+    kwargs = vertex_job.call_args.kwargs
+    assert kwargs["parameter_values"] == preset
+    assert kwargs["labels"]["tpu_hosts"] == "4" and kwargs["labels"]["tpu_topology"] == "2x2x4"
+    ppo = vertex_job.seen["spec"]["deploymentSpec"]["executors"]["exec-ppo"]["container"]
+    assert '"tpu_topology": "2x2x4"' in ppo["args"][ppo["args"].index("--payload") + 1]
+    seen: dict = {}
+    with mock.patch("kfp.Client") as client_cls:
+        client = client_cls.return_value
+        client.create_run_from_pipeline_package.side_effect = _spec_reader(seen)
+        assert main(["submit", *GKE, "--run-preset", "v5p-32-7b"]) == 0
+    assert client.create_run_from_pipeline_package.call_args.kwargs["arguments"] == preset
+    ppo = seen["spec"]["deploymentSpec"]["executors"]["exec-ppo"]["container"]
+    assert ppo["command"][-1] == "pipelines.jobset_launcher"
 
 
 def test_vertex_without_a_service_account_warns(vertex_job, capsys):

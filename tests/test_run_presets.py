@@ -11,7 +11,13 @@ from flax import nnx
 
 from components.core.model import Transformer
 from components.core.model_config import model_config
-from components.core.run_presets import (
+from components.evaluate.config import EvalConfig
+from components.ppo.config import PPOConfig
+from components.reward.config import RewardConfig
+from components.sft.config import SFTConfig
+from pipelines import params
+from pipelines.cli import main as cli_main
+from pipelines.run_presets import (
     CHIP_HBM,
     GB,
     HEADROOM,
@@ -22,13 +28,8 @@ from components.core.run_presets import (
     layer_param_count,
     outer_param_count,
     param_count,
+    params_for,
 )
-from components.evaluate.config import EvalConfig
-from components.ppo.config import PPOConfig
-from components.reward.config import RewardConfig
-from components.sft.config import SFTConfig
-from pipelines import params
-from pipelines.cli import main as cli_main
 
 STAGE_CONFIGS = {"sft": SFTConfig, "reward": RewardConfig, "ppo": PPOConfig, "evaluate": EvalConfig}
 
@@ -145,7 +146,29 @@ def test_evaluate_spreads_each_hosts_batch_over_its_own_chips():
     assert not fits(wider, "evaluate")
 
 
-def test_multi_host_preset_is_refused_for_a_pipeline(tmp_path, capsys):
-    argv = ["compile", "--target", "vertex", "--run-preset", "v5p-32-7b", "-o", str(tmp_path / "p")]
+def test_pipeline_params_are_read_off_the_parameter_table():
+    seven = RUN_PRESETS["v5p-32-7b"]
+    expected = {}
+    for param in params.PARAMS:  # every parameter whose stage fields the preset sets
+        for stage, field in param.targets:
+            fields = seven.flags(stage) if stage in (*STAGES, "shard") else {}
+            if field in fields:
+                expected[param.name] = fields[field]
+    assert seven.pipeline_params() == expected
+    assert expected["max_len"] == 2048 and expected["eval_max_new_tokens"] == 1024
+    assert expected["min_eval_pairs"] == 128 and expected["preset"] == "7b"
+
+
+def test_a_shared_parameter_given_two_values_is_refused():
+    fields = {"sft": {"remat": "full"}, "reward": {"remat": "none"}}
+    with pytest.raises(ValueError, match="parameter remat sets sft.remat, reward.remat alike"):
+        params_for(fields)
+    assert params_for({"sft": {"remat": "full"}, "reward": {"remat": "full"}}) == {"remat": "full"}
+
+
+def test_a_preset_of_a_slice_the_pipeline_cannot_place_is_refused(tmp_path, capsys, monkeypatch):
+    odd = _variant("v5p-32-7b", chips=12, hosts=3)  # 12 v5p chips: no slice of that size
+    monkeypatch.setitem(RUN_PRESETS, "v5p-24-odd", odd)
+    argv = ["compile", "--target", "gke", "--run-preset", "v5p-24-odd", "-o", str(tmp_path / "p")]
     assert cli_main(argv) == 2
-    assert "alignpipe presets v5p-32-7b" in capsys.readouterr().err
+    assert "alignpipe presets v5p-24-odd" in capsys.readouterr().err

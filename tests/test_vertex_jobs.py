@@ -17,7 +17,7 @@ from google.cloud.aiplatform_v1.types import CustomJob, CustomJobSpec
 from pipelines import vertex_jobs
 from pipelines.cli import main
 from pipelines.cloud import compile_pipeline
-from pipelines.targets import Placement, PlacementError
+from pipelines.targets import HOSTS_ENV, Placement, PlacementError
 
 DIGEST = "@sha256:" + "ab" * 32
 TRAIN_IMAGE = "us-docker.pkg.dev/p/alignpipe/train" + DIGEST
@@ -78,7 +78,8 @@ def test_training_tasks_are_custom_jobs_with_the_tpu_worker_pool(tmp_path, tpu, 
         assert pool.replica_count == 1  # one host per single-host slice
         assert pool.container_spec.image_uri == TRAIN_IMAGE
         assert pool.container_spec.args[-1] == task  # --function_to_execute
-        assert {e.name: e.value for e in pool.container_spec.env} == {"ALIGNPIPE_ROLE": "train"}
+        env = {e.name: e.value for e in pool.container_spec.env}
+        assert env == {"ALIGNPIPE_ROLE": "train", HOSTS_ENV: "1"}
         # The same pool is a valid CustomJobSpec on its own.
         CustomJobSpec({"worker_pool_specs": [CustomJob.to_dict(job)["job_spec"]
                                              ["worker_pool_specs"][0]]})  # fmt: skip
@@ -126,6 +127,36 @@ def test_run_preset_v5e_8_1b_compiles_to_ct5lp_hightpu_8t_2x4(tmp_path, capsys):
     assert (pool.machine_spec.machine_type, pool.machine_spec.tpu_topology) == (
         "ct5lp-hightpu-8t", "2x4",
     )  # fmt: skip
+
+
+def test_run_preset_v5p_32_7b_is_one_pool_over_the_four_hosts_of_its_slice(tmp_path, capsys):
+    out = tmp_path / "7b.yaml"
+    argv = ["compile", "--target", "vertex", "--image", TRAIN_IMAGE, "-o", str(out)]
+    assert main(argv + ["--run-preset", "v5p-32-7b"]) == 0
+    # Vertex's training docs list v5e, v6e and TPU7x machine types, not v5p: said, not hidden.
+    assert "Vertex custom training documents" in capsys.readouterr().err
+    spec = yaml.safe_load(out.read_text())
+    for task in TRAINING:
+        job = _job(_container(spec, task))
+        (pool,) = job.job_spec.worker_pool_specs
+        assert pool.machine_spec.machine_type == "ct5p-hightpu-4t"  # each host: 4 chips
+        assert pool.machine_spec.tpu_topology == "2x2x4"  # v5p-32: 16 chips, 4 hosts
+        assert pool.replica_count == 1  # Vertex TPU pools take one replica, run on every VM
+        assert {e.name: e.value for e in pool.container_spec.env}[HOSTS_ENV] == "4"
+        assert job.labels["tpu_hosts"] == "4"
+        CustomJobSpec(CustomJob.to_dict(job)["job_spec"])
+    values = spec["root"]["inputDefinitions"]["parameters"]
+    assert values["sft_batch_size"]["defaultValue"] == 128  # the preset's, over 16 chips
+
+
+def test_v6e_4x4_is_four_ct6e_standard_4t_hosts():
+    placement = Placement(target="vertex", image=TRAIN_IMAGE, tpu="v6e", topology="4x4")
+    assert (placement.chips, placement.hosts, placement.machine) == (16, 4, "ct6e-standard-4t")
+    assert placement.warnings() == []  # a digest and a TPU Vertex documents
+    pool = vertex_jobs.worker_pool({"image": "i"}, placement.machine, placement.topology)
+    CustomJobSpec({"worker_pool_specs": [pool]})
+    with pytest.raises(PlacementError, match="ct5lp-hightpu-4t"):
+        Placement(target="vertex", image=TRAIN_IMAGE, topology="4x4", machine_type="x-8t")
 
 
 def test_cli_machine_type_is_written_or_refused(tmp_path, capsys):

@@ -48,6 +48,7 @@ from typing import Any
 
 from components.core.model_config import ModelConfig, model_config
 from components.core.trainer import PRETRAINED_LEARNING_RATE
+from pipelines import params
 
 GB = 1e9
 # HBM per chip as Google lists it; a run may use HEADROOM of it (XLA's own buffers,
@@ -103,10 +104,19 @@ class RunPreset:
         return model_config(self.model, self.vocab_size, remat=self.remat, dtype=self.dtype)
 
     def flags(self, stage: str) -> dict[str, Any]:
-        """The stage's config fields: its batch fields, lengths, remat, dtype and fsdp."""
+        """The stage's config fields: its batch fields, lengths, remat, dtype and fsdp (and for
+        ``shard``, the token lengths and the eval split's minimum)."""
+        if stage == "shard":
+            return {
+                "max_prompt_tokens": self.prompt_len,
+                "max_response_tokens": self.response_len,
+                # One eval batch of each: the shard stage refuses a smaller eval split.
+                "min_eval_pairs": max(self.stages[s]["batch_size"] for s in ("sft", "reward")),
+            }
         numerics = {"remat": self.remat, "dtype": self.dtype, "fsdp": self.fsdp}
         if stage in ("sft", "reward"):
-            lengths = {"max_len": self.prompt_len + self.response_len}
+            # The shape of a fresh model; a base policy brings its own.
+            lengths = {"preset": self.model, "max_len": self.prompt_len + self.response_len}
         elif stage == "ppo":
             lengths = {"prompt_len": self.prompt_len, "max_new_tokens": self.response_len}
         else:  # evaluate: prompts come from the data, cut to the shard stage's length
@@ -114,28 +124,30 @@ class RunPreset:
         return {**self.stages[stage], **PRETRAINED_RATES[stage], **lengths, **numerics}
 
     def pipeline_params(self) -> dict[str, Any]:
-        """The pipeline parameters (pipelines/params.py) that run this preset."""
-        return {
-            "preset": self.model,  # the shape of a fresh model; a base_policy brings its own
-            "max_prompt_tokens": self.prompt_len,
-            "max_response_tokens": self.response_len,
-            "max_len": self.prompt_len + self.response_len,
-            "max_new_tokens": self.response_len,
-            "eval_max_new_tokens": self.response_len,
-            "remat": self.remat,
-            "dtype": self.dtype,
-            "fsdp": self.fsdp,
-            "sft_batch_size": self.stages["sft"]["batch_size"],
-            "reward_batch_size": self.stages["reward"]["batch_size"],
-            # One eval batch of each: the shard stage refuses a smaller eval split.
-            "min_eval_pairs": max(self.stages[s]["batch_size"] for s in ("sft", "reward")),
-            "sft_learning_rate": PRETRAINED_RATES["sft"]["learning_rate"],
-            "reward_learning_rate": PRETRAINED_RATES["reward"]["learning_rate"],
-            "ppo_learning_rate": PRETRAINED_RATES["ppo"]["learning_rate"],
-            "ppo_rollout_batch_size": self.stages["ppo"]["rollout_batch_size"],
-            "ppo_minibatches": self.stages["ppo"]["minibatches"],
-            "eval_batch_size": self.stages["evaluate"]["batch_size"],
+        """The pipeline parameters that run this preset, read off the parameter table
+        (pipelines/params.py): each parameter whose stage config fields the preset sets."""
+        return params_for({stage: self.flags(stage) for stage in ("shard", *STAGES)})
+
+
+def params_for(stage_fields: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Pipeline parameters from stage config fields (stage -> field -> value), through each
+    parameter's targets; a parameter that sets a field in several stages must get one value."""
+    values: dict[str, Any] = {}
+    for param in params.PARAMS:
+        given = {
+            (stage, field): stage_fields[stage][field]
+            for stage, field in param.targets
+            if field in stage_fields.get(stage, {})
         }
+        if len(set(map(repr, given.values()))) > 1:
+            raise ValueError(
+                f"parameter {param.name} sets {', '.join(f'{s}.{f}' for s, f in given)} alike, "
+                f"but the preset gives them {sorted(map(repr, given.values()))}; give the "
+                "stages one value"
+            )
+        if given:
+            values[param.name] = next(iter(given.values()))
+    return values
 
 
 def param_count(config: ModelConfig) -> int:
