@@ -248,6 +248,15 @@ def test_detect_cluster():
     assert (explicit.kind, explicit.num_processes, explicit.process_id) == ("explicit", 4, 2)
     assert distributed.detect_cluster({"TPU_WORKER_HOSTNAMES": "a,b"}).kind == "tpu"
     assert distributed.detect_cluster({"TPU_WORKER_HOSTNAMES": "a"}).kind == "single"
+    # A Vertex TPU custom job sets no host list: the placement's host count names the slice.
+    from pipelines.targets import HOSTS_ENV
+
+    assert HOSTS_ENV == distributed.ENV_TPU_HOSTS  # what the placement sets, the stage reads
+    vertex = distributed.detect_cluster({"ALIGNPIPE_TPU_HOSTS": "4"})
+    assert (vertex.kind, vertex.num_processes) == ("tpu", 4)
+    assert distributed.detect_cluster({"ALIGNPIPE_TPU_HOSTS": "1"}).kind == "single"
+    with pytest.raises(ValueError, match="ALIGNPIPE_TPU_HOSTS='four' must be"):
+        distributed.detect_cluster({"ALIGNPIPE_TPU_HOSTS": "four"})
     with pytest.raises(ValueError, match="JAX_NUM_PROCESSES"):
         distributed.detect_cluster({"JAX_COORDINATOR_ADDRESS": "h:1", "JAX_PROCESS_ID": "0"})
     with pytest.raises(ValueError, match="JAX_PROCESS_ID=3 must be in"):

@@ -297,7 +297,7 @@ def test_bad_parameters_refused_before_writing(tmp_path, values, placement, mess
     [
         ({"target": "aws"}, "target: 'aws' is unknown"),
         ({"target": "vertex", "image": ""}, "needs the training image"),
-        ({"target": "gke", "topology": "4x4"}, "not a single-host v5e slice"),
+        ({"target": "gke", "topology": "3x3"}, "not a single-host v5e slice"),
         ({"target": "vertex", "machine_type": "ct5lp-hightpu-8t"}, "use ct5lp-hightpu-4t"),
         ({"target": "vertex", "tpu": "v9"}, "tpu: 'v9' is unknown"),
         ({"target": "vertex", "tpu": "v5p", "topology": "2x2"}, "not a single-host v5p slice"),

@@ -10,6 +10,9 @@ How a multi-host run is named, in order:
   ``JAX_COORDINATOR_ADDRESS``; the other two are ours.
 - A multi-host Cloud TPU slice (TPU VM, GKE TPU node pool): ``TPU_WORKER_HOSTNAMES``
   or ``TPU_PROCESS_ADDRESSES`` lists more than one host, and JAX detects the rest.
+- ``ALIGNPIPE_TPU_HOSTS`` > 1: the pipeline's placement of a multi-host slice, for
+  platforms that set neither list (a Vertex TPU custom job runs the container on every
+  VM of the slice; JAX reads the worker addresses from the TPU VM metadata).
 
 Otherwise (one host, however many local devices) nothing happens. With several
 CPU processes, collectives go over gloo. ``JAX_NUM_CPU_DEVICES`` (read by JAX)
@@ -28,6 +31,8 @@ ENV_COORDINATOR = "JAX_COORDINATOR_ADDRESS"
 ENV_NUM_PROCESSES = "JAX_NUM_PROCESSES"
 ENV_PROCESS_ID = "JAX_PROCESS_ID"
 TPU_HOST_LISTS = ("TPU_PROCESS_ADDRESSES", "TPU_WORKER_HOSTNAMES")
+# Set by the pipeline's placement (pipelines/targets.py) on a multi-host slice's tasks.
+ENV_TPU_HOSTS = "ALIGNPIPE_TPU_HOSTS"
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -67,6 +72,11 @@ def detect_cluster(env: Mapping[str, str] | None = None) -> Cluster:
         hosts = [h for h in env.get(name, "").split(",") if h.strip()]
         if len(hosts) > 1:
             return Cluster("tpu", num_processes=len(hosts))
+    hosts = env.get(ENV_TPU_HOSTS, "").strip() or "1"
+    if not hosts.isdigit() or int(hosts) < 1:
+        raise ValueError(f"{ENV_TPU_HOSTS}={hosts!r} must be the slice's host count (1 or more)")
+    if int(hosts) > 1:
+        return Cluster("tpu", num_processes=int(hosts))
     return Cluster("single")
 
 
@@ -77,6 +87,12 @@ def maybe_initialize(*, timeout_s: int = 300, env: Mapping[str, str] | None = No
         return cluster
     if cluster.kind == "tpu":
         jax.distributed.initialize(initialization_timeout=timeout_s)
+        if jax.process_count() != cluster.num_processes:
+            raise RuntimeError(
+                f"the slice has {cluster.num_processes} hosts, but JAX joined "
+                f"{jax.process_count()} process(es); check the TPU topology the task was placed "
+                "on (--tpu-topology) against the slice its VMs form"
+            )
         return cluster
     # Several processes: CPU devices need a cross-process collectives backend. The
     # setting only concerns the CPU client, so it is harmless on accelerators.
