@@ -84,3 +84,14 @@ compile: install ## Write build/pipeline-vertex.yaml and -gke.yaml, bound to the
 	@test -n "$(TRAIN_DIGEST)" || echo "note: no $(IMAGES_ENV) (make push): compiling with the tag $(TRAIN_IMAGE)"
 	$(BIN)/alignpipe compile --target vertex --image $(or $(TRAIN_DIGEST),$(TRAIN_IMAGE)) --data-image $(or $(DATA_DIGEST),$(DATA_IMAGE)) -o build/pipeline-vertex.yaml
 	$(BIN)/alignpipe compile --target gke --image $(or $(TRAIN_DIGEST),$(TRAIN_IMAGE)) --data-image $(or $(DATA_DIGEST),$(DATA_IMAGE)) -o build/pipeline-gke.yaml
+
+# Each image's Python dependency set, checked on this machine without Docker: resolved by
+# pip for the images' CPython 3.11, installed into a venv under build/image-check (reused
+# while the resolved set is unchanged) and the stage entry points imported from it.
+# Downloads packages, so it is not part of `make test`.
+IMAGE_PYTHON ?= /usr/bin/python3.11
+
+.PHONY: check-images
+
+check-images: install ## Resolve each image's pip set for Python 3.11 and import its entry points (no Docker).
+	$(BIN)/python containers/check_images.py --python $(IMAGE_PYTHON)
