@@ -6,6 +6,7 @@
 - ``alignpipe model import|export``: Hugging Face checkpoints (cli_model.py)
 - ``alignpipe presets [NAME]``: run presets and their memory arithmetic (cli_presets.py)
 - ``alignpipe history|rollback``: promoted policy versions (cli_history.py)
+- ``alignpipe smoke``: one tiny task on the requested TPU before a real run (cli_smoke.py)
 """
 
 from __future__ import annotations
@@ -20,7 +21,15 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 def build_parser() -> argparse.ArgumentParser:
     """The top-level parser with every sub-command registered."""
-    from pipelines import cli_data, cli_eval, cli_history, cli_model, cli_pipeline, cli_presets
+    from pipelines import (
+        cli_data,
+        cli_eval,
+        cli_history,
+        cli_model,
+        cli_pipeline,
+        cli_presets,
+        cli_smoke,
+    )
 
     parser = argparse.ArgumentParser(
         prog="alignpipe",
@@ -34,6 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
     cli_model.register(commands)
     cli_presets.register(commands)
     cli_history.register(commands)
+    cli_smoke.register(commands)
     return parser
 
 

@@ -1,0 +1,117 @@
+"""``alignpipe smoke``: the one-task pipeline per target, and its task run for real on CPU."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from unittest import mock
+
+import pytest
+import yaml
+from google.cloud.aiplatform_v1.types import CustomJob
+
+from pipelines import vertex_jobs
+from pipelines.cli import main
+from pipelines.smoke import SMOKE_PIPELINE, build_smoke_pipeline
+from pipelines.smoke_task import SmokeError, check_devices
+from pipelines.targets import Placement
+
+TRAIN_IMAGE = "us-docker.pkg.dev/p/alignpipe/train@sha256:" + "ab" * 32
+TASK = "smoke-check"
+VERTEX = ["--target", "vertex", "--image", TRAIN_IMAGE]
+CLOUD = ["--project", "proj", "--region", "us-central1", "--pipeline-root", "gs://b/runs"]
+RUNNER = "runner@proj.iam.gserviceaccount.com"
+
+
+def _compile(tmp_path: Path, *flags: str) -> list[dict]:
+    path = tmp_path / "smoke.yaml"
+    assert main(["smoke", *flags, "--compile-only", "-o", str(path)]) == 0
+    return list(yaml.safe_load_all(path.read_text()))
+
+
+def _one_task(spec: dict) -> dict:
+    tasks = spec["root"]["dag"]["tasks"]
+    assert list(tasks) == [TASK]
+    return tasks[TASK]
+
+
+def test_vertex_smoke_is_one_tpu_custom_job(tmp_path):
+    (spec,) = _compile(tmp_path, *VERTEX, "--tpu", "v5e", "--tpu-topology", "2x4")
+    assert spec["pipelineInfo"]["name"] == SMOKE_PIPELINE
+    task = _one_task(spec)
+    inputs = task["inputs"]["parameters"]
+    assert inputs["expected_platform"]["runtimeValue"]["constant"] == "tpu"
+    assert inputs["expected_devices"]["runtimeValue"]["constant"] == 8
+    assert not task["cachingOptions"].get("enableCache")  # a smoke run checks now
+    assert not task.get("retryPolicy", {}).get("maxRetryCount")  # fails at once
+    container = spec["deploymentSpec"]["executors"][f"exec-{TASK}"]["container"]
+    assert container["image"] == vertex_jobs.LAUNCHER_IMAGE
+    job = CustomJob(json.loads(json.dumps(vertex_jobs.payload_of(container))))
+    (pool,) = job.job_spec.worker_pool_specs
+    assert pool.machine_spec.machine_type == "ct5lp-hightpu-8t"
+    assert pool.machine_spec.tpu_topology == "2x4"
+    assert pool.container_spec.image_uri == TRAIN_IMAGE
+    assert job.labels["pipeline"] == SMOKE_PIPELINE
+
+
+def test_gke_smoke_lands_on_the_tpu_node_pool(tmp_path):
+    spec, platform = _compile(tmp_path, "--target", "gke", "--image", TRAIN_IMAGE, "--tpu", "v6e")
+    assert _one_task(spec)["inputs"]["parameters"]["expected_devices"]["runtimeValue"] == {
+        "constant": 4
+    }
+    k8s = platform["platforms"]["kubernetes"]["deploymentSpec"]["executors"][f"exec-{TASK}"]
+    assert k8s["nodeSelector"]["labels"] == {
+        "cloud.google.com/gke-tpu-accelerator": "tpu-v6e-slice",
+        "cloud.google.com/gke-tpu-topology": "2x2",
+    }
+    assert k8s["tolerations"] == [
+        {"key": "google.com/tpu", "operator": "Exists", "effect": "NoSchedule"}
+    ]
+    container = spec["deploymentSpec"]["executors"][f"exec-{TASK}"]["container"]
+    assert container["image"] == TRAIN_IMAGE
+    assert container["resources"]["accelerator"]["resourceType"] == "google.com/tpu"
+    assert container["resources"]["accelerator"]["resourceCount"] == "4"
+
+
+def test_smoke_task_runs_under_kfp_local_on_8_cpu_devices(tmp_path):
+    from kfp import local
+
+    local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(tmp_path))
+    summary = json.loads(build_smoke_pipeline(Placement(cpu_devices=8))().output)
+    assert summary["platform"] == "cpu" and summary["devices"] == 8
+    assert summary["pmap_psum"] == 128**3 * sum((i + 1) ** 2 for i in range(8))
+
+
+def test_unexpected_devices_fail_with_what_to_check():
+    assert check_devices("cpu", 8)["local_devices"] == 8
+    with pytest.raises(SmokeError, match="JAX sees cpu devices, not tpu.*jax\\[tpu\\]"):
+        check_devices("tpu", 8)
+    with pytest.raises(SmokeError, match="JAX sees 8 devices, the placement asked for 4"):
+        check_devices("cpu", 4)
+    with pytest.raises(ValueError, match="expected_platform: 'cuda'"):
+        check_devices("cuda", 8)
+
+
+def test_compile_only_needs_an_output_file(capsys):
+    assert main(["smoke", *VERTEX, "--compile-only"]) == 2
+    assert "--compile-only needs -o FILE" in capsys.readouterr().err
+
+
+def test_gke_multi_host_slice_is_refused_with_the_fix(tmp_path, capsys):
+    out = str(tmp_path / "s.yaml")
+    flags = ["--target", "gke", "--image", TRAIN_IMAGE, "--tpu-topology", "4x4"]
+    assert main(["smoke", *flags, "--compile-only", "-o", out]) == 2
+    assert "4x4" in capsys.readouterr().err
+
+
+def test_submit_to_vertex_and_wait_for_a_failed_run(capsys):
+    with mock.patch("google.cloud.aiplatform.PipelineJob", autospec=True) as job:
+        job.return_value.wait.side_effect = RuntimeError("Job failed with: quota")
+        argv = ["smoke", *VERTEX, *CLOUD, "--service-account", RUNNER, "--wait"]
+        assert main(argv) == 1
+    kwargs = job.call_args.kwargs
+    assert kwargs["display_name"] == SMOKE_PIPELINE and kwargs["parameter_values"] == {}
+    assert kwargs["labels"]["pipeline"] == SMOKE_PIPELINE
+    assert kwargs["labels"]["machine_type"] == "ct5lp-hightpu-4t"
+    job.return_value.submit.assert_called_once_with(service_account=RUNNER)
+    assert "smoke run failed: Job failed with: quota" in capsys.readouterr().err
