@@ -26,9 +26,10 @@ def register(commands: argparse._SubParsersAction) -> None:
         help="one tiny task on the requested TPU: the devices JAX sees and one pmap step "
         "(checks project, quota, image and permissions in minutes)",
         description="Compile and submit a one-task pipeline on the training image, placed like "
-        "the training tasks (vertex: a TPU custom job; gke: the TPU node pool), that prints "
-        "the devices JAX sees, fails unless they are the requested TPU chips, and runs one "
-        "jax.pmap step. Never cached; no retries unless --train-retries.",
+        "the training tasks (vertex: a TPU custom job; gke: the TPU node pool, or a JobSet over "
+        "the hosts of a multi-host slice), that prints the devices JAX sees, fails unless they "
+        "are the requested TPU chips, and runs one jax.pmap step. Never cached; no retries "
+        "unless --train-retries.",
     )
     cli_pipeline._placement_options(smoke)
     cli_pipeline._cloud_options(smoke)

@@ -4,11 +4,12 @@
 submits a one-task pipeline on the training image, placed exactly as the training tasks
 are (``targets.place``): on Vertex a custom job whose worker pool names the TPU machine
 type and ``tpu_topology`` (``vertex_jobs.as_custom_jobs``), on GKE the TPU node selectors,
-toleration and ``google.com/tpu`` limit. The task (``pipelines/smoke_task.py``) prints the
-devices JAX sees, checks their platform and number against the placement, and runs one
-``jax.pmap`` step (a matmul on each device, ``psum`` over all of them). A green run shows
-that the project, quota, image, permissions and placement work; a red one says which part
-did not.
+toleration and ``google.com/tpu`` limit, or for a multi-host slice the JobSet launcher that
+runs the task on every host (``jobset.as_launchers``). The task
+(``pipelines/smoke_task.py``) prints the devices JAX sees, checks their platform and number
+against the placement, and runs one ``jax.pmap`` step (a matmul on each device, ``psum``
+over all of them). A green run shows that the project, quota, image, permissions and
+placement work; a red one says which part did not.
 """
 
 # No `from __future__ import annotations`: kfp reads the component's real annotations.
@@ -17,20 +18,29 @@ from typing import Any
 
 import yaml
 from kfp import dsl
+from kfp.dsl import Artifact, Output
 
-from pipelines import vertex_jobs
-from pipelines.targets import TPU_GENERATIONS, TRAIN, Placement, PlacementError, place
+from pipelines import jobset, vertex_jobs
+from pipelines.targets import TRAIN, Placement, place
 
 SMOKE_PIPELINE = "alignpipe-smoke"
 
 
-def smoke_check(expected_platform: str, expected_devices: int) -> str:
-    """The smoke task: check the devices JAX sees and run one pmap step; a JSON summary."""
+def smoke_check(expected_platform: str, expected_devices: int, summary: Output[Artifact]) -> str:
+    """The smoke task: check the devices JAX sees and run one pmap step; a JSON summary.
+
+    The summary is also an artifact: a multi-host GKE slice's JobSet launcher keys the
+    JobSet by the task's output artifact and writes the hosts' result next to it.
+    """
     import json
 
     from pipelines.smoke_task import check_devices
 
-    return json.dumps(check_devices(expected_platform, expected_devices), sort_keys=True)
+    result = json.dumps(check_devices(expected_platform, expected_devices), sort_keys=True)
+    if json.loads(result)["process"] == 0:  # one writer on a multi-host slice
+        with open(summary.path, "w") as handle:
+            handle.write(result)
+    return result
 
 
 def build_smoke_pipeline(placement: Placement, expected_platform: str = "") -> Any:
@@ -50,28 +60,26 @@ def build_smoke_pipeline(placement: Placement, expected_platform: str = "") -> A
         task = component(expected_platform=platform, expected_devices=placement.chips)
         task.set_caching_options(False)
         place(task, TRAIN, placement)
-        return task.output
+        return task.outputs["Output"]
 
     return smoke
 
 
 def compile_smoke(placement: Placement, package_path: str | Path) -> None:
-    """Write the smoke pipeline's spec; on Vertex its task becomes the TPU custom job."""
+    """Write the smoke pipeline's spec, its task rewritten as the training tasks are: a TPU
+    custom job on Vertex, the JobSet launcher of a multi-host slice on GKE."""
     from kfp import compiler
 
-    one_host = TPU_GENERATIONS[placement.tpu].host_topologies.values()
-    if placement.target == "gke" and placement.topology not in one_host:
-        # A multi-host GKE slice needs the JobSet launcher the pipeline's compile step adds.
-        raise PlacementError(
-            f"--tpu-topology {placement.topology}: the smoke pipeline places one host's slice on "
-            "gke; use a single-host topology (e.g. 2x2 or 2x4), or --target vertex"
-        )
     package = Path(package_path)
     package.parent.mkdir(parents=True, exist_ok=True)
     compiler.Compiler().compile(build_smoke_pipeline(placement), str(package))
+    if placement.target == "local" or (placement.target == "gke" and placement.hosts == 1):
+        return
+    spec, *platform = yaml.safe_load_all(package.read_text())
     if placement.target == "vertex":
-        spec = yaml.safe_load(package.read_text())
         placed = {key.replace("-", "_"): value for key, value in placement.describe().items()}
         labels = {"pipeline": SMOKE_PIPELINE, **placed}
         vertex_jobs.as_custom_jobs(spec, placement.machine, placement.topology, labels)
-        package.write_text(yaml.safe_dump(spec, sort_keys=False))
+    else:
+        jobset.as_launchers(spec, placement)
+    package.write_text(yaml.safe_dump_all([spec, *platform], sort_keys=False))

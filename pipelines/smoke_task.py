@@ -104,6 +104,7 @@ def check_devices(expected_platform: str, expected_devices: int) -> dict[str, An
         "devices": jax.device_count(),
         "local_devices": jax.local_device_count(),
         "processes": jax.process_count(),
+        "process": jax.process_index(),
         "jax": jax.__version__,
         "pmap_psum": value,
         "pmap_seconds": round(seconds, 3),

@@ -10,7 +10,7 @@ import pytest
 import yaml
 from google.cloud.aiplatform_v1.types import CustomJob
 
-from pipelines import vertex_jobs
+from pipelines import jobset, vertex_jobs
 from pipelines.cli import main
 from pipelines.smoke import SMOKE_PIPELINE, build_smoke_pipeline
 from pipelines.smoke_task import SmokeError, check_devices
@@ -78,6 +78,8 @@ def test_smoke_task_runs_under_kfp_local_on_8_cpu_devices(tmp_path):
 
     local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(tmp_path))
     summary = json.loads(build_smoke_pipeline(Placement(cpu_devices=8))().output)
+    (written,) = tmp_path.glob(f"{SMOKE_PIPELINE}-*/{TASK}/summary")
+    assert json.loads(written.read_text()) == summary
     assert summary["platform"] == "cpu" and summary["devices"] == 8
     assert summary["pmap_psum"] == 128**3 * sum((i + 1) ** 2 for i in range(8))
 
@@ -97,11 +99,18 @@ def test_compile_only_needs_an_output_file(capsys):
     assert "--compile-only needs -o FILE" in capsys.readouterr().err
 
 
-def test_gke_multi_host_slice_is_refused_with_the_fix(tmp_path, capsys):
-    out = str(tmp_path / "s.yaml")
-    flags = ["--target", "gke", "--image", TRAIN_IMAGE, "--tpu-topology", "4x4"]
-    assert main(["smoke", *flags, "--compile-only", "-o", out]) == 2
-    assert "4x4" in capsys.readouterr().err
+def test_gke_multi_host_smoke_runs_on_every_host_through_the_jobset_launcher(tmp_path):
+    flags = ["--target", "gke", "--image", TRAIN_IMAGE, "--tpu", "v5e", "--tpu-topology", "4x4"]
+    spec = _compile(tmp_path, *flags)[0]
+    assert _one_task(spec)["inputs"]["parameters"]["expected_devices"]["runtimeValue"] == {
+        "constant": 16
+    }
+    container = spec["deploymentSpec"]["executors"][f"exec-{TASK}"]["container"]
+    assert container["command"][-1] == jobset.LAUNCHER_MODULE
+    args = container["args"]
+    sliced = jobset.SliceSpec.from_json(args[args.index("--slice") + 1])
+    assert (sliced.hosts, sliced.chips_per_host, sliced.topology) == (4, 4, "4x4")
+    assert sliced.image == TRAIN_IMAGE and sliced.max_restarts == 0  # a smoke run fails at once
 
 
 def test_submit_to_vertex_and_wait_for_a_failed_run(capsys):
