@@ -82,7 +82,14 @@ IMAGES = {
         dockerfile="containers/Dockerfile.train",
         stages=("sft", "reward", "ppo", "dpo", "evaluate"),
         data_role=False,
-        modules=("kfp.dsl.executor_main", "pipelines.cli", "pipelines.smoke_task"),
+        # The KFP executor, the CLI (the image's entry point), the smoke task, and the JobSet
+        # launcher a multi-host GKE training task runs on this image.
+        modules=(
+            "kfp.dsl.executor_main",
+            "pipelines.cli",
+            "pipelines.smoke_task",
+            "pipelines.jobset_launcher",
+        ),
     ),
     "data": Image(
         name="data",
