@@ -9,6 +9,10 @@ there, so no task installs anything at run time).
 Config fields arrive as parameters named like the fields; ``stage_io.config_from``
 builds the stage's config from them, so the stage dataclass stays the one place of
 each default and check.
+
+The training components (sft, reward, ppo, dpo) also take ``checkpoint_root``,
+``run_key`` and ``task_key`` (:func:`training_state_inputs`): their resumable state lives
+at ``<checkpoint_root>/<run_key>/<task_key>`` while they run (``stage_io.training_state``).
 """
 
 # No `from __future__ import annotations`: kfp reads the real annotations at build time.
@@ -16,6 +20,20 @@ from typing import Any, NamedTuple
 
 from kfp import dsl
 from kfp.dsl import HTML, Artifact, Dataset, Input, Metrics, Model, Output
+
+# Resolved by the backend when the task starts (Kubeflow Pipelines from 2.4, Vertex AI,
+# kfp.local): the run's id and the task's name key its training state. A retried attempt
+# of the task (a pod retry, or a retry of the whole run) gets the same two values, another
+# run another id. The price: Kubeflow Pipelines keys its cache on the resolved input values,
+# so there a training task never comes from another run's cache; kfp.local keys on the
+# placeholder text and still reuses it.
+RUN_KEY = dsl.PIPELINE_JOB_ID_PLACEHOLDER
+TASK_KEY = dsl.PIPELINE_TASK_NAME_PLACEHOLDER
+
+
+def training_state_inputs(checkpoint_root: Any) -> dict[str, Any]:
+    """The inputs that key a training task's durable state: the root and the placeholders."""
+    return {"checkpoint_root": checkpoint_root, "run_key": RUN_KEY, "task_key": TASK_KEY}
 
 
 def builtin_data(pairs: int, seed: int, data: Output[Dataset]) -> str:
@@ -110,6 +128,9 @@ def sft(
     learning_rate: float,
     model: Output[Model],
     metrics: Output[Metrics],
+    checkpoint_root: str = "",
+    run_key: str = "",
+    task_key: str = "",
 ) -> str:
     """Train the initial policy on the chosen responses; returns a reference to it."""
     import time
@@ -121,7 +142,8 @@ def sft(
     from components.sft import SFTConfig, run
 
     config = stage_io.config_from(SFTConfig, locals())
-    with stage_io.failure_reason(model.path):
+    state = stage_io.training_state(checkpoint_root, run_key, task_key, model.uri)
+    with stage_io.failure_reason(model.path), state:
         summary = run(config, shards.path, model.path)
     stage_io.write_metrics(metrics, "sft", summary, started)
     return stage_io.reference(model.uri, stage_io.now())
@@ -149,6 +171,9 @@ def reward(
     min_reward_accuracy: float,
     model: Output[Model],
     metrics: Output[Metrics],
+    checkpoint_root: str = "",
+    run_key: str = "",
+    task_key: str = "",
 ):
     """Train the Bradley-Terry reward model; fail after writing it when below the accuracy gate."""
     import time
@@ -160,7 +185,8 @@ def reward(
     from components.reward import RewardConfig, run
 
     config = stage_io.config_from(RewardConfig, locals())
-    with stage_io.failure_reason(model.path):  # e.g. below min_reward_accuracy
+    state = stage_io.training_state(checkpoint_root, run_key, task_key, model.uri)
+    with stage_io.failure_reason(model.path), state:  # e.g. below min_reward_accuracy
         summary = run(config, shards.path, model.path)
     model.metadata["eval/accuracy"] = summary.get("eval/accuracy")  # for the run's summary
     stage_io.write_metrics(metrics, "reward", summary, started)
@@ -189,6 +215,9 @@ def ppo(
     max_new_tokens: int,
     model: Output[Model],
     metrics: Output[Metrics],
+    checkpoint_root: str = "",
+    run_key: str = "",
+    task_key: str = "",
 ) -> str:
     """Align the policy against the reward model with PPO, GRPO or RLOO (resumes from its
     checkpoints); returns a reference to the aligned policy and the reward model that judges it."""
@@ -203,7 +232,8 @@ def ppo(
 
     config = stage_io.config_from(PPOConfig, locals())
     policy_dir = stage_io.reference_uri(policy)
-    with stage_io.failure_reason(model.path):
+    state = stage_io.training_state(checkpoint_root, run_key, task_key, model.uri)
+    with stage_io.failure_reason(model.path), state:
         summary = run(config, shards.path, policy_dir, reward.path, model.path)
     stage_io.write_metrics(metrics, "ppo", summary, started)
     figures = {
@@ -232,6 +262,9 @@ def dpo(
     label_smoothing: float,
     model: Output[Model],
     metrics: Output[Metrics],
+    checkpoint_root: str = "",
+    run_key: str = "",
+    task_key: str = "",
 ) -> str:
     """Align the policy on the preference pairs with DPO (no reward model; resumes from its
     checkpoints); returns a reference to the aligned policy."""
@@ -244,7 +277,8 @@ def dpo(
     from components.dpo import DPOConfig, run
 
     config = stage_io.config_from(DPOConfig, locals())
-    with stage_io.failure_reason(model.path):
+    state = stage_io.training_state(checkpoint_root, run_key, task_key, model.uri)
+    with stage_io.failure_reason(model.path), state:
         summary = run(config, shards.path, stage_io.reference_uri(policy), model.path)
     stage_io.write_metrics(metrics, "dpo", summary, started)
     figures = {"steps": summary.get("step"), "accuracy": summary.get("eval/rewards/accuracies")}

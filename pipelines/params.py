@@ -184,6 +184,17 @@ PARAMS: tuple[Param, ...] = (
     Param("eval_max_new_tokens", (("evaluate", "max_new_tokens"),)),
     Param("eval_batch_size", (("evaluate", "batch_size"),)),
     Param(
+        "checkpoint_root",
+        default="",
+        kind=str,
+        help="durable folder of the training stages' resumable state (gs:// on the cloud, "
+        "written by Orbax itself; a local folder locally): each trained task keeps it in "
+        "<checkpoint_root>/<run id>/<task name>, where a retried or preempted attempt of "
+        "that task resumes, and the model artifacts hold only the final model; kept after "
+        "success (the last checkpoints); '' = inside each model artifact, which only local "
+        "runs allow (a training task whose artifact is on gs:// refuses it)",
+    ),
+    Param(
         "promoted_policy_uri",
         default="",
         kind=str,
@@ -272,6 +283,7 @@ def validate(values: dict[str, Any], chips: int) -> dict[str, Any]:
         raise ParamError(f"builtin_pairs: {merged['builtin_pairs']} must be at least 1")
     _check_algorithm(merged)
     _check_registry(merged)
+    _check_checkpoint_root(merged["checkpoint_root"])
     for stage in ("shard", *trained_stages(merged), "evaluate"):
         try:
             STAGE_CONFIGS[stage](**stage_values(stage, merged))
@@ -324,6 +336,30 @@ def _check_registry(values: dict[str, Any]) -> None:
         model_registry.parse_model(registry_model)
     except ValueError as error:
         raise ParamError(str(error)) from None
+
+
+def _check_checkpoint_root(root: str) -> None:
+    """A checkpoint root Orbax can keep durable state in (gs://, or a local folder)."""
+    from components.core.checkpoint import check_checkpoint_root
+
+    try:
+        check_checkpoint_root(root)
+    except ValueError as error:
+        raise ParamError(str(error)) from None
+
+
+def with_cloud_checkpoint_root(values: dict[str, Any], pipeline_root: str) -> dict[str, Any]:
+    """``values`` for a cloud run: ``checkpoint_root`` defaults to ``<pipeline_root>/checkpoints``
+    and must be on Cloud Storage, where every attempt of a task (on any node) finds it."""
+    root = values.get("checkpoint_root") or f"{pipeline_root.rstrip('/')}/checkpoints"
+    _check_checkpoint_root(root)
+    if not root.startswith("gs://"):
+        raise ParamError(
+            f"checkpoint_root: {root!r} is not on Cloud Storage; a retried task may run on "
+            "another node, so cloud runs keep training state at a gs:// folder (the default "
+            "is <pipeline root>/checkpoints)"
+        )
+    return {**values, "checkpoint_root": root}
 
 
 def _check_type(name: str, value: Any) -> None:

@@ -83,6 +83,42 @@ def failure_reason(folder: str) -> Iterator[None]:
         raise
 
 
+@contextlib.contextmanager
+def training_state(
+    checkpoint_root: str, run_key: str, task_key: str, output_uri: str
+) -> Iterator[str]:
+    """Keep the stage's training state at ``<checkpoint_root>/<run_key>/<task_key>`` while it
+    runs (``checkpoint.training_state_dir`` reads it); yields that folder.
+
+    ``checkpoint_root`` '' keeps today's place, the output artifact's ``work/checkpoints``,
+    which only a local artifact makes durable: with a remote ``output_uri`` (gs://, minio://)
+    the launcher uploads the artifact after success only, so a preempted attempt would lose
+    its state, and the task refuses to start.
+    """
+    from components.core import checkpoint
+
+    if not checkpoint_root:
+        if "://" in output_uri:
+            raise ValueError(
+                f"checkpoint_root: '' keeps training state inside the output artifact "
+                f"({output_uri}), which is uploaded only after the task succeeds, so a retried "
+                "or preempted attempt would start from step 0; set the pipeline parameter "
+                "checkpoint_root to a gs:// folder, e.g. <pipeline root>/checkpoints"
+            )
+        yield ""
+        return
+    directory = checkpoint.keyed_state_dir(checkpoint_root, run_key, task_key)
+    previous = os.environ.get(checkpoint.CHECKPOINT_DIR_ENV)
+    os.environ[checkpoint.CHECKPOINT_DIR_ENV] = directory
+    try:
+        yield directory
+    finally:
+        if previous is None:
+            os.environ.pop(checkpoint.CHECKPOINT_DIR_ENV, None)
+        else:
+            os.environ[checkpoint.CHECKPOINT_DIR_ENV] = previous
+
+
 def reference(uri: str, fingerprint: str = "", **details: Any) -> str:
     """A JSON reference to a file or folder, with an optional content fingerprint and details
     (e.g. an aligned policy's reward model and stage figures)."""

@@ -1,12 +1,8 @@
-"""Orbax checkpoints: round trip, keep-last-K, model export, and kill-and-resume of a real run."""
+"""Orbax checkpoints: round trip, keep-last-K, model export, where training state lives."""
 
 from __future__ import annotations
 
 import os
-import signal
-import subprocess
-import sys
-import time
 
 import jax
 import numpy as np
@@ -14,11 +10,6 @@ import pytest
 from flax import nnx
 
 from components.core import checkpoint as ckpt
-from components.core import parallel
-from components.core.optim import OptimConfig, make_optimizer
-
-TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(TESTS_DIR)
 
 
 def _tree(seed: int) -> dict:
@@ -94,116 +85,33 @@ def test_export_and_load_model_with_nnx_params(tmp_path):
         )
 
 
-# ---- kill and resume -------------------------------------------------------------------
+# ---- where training state lives ----------------------------------------------------------
+# Kill and resume of a real process: tests/test_durable_checkpoints.py (the trainer's loop,
+# state keyed by run and task, a new output folder) and tests/test_reward_processes.py (a
+# whole stage, state in its artifact).
 
 
-def train_demo(
-    shards: str, workdir: str, total_steps: int, save_every: int, step_sleep: float = 0.0
-) -> None:
-    """A small but complete training run: data, pmap step, checkpoints, resume, export."""
-    from test_parallel import TinyLM, lm_loss_fn
-
-    from components.core import input_pipeline
-    from components.core.metrics import MetricsLogger
-
-    graphdef, params = nnx.split(TinyLM(vocab=259, rngs=nnx.Rngs(0)), nnx.Param)
-    optimizer = make_optimizer(
-        OptimConfig(learning_rate=1e-2, warmup_steps=2, total_steps=total_steps)
-    )
-    base_loss = lm_loss_fn(graphdef)
-
-    def loss_fn(p, batch, rng):
-        # Randomly drop tokens from the loss, so the run depends on the RNG stream.
-        keep = jax.random.bernoulli(rng, 0.7, batch["loss_mask"].shape)
-        return base_loss(
-            p, {"tokens": batch["chosen_tokens"], "loss_mask": batch["loss_mask"] & keep}, rng
-        )
-
-    host_state = parallel.TrainState.create(params, optimizer)
-    rng = np.asarray(jax.random.PRNGKey(0))
-    data = input_pipeline.preference_dataset(shards, "train", batch_size=8, max_len=8, seed=5)
-    checkpointer = ckpt.TrainCheckpointer(
-        ckpt.work_checkpoint_dir(workdir), ckpt.CheckpointConfig(save_every=save_every, keep=2)
-    )
-    restored = checkpointer.restore_latest(
-        parallel.unreplicate(parallel.replicate(host_state)), rng
-    )
-    if restored is not None:
-        host_state, rng = restored.state, restored.rng
-        data.restore(restored.data_position)
-    state = parallel.replicate(host_state)
-    step_fn = parallel.make_train_step(loss_fn, optimizer)
-    logger = MetricsLogger(workdir, total_steps=total_steps, stage="demo", tensorboard=False)
-    step = 0 if restored is None else restored.step
-    while step < total_steps:
-        rng, step_rng = jax.random.split(rng)
-        state, metrics = step_fn(state, parallel.shard_batch(next(data)), step_rng)
-        step += 1
-        logger.log(step, parallel.unreplicate(metrics))
-        checkpointer.save(
-            step,
-            state=parallel.unreplicate(state),
-            rng=rng,
-            data_position=data.position(),
-            force=step == total_steps,
-        )
-        time.sleep(step_sleep)
-    checkpointer.close()
-    logger.close()
-    final = parallel.unreplicate(state)
-    np.savez(os.path.join(workdir, "final.npz"), *jax.tree.leaves(final))
+def test_training_state_dir_is_the_durable_folder_when_set(tmp_path, monkeypatch):
+    artifact = str(tmp_path / "model")
+    monkeypatch.delenv(ckpt.CHECKPOINT_DIR_ENV, raising=False)
+    assert ckpt.training_state_dir(artifact) == ckpt.work_checkpoint_dir(artifact)
+    keyed = ckpt.keyed_state_dir("gs://bucket/ckpt/", "0c1d-9f", "reward")
+    assert keyed == "gs://bucket/ckpt/0c1d-9f/reward"
+    monkeypatch.setenv(ckpt.CHECKPOINT_DIR_ENV, keyed)
+    assert ckpt.training_state_dir(artifact) == keyed
+    assert ckpt.keyed_state_dir("runs/ckpt", "7", "sft") == os.path.abspath("runs/ckpt/7/sft")
 
 
-def _launch(shards: str, workdir: str, step_sleep: float) -> subprocess.Popen:
-    code = (
-        f"import sys; sys.path[:0] = [{TESTS_DIR!r}, {REPO!r}]; import test_checkpoint; "
-        f"test_checkpoint.train_demo({shards!r}, {workdir!r}, 12, 4, {step_sleep})"
-    )
-    env = {
-        **os.environ,
-        "XLA_FLAGS": "--xla_force_host_platform_device_count=8",
-        "TF_CPP_MIN_LOG_LEVEL": "3",
-        "JAX_PLATFORMS": "cpu",
-    }
-    return subprocess.Popen(
-        [sys.executable, "-c", code],
-        env=env,
-        cwd=REPO,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-    )
-
-
-def _finish(process: subprocess.Popen, timeout: float = 120) -> None:
-    output, _ = process.communicate(timeout=timeout)
-    assert process.returncode == 0, output.decode()[-3000:]
-
-
-@pytest.mark.slow
-def test_killed_run_resumes_to_identical_params(tmp_path):
-    from test_input_pipeline import numbered_shards
-
-    shards = numbered_shards(tmp_path / "shards", num_shards=2, per_shard=20)
-    straight, killed = str(tmp_path / "straight"), str(tmp_path / "killed")
-    reference = _launch(shards, straight, 0.0)
-    victim = _launch(shards, killed, 0.4)
-    _finish(reference)
-    checkpoints = ckpt.work_checkpoint_dir(killed)
-    deadline = time.time() + 120
-    # A finalized Orbax step is a folder named by its number (in-progress ones carry a suffix).
-    while not (os.path.isdir(checkpoints) and any(n.isdigit() for n in os.listdir(checkpoints))):
-        assert victim.poll() is None and time.time() < deadline, "no checkpoint appeared"
-        time.sleep(0.1)
-    victim.send_signal(signal.SIGKILL)
-    victim.wait(timeout=30)
-    assert not os.path.exists(os.path.join(killed, "final.npz"))
-    first_steps = sorted(int(n) for n in os.listdir(checkpoints) if n.isdigit())
-    assert first_steps and first_steps[-1] < 12
-    _finish(_launch(shards, killed, 0.0))
-    want, got = (
-        np.load(os.path.join(straight, "final.npz")),
-        np.load(os.path.join(killed, "final.npz")),
-    )
-    assert len(want.files) == len(got.files) > 3
-    for name in want.files:
-        np.testing.assert_array_equal(want[name], got[name])
+@pytest.mark.parametrize(
+    ("root", "run_key", "task_key", "message"),
+    [
+        ("", "1", "sft", "checkpoint_root: '' has no keyed folders"),
+        ("gs://b/c", "../other", "sft", "run key '../other' is not a folder name"),
+        ("gs://b/c", "1", "ppo/x", "task key 'ppo/x' is not a folder name"),
+        ("gs://b/c", "1", "{{$.pipeline_task_name}}", "task key arrived unresolved"),
+        ("/gcs/b/c", "1", "sft", "Cloud Storage FUSE mount"),
+    ],
+)
+def test_keyed_state_dir_refuses_what_is_no_folder(root, run_key, task_key, message):
+    with pytest.raises(ValueError, match=message):
+        ckpt.keyed_state_dir(root, run_key, task_key)

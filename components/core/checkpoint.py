@@ -2,10 +2,25 @@
 
 Training state (params, optimizer state, step, RNG key, data position and any
 extra pytrees or JSON a stage adds, e.g. PPO's KL controller) goes through an
-Orbax ``CheckpointManager`` under ``<artifact>/work/checkpoints``: saved every N
-steps and at the end, the last K kept, written asynchronously. Orbax finalizes a
-step only when all of it is written, so after a kill the latest step it lists
-is complete and a restarted stage resumes from it by itself.
+Orbax ``CheckpointManager`` in the stage's training-state folder
+(:func:`training_state_dir`): saved every N steps and at the end, the last K kept,
+written asynchronously. Orbax finalizes a step only when all of it is written, so
+after a kill the latest step it lists is complete and a restarted stage resumes
+from it by itself.
+
+Where that folder is: ``$ALIGNPIPE_CHECKPOINT_DIR`` when set, else
+``<artifact>/work/checkpoints``. The pipeline sets it to ``<checkpoint_root>/<run
+key>/<task key>`` (:func:`keyed_state_dir`): a durable folder outside the output
+artifact, which the KFP launcher uploads only after success, so a retried or
+preempted attempt of the same task resumes from it, a new output folder or not.
+A ``gs://`` folder is written by Orbax itself (tensorstore for the arrays, etils
+``epath`` over TensorFlow's GCS filesystem for the metadata; the job's service
+account needs object read, write and delete on the bucket). There a step is final
+once its ``commit_success.txt`` is written, with no rename; under a ``/gcs`` FUSE
+mount Orbax would rename each step, a copy-and-delete per object, so those paths
+are refused (:func:`check_checkpoint_root`). A finished task's state is not deleted:
+its last ``keep`` steps stay for debugging and for continuing the training; a bucket
+lifecycle rule on the root bounds what runs leave behind.
 
 A model artifact is ``config.json`` (schema version, model config, tokenizer,
 training config, step reached) and ``params/``, an Orbax checkpoint of the
@@ -17,6 +32,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 from typing import Any
 
 import jax
@@ -32,6 +48,10 @@ MODEL_SCHEMA_VERSION = 1
 CONFIG_FILE = "config.json"
 PARAMS_DIR = "params"
 WORK_CHECKPOINTS = ("work", "checkpoints")
+# The durable training-state folder of this process's stage ('' or unset: in the artifact).
+CHECKPOINT_DIR_ENV = "ALIGNPIPE_CHECKPOINT_DIR"
+# A run or task key is one folder name: no separators, nothing a shell or URI would mangle.
+_KEY = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 
 class ModelArtifactError(ValueError):
@@ -54,6 +74,60 @@ def _scalars_as_arrays(tree: PyTree) -> PyTree:
 def work_checkpoint_dir(artifact_dir: str) -> str:
     """Where a stage keeps its resumable training checkpoints inside its output artifact."""
     return fileio.join(artifact_dir, *WORK_CHECKPOINTS)
+
+
+def training_state_dir(artifact_dir: str) -> str:
+    """Where this process's stage keeps its resumable training state.
+
+    ``$ALIGNPIPE_CHECKPOINT_DIR`` when set (a durable folder keyed by run and task, see
+    :func:`keyed_state_dir`), else ``<artifact_dir>/work/checkpoints``.
+    """
+    return os.environ.get(CHECKPOINT_DIR_ENV, "").strip() or work_checkpoint_dir(artifact_dir)
+
+
+def check_checkpoint_root(root: str, name: str = "checkpoint_root") -> None:
+    """Refuse a checkpoint root Orbax cannot keep durable state in; '' (none) passes."""
+    if not root:
+        return
+    if root.startswith("gs://"):
+        if not root.removeprefix("gs://").split("/")[0]:
+            raise ValueError(f"{name}: {root!r} names no bucket; use gs://BUCKET/FOLDER")
+        return
+    if root.startswith("/gcs/"):
+        raise ValueError(
+            f"{name}: {root!r} is the Cloud Storage FUSE mount, where Orbax's atomic rename "
+            "is a copy and delete of every object; use the gs:// URI of the same folder "
+            f"(gs://{root.removeprefix('/gcs/')}), which Orbax writes itself"
+        )
+    if "://" in root:
+        raise ValueError(
+            f"{name}: {root!r} is neither a gs:// URI nor a local folder; training state "
+            "goes to Cloud Storage (gs://BUCKET/FOLDER) or, for local runs, a local folder"
+        )
+
+
+def keyed_state_dir(root: str, run_key: str, task_key: str) -> str:
+    """``<root>/<run_key>/<task_key>``: one task's training state in one pipeline run.
+
+    Every attempt of that task in that run (a retry, a preempted pod's replacement)
+    finds the same folder and resumes from it; another run's key never does.
+    """
+    check_checkpoint_root(root)
+    if not root:
+        raise ValueError("checkpoint_root: '' has no keyed folders; pass a folder or gs:// URI")
+    for name, key in (("run key", run_key), ("task key", task_key)):
+        if key.startswith("{{$"):
+            raise ValueError(
+                f"the {name} arrived unresolved ({key}): this backend does not resolve KFP "
+                "placeholders in task inputs (Kubeflow Pipelines does from 2.4, Vertex AI "
+                "and kfp.local do); upgrade the backend, or set checkpoint_root to ''"
+            )
+        if not _KEY.match(key):
+            raise ValueError(
+                f"the {name} {key!r} is not a folder name (letters, digits, '.', '_', '-', "
+                "at most 128, starting with a letter or digit)"
+            )
+    return fileio.join(_abs(root), run_key, task_key)
 
 
 @dataclasses.dataclass(slots=True, kw_only=True)

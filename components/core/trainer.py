@@ -1,9 +1,11 @@
 """The training loop shared by the sft and reward stages.
 
-Resumes by itself from the latest complete checkpoint in the artifact's work
-folder (state, RNG, data position), runs the pmapped step, evaluates every
-``eval_every`` steps, logs metrics, and aborts with a clear message after
-``max_nonfinite_steps`` non-finite steps in a row, the last good checkpoint kept.
+Resumes by itself from the latest complete checkpoint (state, RNG, data position) in
+its training-state folder (``checkpoint.training_state_dir``: the durable folder the
+pipeline keys by run and task, else the artifact's work folder), runs the pmapped
+step, evaluates every ``eval_every`` steps, logs metrics, and aborts with a clear
+message after ``max_nonfinite_steps`` non-finite steps in a row, the last good
+checkpoint kept.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import jax
 import numpy as np
 
 from components.core import fsdp, parallel
-from components.core.checkpoint import CheckpointConfig, TrainCheckpointer, work_checkpoint_dir
+from components.core.checkpoint import CheckpointConfig, TrainCheckpointer, training_state_dir
 from components.core.flags import field
 from components.core.metrics import MetricsLogger
 from components.core.optim import OptimConfig, make_optimizer, make_schedule
@@ -171,18 +173,19 @@ def fit(
     train_data: Iterator[dict[str, np.ndarray]],
     evaluate: EvalFn | None = None,
 ) -> FitResult:
-    """Train ``params`` with ``loss_fn`` on ``train_data``; resume from ``output``'s checkpoints."""
+    """Train ``params`` with ``loss_fn`` on ``train_data``; resume from the latest checkpoint
+    in ``training_state_dir(output)``."""
     optimizer = make_optimizer(config.optim())
     schedule = make_schedule(config.optim())  # built once: the loop logs its value per step
     state = parallel.TrainState.create(params, optimizer)
     rng = np.asarray(jax.random.PRNGKey(config.seed))
-    checkpointer = TrainCheckpointer(work_checkpoint_dir(output), config.checkpoint())
+    checkpointer = TrainCheckpointer(training_state_dir(output), config.checkpoint())
     restored = checkpointer.restore_latest(state, rng)
     start = 0
     if restored is not None:
         state, rng, start = restored.state, restored.rng, restored.step
         train_data.restore(restored.data_position)
-        log.info("%s: resuming from step %d", stage, start)
+        log.info("%s: resuming from step %d of %s", stage, start, checkpointer.directory)
     step_fn = parallel.make_train_step(loss_fn, optimizer)
     guard = parallel.NonFiniteGuard(config.max_nonfinite_steps)
     placed = parallel.place(state, sharded=config.fsdp)

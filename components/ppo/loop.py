@@ -28,7 +28,7 @@ import jax
 import numpy as np
 
 from components.core import fileio, parallel
-from components.core.checkpoint import CheckpointConfig, TrainCheckpointer, work_checkpoint_dir
+from components.core.checkpoint import CheckpointConfig, TrainCheckpointer, training_state_dir
 from components.core.metrics import MetricsLogger
 from components.core.optim import make_schedule
 from components.ppo.config import STATUS_COMPLETED, STATUS_STOPPED_KL_GUARD, PPOConfig
@@ -100,7 +100,7 @@ class PPOLoop:
         self.config, self.nets, self.prompts, self.output = config, nets, prompts, output
         self.rollout, self.update, self.ema = compiled_phases(config, nets)
         self.checkpointer = TrainCheckpointer(
-            work_checkpoint_dir(output),
+            training_state_dir(output),
             CheckpointConfig(save_every=config.save_every, keep=config.keep_checkpoints),
         )
         self.guard = KLGuard(
