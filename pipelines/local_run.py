@@ -1,5 +1,10 @@
 """Run the pipeline on this machine with kfp.local, caching on, and summarize the run.
 
+The terminal gets one progress line per stage event and the summary; everything the tasks
+print (executor inputs, Beam, Orbax, TensorFlow) goes to the run folder's ``run.log``
+(run_log.py), and a failed task's own error ends the summary. Local inputs are checked
+before any task runs (preflight.py).
+
 Which stages ran and which came from the cache is read from two sources: kfp.local's
 own task events (its log records: start, cache hit, finish, with times, for progress as
 the run goes) and, as the ground truth, the run's folder — kfp.local makes a task's
@@ -9,22 +14,24 @@ folder only when it executes the task, so a cached task has none in this run.
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import json
 import logging
 import os
 import re
+import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
-from pipelines import params, stage_io
+from pipelines import params, preflight, run_log, stage_io
 from pipelines.pipeline import PIPELINE_NAME, RESULT, STAGE_TASKS, STAGES, build_pipeline
 from pipelines.realign import NO_NEW_DATA
 from pipelines.targets import Placement
 
 LAST_RUN_FILE = "last_run.json"
 PROMOTED_DIR = "promoted-policy"
-_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_ANSI = run_log.ANSI
 _EVENTS = (
     ("start", re.compile(r"^Executing task '?([\w-]+)'?")),
     ("cached", re.compile(r"^Task '?([\w-]+)'? cache hit")),
@@ -47,12 +54,14 @@ class StageRecord:
 
 
 class TaskWatcher(logging.Filter):
-    """Follows kfp.local's task events on the root logger and prints one line per change."""
+    """Follows kfp.local's task events on the root logger and prints one line per change
+    to ``stream`` (the terminal's stdout as it was when the watcher was made)."""
 
-    def __init__(self, echo: bool = True) -> None:
+    def __init__(self, echo: bool = True, stream: TextIO | None = None) -> None:
         super().__init__()
         self.records = {stage: StageRecord(stage) for stage in STAGES}
         self.echo = echo
+        self.stream = stream or sys.stdout
 
     def filter(self, record: logging.LogRecord) -> bool:
         """Note a task event if the record is one; never drops the record."""
@@ -69,21 +78,22 @@ class TaskWatcher(logging.Filter):
         record = self.records[stage]
         if event == "start":
             record.status, record.started = "running", time.monotonic()
-            self._say(f"{stage}: running")
+            self.say(f"{stage}: running")
         elif event == "cached":
             record.status = "cached"
-            self._say(f"{stage}: from the cache")
+            self.say(f"{stage}: from the cache")
         else:
             ok = extra and extra[0] == "SUCCESS"
             record.status = "ran" if ok else "failed"
             if record.started is not None:
                 record.seconds = time.monotonic() - record.started
-            self._say(f"{stage}: {'done' if ok else 'FAILED'} in {record.seconds or 0:.1f} s")
+            self.say(f"{stage}: {'done' if ok else 'FAILED'} in {record.seconds or 0:.1f} s")
 
-    def _say(self, text: str) -> None:
+    def say(self, text: str) -> None:
         """Print a progress line (unless quiet)."""
-        if self.echo:
-            print(f"[alignpipe] {text}", flush=True)
+        if self.echo:  # a write, not print: kfp.local indents print while a task streams
+            self.stream.write(f"[alignpipe] {text}\n")
+            self.stream.flush()
 
 
 @dataclasses.dataclass(slots=True)
@@ -98,6 +108,7 @@ class RunResult:
     values: dict[str, Any]
     error: str = ""
     reasons: dict[str, str] = dataclasses.field(default_factory=dict)  # failed task → why
+    log: Path | None = None  # everything kfp.local and the tasks printed (run_log.py)
 
     def result(self) -> dict[str, Any]:
         """The run's result output: evaluated (with its files), or no new data."""
@@ -181,8 +192,9 @@ def run_local(
 ) -> RunResult:
     """Run the pipeline with kfp.local under ``runs_dir``; caching on except ``fresh_from`` on.
 
-    Parameters are checked before anything runs; the values are saved so that
-    ``rerun`` repeats this run.
+    Parameters and local inputs are checked before anything runs (ParamError,
+    PreflightError); the values are saved so that ``rerun`` repeats this run. The
+    terminal gets progress lines (``echo``); the tasks' output goes to the run's log.
     """
     from kfp import local
 
@@ -191,7 +203,7 @@ def run_local(
     devices = int(os.environ.get("ALIGNPIPE_CPU_DEVICES", "8"))
     root = Path(runs_dir).resolve()
     values = {"promoted_policy_uri": str(root / PROMOTED_DIR), **values}
-    params.validate(values, Placement(target="local", cpu_devices=devices).chips)
+    preflight.check(params.validate(values, Placement(target="local", cpu_devices=devices).chips))
     pipeline = build_pipeline(Placement(target="local", cpu_devices=devices), fresh_from)
     root.mkdir(parents=True, exist_ok=True)
     (root / LAST_RUN_FILE).write_text(json.dumps(values, indent=2, sort_keys=True))
@@ -200,20 +212,27 @@ def run_local(
         runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(root), enable_caching=True
     )
     watcher = TaskWatcher(echo)
+    # kfp.local names the run folder itself when the run starts; the log moves there at the end.
+    stamp = datetime.datetime.now().strftime("%Y-%m-%d-%H-%M-%S-%f")
+    partial = root / f"running-{stamp}.log"
+    watcher.say(f"full log: {partial} (moves into the run folder at the end)")
     logger = logging.getLogger()
     level = logger.level
     logger.setLevel(logging.INFO)  # kfp.local reports cache hits at INFO
     logger.addFilter(watcher)
     started, outputs, error = time.monotonic(), {}, ""
     try:
-        outputs = dict(pipeline(**values).outputs)
+        with run_log.capture(partial):
+            outputs = dict(pipeline(**values).outputs)
     except RuntimeError as failure:
         error = str(failure)
     finally:
         logger.removeFilter(watcher)
         logger.setLevel(level)
-    new = sorted(set(root.glob(f"{PIPELINE_NAME}-*")) - before)
-    run_dir = new[-1] if new else None
+        run_dir = _run_folder(root, before, stamp)
+        log = run_dir / run_log.LOG_FILE
+        if partial.exists():
+            partial.replace(log)
     executed = executed_tasks(run_dir)
     return RunResult(
         run_dir=run_dir,
@@ -223,8 +242,27 @@ def run_local(
         seconds=time.monotonic() - started,
         values=values,
         error=_ANSI.sub("", error),
-        reasons=failure_reasons(run_dir) if error else {},
+        reasons=_reasons(run_dir, log) if error else {},
+        log=log,
     )
+
+
+def _run_folder(root: Path, before: set[Path], stamp: str) -> Path:
+    """The folder kfp.local made for this run; one named like it when it made none (the run
+    failed before any task wrote an output), to hold the run's log."""
+    new = sorted(p for p in set(root.glob(f"{PIPELINE_NAME}-*")) - before if p.is_dir())
+    if new:
+        return new[-1]
+    folder = root / f"{PIPELINE_NAME}-{stamp}"
+    folder.mkdir()
+    return folder
+
+
+def _reasons(run_dir: Path, log: Path) -> dict[str, str]:
+    """Why each failed task failed: its failure file, else the exception in the run's log."""
+    logged = run_log.task_errors(log.read_text(errors="replace"))
+    found = {**logged, **failure_reasons(run_dir)}
+    return {task: reason for task, reason in found.items() if task in TASK_STAGE}
 
 
 def _reconcile(records: dict[str, StageRecord], executed: set[str]) -> dict[str, StageRecord]:
@@ -258,12 +296,10 @@ def format_summary(result: RunResult) -> str:
         lines.append(f"{record.stage:<10} {record.status:<8} {took:>8}  {record.task}".rstrip())
     lines.append(f"total {result.seconds:.0f} s")
     if result.error:
-        lines.append(f"FAILED: {result.error}")
-        lines += [f"  {task}: {reason}" for task, reason in result.reasons.items()]
-        return "\n".join(lines)
+        return "\n".join([*lines, *_failure(result)])
     f = result.figures()
     if f["status"] == NO_NEW_DATA:
-        return "\n".join([*lines, _no_new_data(result.result())])
+        return "\n".join([*lines, _no_new_data(result.result()), f"log: {result.log}"])
     lines += [
         f"reward-model accuracy  {_num(f['reward_accuracy'])}",
         f"{f['algorithm'] or 'aligned':<22} {_training_status(f)}",
@@ -281,8 +317,19 @@ def format_summary(result: RunResult) -> str:
         f"blessed                {_blessed(f['blessed'])}",
         *(f"  gate: {reason}" for reason in f["gate"]),
         f"report                 {f['report']}",
+        f"log                    {result.log}",
     ]
     return "\n".join(lines)
+
+
+def _failure(result: RunResult) -> list[str]:
+    """The summary's end for a failed run: which task failed, the log, then each failed
+    task's own error (last, where the eye lands), else kfp.local's message."""
+    tasks = ", ".join(f"{task} ({TASK_STAGE[task]})" for task in result.reasons)
+    lines = [f"log: {result.log}", f"FAILED: {tasks or result.error}"]
+    for task, reason in result.reasons.items():
+        lines.append(f"  {task}: " + reason.replace("\n", "\n    "))
+    return lines
 
 
 def _no_new_data(result: dict[str, Any]) -> str:

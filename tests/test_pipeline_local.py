@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from pipelines import stage_io
+from pipelines import run_log, stage_io
 from pipelines.cli import main
 from pipelines.local_run import (
     PROMOTED_DIR,
@@ -65,6 +65,13 @@ def test_local_run_cache_and_rerun(runs_dir, monkeypatch, capsys):
     first = run_local(TINY, runs_dir=tmp_path, echo=False)
     assert not first.error, first.error
     assert first.executed == ALL_TASKS
+    # The tasks' whole output is in the run folder's log, off the terminal: executor inputs,
+    # Orbax's checkpoint lines, kfp.local's own records; Beam never tried Prism (offline).
+    assert first.log == first.run_dir / "run.log" and not any(tmp_path.glob("running-*"))
+    log = first.log.read_text()
+    assert "Got executor_input" in log and "Finished saving checkpoint" in log
+    assert "Executing task 'ppo'" in log and "Cleaned up workspace" in log
+    assert "PrismRunner" not in log and "\x1b[" not in log
     assert {s: v for s, v in _statuses(first).items() if v != "ran"} == {"dpo": "skipped"}
     figures = first.figures()
     assert 0.0 <= figures["reward_accuracy"] <= 1.0
@@ -97,10 +104,17 @@ def test_local_run_cache_and_rerun(runs_dir, monkeypatch, capsys):
     # rerun --from evaluate: the last run's values again, caching off from evaluate on.
     capsys.readouterr()
     assert main(["rerun", "--from", "evaluate", "--runs-dir", str(tmp_path)]) == 0
-    printed = capsys.readouterr().out
+    printed, errors = capsys.readouterr()
     assert "ppo        cached" in printed and "evaluate   ran" in printed
     assert "win rate vs reference" in printed and "gold win rate" in printed
     assert "vs best-of-n" in printed
+    # Quiet: a progress line per stage event and the summary, ending with the log's place.
+    assert "[alignpipe] evaluate: running" in printed
+    assert "[alignpipe] ppo: from the cache" in printed
+    assert len(printed.splitlines()) < 45 and errors == ""
+    rerun_log = printed.splitlines()[-1].split()[-1]
+    assert printed.splitlines()[-1].startswith("log ") and rerun_log.endswith("/run.log")
+    assert "Got executor_input" in Path(rerun_log).read_text()
 
     # algorithm=dpo: the dpo branch replaces reward and ppo; shard and sft from the cache;
     # evaluate judges with the reward model it is given.
@@ -143,7 +157,12 @@ def test_reward_gate_stops_the_local_run_before_ppo_with_its_reason(
     reason = result.reasons["reward"]
     assert "reward model eval accuracy" in reason and "below min_reward_accuracy 1" in reason
     assert "lower min_reward_accuracy" in reason
-    assert f"  reward: {reason}" in format_summary(result)
+    # The task's own reason ends the summary, not only kfp.local's "Inner task failed".
+    summary = format_summary(result).splitlines()
+    assert summary[-1] == f"  reward: {reason}" and summary[-2] == "FAILED: reward (reward)"
+    assert summary[-3] == f"log: {result.log}"
+    # Read back from the log as well (how a task without a failure file is explained).
+    assert reason in run_log.task_errors(result.log.read_text())["reward"]
     assert (result.run_dir / "reward" / "model" / "config.json").exists()  # kept to inspect
     assert not (tmp_path / "p").exists()
 
@@ -157,6 +176,20 @@ def test_a_failed_tasks_reason_reaches_the_summary(tmp_path):
         with stage_io.failure_reason(str(tmp_path / "ppo" / "model")):
             raise KeyError("x")
     assert failure_reasons(tmp_path) == {"reward": "too noisy"}
+
+
+def test_the_shard_stage_names_its_beam_runner():
+    from apache_beam.options.pipeline_options import DirectOptions, StandardOptions
+
+    from components.shard.config import ShardConfig
+    from components.shard.stage import pipeline_options
+
+    # Unnamed, Beam's DirectRunner would first try to download a Prism binary.
+    options = pipeline_options(ShardConfig(num_workers=2), [])
+    assert options.view_as(StandardOptions).runner == "FnApiRunner"
+    assert options.view_as(DirectOptions).direct_running_mode == "multi_processing"
+    dataflow = pipeline_options(ShardConfig(), ["--runner=DataflowRunner"])
+    assert dataflow.view_as(StandardOptions).runner == "DataflowRunner"
 
 
 def test_watcher_reads_kfp_local_events():

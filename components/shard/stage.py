@@ -16,6 +16,10 @@ from components.shard.sources import expand_patterns
 
 log = logging.getLogger(__name__)
 SUMMARY_FILE = "rejected/summary.json"
+# Beam's DirectRunner first tries Prism, a binary it downloads from GitHub (offline: a failed
+# download, then a fallback); for a batch job like this one it falls back to the FnApiRunner,
+# which we name directly.
+LOCAL_RUNNER = "FnApiRunner"
 
 
 class ShardError(RuntimeError):
@@ -24,11 +28,15 @@ class ShardError(RuntimeError):
 
 
 def pipeline_options(config: ShardConfig, beam_args: list[str]) -> Any:
-    """Beam options: the given arguments unchanged, plus DirectRunner workers when local."""
+    """Beam options: the given arguments, the local runner when they name none, and its
+    worker processes when local."""
     from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions, StandardOptions
 
     options = PipelineOptions(list(beam_args))
-    if options.view_as(StandardOptions).runner in (None, "DirectRunner", "direct"):
+    standard = options.view_as(StandardOptions)
+    if standard.runner is None:
+        standard.runner = LOCAL_RUNNER
+    if standard.runner in (LOCAL_RUNNER, "DirectRunner", "direct"):
         direct = options.view_as(DirectOptions)
         direct.direct_num_workers = config.num_workers
         direct.direct_running_mode = "multi_processing" if config.num_workers > 1 else "in_memory"

@@ -1,0 +1,149 @@
+"""A local run's inputs on this machine, checked before any task runs.
+
+``params.validate`` checks the parameters' values; these checks look at what the local
+paths among them point to (the data files, the tokenizer, the policies and models, the
+promotion root), with the validators the tasks themselves use, so that a typo fails in
+a second naming its flag instead of after minutes of sharding and training. A ``gs://``
+URI is left to the task that reads it: nothing here reaches the network.
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Callable
+from typing import Any
+
+from components.core import fileio
+from pipelines import params, promotion, realign, stage_io
+
+
+class PreflightError(ValueError):
+    """A local input the run would fail on; the message names its flag and the fix."""
+
+
+def flag(name: str) -> str:
+    """The command-line flag of a pipeline parameter (``base_policy`` → ``--base-policy``)."""
+    return "--" + name.replace("_", "-")
+
+
+def is_local(uri: str) -> bool:
+    """Whether ``uri`` is a path on this machine (not gs:// or another scheme)."""
+    return "://" not in uri
+
+
+def check(values: dict[str, Any]) -> None:
+    """Refuse the first local input the run would fail on; ``values`` as params.validate
+    returns them (every parameter, defaults filled in)."""
+    for name, checker in CHECKS.items():
+        value = values[name]
+        if not value or not is_local(value) or not _applies(name, values):
+            continue
+        try:
+            checker(value, values)
+        except (ValueError, FileNotFoundError) as error:  # TokenizerError is a ValueError
+            raise PreflightError(f"{flag(name)}: {error}") from None
+
+
+def _applies(name: str, values: dict[str, Any]) -> bool:
+    """Whether the run reads the parameter: the reward stage's base only when it trains."""
+    if name == "reward_base_policy":
+        return "reward" in params.trained_stages(values)
+    if name == "data_uri":  # one remote pattern: the task lists them all, with credentials
+        return all(is_local(p) for p in _patterns(values["data_uri"]))
+    return True
+
+
+def _patterns(data_uri: str) -> list[str]:
+    """The comma-separated paths or globs of ``data_uri``."""
+    return [p.strip() for p in data_uri.split(",") if p.strip()]
+
+
+def _data(data_uri: str, values: dict[str, Any]) -> None:
+    """Files, not folders, and at least one of them, as find-data lists them."""
+    for pattern in _patterns(data_uri):
+        for match in fileio.glob(pattern):
+            if fileio.isdir(match):
+                raise PreflightError(
+                    f"{match!r} is a folder; name the files in it, e.g. "
+                    f"{fileio.join(match, '*.jsonl')!r}"
+                )
+    stage_io.find_sources(data_uri)
+
+
+def _tokenizer(spec: str, values: dict[str, Any]) -> None:
+    """The shard stage's own loader; built-in names need no file."""
+    from components.core.tokenizers import load_tokenizer
+
+    load_tokenizer(spec)
+
+
+def _exists(path: str, expected: str) -> None:
+    """Refuse a path that does not exist, saying what to pass instead."""
+    if not fileio.exists(path):
+        raise FileNotFoundError(f"{path!r} does not exist; pass {expected}")
+
+
+def _base_policy(path: str, values: dict[str, Any]) -> None:
+    """A policy folder or a promotion root (its current version), as check-policy sees it."""
+    _exists(
+        path,
+        "a policy folder written by the sft, ppo, dpo or promote stage (config.json + params/), "
+        "a promoted_policy_uri (its current version), or '' to train one with sft",
+    )
+    stage_io.check_policy(path)
+
+
+def _reward_base(path: str, values: dict[str, Any]) -> None:
+    """A model artifact or a Hugging Face folder: either holds a config.json."""
+    expected = "a model folder (an alignpipe model or a Hugging Face checkpoint), or ''"
+    _exists(path, expected)
+    if not fileio.exists(fileio.join(path, "config.json")):
+        raise FileNotFoundError(f"{path!r} has no config.json; pass {expected}")
+
+
+def _eval_reward_model(path: str, values: dict[str, Any]) -> None:
+    """A reward model folder (config.json + params/), as the reward stage writes it."""
+    expected = "the reward stage's model folder (config.json + params/, e.g. <run>/reward/model)"
+    _exists(path, expected)
+    for name in promotion.POLICY_FILES:
+        if not fileio.exists(fileio.join(path, name)):
+            raise FileNotFoundError(f"{path!r} has no {name}; pass {expected}")
+
+
+def _anchor(path: str, values: dict[str, Any]) -> None:
+    """A policy folder or a promotion root, as plan-run resolves it."""
+    _exists(path, "a policy folder, a promoted_policy_uri, or '' for the first promoted version")
+    realign.anchor_folder(path, values["promoted_policy_uri"])
+
+
+def _promoted_root(path: str, values: dict[str, Any]) -> None:
+    """A folder (made on the first promotion); an existing one must read as a promotion root."""
+    if fileio.exists(path) and not fileio.isdir(path):
+        raise PreflightError(
+            f"{path!r} is a file; pass a folder for the promoted versions (made when missing)"
+        )
+    if fileio.isdir(path):
+        promotion.read_history(path)
+
+
+def _beam_args(text: str, values: dict[str, Any]) -> None:
+    """Shell-style options, split as the shard task splits them."""
+    try:
+        shlex.split(text)
+    except ValueError as error:
+        raise PreflightError(
+            f"{text!r} does not split into options ({error}); quote as in a shell, e.g. "
+            "--beam-args='--runner=DataflowRunner --project=P'"
+        ) from None
+
+
+CHECKS: dict[str, Callable[[str, dict[str, Any]], None]] = {
+    "data_uri": _data,
+    "tokenizer": _tokenizer,
+    "base_policy": _base_policy,
+    "reward_base_policy": _reward_base,
+    "eval_reward_model": _eval_reward_model,
+    "promoted_policy_uri": _promoted_root,
+    "anchor_policy": _anchor,
+    "beam_args": _beam_args,
+}

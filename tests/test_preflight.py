@@ -1,0 +1,152 @@
+"""A local run's inputs are refused before any task runs, naming the flag; failed tasks' errors
+are read back from the run's log."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from pipelines import params, preflight, run_log, stage_io
+from pipelines.cli import main
+from pipelines.local_run import run_local
+
+FIXTURES = Path(__file__).parent / "fixtures" / "hf"
+
+
+def _policy(folder: Path) -> Path:
+    """A folder shaped like a policy artifact (what the checks look at: config.json, params/)."""
+    (folder / "params").mkdir(parents=True)
+    (folder / "config.json").write_text("{}")
+    return folder
+
+
+def _refused(values: dict, runs: Path) -> str:
+    """run_local's refusal of ``values``: fast, with no task started; returns the message."""
+    started = time.monotonic()
+    with pytest.raises(preflight.PreflightError) as refusal:
+        run_local(values, runs_dir=runs, echo=False)
+    assert time.monotonic() - started < 1.0
+    assert not any(runs.glob("alignpipe-*")) and not any(runs.glob("running-*"))
+    assert not (runs / "last_run.json").exists()  # a refused run is no run to repeat
+    return str(refusal.value)
+
+
+def test_bad_local_inputs_are_refused_before_any_task_naming_the_flag(tmp_path):
+    runs = tmp_path / "runs"
+    message = _refused({"base_policy": "/nonexistent"}, runs)
+    assert message.startswith("--base-policy: '/nonexistent' does not exist")
+    assert "or '' to train one with sft" in message
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert "has no config.json" in _refused({"base_policy": str(empty)}, runs)
+
+    message = _refused({"data_uri": f"{tmp_path}/data/*.jsonl"}, runs)
+    assert message.startswith("--data-uri: ") and "matches no file" in message
+    message = _refused({"data_uri": str(empty)}, runs)
+    assert f"'{empty}' is a folder; name the files in it, e.g. '{empty}/*.jsonl'" in message
+
+    message = _refused({"tokenizer": str(tmp_path / "tokenizer.json")}, runs)
+    assert message.startswith("--tokenizer: ") and "no such file or folder" in message
+
+
+def test_other_local_paths_are_checked_only_where_the_run_reads_them(tmp_path):
+    runs = tmp_path / "runs"
+    missing = str(tmp_path / "missing")
+    assert _refused({"anchor_policy": missing}, runs).startswith("--anchor-policy: ")
+    assert _refused({"reward_base_policy": missing}, runs).startswith("--reward-base-policy: ")
+    dpo = {"algorithm": "dpo", "eval_reward_model": missing}
+    assert "the reward stage's model folder" in _refused(dpo, runs)
+    (tmp_path / "file").write_text("x")
+    message = _refused({"promoted_policy_uri": str(tmp_path / "file")}, runs)
+    assert message.startswith("--promoted-policy-uri: ") and "is a file" in message
+    assert "No closing quotation" in _refused({"beam_args": "--runner='x"}, runs)
+    # dpo trains no reward model: its base is not read, so not checked.
+    preflight.check(params.validate({"algorithm": "dpo", "reward_base_policy": missing}, 8))
+    # gs:// is the tasks' to read (credentials, network): not checked here.
+    preflight.check(params.validate({"base_policy": "gs://bucket/policy"}, 8))
+
+
+def test_good_local_inputs_pass(tmp_path):
+    (tmp_path / "a.jsonl").write_text("{}\n")
+    policy = _policy(tmp_path / "policy")
+    values = {
+        "data_uri": f"{tmp_path}/*.jsonl",
+        "tokenizer": str(FIXTURES / "gemma2" / "tokenizer.json"),
+        "base_policy": str(policy),
+        "reward_base_policy": str(FIXTURES / "llama"),  # a Hugging Face folder
+        "anchor_policy": str(policy),
+        "promoted_policy_uri": str(tmp_path / "promoted"),  # made on the first promotion
+        "beam_args": "--runner=DirectRunner",
+        "gold_reward": "builtin/sentiment-v1",
+    }
+    preflight.check(params.validate(values, 8))
+    # A promotion root stands for its current version (a scheduled run's warm start).
+    root = tmp_path / "promoted"
+    assert stage_io.promote(str(policy), str(tmp_path / "artifact"), str(root)) == 1
+    warm = {**values, "base_policy": str(root), "anchor_policy": str(root)}
+    preflight.check(params.validate(warm, 8))
+
+
+def test_the_cli_prints_the_refusal_and_starts_nothing(tmp_path, capsys):
+    runs = tmp_path / "runs"
+    assert main(["run", "--runs-dir", str(runs), "--base-policy", "/nonexistent"]) == 2
+    captured = capsys.readouterr()
+    assert captured.err.startswith("error: --base-policy: '/nonexistent' does not exist")
+    assert captured.out == "" and not any(runs.glob("alignpipe-*"))
+
+
+# kfp.local's output around a failed task, as a run's log holds it (colour codes removed).
+FAILED_LOG = """\
+16:24:44.594 - INFO - Executing task 'shard'
+    [KFP Executor 2026-11-30 16:24:44,643 INFO]: Got executor_input:
+    {"inputs": {}}
+    Traceback (most recent call last):
+      File "/work/main/pipelines/stage_io.py", line 77, in failure_reason
+        yield
+    KeyError: 'x'
+
+    During handling of the above exception, another exception occurred:
+
+    Traceback (most recent call last):
+      File "<frozen runpy>", line 198, in _run_module_as_main
+        output_file = executor.execute()
+                      ^^^^^^^^^^^^^^^^^^
+    components.shard.stage.ShardError: 40 of 50 input records (80.0%) were rejected
+    by reason: missing_field: 40
+
+
+16:24:44.658 - ERROR - Task 'shard' finished with status FAILURE
+16:25:00.000 - INFO - Executing task 'ppo'
+    [KFP Executor 2026-11-30 16:25:00,000 INFO]: step 3
+    Killed
+
+16:25:09.000 - ERROR - Task 'ppo' finished with status FAILURE
+"""
+
+
+def test_a_failed_tasks_exception_is_read_from_the_log():
+    errors = run_log.task_errors(FAILED_LOG)
+    assert errors == {
+        "shard": "components.shard.stage.ShardError: 40 of 50 input records (80.0%) were "
+        "rejected\nby reason: missing_field: 40",
+        "ppo": "the task ended without a traceback; its last output: Killed",
+    }
+    coloured = FAILED_LOG.replace("'shard'", "\x1b[96m'shard'\x1b[0m")
+    assert run_log.task_errors(coloured)["shard"] == errors["shard"]
+
+
+def test_the_log_capture_takes_prints_logging_and_stderr(tmp_path, capsys):
+    import logging
+    import sys
+
+    log = tmp_path / "run.log"
+    with run_log.capture(log):
+        print("\x1b[96mexecutor line\x1b[0m")
+        logging.getLogger().warning("root record")
+        sys.stderr.write("stderr line\n")
+    text = log.read_text()
+    assert "executor line" in text and "\x1b[" not in text
+    assert "root record" in text and "stderr line" in text
+    assert capsys.readouterr() == ("", "")
