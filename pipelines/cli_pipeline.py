@@ -311,6 +311,8 @@ def _cloud(args: argparse.Namespace, action: str) -> int:
 
     placement, settings, values = _placement(args), _settings(args), _values(args)
     cloud.check_settings(args.target, settings)  # before compiling: fail fast on settings
+    # Training state outside the artifacts, where a retried task finds it.
+    values = params.with_cloud_checkpoint_root(values, settings.pipeline_root)
     for warning in cloud.settings_warnings(args.target, settings):
         print(f"warning: {warning}", file=sys.stderr)
     with tempfile.TemporaryDirectory() as folder:

@@ -10,9 +10,9 @@ Config fields arrive as parameters named like the fields; ``stage_io.config_from
 builds the stage's config from them, so the stage dataclass stays the one place of
 each default and check.
 
-The training components (sft, reward, ppo, dpo) also take ``checkpoint_root``,
-``run_key`` and ``task_key`` (:func:`training_state_inputs`): their resumable state lives
-at ``<checkpoint_root>/<run_key>/<task_key>`` while they run (``stage_io.training_state``).
+The training components (sft, reward, ppo, dpo) also take ``checkpoint_root``: their
+resumable state lives at ``<checkpoint_root>/<stage>/<key>`` while they run, the key a
+digest of their config, inputs and code (``stage_io.training_state``).
 """
 
 # No `from __future__ import annotations`: kfp reads the real annotations at build time.
@@ -20,20 +20,6 @@ from typing import Any, NamedTuple
 
 from kfp import dsl
 from kfp.dsl import HTML, Artifact, Dataset, Input, Metrics, Model, Output
-
-# Resolved by the backend when the task starts (Kubeflow Pipelines from 2.4, Vertex AI,
-# kfp.local): the run's id and the task's name key its training state. A retried attempt
-# of the task (a pod retry, or a retry of the whole run) gets the same two values, another
-# run another id. The price: Kubeflow Pipelines keys its cache on the resolved input values,
-# so there a training task never comes from another run's cache; kfp.local keys on the
-# placeholder text and still reuses it.
-RUN_KEY = dsl.PIPELINE_JOB_ID_PLACEHOLDER
-TASK_KEY = dsl.PIPELINE_TASK_NAME_PLACEHOLDER
-
-
-def training_state_inputs(checkpoint_root: Any) -> dict[str, Any]:
-    """The inputs that key a training task's durable state: the root and the placeholders."""
-    return {"checkpoint_root": checkpoint_root, "run_key": RUN_KEY, "task_key": TASK_KEY}
 
 
 def builtin_data(pairs: int, seed: int, data: Output[Dataset]) -> str:
@@ -129,8 +115,6 @@ def sft(
     model: Output[Model],
     metrics: Output[Metrics],
     checkpoint_root: str = "",
-    run_key: str = "",
-    task_key: str = "",
 ) -> str:
     """Train the initial policy on the chosen responses; returns a reference to it."""
     import time
@@ -142,7 +126,8 @@ def sft(
     from components.sft import SFTConfig, run
 
     config = stage_io.config_from(SFTConfig, locals())
-    state = stage_io.training_state(checkpoint_root, run_key, task_key, model.uri)
+    inputs = {"shards": shards.uri}
+    state = stage_io.training_state(checkpoint_root, "sft", config, inputs, model.uri)
     with stage_io.failure_reason(model.path), state:
         summary = run(config, shards.path, model.path)
     stage_io.write_metrics(metrics, "sft", summary, started)
@@ -172,8 +157,6 @@ def reward(
     model: Output[Model],
     metrics: Output[Metrics],
     checkpoint_root: str = "",
-    run_key: str = "",
-    task_key: str = "",
 ):
     """Train the Bradley-Terry reward model; fail after writing it when below the accuracy gate."""
     import time
@@ -185,7 +168,8 @@ def reward(
     from components.reward import RewardConfig, run
 
     config = stage_io.config_from(RewardConfig, locals())
-    state = stage_io.training_state(checkpoint_root, run_key, task_key, model.uri)
+    inputs = {"shards": shards.uri}
+    state = stage_io.training_state(checkpoint_root, "reward", config, inputs, model.uri)
     with stage_io.failure_reason(model.path), state:  # e.g. below min_reward_accuracy
         summary = run(config, shards.path, model.path)
     model.metadata["eval/accuracy"] = summary.get("eval/accuracy")  # for the run's summary
@@ -216,8 +200,6 @@ def ppo(
     model: Output[Model],
     metrics: Output[Metrics],
     checkpoint_root: str = "",
-    run_key: str = "",
-    task_key: str = "",
 ) -> str:
     """Align the policy against the reward model with PPO, GRPO or RLOO (resumes from its
     checkpoints); returns a reference to the aligned policy and the reward model that judges it."""
@@ -232,7 +214,8 @@ def ppo(
 
     config = stage_io.config_from(PPOConfig, locals())
     policy_dir = stage_io.reference_uri(policy)
-    state = stage_io.training_state(checkpoint_root, run_key, task_key, model.uri)
+    inputs = {"shards": shards.uri, "policy": policy, "reward": reward.uri}
+    state = stage_io.training_state(checkpoint_root, "ppo", config, inputs, model.uri)
     with stage_io.failure_reason(model.path), state:
         summary = run(config, shards.path, policy_dir, reward.path, model.path)
     stage_io.write_metrics(metrics, "ppo", summary, started)
@@ -263,8 +246,6 @@ def dpo(
     model: Output[Model],
     metrics: Output[Metrics],
     checkpoint_root: str = "",
-    run_key: str = "",
-    task_key: str = "",
 ) -> str:
     """Align the policy on the preference pairs with DPO (no reward model; resumes from its
     checkpoints); returns a reference to the aligned policy."""
@@ -277,7 +258,8 @@ def dpo(
     from components.dpo import DPOConfig, run
 
     config = stage_io.config_from(DPOConfig, locals())
-    state = stage_io.training_state(checkpoint_root, run_key, task_key, model.uri)
+    inputs = {"shards": shards.uri, "policy": policy}
+    state = stage_io.training_state(checkpoint_root, "dpo", config, inputs, model.uri)
     with stage_io.failure_reason(model.path), state:
         summary = run(config, shards.path, stage_io.reference_uri(policy), model.path)
     stage_io.write_metrics(metrics, "dpo", summary, started)

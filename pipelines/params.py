@@ -126,7 +126,7 @@ PARAMS: tuple[Param, ...] = (
         kind=str,
         help="Beam pipeline options of the shard stage, e.g. '--runner=DataflowRunner "
         "--project=P --region=R --temp_location=gs://B/tmp --sdk_container_image=IMAGE'; "
-        "'' = DirectRunner in the task",
+        "'' = Beam's local FnApiRunner in the task",
     ),
     Param(
         "base_policy",
@@ -189,8 +189,9 @@ PARAMS: tuple[Param, ...] = (
         kind=str,
         help="durable folder of the training stages' resumable state (gs:// on the cloud, "
         "written by Orbax itself; a local folder locally): each trained task keeps it in "
-        "<checkpoint_root>/<run id>/<task name>, where a retried or preempted attempt of "
-        "that task resumes, and the model artifacts hold only the final model; kept after "
+        "<checkpoint_root>/<stage>/<digest of its config, inputs and code>, where a retried or "
+        "preempted attempt of that task resumes, and the model artifacts hold only the final "
+        "model; kept after "
         "success (the last checkpoints); '' = inside each model artifact, which only local "
         "runs allow (a training task whose artifact is on gs:// refuses it)",
     ),

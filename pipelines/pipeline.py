@@ -153,6 +153,7 @@ def build_pipeline(placement: Placement, fresh_from: str | None = None) -> Any:
         best_of_n: str = D["best_of_n"],
         eval_max_new_tokens: int = D["eval_max_new_tokens"],
         eval_batch_size: int = D["eval_batch_size"],
+        checkpoint_root: str = D["checkpoint_root"],
         promoted_policy_uri: str = D["promoted_policy_uri"],
         registry_model: str = D["registry_model"],
         anchor_policy: str = D["anchor_policy"],
@@ -190,9 +191,13 @@ def _train_and_evaluate(
     evaluation's result channel."""
     shard = c.shard(sources=sources, beam_args=p["beam_args"], **params.stage_values("shard", p))
     shards = configure(shard, "shard", DATA).outputs["shards"]
+    # Each training task keeps its resumable state under checkpoint_root (stage_io.state_key).
+    state = {"checkpoint_root": p["checkpoint_root"]}
 
     with dsl.If(p["base_policy"] == "", name="train-policy"):
-        sft = configure(c.sft(shards=shards, **params.stage_values("sft", p)), "sft", TRAIN)
+        sft = configure(
+            c.sft(shards=shards, **params.stage_values("sft", p), **state), "sft", TRAIN
+        )
     with dsl.Else(name="warm-start"):
         # Never cached: a policy promoted again to the same folder must be re-read.
         given = c.check_policy(base_policy=p["base_policy"])
@@ -204,14 +209,14 @@ def _train_and_evaluate(
     # error. Each branch returns a reference to its policy (kfp.local cannot dsl.OneOf
     # artifacts): evaluate and promote stay one task each, whichever branch ran.
     with dsl.If(p["algorithm"] == "dpo", name="algorithm-dpo"):
-        dpo = c.dpo(shards=shards, policy=initial_policy, **params.stage_values("dpo", p))
+        dpo = c.dpo(shards=shards, policy=initial_policy, **params.stage_values("dpo", p), **state)
         configure(dpo, "dpo", TRAIN)
     with dsl.Else(name="algorithm-rl"):
-        reward = c.reward(shards=shards, **params.stage_values("reward", p))
+        reward = c.reward(shards=shards, **params.stage_values("reward", p), **state)
         reward_model = configure(reward, "reward", TRAIN).outputs["model"]
         ppo = c.ppo(
             shards=shards, policy=initial_policy, reward=reward_model,
-            **params.stage_values("ppo", p),
+            **params.stage_values("ppo", p), **state,
         )  # fmt: skip
         configure(ppo, "ppo", TRAIN)
     aligned = dsl.OneOf(dpo.outputs["Output"], ppo.outputs["Output"])

@@ -14,7 +14,9 @@ the same folder, reruns what depends on it.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime
+import hashlib
 import json
 import math
 import os
@@ -83,12 +85,49 @@ def failure_reason(folder: str) -> Iterator[None]:
         raise
 
 
+def code_fingerprint() -> str:
+    """A digest of the stages' code (every ``components`` module): training state saved by
+    other code is not resumed."""
+    import components
+
+    digest = hashlib.sha256()
+    root = os.path.dirname(os.path.abspath(components.__file__))
+    for folder, subfolders, files in os.walk(root):
+        subfolders.sort()
+        for name in sorted(f for f in files if f.endswith(".py")):
+            path = os.path.join(folder, name)
+            digest.update(os.path.relpath(path, root).encode())
+            with open(path, "rb") as source:
+                digest.update(source.read())
+    return digest.hexdigest()
+
+
+def state_key(config: Any, inputs: dict[str, str]) -> str:
+    """The key of a training task's durable state: a digest of its config, its inputs (URIs
+    and references, which carry fingerprints) and the stages' code.
+
+    What determines the training and nothing else, so every attempt at it finds its state:
+    a retried pod, a preempted Vertex job, a resubmitted run (upstream tasks from the
+    cache keep their output URIs). Training is deterministic from these, so resuming
+    another attempt's state ends where an uninterrupted run would. A run id as the key
+    would do the same for retries, but as a task input it would change every run's cache
+    key, so no training task would ever come from the cache.
+    """
+    payload = {
+        "config": dataclasses.asdict(config),
+        "inputs": inputs,
+        "code": code_fingerprint(),
+    }
+    text = json.dumps(payload, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:24]
+
+
 @contextlib.contextmanager
 def training_state(
-    checkpoint_root: str, run_key: str, task_key: str, output_uri: str
+    checkpoint_root: str, stage: str, config: Any, inputs: dict[str, str], output_uri: str
 ) -> Iterator[str]:
-    """Keep the stage's training state at ``<checkpoint_root>/<run_key>/<task_key>`` while it
-    runs (``checkpoint.training_state_dir`` reads it); yields that folder.
+    """Keep the stage's training state at ``<checkpoint_root>/<stage>/<state_key>`` while
+    it runs (``checkpoint.training_state_dir`` reads it); yields that folder.
 
     ``checkpoint_root`` '' keeps today's place, the output artifact's ``work/checkpoints``,
     which only a local artifact makes durable: with a remote ``output_uri`` (gs://, minio://)
@@ -107,7 +146,8 @@ def training_state(
             )
         yield ""
         return
-    directory = checkpoint.keyed_state_dir(checkpoint_root, run_key, task_key)
+    key = state_key(config, inputs)
+    directory = checkpoint.keyed_state_dir(checkpoint_root, stage, key)
     previous = os.environ.get(checkpoint.CHECKPOINT_DIR_ENV)
     os.environ[checkpoint.CHECKPOINT_DIR_ENV] = directory
     try:

@@ -87,7 +87,7 @@ def test_export_and_load_model_with_nnx_params(tmp_path):
 
 # ---- where training state lives ----------------------------------------------------------
 # Kill and resume of a real process: tests/test_durable_checkpoints.py (the trainer's loop,
-# state keyed by run and task, a new output folder) and tests/test_reward_processes.py (a
+# state keyed by stage and inputs, a new output folder) and tests/test_reward_processes.py (a
 # whole stage, state in its artifact).
 
 
@@ -95,23 +95,22 @@ def test_training_state_dir_is_the_durable_folder_when_set(tmp_path, monkeypatch
     artifact = str(tmp_path / "model")
     monkeypatch.delenv(ckpt.CHECKPOINT_DIR_ENV, raising=False)
     assert ckpt.training_state_dir(artifact) == ckpt.work_checkpoint_dir(artifact)
-    keyed = ckpt.keyed_state_dir("gs://bucket/ckpt/", "0c1d-9f", "reward")
-    assert keyed == "gs://bucket/ckpt/0c1d-9f/reward"
+    keyed = ckpt.keyed_state_dir("gs://bucket/ckpt/", "reward", "0c1d9f")
+    assert keyed == "gs://bucket/ckpt/reward/0c1d9f"
     monkeypatch.setenv(ckpt.CHECKPOINT_DIR_ENV, keyed)
     assert ckpt.training_state_dir(artifact) == keyed
-    assert ckpt.keyed_state_dir("runs/ckpt", "7", "sft") == os.path.abspath("runs/ckpt/7/sft")
+    assert ckpt.keyed_state_dir("runs/ckpt", "sft", "7") == os.path.abspath("runs/ckpt/sft/7")
 
 
 @pytest.mark.parametrize(
-    ("root", "run_key", "task_key", "message"),
+    ("root", "stage", "key", "message"),
     [
-        ("", "1", "sft", "checkpoint_root: '' has no keyed folders"),
-        ("gs://b/c", "../other", "sft", "run key '../other' is not a folder name"),
-        ("gs://b/c", "1", "ppo/x", "task key 'ppo/x' is not a folder name"),
-        ("gs://b/c", "1", "{{$.pipeline_task_name}}", "task key arrived unresolved"),
-        ("/gcs/b/c", "1", "sft", "Cloud Storage FUSE mount"),
+        ("", "sft", "0c1d9f", "checkpoint_root: '' has no keyed folders"),
+        ("gs://b/c", "../other", "0c1d9f", "stage '../other' is not a folder name"),
+        ("gs://b/c", "ppo", "a/b", "key 'a/b' is not a folder name"),
+        ("/gcs/b/c", "sft", "0c1d9f", "Cloud Storage FUSE mount"),
     ],
 )
-def test_keyed_state_dir_refuses_what_is_no_folder(root, run_key, task_key, message):
+def test_keyed_state_dir_refuses_what_is_no_folder(root, stage, key, message):
     with pytest.raises(ValueError, match=message):
-        ckpt.keyed_state_dir(root, run_key, task_key)
+        ckpt.keyed_state_dir(root, stage, key)

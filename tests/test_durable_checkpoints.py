@@ -1,7 +1,7 @@
-"""Durable training state: keyed by run and task outside the output artifact, resumed by a
-retried attempt with a new output folder (a real process, killed), never by another run."""
+"""Durable training state: outside the output artifact, keyed by what determines the
+training (config, inputs, code); resumed by a retried attempt with a new output folder (a
+real process, killed), never by a training from other inputs."""
 
-# No `from __future__ import annotations`: kfp reads the test component's real annotations.
 import os
 import signal
 import subprocess
@@ -65,16 +65,28 @@ def train(shards: str, output: str, step_sleep: float = 0.0):
     )  # fmt: skip
 
 
-def attempt(shards: str, output: str, root: str, run_key: str, step_sleep: float = 0.0):
-    """One attempt of the task, as a pipeline component runs it: state keyed by run and task."""
-    with stage_io.training_state(root, run_key, "train", output):
+def _config(seed: int):
+    from components.core.trainer import TrainConfig
+
+    return TrainConfig(seed=seed)
+
+
+def attempt(shards: str, output: str, root: str, seed: int = 0, step_sleep: float = 0.0):
+    """One attempt of the task, as a pipeline component runs it: its state keyed by its
+    config (here only the seed differs: a stand-in for any other input) and inputs."""
+    with stage_io.training_state(root, "demo", _config(seed), {"shards": shards}, output):
         return train(shards, output, step_sleep)
 
 
-def _launch(shards: str, output: str, root: str, run_key: str, step_sleep: float):
+def _state(root: str, shards: str, seed: int = 0) -> str:
+    key = stage_io.state_key(_config(seed), {"shards": shards})
+    return ckpt.keyed_state_dir(root, "demo", key)
+
+
+def _launch(shards: str, output: str, root: str, step_sleep: float):
     code = (
         f"import sys; sys.path[:0] = [{TESTS_DIR!r}, {REPO!r}]; import test_durable_checkpoints"
-        f" as t; t.attempt({shards!r}, {output!r}, {root!r}, {run_key!r}, {step_sleep})"
+        f" as t; t.attempt({shards!r}, {output!r}, {root!r}, 0, {step_sleep})"
     )
     env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
     env.update(TF_CPP_MIN_LOG_LEVEL="3", JAX_PLATFORMS="cpu")
@@ -96,14 +108,14 @@ def _steps(folder: str) -> list[int]:
     return sorted(int(name) for name in names if name.isdigit())
 
 
-def test_killed_task_resumes_from_its_run_key_in_a_new_output(tmp_path):
+def test_killed_task_resumes_from_its_key_in_a_new_output(tmp_path):
     from test_input_pipeline import numbered_shards
 
     shards = numbered_shards(tmp_path / "shards", num_shards=2, per_shard=20)
     root = str(tmp_path / "bucket")  # a folder standing in for gs://bucket/checkpoints
     first, second = str(tmp_path / "attempt-1"), str(tmp_path / "attempt-2")
-    state = ckpt.keyed_state_dir(root, "run-a", "train")
-    victim = _launch(shards, first, root, "run-a", 0.4)
+    state = _state(root, shards)
+    victim = _launch(shards, first, root, 0.4)
     deadline = time.time() + 120
     while not _steps(state):
         assert victim.poll() is None, victim.communicate()[0].decode()[-3000:]
@@ -117,11 +129,11 @@ def test_killed_task_resumes_from_its_run_key_in_a_new_output(tmp_path):
     # The killed attempt's artifact never held its state: the launcher would not upload it.
     assert not os.path.exists(ckpt.work_checkpoint_dir(first))
 
-    # Another run of the same task (same root, same task name) starts from step 0: it is
-    # the uninterrupted run. Then the retry: same run and task, a new output folder.
-    fresh = attempt(shards, str(tmp_path / "run-b"), root, "run-b")
+    # The uninterrupted run: the same training in a root of its own. Then the retry: the
+    # same config and inputs (so the same key), a new output folder.
+    fresh = attempt(shards, str(tmp_path / "fresh"), str(tmp_path / "other-bucket"))
     assert fresh.resumed_from is None and fresh.step == STEPS
-    resumed = attempt(shards, second, root, "run-a")
+    resumed = attempt(shards, second, root)
     assert resumed.resumed_from == killed_at[-1] > 0 and resumed.step == STEPS
     steps = [record["step"] for record in read_metrics(second)]
     assert steps == list(range(killed_at[-1] + 1, STEPS + 1))
@@ -129,27 +141,41 @@ def test_killed_task_resumes_from_its_run_key_in_a_new_output(tmp_path):
     assert len(got) == len(want) > 3
     for a, b in zip(got, want, strict=True):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
-    assert _steps(state)[-1] == _steps(ckpt.keyed_state_dir(root, "run-b", "train"))[-1] == STEPS
+    assert _steps(state)[-1] == STEPS
     assert not os.path.exists(ckpt.work_checkpoint_dir(second))
+    # Another config (another seed) is another training: it starts from step 0 beside it.
+    other = attempt(shards, str(tmp_path / "seed-1"), root, seed=1)
+    assert other.resumed_from is None and _steps(_state(root, shards, seed=1))[-1] == STEPS
 
 
 def test_training_state_sets_the_folder_for_the_stage_and_restores_it(tmp_path, monkeypatch):
     monkeypatch.delenv(ckpt.CHECKPOINT_DIR_ENV, raising=False)
     artifact = str(tmp_path / "model")
-    with stage_io.training_state(str(tmp_path / "ckpt"), "4711", "ppo", artifact) as folder:
-        assert folder == str(tmp_path / "ckpt" / "4711" / "ppo")
+    config, inputs = _config(0), {"shards": "gs://b/shards", "policy": '{"uri": "gs://b/p"}'}
+    key = stage_io.state_key(config, inputs)
+    with stage_io.training_state(str(tmp_path / "ckpt"), "ppo", config, inputs, artifact) as folder:
+        assert folder == str(tmp_path / "ckpt" / "ppo" / key)
         assert ckpt.training_state_dir(artifact) == folder
     assert ckpt.training_state_dir(artifact) == ckpt.work_checkpoint_dir(artifact)
     # No root: today's place, inside a local artifact; refused for an artifact on the cloud.
-    with stage_io.training_state("", "4711", "ppo", artifact) as folder:
+    with stage_io.training_state("", "ppo", config, inputs, artifact) as folder:
         assert folder == "" and ckpt.training_state_dir(artifact).startswith(artifact)
     with pytest.raises(ValueError, match="checkpoint_root: '' keeps training state inside"):
-        with stage_io.training_state("", "", "", "gs://b/root/ppo_1/model"):
-            pass
-    with pytest.raises(ValueError, match=r"run key arrived unresolved \(\{\{\$.pipeline_job"):
-        with stage_io.training_state("gs://b/c", "{{$.pipeline_job_uuid}}", "ppo", artifact):
+        with stage_io.training_state("", "ppo", config, inputs, "gs://b/root/ppo_1/model"):
             pass
     assert os.environ.get(ckpt.CHECKPOINT_DIR_ENV) is None
+
+
+def test_the_key_follows_what_determines_the_training(monkeypatch):
+    """Same config, inputs and code: the same key (a retry, a resubmitted run, another run
+    whose upstream came from the cache); any of them changed: another key."""
+    config, inputs = _config(0), {"shards": "gs://b/run1/shards"}
+    key = stage_io.state_key(config, inputs)
+    assert stage_io.state_key(_config(0), dict(inputs)) == key and len(key) == 24
+    assert stage_io.state_key(_config(1), inputs) != key
+    assert stage_io.state_key(config, {"shards": "gs://b/run2/shards"}) != key
+    monkeypatch.setattr(stage_io, "code_fingerprint", lambda: "other code")
+    assert stage_io.state_key(config, inputs) != key
 
 
 def test_checkpoint_root_parameter_checks():
@@ -167,26 +193,3 @@ def test_checkpoint_root_parameter_checks():
     assert params.with_cloud_checkpoint_root(given, "gs://b/root") == given
     with pytest.raises(params.ParamError, match="not on Cloud Storage"):
         params.with_cloud_checkpoint_root({"checkpoint_root": "/tmp/state"}, "gs://b/root")
-
-
-def test_kfp_local_resolves_the_run_and_task_keys(tmp_path):
-    """The placeholders the training tasks take, resolved as kfp.local runs them: the task's
-    name, and one id per run (a second run of the same pipeline gets another)."""
-    from kfp import dsl, local
-
-    from pipelines.components import training_state_inputs
-
-    @dsl.component(base_image="python:3.11", install_kfp_package=False)
-    def keyed(checkpoint_root: str, run_key: str, task_key: str) -> str:
-        return f"{checkpoint_root}/{run_key}/{task_key}"
-
-    @dsl.pipeline(name="keys")
-    def keys(checkpoint_root: str = "/bucket") -> str:
-        return keyed(**training_state_inputs(checkpoint_root)).output
-
-    local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(tmp_path))
-    first, second = keys().output, keys().output
-    assert first.startswith("/bucket/") and first.endswith("/keyed")
-    run_key = first.split("/")[2]
-    assert run_key.isdigit() and "{{" not in first and second != first
-    assert ckpt.keyed_state_dir("/bucket", run_key, "keyed") == first

@@ -48,7 +48,11 @@ def test_submit_vertex_pipeline_job(vertex_job):
     assert kwargs["display_name"] == "alignpipe"
     assert kwargs["project"] == "proj" and kwargs["location"] == "us-central1"
     assert kwargs["pipeline_root"] == "gs://bucket/runs"
-    assert kwargs["parameter_values"] == {"ppo_iterations": 50}
+    # Training state goes to the pipeline root unless checkpoint_root is given.
+    assert kwargs["parameter_values"] == {
+        "ppo_iterations": 50,
+        "checkpoint_root": "gs://bucket/runs/checkpoints",
+    }
     # None keeps the compiled per-task caching (listings off, --fresh-from); True would not.
     assert kwargs["enable_caching"] is None
     assert kwargs["labels"] == {
@@ -74,6 +78,7 @@ def test_schedule_vertex_pipeline_job_schedule(vertex_job):
         "data_uri": "gs://b/prefs/*.jsonl",
         "base_policy": "gs://b/promoted",
         "promoted_policy_uri": "gs://b/promoted",
+        "checkpoint_root": "gs://bucket/runs/checkpoints",
     }
     schedule.assert_called_once_with(
         pipeline_job=vertex_job.return_value,
@@ -98,7 +103,8 @@ def test_submit_and_schedule_gke_with_the_kfp_client():
         client_cls.assert_called_with(host="https://kfp.example.com")
         args, kwargs = client.create_run_from_pipeline_package.call_args
         assert kwargs == {
-            "arguments": {"kl_coef": 0.05}, "run_name": "alignpipe", "experiment_name": "alignpipe",
+            "arguments": {"kl_coef": 0.05, "checkpoint_root": "gs://bucket/runs/checkpoints"},
+            "run_name": "alignpipe", "experiment_name": "alignpipe",
             "pipeline_root": "gs://bucket/runs", "enable_caching": None, "service_account": None,
             "namespace": None,
         }  # fmt: skip
@@ -110,7 +116,8 @@ def test_submit_and_schedule_gke_with_the_kfp_client():
         kwargs = client.create_recurring_run.call_args.kwargs
     assert kwargs["experiment_id"] == "exp-1"
     assert kwargs["cron_expression"] == "0 30 2 * * *"  # KFP cron leads with seconds
-    assert kwargs["max_concurrency"] == 1 and kwargs["params"] == {}
+    assert kwargs["max_concurrency"] == 1
+    assert kwargs["params"] == {"checkpoint_root": "gs://bucket/runs/checkpoints"}
     assert kwargs["pipeline_package_path"].endswith(".yaml")
 
 
@@ -121,7 +128,10 @@ def test_submit_run_preset_v5p_32_7b_to_vertex_and_gke(vertex_job):
     preset = RUN_PRESETS["v5p-32-7b"].pipeline_params()
     assert main(["submit", *VERTEX, "--run-preset", "v5p-32-7b"]) == 0
     kwargs = vertex_job.call_args.kwargs
-    assert kwargs["parameter_values"] == preset
+    assert kwargs["parameter_values"] == {
+        **preset,
+        "checkpoint_root": "gs://bucket/runs/checkpoints",
+    }
     assert kwargs["labels"]["tpu_hosts"] == "4" and kwargs["labels"]["tpu_topology"] == "2x2x4"
     ppo = vertex_job.seen["spec"]["deploymentSpec"]["executors"]["exec-ppo"]["container"]
     assert '"tpu_topology": "2x2x4"' in ppo["args"][ppo["args"].index("--payload") + 1]
@@ -130,7 +140,8 @@ def test_submit_run_preset_v5p_32_7b_to_vertex_and_gke(vertex_job):
         client = client_cls.return_value
         client.create_run_from_pipeline_package.side_effect = _spec_reader(seen)
         assert main(["submit", *GKE, "--run-preset", "v5p-32-7b"]) == 0
-    assert client.create_run_from_pipeline_package.call_args.kwargs["arguments"] == preset
+    arguments = client.create_run_from_pipeline_package.call_args.kwargs["arguments"]
+    assert arguments == {**preset, "checkpoint_root": "gs://bucket/runs/checkpoints"}
     ppo = seen["spec"]["deploymentSpec"]["executors"]["exec-ppo"]["container"]
     assert ppo["command"][-1] == "pipelines.jobset_launcher"
 

@@ -9,10 +9,11 @@ after a kill the latest step it lists is complete and a restarted stage resumes
 from it by itself.
 
 Where that folder is: ``$ALIGNPIPE_CHECKPOINT_DIR`` when set, else
-``<artifact>/work/checkpoints``. The pipeline sets it to ``<checkpoint_root>/<run
-key>/<task key>`` (:func:`keyed_state_dir`): a durable folder outside the output
-artifact, which the KFP launcher uploads only after success, so a retried or
-preempted attempt of the same task resumes from it, a new output folder or not.
+``<artifact>/work/checkpoints``. The pipeline sets it to ``<checkpoint_root>/<stage>/<key>``
+(:func:`keyed_state_dir`), the key a digest of what determines the training (config,
+inputs, code): a durable folder outside the output artifact, which the KFP launcher
+uploads only after success, so a retried or preempted attempt of the same task resumes
+from it, a new output folder or not.
 A ``gs://`` folder is written by Orbax itself (tensorstore for the arrays, etils
 ``epath`` over TensorFlow's GCS filesystem for the metadata; the job's service
 account needs object read, write and delete on the bucket). There a step is final
@@ -79,7 +80,7 @@ def work_checkpoint_dir(artifact_dir: str) -> str:
 def training_state_dir(artifact_dir: str) -> str:
     """Where this process's stage keeps its resumable training state.
 
-    ``$ALIGNPIPE_CHECKPOINT_DIR`` when set (a durable folder keyed by run and task, see
+    ``$ALIGNPIPE_CHECKPOINT_DIR`` when set (a durable folder keyed by stage and inputs, see
     :func:`keyed_state_dir`), else ``<artifact_dir>/work/checkpoints``.
     """
     return os.environ.get(CHECKPOINT_DIR_ENV, "").strip() or work_checkpoint_dir(artifact_dir)
@@ -106,28 +107,20 @@ def check_checkpoint_root(root: str, name: str = "checkpoint_root") -> None:
         )
 
 
-def keyed_state_dir(root: str, run_key: str, task_key: str) -> str:
-    """``<root>/<run_key>/<task_key>``: one task's training state in one pipeline run.
-
-    Every attempt of that task in that run (a retry, a preempted pod's replacement)
-    finds the same folder and resumes from it; another run's key never does.
-    """
+def keyed_state_dir(root: str, stage: str, key: str) -> str:
+    """``<root>/<stage>/<key>``: the training state of one stage trained from one set of
+    inputs; every attempt at that training (a retry, a preempted pod's replacement, a
+    rerun of the same inputs) finds the same folder and resumes from it."""
     check_checkpoint_root(root)
     if not root:
         raise ValueError("checkpoint_root: '' has no keyed folders; pass a folder or gs:// URI")
-    for name, key in (("run key", run_key), ("task key", task_key)):
-        if key.startswith("{{$"):
+    for name, part in (("stage", stage), ("key", key)):
+        if not _KEY.match(part):
             raise ValueError(
-                f"the {name} arrived unresolved ({key}): this backend does not resolve KFP "
-                "placeholders in task inputs (Kubeflow Pipelines does from 2.4, Vertex AI "
-                "and kfp.local do); upgrade the backend, or set checkpoint_root to ''"
-            )
-        if not _KEY.match(key):
-            raise ValueError(
-                f"the {name} {key!r} is not a folder name (letters, digits, '.', '_', '-', "
+                f"the {name} {part!r} is not a folder name (letters, digits, '.', '_', '-', "
                 "at most 128, starting with a letter or digit)"
             )
-    return fileio.join(_abs(root), run_key, task_key)
+    return fileio.join(_abs(root), stage, key)
 
 
 @dataclasses.dataclass(slots=True, kw_only=True)
