@@ -21,6 +21,7 @@ import json
 import math
 import os
 import shutil
+import sys
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -55,6 +56,8 @@ def write_metrics(metrics: Any, stage: str, summary: dict[str, Any], started: fl
     The file matters: kfp.local counts a cached task as a miss when an output artifact
     has no file, and a Metrics artifact filled only by ``log_metric`` has none.
     """
+    if not _primary_host():
+        return
     values = scalar_metrics(summary)
     for name, value in values.items():
         metrics.log_metric(name, value)
@@ -66,6 +69,23 @@ def write_metrics(metrics: Any, stage: str, summary: dict[str, Any], started: fl
     }
     metrics.metadata["executed_at"] = record["executed_at"]
     fileio.write_text(metrics.path, json.dumps(record, indent=2, sort_keys=True))
+
+
+def _primary_host() -> bool:
+    """Whether this process writes the task's outputs: on a multi-host slice every host runs
+    the task's executor (a Vertex TPU custom job runs the container on each VM, a JobSet a
+    pod per host), and only host 0 may write, or they would all write the same files. The
+    others tell KFP's executor so through ``CLUSTER_SPEC``: it writes its output file only
+    for a chief ('workerpool0', 'chief', 'master'; kfp/dsl/executor.py)."""
+    if "jax" not in sys.modules:  # a task without JAX runs on one host
+        return True
+    import jax
+
+    if jax.process_index() == 0:
+        return True
+    task = {"type": "workerpool1", "index": jax.process_index()}
+    os.environ["CLUSTER_SPEC"] = json.dumps({"task": task})
+    return False
 
 
 @contextlib.contextmanager

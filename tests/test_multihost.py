@@ -6,6 +6,7 @@ each device holding 1/8 of every tensor, chunks split across the two processes).
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -265,3 +266,23 @@ def test_detect_cluster():
         )
     # On this single host, maybe_initialize does nothing.
     assert distributed.maybe_initialize(env={}).kind == "single"
+
+
+def test_only_host_0_writes_a_tasks_outputs(tmp_path, monkeypatch):
+    """On a multi-host slice every host runs the task's executor: the others write no metrics
+    and tell KFP's executor (CLUSTER_SPEC) not to write its output file."""
+    import jax
+    from kfp.dsl import Metrics
+
+    from pipelines import stage_io
+
+    monkeypatch.delenv("CLUSTER_SPEC", raising=False)
+    metrics = Metrics(uri=str(tmp_path / "metrics"))
+    metrics.path = str(tmp_path / "host0.json")
+    stage_io.write_metrics(metrics, "ppo", {"loss": 1.0}, started=0.0)
+    assert os.path.exists(metrics.path) and "CLUSTER_SPEC" not in os.environ
+    monkeypatch.setattr(jax, "process_index", lambda: 2)
+    metrics.path = str(tmp_path / "host2.json")
+    stage_io.write_metrics(metrics, "ppo", {"loss": 1.0}, started=0.0)
+    assert not os.path.exists(metrics.path)
+    assert json.loads(os.environ["CLUSTER_SPEC"])["task"]["type"] == "workerpool1"
