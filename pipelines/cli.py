@@ -58,7 +58,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args, rest = parser.parse_known_args(argv)
     if rest and not getattr(args, "accepts_extra", False):
-        parser.error(f"unrecognized arguments: {' '.join(rest)}")
+        hint = ""
+        if any(not arg.startswith("-") for arg in rest):  # a glob the shell expanded
+            hint = "; quote globs so the shell leaves them alone: --data-uri 'data/*.jsonl'"
+        parser.error(f"unrecognized arguments: {' '.join(rest)}{hint}")
     return int(args.handler(args, rest) or 0)
 
 

@@ -150,3 +150,13 @@ def test_the_log_capture_takes_prints_logging_and_stderr(tmp_path, capsys):
     assert "executor line" in text and "\x1b[" not in text
     assert "root record" in text and "stderr line" in text
     assert capsys.readouterr() == ("", "")
+
+
+def test_a_glob_the_shell_expanded_gets_a_hint(capsys):
+    from pipelines.cli import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["run", "--data-uri", "data/a.jsonl", "data/b.jsonl"])
+    assert exit_.value.code == 2
+    error = capsys.readouterr().err
+    assert "unrecognized arguments: data/b.jsonl; quote globs" in error
