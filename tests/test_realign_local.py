@@ -77,6 +77,7 @@ def test_scheduled_runs_drift_skip_roll_back_and_stop_at_the_anchor_limit(
         write_jsonl(str(tmp_path / "data" / f"week-{week}.jsonl"), 150, seed=week)
         result = _run(tmp_path, root)
         assert result.executed == TRAINED
+        assert result.stages["sft"].task == "check-policy"  # the warm start stands for sft
         figures = result.figures()
         assert figures["blessed"] == 1.0 and figures["status"] == "evaluated"
         assert bool(figures["anchor_is_reference"]) is (week == 1)  # week 1 starts at the anchor
