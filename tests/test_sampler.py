@@ -1,4 +1,5 @@
-"""KV-cache sampler: matches full recomputation, stops at EOS, samples reproducibly."""
+"""KV-cache sampler: matches full recomputation, stops at EOS (and stops decoding once every
+sequence has), samples reproducibly, keeps its cache in the compute dtype."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from components.core import parallel
 from components.core.model import Transformer, model_config
 from components.core.sampler import filter_logits, generate, generate_without_cache
 
@@ -138,6 +140,88 @@ def test_generate_under_pmap(split, prompts, greedy):
         replicated, shard(prompts[0]), shard(prompts[1]), rngs
     )
     np.testing.assert_array_equal(out.tokens.reshape(greedy.tokens.shape), greedy.tokens)
+
+
+def ending_token(tokens: np.ndarray) -> tuple[int, int]:
+    """The token every row emits soonest (as EOS it ends them all), and the step at which the
+    last row first emits it."""
+    firsts = {
+        int(value): max(int(np.flatnonzero(row == value)[0]) for row in tokens)
+        for value in np.unique(tokens)
+        if all((row == value).any() for row in tokens)
+    }
+    eos_id = min(firsts, key=firsts.get)
+    return eos_id, firsts[eos_id]
+
+
+def assert_ended_at_eos(out, full, eos_id: int, atol: float = 0.0) -> None:
+    """``out`` is the EOS-free run ``full`` with each row ended at its first ``eos_id``."""
+    full_tokens = np.asarray(full.tokens)
+    for row, tokens in enumerate(full_tokens):
+        end = int(np.flatnonzero(tokens == eos_id)[0]) + 1 if eos_id in tokens else len(tokens)
+        expected = np.where(np.arange(len(tokens)) < end, tokens, PAD_ID)
+        np.testing.assert_array_equal(out.tokens[row], expected)
+        np.testing.assert_array_equal(out.mask[row], np.arange(len(tokens)) < end)
+        np.testing.assert_allclose(out.logprobs[row, :end], full.logprobs[row, :end], atol=atol)
+        assert not np.any(out.logprobs[row, end:])
+
+
+def test_decoding_stops_once_every_sequence_has_ended(split, prompts, greedy, monkeypatch):
+    """The decode loop runs until the last row's EOS, and its outputs are the full loop's."""
+    rows = 3  # the fixture's first three rows all end early under one EOS id
+    eos_id, last_end = ending_token(np.asarray(greedy.tokens[:rows]))
+    assert last_end < NEW_TOKENS - 2, "no EOS id ends every row early: the test means nothing"
+    steps = []
+    decode = Transformer.decode
+
+    def counted(self, tokens, cache):
+        jax.debug.callback(lambda: steps.append(1))
+        return decode(self, tokens, cache)
+
+    monkeypatch.setattr(Transformer, "decode", counted)
+    graphdef, params = split
+    settings = dict(max_new_tokens=NEW_TOKENS, eos_id=eos_id, pad_id=PAD_ID, temperature=0.0)
+    run = jax.jit(lambda p, t, m: generate((graphdef, p), t, m, jax.random.key(0), **settings))
+    out = jax.block_until_ready(run(params, prompts[0][:rows], prompts[1][:rows]))
+    jax.effects_barrier()
+    assert len(steps) == last_end < NEW_TOKENS - 1  # the first token comes from the prefill
+    full = jax.tree.map(lambda x: x[:rows], greedy)
+    assert_ended_at_eos(out, full, eos_id)
+
+
+@pytest.mark.timeout(120)  # devices disagreeing on when to stop would hang in a collective
+def test_early_stop_with_sharded_params_agrees_across_devices(split, prompts, greedy):
+    """fsdp gathers layers at every decode step: a device whose rows ended keeps stepping."""
+    graphdef, params = split
+    eos_id, last_end = ending_token(np.asarray(greedy.tokens[:2]))  # device 0's rows
+    devices = jax.local_devices()[:2]
+
+    def rollout(params, tokens, mask):
+        return generate(
+            (graphdef, params), tokens, mask, jax.random.key(0),
+            max_new_tokens=NEW_TOKENS, eos_id=eos_id, pad_id=PAD_ID, temperature=0.0,
+        )  # fmt: skip
+
+    shard = lambda x: x.reshape(len(devices), -1, *x.shape[1:])  # noqa: E731
+    sharded = parallel.place(params, sharded=True, devices=devices)
+    out = jax.pmap(rollout, axis_name="data", devices=devices)(sharded, *map(shard, prompts))
+    out = jax.tree.map(lambda x: np.asarray(x).reshape(greedy.tokens.shape), out)
+    lengths = out.mask.sum(axis=-1)
+    assert lengths[:2].max() == last_end + 1 < lengths[2:].max()  # device 0 ends first
+    assert_ended_at_eos(out, greedy, eos_id, atol=1e-5)  # gathered weights: other fusions
+
+
+def test_kv_cache_is_in_the_compute_dtype(prompts):
+    model = Transformer(model_config("tiny", VOCAB, dtype="bfloat16"), rngs=nnx.Rngs(0))
+    graphdef, params = nnx.split(model, nnx.Param)
+
+    def prefill_and_decode(params, tokens, mask):
+        model = nnx.merge(graphdef, params)
+        _, cache = model.prefill(tokens, mask, cache_size=12)
+        return model.decode(tokens[:, -1], cache)[1]
+
+    cache = jax.eval_shape(prefill_and_decode, params, *prompts)
+    assert cache.k.dtype == cache.v.dtype == jnp.bfloat16
 
 
 @pytest.mark.parametrize(

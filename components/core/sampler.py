@@ -1,4 +1,10 @@
-"""Autoregressive sampling with a KV cache: one prefill, then a fixed-length ``lax.scan`` decode.
+"""Autoregressive sampling with a KV cache: one prefill, then a decode loop that stops early.
+
+The decode is a ``lax.while_loop`` that ends when every sequence has emitted EOS (or
+after ``max_new_tokens``): the outputs keep their fixed shape [B, N], and the steps it
+skips would only have written pads, so the results are those of the full-length loop.
+With parameters sharded over devices (fsdp.py) each step gathers layers from every
+device, so all devices run until the last sequence on any of them has ended.
 
 Everything here is a pure function of ``(graphdef, params, arrays)`` with the
 sampling settings as Python values, so it can be ``jax.jit``-ed (settings static)
@@ -24,7 +30,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from components.core import fsdp
-from components.core.model import Transformer
+from components.core.model import KVCache, Transformer
 
 ModelOrSplit = Transformer | tuple[nnx.GraphDef, nnx.State]
 
@@ -103,6 +109,35 @@ def _choose(
     return token, logprob, mask, done | (token == settings.eos_id)
 
 
+class _Decoding(NamedTuple):
+    """The decode loop's carry: next step, last token, which rows ended, the cache, outputs."""
+
+    index: jax.Array  # [] int32: the response position this step writes
+    token: jax.Array  # [B] int32: the token fed to this step
+    done: jax.Array  # [B] bool
+    all_done: jax.Array  # [] bool: every row ended (on every device sharing sharded params)
+    cache: KVCache
+    columns: SampleOutput  # [N, B] each
+
+
+def _sharded_axes(params: nnx.State) -> tuple[str, ...]:
+    """The device axes the parameters are sharded over (fsdp.Sharded chunks); () if none."""
+    leaves = jax.tree.leaves(params, is_leaf=lambda node: isinstance(node, fsdp.Sharded))
+    return tuple(sorted({leaf.axis for leaf in leaves if isinstance(leaf, fsdp.Sharded)}))
+
+
+def _all_done(done: jax.Array, axes: tuple[str, ...]) -> jax.Array:
+    """Whether no row is still running, here and on every device of ``axes``.
+
+    Sharded parameters are gathered from every device at each decode step, so those
+    devices must agree on when to stop: the running rows are counted over them.
+    """
+    running = jnp.sum((~done).astype(jnp.int32))
+    for axis in axes:
+        running = jax.lax.psum(running, axis)
+    return running == 0
+
+
 def generate(
     model: ModelOrSplit,
     prompt_tokens: jax.Array,
@@ -115,11 +150,14 @@ def generate(
     temperature: float = 1.0,
     top_k: int = 0,
     top_p: float = 1.0,
+    stop_when_done: bool = True,
 ) -> SampleOutput:
     """Sample ``max_new_tokens`` after LEFT-padded prompts [B, P] with a KV cache.
 
     ``temperature == 0`` is greedy; ``top_k=0`` and ``top_p=1.0`` disable those filters.
-    After a sequence emits ``eos_id`` it emits ``pad_id`` with mask 0.
+    After a sequence emits ``eos_id`` it emits ``pad_id`` with mask 0. The decode stops
+    once every sequence has ended; ``stop_when_done=False`` runs all ``max_new_tokens``
+    steps (same outputs: tests and benchmarks measure the difference).
     """
     _check_settings(max_new_tokens, temperature, top_k, top_p)
     graphdef, params = _as_split(model)
@@ -134,29 +172,52 @@ def generate(
         )
     settings = _Settings(eos_id, pad_id, temperature, top_k, top_p)
     keys = jax.random.split(rng, max_new_tokens)
-
     # The last sampled token is never fed back, so the cache needs N - 1 decode slots.
     hidden, cache = model.prefill(prompt_tokens, prompt_mask, prompt_len + max_new_tokens - 1)
     logits = model.lm_logits(hidden[:, -1])
     token, logprob, mask, done = _choose(logits, keys[0], jnp.zeros((batch,), bool), settings)
-
-    def step(carry, key):
-        token, done, cache = carry
-        model = nnx.merge(graphdef, params)
-        hidden, cache = model.decode(token, cache)
-        token, logprob, mask, done = _choose(model.lm_logits(hidden), key, done, settings)
-        return (token, done, cache), (token, logprob, mask)
-
-    _, (tokens, logprobs, masks) = jax.lax.scan(step, (token, done, cache), keys[1:])
-
-    def prepend(first: jax.Array, rest: jax.Array) -> jax.Array:
-        return jnp.concatenate([first[:, None], rest.T], axis=1)
-
-    return SampleOutput(
-        tokens=prepend(token, tokens),
-        logprobs=prepend(logprob, logprobs),
-        mask=prepend(mask, masks),
+    # One row per step ([N, B]); the rows the loop never reaches keep pad / 0 / 0.
+    columns = SampleOutput(
+        tokens=jnp.full((max_new_tokens, batch), pad_id, jnp.int32).at[0].set(token),
+        logprobs=jnp.zeros((max_new_tokens, batch), jnp.float32).at[0].set(logprob),
+        mask=jnp.zeros((max_new_tokens, batch), jnp.int32).at[0].set(mask),
     )
+    axes = _sharded_axes(params)
+    first = _Decoding(jnp.asarray(1, jnp.int32), token, done, _all_done(done, axes), cache, columns)
+    last = _decode((graphdef, params), first, keys, settings, axes, stop_when_done)
+    return SampleOutput(*(column.T for column in last.columns))
+
+
+def _decode(
+    model: tuple[nnx.GraphDef, nnx.State],
+    first: _Decoding,
+    keys: jax.Array,
+    settings: _Settings,
+    axes: tuple[str, ...],
+    stop_when_done: bool,
+) -> _Decoding:
+    """Feed each sampled token back until step ``len(keys)`` or, if asked, every row has ended."""
+    graphdef, params = model
+
+    def running(carry: _Decoding) -> jax.Array:
+        more = carry.index < len(keys)
+        return more & ~carry.all_done if stop_when_done else more
+
+    def step(carry: _Decoding) -> _Decoding:
+        model = nnx.merge(graphdef, params)
+        hidden, cache = model.decode(carry.token, carry.cache)
+        logits = model.lm_logits(hidden)
+        token, logprob, mask, done = _choose(logits, keys[carry.index], carry.done, settings)
+        new = (token, logprob, mask)
+        columns = SampleOutput(
+            *(
+                jax.lax.dynamic_update_index_in_dim(column, value, carry.index, axis=0)
+                for column, value in zip(carry.columns, new, strict=True)
+            )
+        )
+        return _Decoding(carry.index + 1, token, done, _all_done(done, axes), cache, columns)
+
+    return jax.lax.while_loop(running, step, first)
 
 
 def generate_without_cache(
