@@ -3,6 +3,9 @@
 Both steps are built by ``parallel.make_train_step`` in one process (8 virtual CPU
 devices; the 1-device step is pmapped over the first only), on the demo-preset
 Transformer with a next-token loss, and timed alternately so drift hits both alike.
+Each prints its model FLOP/s (6·N·tokens with attention and the output projection at
+every predicting position, benchmarks/_roofline.py) as a fraction of the matmul peak
+measured at the start of the same run.
 
     python benchmarks/bench_pmap.py [--batch 32] [--seq-len 128] [--steps 10]
 """
@@ -20,6 +23,7 @@ import jax  # noqa: E402
 jax.config.update("jax_num_cpu_devices", 8)
 jax.config.update("jax_platforms", "cpu")
 
+import _roofline  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from flax import nnx  # noqa: E402
@@ -53,9 +57,10 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=10, help="timed steps per variant")
     args = parser.parse_args()
 
-    graphdef, params = nnx.split(
-        Transformer(model_config(args.preset, VOCAB), rngs=nnx.Rngs(0)), nnx.Param
-    )
+    peak = _roofline.measure_peak()
+    print(_roofline.describe(peak))
+    config = model_config(args.preset, VOCAB)
+    graphdef, params = nnx.split(Transformer(config, rngs=nnx.Rngs(0)), nnx.Param)
     optimizer = make_optimizer(OptimConfig(learning_rate=1e-4, warmup_steps=0, total_steps=100))
     rng = np.random.default_rng(0)
     batch = {
@@ -79,9 +84,13 @@ def main() -> None:
             if repeat >= 2:
                 times[count].append(time.perf_counter() - start)
     tokens = args.batch * args.seq_len
+    # The loss predicts every position but the last: seq_len - 1 output projections per row.
+    flops = _roofline.train_flops(config, args.batch, args.seq_len, args.seq_len - 1)
     print(
-        f"preset={args.preset} global batch={args.batch} x {args.seq_len} tokens, "
-        f"{len(jax.local_devices())} CPU devices on {os.cpu_count()} cores"
+        f"preset={args.preset} (remat {config.remat}) global batch={args.batch} x "
+        f"{args.seq_len} tokens, "
+        f"{len(jax.local_devices())} CPU devices on {os.cpu_count()} cores, "
+        f"{flops / 1e9:.1f} GFLOP per step"
     )
     rates = {}
     for count, values in times.items():
@@ -89,7 +98,8 @@ def main() -> None:
         rates[count] = 1.0 / seconds
         print(
             f"  {count} device(s): {seconds * 1e3:8.1f} ms/step  {rates[count]:6.2f} steps/s  "
-            f"{tokens * rates[count]:9.0f} tokens/s"
+            f"{tokens * rates[count]:9.0f} tokens/s  "
+            f"{_roofline.of_peak(flops, seconds, peak, config.dtype)}"
         )
     print(f"  ratio 8 devices / 1 device: {rates[8] / rates[1]:.2f}x")
 

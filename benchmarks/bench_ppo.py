@@ -1,16 +1,30 @@
-"""PPO iteration throughput: alignpipe (JAX, pmap over 8 CPU devices) vs TRL's PPOTrainer.
+"""PPO iteration throughput against this machine's peak, and against TRL's PPOTrainer.
 
-Same shapes on both sides: the demo preset's widths (4 layers, width 128, 4 heads,
-2 KV heads, MLP 384, vocabulary 259, tied embeddings) for policy, reference,
-critic and reward model; the same rollout batch, prompt and response lengths,
-PPO epochs and minibatches. Throughput counts (prompt + response) tokens of the
-rollout batch per second of a whole iteration (rollout + update), after warm-up;
-each side reports its FASTEST iteration, the figure least distorted by other load
-on a shared machine. ``ALIGNPIPE_CPU_DEVICES`` sets alignpipe's device count (8).
-TRL needs the ``[bench]`` extra (trl==1.12.0, torch, transformers); without it
-only alignpipe's figures print.
+Two shapes, each printed as rollout, update and total time, tokens/s and model FLOP/s as
+a fraction of the peak measured at the start of the same run (benchmarks/_roofline.py):
 
-    python benchmarks/bench_ppo.py [--iterations 4]
+* demo: the demo preset's widths (4 layers, width 128, 4 heads, 2 KV heads, MLP 384,
+  vocabulary 259, tied embeddings) for policy, reference, critic and reward model,
+  batch 32, prompt 16 + response 32 tokens, 4 PPO epochs x 2 minibatches; side by side
+  with TRL at the same shapes and settings (tokens/s and the ratio);
+* real: responses of 256 tokens after 64-token prompts, a model twice the demo's width
+  (width 256, 2 layers, MLP 768: benchmarks/_shapes.py), same batch and PPO settings, EOS
+  id 2 (random weights end some responses early); alignpipe only.
+
+Throughput counts (prompt + response) tokens of the rollout batch per second of a whole
+iteration (rollout + update), after warm-up; each side reports its FASTEST iteration, the
+figure least distorted by other load on a shared machine. Model FLOPs: the rollout's
+sampling (prefill and the decode steps it ran, over the whole KV cache) and four scoring
+passes (policy and reference log-probs, critic values, reward); the update's
+epochs x (policy + critic) training steps over the whole padded batch (_roofline.py
+gives the formulas). ``ALIGNPIPE_CPU_DEVICES`` sets alignpipe's device count (8). TRL
+needs the ``[bench]`` extra (trl==1.12.0, torch, transformers); without it only
+alignpipe's figures print.
+
+    python benchmarks/bench_ppo.py [--iterations 4] [--real-iterations 2] [--quick]
+
+The whole run took 6 min on the 2-core development machine under other load (load
+average 9); ``--quick`` (2 and 1 timed iterations) about 3.5 min.
 """
 
 from __future__ import annotations
@@ -22,6 +36,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from typing import NamedTuple
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
@@ -30,10 +45,13 @@ import jax  # noqa: E402
 # Before the backend starts: the CPU device count (8 = the stage's local default).
 jax.config.update("jax_num_cpu_devices", int(os.environ.get("ALIGNPIPE_CPU_DEVICES", "8")))
 
+import _roofline  # noqa: E402
 import numpy as np  # noqa: E402
+from _shapes import DEMO, REAL, REAL_PROMPT, REAL_RESPONSE, Shape  # noqa: E402
 from flax import nnx  # noqa: E402
 
 from components.core import parallel  # noqa: E402
+from components.core.model_config import ModelConfig  # noqa: E402
 from components.core.model_io import create_model  # noqa: E402
 from components.ppo import PPOConfig  # noqa: E402
 from components.ppo.loop import host_floats  # noqa: E402
@@ -47,17 +65,27 @@ from components.ppo.rollout import (  # noqa: E402
 from components.ppo.update import PPOState, make_update  # noqa: E402
 
 VOCAB, BATCH, PROMPT, RESPONSE, EPOCHS, MINIBATCHES = 259, 32, 16, 32, 4, 2
-DEMO = dict(dim=128, n_layers=4, n_heads=4, n_kv_heads=2, hidden_dim=384)
+DEMO_SHAPE = Shape("demo", DEMO, BATCH, PROMPT, RESPONSE)
+REAL_SHAPE = Shape("real", REAL, BATCH, REAL_PROMPT, REAL_RESPONSE)
 
 
-def alignpipe_seconds(iterations: int, remat: str) -> tuple[float, float]:
-    """Fastest rollout and update seconds (demo model, every CPU device), after compiling."""
+class Measured(NamedTuple):
+    """alignpipe's fastest rollout and update at one shape, and what they computed."""
+
+    rollout_s: float
+    update_s: float
+    config: ModelConfig  # the policy's (critic, reference and reward model: same shape)
+    decode_steps: list[int]  # per device, in the fastest rollout (fewer if every row ended)
+
+
+def alignpipe_seconds(shape: Shape, iterations: int, remat: str) -> Measured:
+    """Fastest rollout and update seconds at ``shape`` on every CPU device, after compiling."""
     config = PPOConfig(
-        rollout_batch_size=BATCH, minibatches=MINIBATCHES, ppo_epochs=EPOCHS,
-        prompt_len=PROMPT, max_new_tokens=RESPONSE, warmup_steps=0,
+        rollout_batch_size=shape.batch, minibatches=MINIBATCHES, ppo_epochs=EPOCHS,
+        prompt_len=shape.prompt, max_new_tokens=shape.response, warmup_steps=0,
     ).resolved(pretrained=False)  # fmt: skip
-    policy = create_model("demo", VOCAB, scalar_head=False, seed=0, remat=remat)
-    critic = create_model("demo", VOCAB, scalar_head=True, seed=1, remat=remat)
+    policy = create_model("demo", VOCAB, scalar_head=False, seed=0, remat=remat, **shape.model)
+    critic = create_model("demo", VOCAB, scalar_head=True, seed=1, remat=remat, **shape.model)
     policy_graph, policy_params = nnx.split(policy, nnx.Param)
     critic_graph, critic_params = nnx.split(critic, nnx.Param)
     models = Models(policy_graph, critic_graph, critic_graph)
@@ -68,11 +96,11 @@ def alignpipe_seconds(iterations: int, remat: str) -> tuple[float, float]:
     rng = np.random.default_rng(0)
     prompts = parallel.shard_batch(
         {
-            "prompt_tokens": rng.integers(3, VOCAB, (BATCH, PROMPT)).astype(np.int32),
-            "prompt_mask": np.ones((BATCH, PROMPT), np.int32),
+            "prompt_tokens": rng.integers(3, VOCAB, (shape.batch, shape.prompt)).astype(np.int32),
+            "prompt_mask": np.ones((shape.batch, shape.prompt), np.int32),
         }
     )
-    rollout_times, update_times = [], []
+    rollout_times, update_times, decode_steps = [], [], []
     for step in range(iterations + 1):  # the first iteration compiles
         key = jax.random.PRNGKey(step)
         start = time.perf_counter()
@@ -86,7 +114,65 @@ def alignpipe_seconds(iterations: int, remat: str) -> tuple[float, float]:
         if step:
             rollout_times.append(middle - start)
             update_times.append(end - middle)
-    return min(rollout_times), min(update_times)
+            # A device's decode loop ran until its longest response ended: length - 1 steps.
+            lengths = np.asarray(batch["response_mask"]).sum(axis=-1).max(axis=-1)
+            decode_steps.append([int(n) - 1 for n in lengths])
+    fastest = int(np.argmin(rollout_times))
+    return Measured(rollout_times[fastest], min(update_times), policy.config, decode_steps[fastest])
+
+
+def rollout_flops(measured: Measured, shape: Shape) -> tuple[int, int]:
+    """Model FLOPs of one rollout: sampling on every device (prefill and decode steps), and
+    the four scoring passes (policy and reference log-probs, critic values, reward)."""
+    config, rows = measured.config, shape.batch // len(measured.decode_steps)
+    sampling = sum(
+        _roofline.generate_flops(config, rows, shape.prompt, shape.response, steps)
+        for steps in measured.decode_steps
+    )
+    length = shape.prompt + shape.response
+    log_probs = _roofline.forward_flops(config, shape.batch, length, shape.response)
+    values_and_reward = _roofline.forward_flops(config, shape.batch, length)
+    return sampling, 2 * log_probs + 2 * values_and_reward
+
+
+def update_flops(measured: Measured, shape: Shape) -> int:
+    """Model FLOPs of one update: every epoch trains policy and critic on the whole batch."""
+    config, length = measured.config, shape.prompt + shape.response
+    policy = _roofline.train_flops(config, shape.batch, length, shape.response)
+    return EPOCHS * (policy + _roofline.train_flops(config, shape.batch, length))
+
+
+def report(measured: Measured, shape: Shape, peak: _roofline.Peak, remat: str) -> float:
+    """Print rollout, update and total figures; return the iteration's tokens/s."""
+    tokens = shape.batch * (shape.prompt + shape.response)
+    dtype = measured.config.dtype
+    sampling, scoring = rollout_flops(measured, shape)
+    phases = {
+        "rollout": (measured.rollout_s, sampling + scoring),
+        "update": (measured.update_s, update_flops(measured, shape)),
+    }
+    phases["total"] = tuple(sum(values) for values in zip(*phases.values(), strict=True))
+    print(
+        f"alignpipe ({len(measured.decode_steps)} {jax.devices()[0].platform} devices, pmap, "
+        f"remat {remat}, {dtype}; decode steps per device {measured.decode_steps}):"
+    )
+    for name, (seconds, flops) in phases.items():
+        print(
+            f"  {name:<7} {seconds * 1e3:9.1f} ms  {tokens / seconds:9,.0f} tokens/s  "
+            f"{flops / 1e9:8.1f} GFLOP  {_roofline.of_peak(flops, seconds, peak, dtype)}"
+        )
+    print(f"  rollout FLOPs: sampling {sampling / 1e9:.1f} G, scoring {scoring / 1e9:.1f} G")
+    return tokens / phases["total"][0]
+
+
+def describe_shape(shape: Shape) -> str:
+    """The iteration's shape in one line."""
+    model = ", ".join(f"{name} {value}" for name, value in shape.model.items())
+    return (
+        f"PPO iteration, {shape.name} shape: batch {shape.batch}, prompt {shape.prompt} + "
+        f"response {shape.response} tokens, {EPOCHS} epochs x {MINIBATCHES} minibatches, "
+        f"model {model}, vocabulary {VOCAB}"
+    )
 
 
 def trl_seconds(iterations: int) -> float | None:
@@ -161,36 +247,45 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--iterations", type=int, default=4, help="timed iterations per side")
     parser.add_argument(
+        "--real-iterations", type=int, default=2, help="timed iterations at the real shape"
+    )
+    parser.add_argument(
+        "--quick", action="store_true", help="2 timed iterations at the demo shape, 1 at the real"
+    )
+    parser.add_argument(
         "--remat", default="none", choices=["none", "full", "dots_saveable"],
         help="alignpipe's layer remat (TRL runs without gradient checkpointing)",
     )  # fmt: skip
     parser.add_argument("--skip-trl", action="store_true", help="only alignpipe's figures")
+    parser.add_argument("--skip-real", action="store_true", help="only the demo shape")
     parser.add_argument("--trl-only", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.trl_only:  # the child process of trl_in_subprocess: print seconds, nothing else
         print(json.dumps(trl_seconds(args.iterations)))
         return
-    tokens = BATCH * (PROMPT + RESPONSE)
-    print(
-        f"PPO iteration: batch {BATCH}, prompt {PROMPT} + response {RESPONSE} tokens, "
-        f"{EPOCHS} epochs x {MINIBATCHES} minibatches, demo-size model, CPU"
-    )
-    rollout_s, update_s = alignpipe_seconds(args.iterations, args.remat)
-    ours = tokens / (rollout_s + update_s)
-    print(f"alignpipe ({jax.local_device_count()} CPU devices, pmap, remat {args.remat}):")
-    print(f"  rollout {rollout_s * 1e3:8.1f} ms  {tokens / rollout_s:10,.0f} tokens/s")
-    print(f"  update  {update_s * 1e3:8.1f} ms  {tokens / update_s:10,.0f} tokens/s")
-    print(f"  total   {(rollout_s + update_s) * 1e3:8.1f} ms  {ours:10,.0f} tokens/s")
+    if args.quick:
+        args.iterations, args.real_iterations = 2, 1
+    started = time.perf_counter()
+    peak = _roofline.measure_peak()
+    print(_roofline.describe(peak))
+    print(describe_shape(DEMO_SHAPE))
+    measured = alignpipe_seconds(DEMO_SHAPE, args.iterations, args.remat)
+    ours = report(measured, DEMO_SHAPE, peak, args.remat)
     trl_s = None if args.skip_trl else trl_in_subprocess(args.iterations)
     if trl_s is None:
         print("TRL: skipped or not installed (pip install -e '.[bench]'); no ratio")
-        return
-    import torch
+    else:
+        import torch
 
-    theirs = tokens / trl_s
-    print(f"TRL 1.12 PPOTrainer (torch, {torch.get_num_threads()} threads):")
-    print(f"  total   {trl_s * 1e3:8.1f} ms  {theirs:10,.0f} tokens/s")
-    print(f"ratio alignpipe / TRL: {ours / theirs:.2f}x (target >= 2x)")
+        theirs = DEMO_SHAPE.batch * (DEMO_SHAPE.prompt + DEMO_SHAPE.response) / trl_s
+        print(f"TRL 1.12 PPOTrainer (torch, {torch.get_num_threads()} threads):")
+        print(f"  total   {trl_s * 1e3:9.1f} ms  {theirs:9,.0f} tokens/s")
+        print(f"ratio alignpipe / TRL: {ours / theirs:.2f}x (target >= 3x)")
+    if not args.skip_real:
+        print(describe_shape(REAL_SHAPE))
+        measured = alignpipe_seconds(REAL_SHAPE, args.real_iterations, args.remat)
+        report(measured, REAL_SHAPE, peak, args.remat)
+    print(f"benchmark wall time {time.perf_counter() - started:.0f} s")
 
 
 if __name__ == "__main__":

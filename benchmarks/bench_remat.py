@@ -2,7 +2,10 @@
 
 The step is the reward stage's: Bradley-Terry loss -log sigmoid(r_chosen - r_rejected) of the
 scalar head, value_and_grad, one optax AdamW update. Demo preset, sequence length 512.
-Targets: temp memory with remat <= 0.5x, step time with remat <= 1.4x.
+Targets: temp memory with remat <= 0.5x, step time with remat <= 1.4x. Each step's model
+FLOP/s (6·N·tokens with attention, no output projection: the scalar head reads the last
+token; benchmarks/_roofline.py) is printed as a fraction of the matmul peak measured at the
+start of the same run; remat's recomputation is not counted, so it shows as a lower fraction.
 
     python benchmarks/bench_remat.py [--pairs 8] [--seq-len 512] [--repeats 5]
 """
@@ -12,6 +15,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
+import _roofline
 import jax
 import jax.numpy as jnp
 import optax
@@ -51,6 +55,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args()
 
+    peak = _roofline.measure_peak()
+    print(_roofline.describe(peak))
     base = model_config("demo", VOCAB)
     params = nnx.split(Transformer(base, rngs=nnx.Rngs(0), scalar_head=True), nnx.Param)[1]
     tx = optax.adamw(1e-4)
@@ -72,8 +78,12 @@ def main() -> None:
     jitted = {p: jax.jit(step) for p, step in steps.items()}
     seconds = interleaved_median_seconds(jitted, *batch, repeats=args.repeats)
     results = {p: (temps[p], seconds[p]) for p in policies}
+    flops = _roofline.train_flops(base, 2 * args.pairs, args.seq_len)
     for policy, (temp, step_s) in results.items():
-        print(f"  remat={policy:<14} temp {mib(temp):>12}   step {step_s * 1e3:8.1f} ms")
+        print(
+            f"  remat={policy:<14} temp {mib(temp):>12}   step {step_s * 1e3:8.1f} ms  "
+            f"{_roofline.of_peak(flops, step_s, peak, base.dtype)}"
+        )
 
     none_temp, none_time = results["none"]
     for policy in ("full", "dots_saveable"):

@@ -1,20 +1,32 @@
-"""Greedy generation with a KV cache vs recomputing the whole sequence each step (demo model).
+"""Greedy decoding with a KV cache: bytes/s against this machine's memory bandwidth, and the
+speed-up over recomputing the whole sequence each step.
 
-The no-cache reference runs a full forward pass over its fixed [B, P + N] buffer each step
-(one compilation; not-yet-generated slots are masked), so its per-step cost is that of the
-final sequence length.
+Decode is memory-bound: each step reads every parameter (float32, as stored) and the whole
+KV cache it attends over (benchmarks/_roofline.py). Its time per step is measured as
+(generate N tokens − generate 1 token) / (N − 1), so the prefill is left out, and its
+bytes/s is compared with the bandwidth measured at the start of the same run (a 1 GiB
+stream) and with the bandwidth of a stream the size of the decode's working set (which
+sits in the caches on a CPU with a large L3). The no-cache reference runs a full forward
+pass over its fixed [B, P + N] buffer each step, so its per-step cost is that of the
+final length; it runs at the demo shape only (at 256 new tokens it would take minutes).
 
-    python benchmarks/bench_sampler.py [--batch 8] [--prompt-len 64] [--new-tokens 128]
+Shapes (benchmarks/_shapes.py): ``demo`` (the demo preset; 64-token prompts, 128 new
+tokens) or ``real`` (twice the width, 64-token prompts, 256 new tokens, as bench_ppo.py).
+
+    python benchmarks/bench_sampler.py [--shape demo|real] [--batch 8] [--repeats 3]
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 
+import _roofline
 import jax
 import jax.numpy as jnp
 import numpy as np
-from _timing import interleaved_median_seconds
+from _shapes import DEMO, REAL, REAL_PROMPT, REAL_RESPONSE
+from _timing import interleaved_median_seconds, mib
 from flax import nnx
 
 from components.core.model import Transformer, model_config
@@ -23,51 +35,92 @@ from components.core.sampler import generate, generate_without_cache
 VOCAB = 512
 PAD_ID = 0
 EOS_ID = VOCAB  # outside the vocabulary: every sequence runs the full length
+SHAPES = {"demo": (DEMO, 64, 128), "real": (REAL, REAL_PROMPT, REAL_RESPONSE)}
+
+
+def left_padded_prompts(batch: int, prompt_len: int) -> tuple[jax.Array, jax.Array]:
+    """Random prompts [B, P] of random lengths, left padded."""
+    shape = (batch, prompt_len)
+    tokens = jax.random.randint(jax.random.key(0), shape, 1, VOCAB, dtype=jnp.int32)
+    lengths = jax.random.randint(jax.random.key(1), (batch, 1), 1, prompt_len + 1)
+    return tokens, (jnp.arange(prompt_len)[None] >= prompt_len - lengths).astype(jnp.int32)
 
 
 def main() -> None:
-    """Time both samplers side by side and print tokens/s and the speed-up."""
+    """Time the samplers side by side; print tokens/s, decode bytes/s and their fractions."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shape", default="demo", choices=sorted(SHAPES))
     parser.add_argument("--batch", type=int, default=8)
-    parser.add_argument("--prompt-len", type=int, default=64)
-    parser.add_argument("--new-tokens", type=int, default=128)
+    parser.add_argument("--prompt-len", type=int, default=0, help="0: the shape's")
+    parser.add_argument("--new-tokens", type=int, default=0, help="0: the shape's")
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
+    widths, prompt_len, new_tokens = SHAPES[args.shape]
+    prompt_len, new_tokens = args.prompt_len or prompt_len, args.new_tokens or new_tokens
 
-    config = model_config("demo", VOCAB)
+    peak = _roofline.measure_peak()
+    print(_roofline.describe(peak))
+    config = model_config("demo", VOCAB, **widths)
     graphdef, params = nnx.split(Transformer(config, rngs=nnx.Rngs(0)), nnx.Param)
-    shape = (args.batch, args.prompt_len)
-    tokens = jax.random.randint(jax.random.key(0), shape, 1, VOCAB, dtype=jnp.int32)
-    lengths = jax.random.randint(jax.random.key(1), (args.batch, 1), 1, args.prompt_len + 1)
-    mask = (jnp.arange(args.prompt_len)[None] >= args.prompt_len - lengths).astype(jnp.int32)
-    settings = dict(max_new_tokens=args.new_tokens, eos_id=EOS_ID, pad_id=PAD_ID)
+    tokens, mask = left_padded_prompts(args.batch, prompt_len)
 
-    @jax.jit
-    def with_cache(params, tokens, mask):
+    @functools.partial(jax.jit, static_argnums=3)
+    def with_cache(params, tokens, mask, steps):
         return generate(
-            (graphdef, params), tokens, mask, jax.random.key(0), temperature=0.0, **settings
+            (graphdef, params), tokens, mask, jax.random.key(0), temperature=0.0,
+            max_new_tokens=steps, eos_id=EOS_ID, pad_id=PAD_ID,
+        )  # fmt: skip
+
+    samplers = {
+        "kv cache": lambda *a: with_cache(*a, new_tokens),
+        "prefill + 1": lambda *a: with_cache(*a, 1),
+    }
+    if args.shape == "demo":
+        settings = dict(max_new_tokens=new_tokens, eos_id=EOS_ID, pad_id=PAD_ID)
+        samplers["no cache"] = jax.jit(
+            lambda params, tokens, mask: generate_without_cache(
+                (graphdef, params), tokens, mask, **settings
+            )
         )
-
-    @jax.jit
-    def without_cache(params, tokens, mask):
-        return generate_without_cache((graphdef, params), tokens, mask, **settings)
-
-    same = np.array_equal(
-        with_cache(params, tokens, mask).tokens, without_cache(params, tokens, mask).tokens
-    )
     seconds = interleaved_median_seconds(
-        {"kv cache": with_cache, "no cache": without_cache},
-        params, tokens, mask, warmup=1, repeats=args.repeats,
-    )  # fmt: skip
-    generated = args.batch * args.new_tokens
-    print(f"demo preset: {config.n_layers} layers, dim {config.dim}, fp32 on {jax.devices()[0]}")
-    print(
-        f"greedy, batch {args.batch}, left-padded prompts of {args.prompt_len}, "
-        f"{args.new_tokens} new tokens; identical tokens: {same}"
+        samplers, params, tokens, mask, warmup=1, repeats=args.repeats
     )
-    for name, value in seconds.items():
-        print(f"  {name:<9} {value:7.3f} s   {generated / value:9.1f} tokens/s")
-    print(f"kv cache speed-up: {seconds['no cache'] / seconds['kv cache']:.1f}x")
+    print(
+        f"{args.shape} shape: {config.n_layers} layers, dim {config.dim}, {config.dtype} on "
+        f"{jax.devices()[0]}; greedy, batch {args.batch}, left-padded prompts of {prompt_len}, "
+        f"{new_tokens} new tokens"
+    )
+    generated = args.batch * new_tokens
+    for name in ("kv cache", "no cache"):
+        if name in seconds:
+            print(f"  {name:<9} {seconds[name]:7.3f} s   {generated / seconds[name]:9.1f} tokens/s")
+    if "no cache" in seconds:
+        same = np.array_equal(
+            samplers["kv cache"](params, tokens, mask).tokens,
+            samplers["no cache"](params, tokens, mask).tokens,
+        )
+        print(f"kv cache speed-up: {seconds['no cache'] / seconds['kv cache']:.1f}x; same: {same}")
+    step_s = (seconds["kv cache"] - seconds["prefill + 1"]) / (new_tokens - 1)
+    report_decode(config, params, args.batch, prompt_len + new_tokens - 1, step_s, peak)
+
+
+def report_decode(config, params, batch: int, slots: int, step_s: float, peak) -> None:
+    """Print a decode step's bytes, its bytes/s and the fraction of each bandwidth."""
+    param_bytes = _roofline.tree_bytes(params)
+    step_bytes = _roofline.decode_step_bytes(config, param_bytes, batch, slots)
+    cache_bytes = step_bytes - param_bytes
+    print(
+        f"decode step {step_s * 1e3:.2f} ms ({batch / step_s:,.0f} tokens/s) reads "
+        f"{mib(step_bytes)}: parameters {mib(param_bytes)} + KV cache {mib(cache_bytes)} "
+        f"({slots} slots); {mib(step_bytes / batch)} per token"
+    )
+    print(f"  decode {_roofline.of_bandwidth(step_bytes, step_s, peak)} (1 GiB stream)")
+    working_set = _roofline.bandwidth(jax.local_devices()[:1], max(step_bytes, 2**20))
+    fraction = step_bytes / step_s / working_set
+    print(
+        f"  decode at {fraction:.1%} of {working_set / 1e9:,.1f} GB/s, a stream the size of "
+        f"its working set ({mib(step_bytes)}), measured now"
+    )
 
 
 if __name__ == "__main__":
