@@ -25,6 +25,7 @@ from components.ppo.losses import (
     masked_var,
     masked_whiten,
     policy_loss,
+    token_entropy,
     token_rewards,
     value_loss,
 )
@@ -394,6 +395,13 @@ def test_entropy_matches_reference_and_ignores_padding(rng):
     padded = np.where(mask[:, :, None] > 0, logits, np.nan).astype(np.float32)
     got = jax.jit(entropy_from_logits)(padded, mask)
     np.testing.assert_allclose(got, np.mean(entropies), atol=ATOL)
+
+
+def test_token_entropy_reuses_a_given_log_normalizer(rng):
+    """The update passes the logsumexp its log-probs computed: the same entropies."""
+    logits = jnp.asarray(rng.normal(0.0, 3.0, (B, T, 13)), jnp.float32)
+    log_z = jax.nn.logsumexp(logits, axis=-1)
+    np.testing.assert_allclose(token_entropy(logits, log_z), token_entropy(logits), atol=ATOL)
 
 
 # ---------------------------------------------------------------- everything under pmap

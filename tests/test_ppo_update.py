@@ -18,7 +18,7 @@ from flax import nnx
 
 from components.core import parallel
 from components.core.model_io import create_model
-from components.core.scoring import response_logprobs
+from components.core.scoring import halved_width, response_logprobs, trim_padding
 from components.ppo import PPOConfig
 from components.ppo.guard import KL_METRIC, KLGuard
 from components.ppo.rollout import AXIS, Models
@@ -169,6 +169,30 @@ def test_eight_devices_equal_one_device(setup, update_8) -> None:
         np.testing.assert_allclose(metrics_8[name], metrics_1[name], rtol=1e-4, atol=1e-6)
     assert metrics_8["skipped"] == 0.0
     _check_golden("ppo", state, new_8, metrics_8)
+
+
+def test_padding_no_row_uses_is_cut_and_changes_nothing(setup, update_8) -> None:
+    """Prompts padded on the left and responses on the right past what any row uses: the
+    update cuts the columns (in halves) and computes what it computes on the unpadded batch,
+    reusing its compiled program. The cut columns hold nan: they are never read."""
+    _, policy_params, critic_params, batch = setup
+    state = PPOState.create(policy_params, critic_params, CONFIG)
+    padded = {}
+    for name, value in batch.items():
+        side = [(0, 0), (PROMPT, 0)] if name.startswith("prompt_") else [(0, 0), (0, RESPONSE)]
+        fill = np.nan if value.dtype == np.float32 else 0
+        padded[name] = np.pad(value, side, constant_values=fill)
+    cut = trim_padding(padded, ["response_mask", "logprobs"])
+    assert cut["prompt_tokens"].shape[-1] == PROMPT and cut["logprobs"].shape[-1] == RESPONSE
+    assert cut["values"].shape[-1] == 2 * RESPONSE  # only the named response fields
+    new_state, metrics = _run(update_8, state, padded)
+    _check_golden("ppo", state, new_state, metrics)
+
+
+def test_halved_width_keeps_few_shapes() -> None:
+    assert [halved_width(32, used) for used in (1, 8, 9, 16, 17, 32)] == [1, 8, 16, 16, 32, 32]
+    assert halved_width(12, 6) == 6 and halved_width(12, 7) == 12 and halved_width(5, 1) == 5
+    assert halved_width(8, 0) == 1
 
 
 def test_sharded_state_update_equals_replicated(setup, update_8) -> None:

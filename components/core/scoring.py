@@ -13,14 +13,21 @@ reward stage call these functions, so rollout and update agree (first ratio 1).
 
 Parameters may be sharded (fsdp.py): each pass gathers what it uses when it uses it,
 so several networks' embeddings are never whole on a chip at the same time.
+
+``trim_padding`` cuts the columns no row of a batch uses (the prompts' common left padding,
+the responses' common right padding) before a pass that is run many times on it, such as
+PPO's update: the results do not change, since attention is causal and never reads a pad
+key, positions count real tokens only, and every loss is a masked mean.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from components.core import fsdp
@@ -58,10 +65,10 @@ def response_logits(
     return logits if temperature == 1.0 else logits / temperature
 
 
-def logprobs_of(logits: jax.Array, tokens: jax.Array) -> jax.Array:
-    """log p(token) [B, N] under ``logits`` [B, N, V]."""
+def logprobs_of(logits: jax.Array, tokens: jax.Array, log_z: jax.Array | None = None) -> jax.Array:
+    """log p(token) [B, N] under ``logits`` [B, N, V]; ``log_z`` = logsumexp(logits) if known."""
     picked = jnp.take_along_axis(logits, tokens[..., None], axis=-1)[..., 0]
-    return picked - jax.nn.logsumexp(logits, axis=-1)
+    return picked - (jax.nn.logsumexp(logits, axis=-1) if log_z is None else log_z)
 
 
 def response_logprobs(
@@ -99,3 +106,42 @@ def pair_rewards(
     mask = jnp.concatenate([batch["chosen_mask"], batch["rejected_mask"]])
     rewards = model.scalar(model(tokens, mask), mask)
     return jnp.split(rewards, 2)
+
+
+def halved_width(width: int, used: int) -> int:
+    """The narrowest of ``width``, ``width / 2``, ``width / 4``, … that holds ``used`` columns.
+
+    Halving (rather than cutting to ``used``) keeps the shapes of a run to a handful, so a
+    compiled pass is reused instead of compiled again for every batch.
+    """
+    while width % 2 == 0 and width // 2 >= max(used, 1):
+        width //= 2
+    return width
+
+
+def trim_padding(batch: dict[str, Any], response_fields: Iterable[str]) -> dict[str, Any]:
+    """``batch`` cut to the columns its rows use, in halves (``halved_width``): the prompt
+    fields keep their last columns, the ``response_fields`` (``[..., N]`` each) their first.
+
+    Reads both masks on the host (it waits for whatever computes them). With several hosts
+    the batch is returned whole: each host sees only its rows, and every host must run
+    the same program.
+    """
+    if jax.process_count() > 1:
+        return batch
+    prompt = np.asarray(batch["prompt_mask"]) != 0
+    response = np.asarray(batch["response_mask"]) != 0
+    prompt_used = prompt.reshape(-1, prompt.shape[-1]).any(axis=0)
+    response_used = response.reshape(-1, response.shape[-1]).any(axis=0)
+    # Left padding: columns before the first one any row uses; right padding: after the last.
+    prompt_width = halved_width(prompt.shape[-1], prompt.shape[-1] - int(np.argmax(prompt_used)))
+    response_last = response.shape[-1] - int(np.argmax(response_used[::-1]))
+    response_width = halved_width(response.shape[-1], response_last if response_used.any() else 1)
+    trimmed = dict(batch)
+    if prompt_width < prompt.shape[-1]:
+        for name in ("prompt_tokens", "prompt_mask"):
+            trimmed[name] = batch[name][..., -prompt_width:]
+    if response_width < response.shape[-1]:
+        for name in response_fields:
+            trimmed[name] = batch[name][..., :response_width]
+    return trimmed

@@ -196,13 +196,24 @@ def value_loss(
     return loss, metrics
 
 
-def entropy_from_logits(logits: jax.Array, mask: jax.Array) -> jax.Array:
-    """Mean entropy (nats) of the next-token distributions ``logits`` [B, T, V] over real tokens."""
+def token_entropy(logits: jax.Array, log_z: jax.Array | None = None) -> jax.Array:
+    """Entropy (nats) [...] of each next-token distribution ``logits`` [..., V], in float32.
+
+    ``log_z`` is logsumexp(logits) when the caller has it already (the log-probs need it too):
+    one full-vocabulary reduction instead of two.
+    """
     logits = jnp.asarray(logits, jnp.float32)
-    log_probs = jax.nn.log_softmax(logits, axis=-1)
+    if log_z is None:
+        log_z = jax.nn.logsumexp(logits, axis=-1)
+    log_probs = logits - log_z[..., None]
     # where(): a −inf logit has p = 0, and 0·(−inf) would be nan instead of 0.
     plogp = jnp.where(log_probs > -jnp.inf, jnp.exp(log_probs) * log_probs, 0.0)
-    return masked_mean(-jnp.sum(plogp, axis=-1), mask)
+    return -jnp.sum(plogp, axis=-1)
+
+
+def entropy_from_logits(logits: jax.Array, mask: jax.Array) -> jax.Array:
+    """Mean entropy (nats) of the next-token distributions ``logits`` [B, T, V] over real tokens."""
+    return masked_mean(token_entropy(logits), mask)
 
 
 def group_advantages(scores: jax.Array, group_size: int, kind: str) -> jax.Array:

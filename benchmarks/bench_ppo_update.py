@@ -1,0 +1,194 @@
+"""PPO update time and FLOP/s on the demo model, this tree's update against a git revision's.
+
+The update of ``bench_ppo.py``'s iteration (demo model for policy and critic, batch 32,
+prompt 16 + response 32 tokens, 4 epochs x 2 minibatches, 8 CPU devices) on a synthetic
+rollout batch. With ``--baseline REV`` the update as it was at REV (``update.py``,
+``losses.py`` and ``scoring.py`` read with ``git show``) is built in the same process and
+both are timed round-robin, so load on the shared machine hits both alike. Achieved
+FLOP/s count 6 · parameters · (prompt + response) tokens of the batch per epoch for
+policy and critic (attention aside), against a large fp32 matmul measured in the same run;
+with ``--longest`` below the response width they count the padded batch, so they are
+effective figures. Each side keeps its own state (donated), both start from the same.
+
+    python benchmarks/bench_ppo_update.py [--baseline HEAD~1] [--repeats 7] [--longest 16]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib
+import os
+import statistics
+import subprocess
+import sys
+import time
+import types
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+import jax  # noqa: E402
+
+jax.config.update("jax_num_cpu_devices", int(os.environ.get("ALIGNPIPE_CPU_DEVICES", "8")))
+
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+from flax import nnx  # noqa: E402
+
+from components.core import parallel  # noqa: E402
+from components.core.model_io import create_model  # noqa: E402
+from components.ppo import PPOConfig  # noqa: E402
+from components.ppo.rollout import Models  # noqa: E402
+
+VOCAB, BATCH, PROMPT, RESPONSE, EPOCHS, MINIBATCHES = 259, 32, 16, 32, 4, 2
+# The modules whose revision --baseline swaps in, in import order.
+SWAPPED = ("components.core.scoring", "components.ppo.losses", "components.ppo.update")
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _module_at(revision: str, name: str) -> types.ModuleType:
+    """Module ``name`` as its file reads at git ``revision`` (not registered anywhere)."""
+    path = name.replace(".", "/") + ".py"
+    source = subprocess.run(
+        ["git", "show", f"{revision}:{path}"], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout
+    module = types.ModuleType(name)
+    module.__file__ = f"{revision}:{path}"
+    exec(compile(source, module.__file__, "exec"), module.__dict__)  # noqa: S102
+    return module
+
+
+@contextlib.contextmanager
+def _swapped(modules: dict[str, types.ModuleType]):
+    """Imports of ``modules``' names resolve to them (sys.modules and package attributes)."""
+    saved = {name: sys.modules[name] for name in modules}
+    try:
+        for name, module in modules.items():
+            sys.modules[name] = module
+            package, _, leaf = name.rpartition(".")
+            setattr(sys.modules[package], leaf, module)
+        yield
+    finally:
+        for name, module in saved.items():
+            sys.modules[name] = module
+            package, _, leaf = name.rpartition(".")
+            setattr(sys.modules[package], leaf, module)
+
+
+def update_module(revision: str | None) -> types.ModuleType:
+    """This tree's ``components.ppo.update``, or the one at ``revision`` with its helpers."""
+    if revision is None:
+        return importlib.import_module("components.ppo.update")
+    loaded: dict[str, types.ModuleType] = {}
+    for name in SWAPPED:
+        with _swapped(loaded):
+            loaded[name] = _module_at(revision, name)
+    return loaded["components.ppo.update"]
+
+
+def synthetic_batch(longest: int, seed: int = 0) -> dict[str, np.ndarray]:
+    """A rollout-shaped batch: every response full length (as a fresh policy's rarely meet
+    EOS), or with ``longest`` < RESPONSE, lengths drawn from 1..``longest``."""
+    rng = np.random.default_rng(seed)
+    full = np.full(BATCH, RESPONSE)
+    lengths = rng.integers(1, longest + 1, BATCH) if longest < RESPONSE else full
+    mask = (np.arange(RESPONSE)[None] < lengths[:, None]).astype(np.int32)
+    noise = (rng.normal(size=(BATCH, RESPONSE)) * mask).astype(np.float32)
+    logprobs = (np.full((BATCH, RESPONSE), -np.log(VOCAB)) * mask).astype(np.float32)
+    return {
+        "prompt_tokens": rng.integers(3, VOCAB, (BATCH, PROMPT)).astype(np.int32),
+        "prompt_mask": np.ones((BATCH, PROMPT), np.int32),
+        "response_tokens": rng.integers(3, VOCAB, (BATCH, RESPONSE)).astype(np.int32),
+        "response_mask": mask,
+        "logprobs": logprobs,
+        "advantages": noise,
+        "values": 0.5 * noise,
+        "returns": noise,
+        "ref_logprobs": logprobs,
+    }
+
+
+def matmul_flops_per_s(size: int = 2048, repeats: int = 5) -> float:
+    """FLOP/s of a large fp32 matmul (XLA, the whole machine), fastest of ``repeats``."""
+    a = jnp.ones((size, size), jnp.float32)
+    matmul = jax.jit(lambda x: x @ x)
+    jax.block_until_ready(matmul(a))
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        jax.block_until_ready(matmul(a))
+        best = min(best, time.perf_counter() - start)
+    return 2 * size**3 / best
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--baseline", help="git revision whose update is timed alongside")
+    parser.add_argument("--repeats", type=int, default=7, help="timed updates per side")
+    parser.add_argument(
+        "--longest", type=int, default=RESPONSE,
+        help=f"longest response of the batch (< {RESPONSE}: lengths drawn from 1..longest)",
+    )  # fmt: skip
+    parser.add_argument("--algorithm", default="ppo", choices=["ppo", "grpo", "rloo"])
+    args = parser.parse_args()
+    config = PPOConfig(
+        algorithm=args.algorithm, group_size=4, rollout_batch_size=BATCH,
+        minibatches=MINIBATCHES, ppo_epochs=EPOCHS, prompt_len=PROMPT,
+        max_new_tokens=RESPONSE, warmup_steps=0,
+    ).resolved(pretrained=False)  # fmt: skip
+    policy = create_model("demo", VOCAB, scalar_head=False, seed=0, remat="none")
+    critic = create_model("demo", VOCAB, scalar_head=True, seed=1, remat="none")
+    policy_graph, policy_params = nnx.split(policy, nnx.Param)
+    critic_graph, critic_params = nnx.split(critic, nnx.Param)
+    models = Models(policy_graph, critic_graph, critic_graph)
+    if config.uses_groups:
+        critic_params = None
+    # On the devices, as the rollout leaves it.
+    batch = jax.pmap(lambda rows: rows)(parallel.shard_batch(synthetic_batch(args.longest)))
+    sides = {"this tree": update_module(None)}
+    if args.baseline:
+        sides = {args.baseline: update_module(args.baseline), **sides}
+    runs = {}
+    for name, module in sides.items():
+        fields = {k: batch[k] for k in module.update_fields(config)}
+        state = parallel.replicate(module.PPOState.create(policy_params, critic_params, config))
+        runs[name] = [module.make_update(models, config), state, fields]
+    times: dict[str, list[float]] = {name: [] for name in runs}
+    cpu: dict[str, list[float]] = {name: [] for name in runs}
+    for step in range(args.repeats + 1):  # the first call compiles
+        # Round-robin, the order reversed every other round: load hits both sides alike.
+        for name in list(runs)[:: 1 if step % 2 else -1]:
+            update, state, fields = runs[name]
+            key = jax.random.PRNGKey(step)
+            start, start_cpu = time.perf_counter(), time.process_time()
+            state, metrics = update(state, fields, key, np.float32(1.0), np.float32(0.1))
+            jax.device_get(metrics)
+            runs[name][1] = state
+            if step:
+                times[name].append(time.perf_counter() - start)
+                cpu[name].append(time.process_time() - start_cpu)
+    networks = [policy_params] if critic_params is None else [policy_params, critic_params]
+    params = sum(leaf.size for tree in networks for leaf in jax.tree.leaves(tree))
+    flops = 6 * params * BATCH * (PROMPT + RESPONSE) * EPOCHS
+    peak = matmul_flops_per_s()
+    print(
+        f"PPO update ({config.algorithm}): batch {BATCH}, prompt {PROMPT} + response "
+        f"{RESPONSE}, {EPOCHS} epochs x {MINIBATCHES} minibatches, demo model, "
+        f"{jax.local_device_count()} CPU devices; {flops / 1e9:.1f} GFLOP per update"
+    )
+    print(f"fp32 matmul 2048^3 (XLA, this machine, same run): {peak / 1e9:.0f} GFLOP/s")
+    for name, values in times.items():
+        best, median = min(values), statistics.median(values)
+        print(
+            f"  {name:>12}: best {best * 1e3:7.1f} ms  median {median * 1e3:7.1f} ms  "
+            f"{flops / best / 1e9:6.1f} GFLOP/s ({flops / best / peak:.0%} of the matmul peak); "
+            f"CPU time best {min(cpu[name]) * 1e3:7.1f} ms"
+        )
+    if args.baseline:
+        old, new = (min(times[name]) for name in runs)
+        old_cpu, new_cpu = (min(cpu[name]) for name in runs)
+        print(f"  speed-up, best vs best: wall {old / new:.2f}x, CPU time {old_cpu / new_cpu:.2f}x")
+
+
+if __name__ == "__main__":
+    main()
