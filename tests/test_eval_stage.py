@@ -117,6 +117,11 @@ def test_samples_jsonl_holds_every_sample_and_agrees_with_eval_json(evaluated):
         assert row["reference_gold"] == gold_reward(row["prompt"], row["reference_response"])
     gold = np.mean([r["reference_gold"] for r in rows])
     assert gold == pytest.approx(result["gold"]["reference"]["mean"], abs=1e-9)
+    # Each sample's KL and tokens add up to eval.json's KL per token and per sequence.
+    kl, tokens = (np.array([r[k] for r in rows]) for k in ("aligned_kl", "aligned_tokens"))
+    assert tokens.min() >= 1 and tokens.dtype.kind == "i"
+    assert kl.sum() / tokens.sum() == pytest.approx(result["kl"]["per_token"], rel=1e-9)
+    assert kl.mean() == pytest.approx(result["kl"]["per_sequence"], rel=1e-9)
 
 
 def test_best_of_n_baseline(evaluated):

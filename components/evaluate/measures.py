@@ -155,6 +155,24 @@ def paired_difference(
     }
 
 
+def log_ratio_sums(
+    aligned_logprobs: ArrayLike, reference_logprobs: ArrayLike, mask: ArrayLike
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per sequence (the leading dims of [..., T]): Σ_t (log p_aligned − log p_ref) over its
+    response tokens, and how many there are: each sample's k1 KL, and its weight per token."""
+    logp = np.asarray(aligned_logprobs, np.float64)
+    ref_logp = np.asarray(reference_logprobs, np.float64)
+    real = np.asarray(mask) != 0
+    if not logp.shape == ref_logp.shape == real.shape or logp.ndim < 1:
+        raise ValueError(
+            f"log-probs and mask must share one [..., T] shape; got {logp.shape}, "
+            f"{ref_logp.shape} and {real.shape}"
+        )
+    # `where=` skips padding entirely, so garbage such as inf − inf never becomes a NaN.
+    log_ratio = np.subtract(logp, ref_logp, out=np.zeros_like(logp), where=real)
+    return log_ratio.sum(axis=-1), real.sum(axis=-1)
+
+
 def sequence_kl(
     aligned_logprobs: ArrayLike, reference_logprobs: ArrayLike, mask: ArrayLike
 ) -> dict[str, float]:
@@ -166,20 +184,10 @@ def sequence_kl(
     response token divided by their count. This k1 estimator is unbiased but noisy (a small
     sample can give a negative value); identical policies give exactly 0.
     """
-    logp = np.asarray(aligned_logprobs, np.float64)
-    ref_logp = np.asarray(reference_logprobs, np.float64)
-    real = np.asarray(mask) != 0
-    if not logp.shape == ref_logp.shape == real.shape or logp.ndim < 1:
-        raise ValueError(
-            f"log-probs and mask must share one [..., T] shape; got {logp.shape}, "
-            f"{ref_logp.shape} and {real.shape}"
-        )
-    num_tokens = int(real.sum())
+    per_sequence, tokens = log_ratio_sums(aligned_logprobs, reference_logprobs, mask)
+    num_tokens = int(tokens.sum())
     if num_tokens == 0:
         raise ValueError("mask has no response tokens: the KL needs at least one sampled token")
-    # `where=` skips padding entirely, so garbage such as inf − inf never becomes a NaN.
-    log_ratio = np.subtract(logp, ref_logp, out=np.zeros_like(logp), where=real)
-    per_sequence = log_ratio.reshape(-1, logp.shape[-1]).sum(axis=-1)
     return {
         "per_sequence": float(np.mean(per_sequence)),
         "per_token": float(per_sequence.sum() / num_tokens),

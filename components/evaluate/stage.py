@@ -50,6 +50,7 @@ from components.evaluate.measures import (
     PolicyOutputs,
     ends_with_eos,
     gold_scores,
+    log_ratio_sums,
     summarize,
 )
 from components.evaluate.outputs import sample_rows, write_outputs
@@ -344,6 +345,11 @@ def measure(
         (aligned.texts, aligned.rewards, aligned.gold),
         (reference.texts, reference.rewards, reference.gold),
     )
+    # Each aligned sample's KL to the reference (k1, nats) and tokens: intervals and paired
+    # comparisons of KL per token can be drawn from samples.jsonl (benchmarks do).
+    kl, tokens = log_ratio_sums(logprobs["policy"], logprobs["reference"], aligned.responses[1])
+    for row, row_kl, row_tokens in zip(rows, kl.reshape(-1), tokens.reshape(-1), strict=True):
+        row["aligned_kl"], row["aligned_tokens"] = float(row_kl), int(row_tokens)
     return Measured(summary, report_samples(prompt_texts, aligned, reference, config), rows)
 
 
