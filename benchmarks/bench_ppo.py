@@ -23,8 +23,8 @@ alignpipe's figures print.
 
     python benchmarks/bench_ppo.py [--iterations 4] [--real-iterations 2] [--quick]
 
-The whole run took 6 min on the 2-core development machine under other load (load
-average 9); ``--quick`` (2 and 1 timed iterations) about 3.5 min.
+The whole run takes 4 to 6 min on the 2-core development machine under other load (load
+average 7 to 9), most of it the real shape; ``--quick`` (2 and 1 timed iterations) about 3.
 """
 
 from __future__ import annotations

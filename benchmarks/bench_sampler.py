@@ -101,11 +101,13 @@ def main() -> None:
         )
         print(f"kv cache speed-up: {seconds['no cache'] / seconds['kv cache']:.1f}x; same: {same}")
     step_s = (seconds["kv cache"] - seconds["prefill + 1"]) / (new_tokens - 1)
-    report_decode(config, params, args.batch, prompt_len + new_tokens - 1, step_s, peak)
+    report_decode(config, params, args.batch, (prompt_len, new_tokens), step_s, peak)
 
 
-def report_decode(config, params, batch: int, slots: int, step_s: float, peak) -> None:
+def report_decode(config, params, batch: int, lengths: tuple[int, int], step_s: float, peak):
     """Print a decode step's bytes, its bytes/s and the fraction of each bandwidth."""
+    prompt_len, new_tokens = lengths
+    slots = prompt_len + new_tokens - 1
     param_bytes = _roofline.tree_bytes(params)
     step_bytes = _roofline.decode_step_bytes(config, param_bytes, batch, slots)
     cache_bytes = step_bytes - param_bytes
@@ -115,6 +117,12 @@ def report_decode(config, params, batch: int, slots: int, step_s: float, peak) -
         f"({slots} slots); {mib(step_bytes / batch)} per token"
     )
     print(f"  decode {_roofline.of_bandwidth(step_bytes, step_s, peak)} (1 GiB stream)")
+    # The step attends over every slot; on average only prompt + half the response are filled.
+    filled = _roofline.decode_step_bytes(config, param_bytes, batch, prompt_len + new_tokens // 2)
+    print(
+        f"  counting only the filled slots (mean {mib(filled)} a step): "
+        f"{_roofline.of_bandwidth(filled, step_s, peak)}"
+    )
     working_set = _roofline.bandwidth(jax.local_devices()[:1], max(step_bytes, 2**20))
     fraction = step_bytes / step_s / working_set
     print(
