@@ -5,10 +5,11 @@ prompt 16 + response 32 tokens, 4 epochs x 2 minibatches, 8 CPU devices) on a sy
 rollout batch. With ``--baseline REV`` the update as it was at REV (``update.py``,
 ``losses.py`` and ``scoring.py`` read with ``git show``) is built in the same process and
 both are timed round-robin, so load on the shared machine hits both alike. Achieved
-FLOP/s count 6 · parameters · (prompt + response) tokens of the batch per epoch for
-policy and critic (attention aside), against a large fp32 matmul measured in the same run;
-with ``--longest`` below the response width they count the padded batch, so they are
-effective figures. Each side keeps its own state (donated), both start from the same.
+FLOPs are bench_ppo.py's model FLOPs (``_roofline.train_flops``: 6 · matmul weights ·
+tokens plus attention, policy with its logits and critic, every epoch, over the whole
+padded batch) and, beside them, 6 · parameters · tokens; the fraction is of the fp32 matmul
+peak ``_roofline`` measures in the same run. With ``--longest`` below the response width
+both count the padded batch: effective figures. Both sides start from the same state.
 
     python benchmarks/bench_ppo_update.py [--baseline HEAD~1] [--repeats 7] [--longest 16]
 """
@@ -31,7 +32,7 @@ import jax  # noqa: E402
 
 jax.config.update("jax_num_cpu_devices", int(os.environ.get("ALIGNPIPE_CPU_DEVICES", "8")))
 
-import jax.numpy as jnp  # noqa: E402
+import _roofline  # noqa: E402
 import numpy as np  # noqa: E402
 from flax import nnx  # noqa: E402
 
@@ -108,19 +109,6 @@ def synthetic_batch(longest: int, seed: int = 0) -> dict[str, np.ndarray]:
     }
 
 
-def matmul_flops_per_s(size: int = 2048, repeats: int = 5) -> float:
-    """FLOP/s of a large fp32 matmul (XLA, the whole machine), fastest of ``repeats``."""
-    a = jnp.ones((size, size), jnp.float32)
-    matmul = jax.jit(lambda x: x @ x)
-    jax.block_until_ready(matmul(a))
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        jax.block_until_ready(matmul(a))
-        best = min(best, time.perf_counter() - start)
-    return 2 * size**3 / best
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--baseline", help="git revision whose update is timed alongside")
@@ -169,20 +157,25 @@ def main() -> None:
                 cpu[name].append(time.process_time() - start_cpu)
     networks = [policy_params] if critic_params is None else [policy_params, critic_params]
     params = sum(leaf.size for tree in networks for leaf in jax.tree.leaves(tree))
-    flops = 6 * params * BATCH * (PROMPT + RESPONSE) * EPOCHS
-    peak = matmul_flops_per_s()
+    six_n = 6 * params * BATCH * (PROMPT + RESPONSE) * EPOCHS
+    length = PROMPT + RESPONSE
+    flops = EPOCHS * _roofline.train_flops(policy.config, BATCH, length, RESPONSE)
+    if critic_params is not None:
+        flops += EPOCHS * _roofline.train_flops(critic.config, BATCH, length)
+    peak = _roofline.measure_peak(dtypes=("float32",))
+    print(_roofline.describe(peak))
     print(
         f"PPO update ({config.algorithm}): batch {BATCH}, prompt {PROMPT} + response "
-        f"{RESPONSE}, {EPOCHS} epochs x {MINIBATCHES} minibatches, demo model, "
-        f"{jax.local_device_count()} CPU devices; {flops / 1e9:.1f} GFLOP per update"
+        f"{RESPONSE} (longest {args.longest}), {EPOCHS} epochs x {MINIBATCHES} minibatches, "
+        f"demo model, {jax.local_device_count()} CPU devices; {flops / 1e9:.1f} model GFLOP "
+        f"({six_n / 1e9:.1f} as 6 x params x tokens)"
     )
-    print(f"fp32 matmul 2048^3 (XLA, this machine, same run): {peak / 1e9:.0f} GFLOP/s")
     for name, values in times.items():
         best, median = min(values), statistics.median(values)
         print(
-            f"  {name:>12}: best {best * 1e3:7.1f} ms  median {median * 1e3:7.1f} ms  "
-            f"{flops / best / 1e9:6.1f} GFLOP/s ({flops / best / peak:.0%} of the matmul peak); "
-            f"CPU time best {min(cpu[name]) * 1e3:7.1f} ms"
+            f"  {name:>12}: best {best * 1e3:7.1f} ms (median {median * 1e3:7.1f}, CPU time "
+            f"{min(cpu[name]) * 1e3:7.1f})  {_roofline.of_peak(flops, best, peak)}; "
+            f"6N: {six_n / best / 1e9:.1f} GFLOP/s"
         )
     if args.baseline:
         old, new = (min(times[name]) for name in runs)
