@@ -11,7 +11,10 @@ padded batch) and, beside them, 6 · parameters · tokens; the fraction is of th
 peak ``_roofline`` measures in the same run. With ``--longest`` below the response width
 both count the padded batch: effective figures. Both sides start from the same state.
 
-    python benchmarks/bench_ppo_update.py [--baseline HEAD~1] [--repeats 7] [--longest 16]
+    python benchmarks/bench_ppo_update.py [--baseline f6b9376] [--repeats 7] [--longest 16]
+
+(f6b9376: the last commit before the update was made faster. Name a commit, not HEAD~1:
+other work lands on top of the update's own commits.)
 """
 
 from __future__ import annotations
