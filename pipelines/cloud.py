@@ -73,17 +73,20 @@ def compile_pipeline(
     Path(package_path).parent.mkdir(parents=True, exist_ok=True)
     compiler.Compiler().compile(pipeline, str(package_path), pipeline_parameters=values or None)
     if placement.target == "vertex" or placement.hosts > 1:
-        _rewrite_training(placement, Path(package_path))
+        rewrite_training(placement, Path(package_path))
     return checked
 
 
-def _rewrite_training(placement: Placement, package: Path) -> None:
-    """Rewrite the compiled spec's training tasks: each a TPU custom job on Vertex, or a
-    JobSet over the hosts of a multi-host slice on GKE."""
+def rewrite_training(
+    placement: Placement, package: Path, pipeline_name: str = PIPELINE_NAME
+) -> None:
+    """Rewrite the compiled spec's training tasks: each a TPU custom job on Vertex (labelled
+    with ``pipeline_name`` and the placement), or a JobSet over the hosts of a multi-host
+    slice on GKE."""
     spec, *platform = yaml.safe_load_all(package.read_text())
     if placement.target == "vertex":
         labels = {key.replace("-", "_"): value for key, value in placement.describe().items()}
-        labels = {"pipeline": PIPELINE_NAME, **labels}
+        labels = {"pipeline": pipeline_name, **labels}
         vertex_jobs.as_custom_jobs(spec, placement.machine, placement.topology, labels)
     else:
         jobset.as_launchers(spec, placement)

@@ -16,11 +16,9 @@ placement work; a red one says which part did not.
 from pathlib import Path
 from typing import Any
 
-import yaml
 from kfp import dsl
 from kfp.dsl import Artifact, Output
 
-from pipelines import jobset, vertex_jobs
 from pipelines.targets import TRAIN, Placement, place
 
 SMOKE_PIPELINE = "alignpipe-smoke"
@@ -75,11 +73,6 @@ def compile_smoke(placement: Placement, package_path: str | Path) -> None:
     compiler.Compiler().compile(build_smoke_pipeline(placement), str(package))
     if placement.target == "local" or (placement.target == "gke" and placement.hosts == 1):
         return
-    spec, *platform = yaml.safe_load_all(package.read_text())
-    if placement.target == "vertex":
-        placed = {key.replace("-", "_"): value for key, value in placement.describe().items()}
-        labels = {"pipeline": SMOKE_PIPELINE, **placed}
-        vertex_jobs.as_custom_jobs(spec, placement.machine, placement.topology, labels)
-    else:
-        jobset.as_launchers(spec, placement)
-    package.write_text(yaml.safe_dump_all([spec, *platform], sort_keys=False))
+    from pipelines import cloud
+
+    cloud.rewrite_training(placement, package, SMOKE_PIPELINE)
