@@ -283,6 +283,9 @@ def test_only_host_0_writes_a_tasks_outputs(tmp_path, monkeypatch):
     assert os.path.exists(metrics.path) and "CLUSTER_SPEC" not in os.environ
     monkeypatch.setattr(jax, "process_index", lambda: 2)
     metrics.path = str(tmp_path / "host2.json")
-    stage_io.write_metrics(metrics, "ppo", {"loss": 1.0}, started=0.0)
-    assert not os.path.exists(metrics.path)
-    assert json.loads(os.environ["CLUSTER_SPEC"])["task"]["type"] == "workerpool1"
+    try:
+        stage_io.write_metrics(metrics, "ppo", {"loss": 1.0}, started=0.0)
+        assert not os.path.exists(metrics.path)
+        assert json.loads(os.environ["CLUSTER_SPEC"])["task"]["type"] == "workerpool1"
+    finally:  # set by the code under test: later kfp.local tasks of this process inherit it
+        os.environ.pop("CLUSTER_SPEC", None)
