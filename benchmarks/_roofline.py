@@ -37,6 +37,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
+from _timing import wall_times
 
 from components.core.model_config import ModelConfig
 
@@ -61,13 +62,7 @@ class Peak(NamedTuple):
 
 def best_seconds(fn: Callable[..., Any], *args: Any, repeats: int = REPEATS) -> float:
     """Fastest wall time of ``fn(*args)`` after one warm-up call (compilation excluded)."""
-    jax.block_until_ready(fn(*args))
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        times.append(time.perf_counter() - start)
-    return min(times)
+    return min(wall_times(fn, *args, warmup=1, repeats=repeats))
 
 
 def _per_device(devices: Sequence[jax.Device], shape: tuple[int, ...], dtype: Any) -> jax.Array:

@@ -10,8 +10,9 @@ from typing import Any
 import jax
 
 
-def median_seconds(fn: Callable[..., Any], *args: Any, warmup: int = 2, repeats: int = 5) -> float:
-    """Median wall time of ``fn(*args)`` after ``warmup`` calls (compilation excluded)."""
+def wall_times(fn: Callable[..., Any], *args: Any, warmup: int, repeats: int) -> list[float]:
+    """Wall times of ``repeats`` calls of ``fn(*args)`` after ``warmup`` calls (compilation
+    excluded)."""
     for _ in range(warmup):
         jax.block_until_ready(fn(*args))
     times = []
@@ -19,7 +20,12 @@ def median_seconds(fn: Callable[..., Any], *args: Any, warmup: int = 2, repeats:
         start = time.perf_counter()
         jax.block_until_ready(fn(*args))
         times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    return times
+
+
+def median_seconds(fn: Callable[..., Any], *args: Any, warmup: int = 2, repeats: int = 5) -> float:
+    """Median wall time of ``fn(*args)`` after ``warmup`` calls (compilation excluded)."""
+    return statistics.median(wall_times(fn, *args, warmup=warmup, repeats=repeats))
 
 
 def interleaved_median_seconds(
