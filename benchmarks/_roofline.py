@@ -39,7 +39,7 @@ import jax.numpy as jnp
 import numpy as np
 from _timing import wall_times
 
-from components.core.model_config import ModelConfig
+from components.core.model.config import ModelConfig
 
 MIN_CALL_SECONDS = 0.05  # the largest matmul takes this long: launch overhead is negligible
 MAX_BYTES = 2**32  # a, b and a @ b over all devices stay under this

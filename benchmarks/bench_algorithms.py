@@ -53,14 +53,14 @@ import numpy as np  # noqa: E402
 from bench_fsdp_memory import measure  # noqa: E402
 from flax import nnx  # noqa: E402
 
-from components.core import parallel  # noqa: E402
-from components.core.builtin_task import write_jsonl  # noqa: E402
-from components.core.checkpoint import read_model_config  # noqa: E402
-from components.core.input_pipeline import read_manifest  # noqa: E402
-from components.core.model_io import stage_model  # noqa: E402
-from components.core.optim import make_optimizer  # noqa: E402
-from components.core.tokenizers import BUILTIN_WORDS  # noqa: E402
-from components.core.trainer import preference_streams  # noqa: E402
+from components.core.data.builtin_task import write_jsonl  # noqa: E402
+from components.core.data.input_pipeline import read_manifest  # noqa: E402
+from components.core.data.tokenizers import BUILTIN_WORDS  # noqa: E402
+from components.core.model.artifact import stage_model  # noqa: E402
+from components.core.training import parallel  # noqa: E402
+from components.core.training.checkpoint import read_model_config  # noqa: E402
+from components.core.training.optim import make_optimizer  # noqa: E402
+from components.core.training.trainer import preference_streams  # noqa: E402
 from components.dpo.config import DPOConfig  # noqa: E402
 from components.dpo.stage import ReferenceScored  # noqa: E402
 from components.dpo.train import (  # noqa: E402

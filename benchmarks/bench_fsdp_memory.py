@@ -43,9 +43,9 @@ import numpy as np  # noqa: E402
 from _timing import mib  # noqa: E402
 from flax import nnx  # noqa: E402
 
-from components.core import parallel  # noqa: E402
-from components.core.model import Transformer, model_config  # noqa: E402
-from components.core.optim import OptimConfig, make_optimizer  # noqa: E402
+from components.core.model.transformer import Transformer, model_config  # noqa: E402
+from components.core.training import parallel  # noqa: E402
+from components.core.training.optim import OptimConfig, make_optimizer  # noqa: E402
 from components.sft.train import make_sft_loss  # noqa: E402
 from pipelines.run_presets import TRAINED_BYTES_PER_PARAM as STATE_BYTES_PER_PARAM  # noqa: E402
 from pipelines.run_presets import activation_bytes, gathered_bytes  # noqa: E402

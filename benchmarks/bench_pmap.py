@@ -28,9 +28,9 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from flax import nnx  # noqa: E402
 
-from components.core import parallel  # noqa: E402
-from components.core.model import Transformer, model_config  # noqa: E402
-from components.core.optim import OptimConfig, make_optimizer  # noqa: E402
+from components.core.model.transformer import Transformer, model_config  # noqa: E402
+from components.core.training import parallel  # noqa: E402
+from components.core.training.optim import OptimConfig, make_optimizer  # noqa: E402
 
 VOCAB = 512
 

@@ -50,9 +50,9 @@ import numpy as np  # noqa: E402
 from _shapes import DEMO, REAL, REAL_PROMPT, REAL_RESPONSE, Shape  # noqa: E402
 from flax import nnx  # noqa: E402
 
-from components.core import parallel  # noqa: E402
-from components.core.model_config import ModelConfig  # noqa: E402
-from components.core.model_io import create_model  # noqa: E402
+from components.core.model.artifact import create_model  # noqa: E402
+from components.core.model.config import ModelConfig  # noqa: E402
+from components.core.training import parallel  # noqa: E402
 from components.ppo import PPOConfig  # noqa: E402
 from components.ppo.loop import host_floats  # noqa: E402
 from components.ppo.rollout import (  # noqa: E402

@@ -21,8 +21,8 @@ import numpy as np  # noqa: E402
 from _timing import mib  # noqa: E402
 from flax import nnx  # noqa: E402
 
-from components.core import parallel  # noqa: E402
-from components.core.model_io import create_model  # noqa: E402
+from components.core.model.artifact import create_model  # noqa: E402
+from components.core.training import parallel  # noqa: E402
 from components.ppo import PPOConfig  # noqa: E402
 from components.ppo.rollout import Models  # noqa: E402
 from components.ppo.update import PPOState, make_update  # noqa: E402

@@ -39,14 +39,14 @@ import _roofline  # noqa: E402
 import numpy as np  # noqa: E402
 from flax import nnx  # noqa: E402
 
-from components.core import parallel  # noqa: E402
-from components.core.model_io import create_model  # noqa: E402
+from components.core.model.artifact import create_model  # noqa: E402
+from components.core.training import parallel  # noqa: E402
 from components.ppo import PPOConfig  # noqa: E402
 from components.ppo.rollout import Models  # noqa: E402
 
 VOCAB, BATCH, PROMPT, RESPONSE, EPOCHS, MINIBATCHES = 259, 32, 16, 32, 4, 2
 # The modules whose revision --baseline swaps in, in import order.
-SWAPPED = ("components.core.scoring", "components.ppo.losses", "components.ppo.update")
+SWAPPED = ("components.core.model.scoring", "components.ppo.losses", "components.ppo.update")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 

@@ -22,7 +22,7 @@ import optax
 from _timing import compiled_temp_bytes, interleaved_median_seconds, mib
 from flax import nnx
 
-from components.core.model import Transformer, model_config
+from components.core.model.transformer import Transformer, model_config
 
 VOCAB = 512
 

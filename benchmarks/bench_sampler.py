@@ -29,8 +29,8 @@ from _shapes import DEMO, REAL, REAL_PROMPT, REAL_RESPONSE
 from _timing import interleaved_median_seconds, mib
 from flax import nnx
 
-from components.core.model import Transformer, model_config
-from components.core.sampler import generate, generate_without_cache
+from components.core.model.sampler import generate, generate_without_cache
+from components.core.model.transformer import Transformer, model_config
 
 VOCAB = 512
 PAD_ID = 0

@@ -17,8 +17,8 @@ import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
-from components.core.builtin_task import write_jsonl  # noqa: E402
-from components.core.tokenizers import load_tokenizer  # noqa: E402
+from components.core.data.builtin_task import write_jsonl  # noqa: E402
+from components.core.data.tokenizers import load_tokenizer  # noqa: E402
 from components.shard import ShardConfig, run  # noqa: E402
 from components.shard.beam_pipeline import shard_path  # noqa: E402
 from components.shard.records import Rejection, encode_example, process_item  # noqa: E402

@@ -43,7 +43,7 @@ def register(commands: argparse._SubParsersAction) -> None:
 
 
 def _generate(args: argparse.Namespace, rest: list[str]) -> int:
-    from components.core.builtin_task import GOLD_REWARD_NAME, write_jsonl
+    from components.core.data.builtin_task import GOLD_REWARD_NAME, write_jsonl
 
     if args.pairs < 1:
         print("error: --pairs must be at least 1", file=sys.stderr)
@@ -60,7 +60,7 @@ def _shard(args: argparse.Namespace, rest: list[str]) -> int:
 
 
 def _validate(args: argparse.Namespace, rest: list[str]) -> int:
-    from components.core.tokenizers import TokenizerError
+    from components.core.data.tokenizers import TokenizerError
     from components.shard.sources import InputError
     from components.shard.validate import validate_files
 

@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from components.core.model_config import DTYPES, REMAT_POLICIES
+from components.core.model.config import DTYPES, REMAT_POLICIES
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -62,8 +62,8 @@ def register(commands: argparse._SubParsersAction) -> None:
 
 def _errors() -> tuple[type[Exception], ...]:
     """The user-fixable errors of import and export (printed, exit status 2)."""
-    from components.core.checkpoint import ModelArtifactError
-    from components.core.tokenizers import TokenizerError
+    from components.core.data.tokenizers import TokenizerError
+    from components.core.training.checkpoint import ModelArtifactError
     from components.hf.export import ExportError
     from components.hf.families import HFImportError
     from components.hf.safetensors_io import CheckpointFileError

@@ -26,9 +26,9 @@ def builtin_data(pairs: int, seed: int, data: Output[Dataset]) -> str:
     """Generate the built-in preference task as JSONL; returns the shard stage's sources."""
     import json
 
-    from components.core.builtin_task import write_jsonl
+    from components.core.data.builtin_task import write_jsonl
+    from components.core.data.tokenizers import BUILTIN_WORDS
     from components.core.fileio import join
-    from components.core.tokenizers import BUILTIN_WORDS
 
     data.metadata["pairs"] = write_jsonl(join(data.path, "pairs.jsonl"), pairs, seed=seed)
     # The task's own word-level tokenizer: what an empty ``tokenizer`` parameter picks.

@@ -12,7 +12,7 @@ import dataclasses
 import typing
 from typing import Any
 
-from components.core.model_config import PRESETS
+from components.core.model.config import PRESETS
 from components.dpo.config import DPOConfig
 from components.evaluate.config import EvalConfig
 from components.ppo.config import PPOConfig
@@ -341,7 +341,7 @@ def _check_registry(values: dict[str, Any]) -> None:
 
 def _check_checkpoint_root(root: str) -> None:
     """A checkpoint root Orbax can keep durable state in (gs://, or a local folder)."""
-    from components.core.checkpoint import check_checkpoint_root
+    from components.core.training.checkpoint import check_checkpoint_root
 
     try:
         check_checkpoint_root(root)

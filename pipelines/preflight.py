@@ -72,7 +72,7 @@ def _data(data_uri: str, values: dict[str, Any]) -> None:
 
 def _tokenizer(spec: str, values: dict[str, Any]) -> None:
     """The shard stage's own loader; built-in names need no file."""
-    from components.core.tokenizers import load_tokenizer
+    from components.core.data.tokenizers import load_tokenizer
 
     load_tokenizer(spec)
 

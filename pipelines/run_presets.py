@@ -1,7 +1,7 @@
 """Presets for real runs on TPU slices, and the per-chip memory arithmetic that decides them.
 
 A stage holds its models on every chip either replicated (``fsdp`` off: each chip
-has everything) or in chunks (``fsdp`` on, ``components/core/fsdp.py``: each of
+has everything) or in chunks (``fsdp`` on, ``components/core/training/fsdp.py``: each of
 the C chips holds 1/C and gathers a tensor where it is used). Per chip, for a
 model of N parameters, float32 parameters and AdamW's two float32 moments:
 
@@ -46,8 +46,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from components.core.model_config import ModelConfig, model_config
-from components.core.trainer import PRETRAINED_LEARNING_RATE
+from components.core.model.config import ModelConfig, model_config
+from components.core.training.trainer import PRETRAINED_LEARNING_RATE
 from pipelines import params
 
 GB = 1e9

@@ -70,7 +70,7 @@ def check_devices(expected_platform: str, expected_devices: int) -> dict[str, An
     """Print the devices JAX sees, refuse unexpected ones, run one pmap step; a summary.
 
     Runs on one host or, when the environment names a multi-host slice, on each of its
-    hosts (``components.core.distributed``). On CPU it gets virtual devices
+    hosts (``components.core.training.distributed``). On CPU it gets virtual devices
     (``ALIGNPIPE_CPU_DEVICES``, default 8), as the local pipeline does.
     """
     import time
@@ -81,8 +81,8 @@ def check_devices(expected_platform: str, expected_devices: int) -> dict[str, An
         raise ValueError(f"expected_devices: {expected_devices} must be at least 1")
     import jax
 
-    from components.core.distributed import maybe_initialize
     from components.core.entry import configure_cpu_devices
+    from components.core.training.distributed import maybe_initialize
 
     configure_cpu_devices()  # the CPU backend only: accelerators are their own devices
     maybe_initialize()

@@ -154,7 +154,7 @@ def training_state(
     the launcher uploads the artifact after success only, so a preempted attempt would lose
     its state, and the task refuses to start.
     """
-    from components.core import checkpoint
+    from components.core.training import checkpoint
 
     if not checkpoint_root:
         if "://" in output_uri:

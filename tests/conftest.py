@@ -30,7 +30,7 @@ import pytest  # noqa: E402
 @pytest.fixture
 def sharded_placements(monkeypatch):
     """Counts the trees placed in chunks (fsdp): proves a run really sharded its state."""
-    from components.core import fsdp
+    from components.core.training import fsdp
 
     calls = []
     shard = fsdp.shard

@@ -119,7 +119,9 @@ def test_each_image_imports_what_its_tasks_import():
         assert f"components.{stage}.stage" in train
     assert {"pipelines:stage_io", "pipelines.smoke_task", "pipelines.jobset_launcher"} <= set(train)
     data = check.import_targets(check.IMAGES["data"])
-    assert "components.shard.stage" in data and "components.core.builtin_task:write_jsonl" in data
+    assert (
+        "components.shard.stage" in data and "components.core.data.builtin_task:write_jsonl" in data
+    )
     assert "apache_beam.runners.worker.sdk_worker_main" in data  # the Dataflow worker harness
     assert not any(t.startswith(("components.ppo", "components.sft")) for t in data)
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from components.core import checkpoint as ckpt
+from components.core.training import checkpoint as ckpt
 
 
 def _tree(seed: int) -> dict:

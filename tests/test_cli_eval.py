@@ -8,8 +8,8 @@ import pytest
 from flax import nnx
 
 from components import shard
-from components.core.builtin_task import write_jsonl
-from components.core.model_io import create_model, save_model
+from components.core.data.builtin_task import write_jsonl
+from components.core.model.artifact import create_model, save_model
 from components.shard import ShardConfig
 from pipelines import cli_eval
 from pipelines.cli import main

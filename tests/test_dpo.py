@@ -17,13 +17,13 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from components.core import parallel
-from components.core.builtin_task import write_jsonl
-from components.core.checkpoint import read_model_config, work_checkpoint_dir
-from components.core.gold import policy_gold_scores
-from components.core.input_pipeline import longest_lengths, read_manifest
-from components.core.metrics import read_metrics
-from components.core.model_io import ModelMismatchError, load_model
+from components.core.data.builtin_task import write_jsonl
+from components.core.data.gold import policy_gold_scores
+from components.core.data.input_pipeline import longest_lengths, read_manifest
+from components.core.model.artifact import ModelMismatchError, load_model
+from components.core.training import parallel
+from components.core.training.checkpoint import read_model_config, work_checkpoint_dir
+from components.core.training.metrics import read_metrics
 from components.dpo import DPOConfig, run
 from components.dpo.__main__ import main as dpo_main
 from components.dpo.config import FROM_SCRATCH_LEARNING_RATE, PRETRAINED_LEARNING_RATE

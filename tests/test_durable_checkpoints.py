@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from components.core import checkpoint as ckpt
-from components.core.metrics import read_metrics
+from components.core.training import checkpoint as ckpt
+from components.core.training.metrics import read_metrics
 from pipelines import params, stage_io
 
 TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
@@ -43,8 +43,8 @@ def train(shards: str, output: str, step_sleep: float = 0.0):
     """The training loop sft, reward and dpo share (``trainer.fit``) on a tiny LM."""
     from test_parallel import TinyLM, lm_loss_fn
 
-    from components.core import input_pipeline
-    from components.core.trainer import TrainConfig, fit
+    from components.core.data import input_pipeline
+    from components.core.training.trainer import TrainConfig, fit
 
     config = TrainConfig(
         batch_size=8, steps=STEPS, save_every=SAVE_EVERY, learning_rate=1e-2, warmup_steps=2
@@ -66,7 +66,7 @@ def train(shards: str, output: str, step_sleep: float = 0.0):
 
 
 def _config(seed: int):
-    from components.core.trainer import TrainConfig
+    from components.core.training.trainer import TrainConfig
 
     return TrainConfig(seed=seed)
 

@@ -9,7 +9,7 @@ import math
 import numpy as np
 import pytest
 
-from components.core import builtin_task
+from components.core.data import builtin_task
 from components.core.flags import add_config_flags, config_from_flags
 from components.evaluate import measures
 from components.evaluate.config import EvalConfig

@@ -12,7 +12,7 @@ from html.parser import HTMLParser
 import numpy as np
 import pytest
 
-from components.core import builtin_task
+from components.core.data import builtin_task
 from components.evaluate import measures, report
 from components.evaluate.config import EvalConfig
 from components.evaluate.gate import decide

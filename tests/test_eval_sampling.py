@@ -8,9 +8,10 @@ import pytest
 from flax import nnx
 
 from components import shard
-from components.core import eval_sampling, parallel
-from components.core.builtin_task import write_jsonl
-from components.core.model_io import create_model
+from components.core.data.builtin_task import write_jsonl
+from components.core.model import eval_sampling
+from components.core.model.artifact import create_model
+from components.core.training import parallel
 from components.shard import ShardConfig
 
 SETTINGS = eval_sampling.SamplingSettings(max_new_tokens=6, eos_id=2, pad_id=0, temperature=1.0)

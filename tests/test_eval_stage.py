@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 
 from components import reward, sft, shard
-from components.core import eval_sampling
-from components.core.builtin_task import GOLD_REWARD_NAME, gold_reward, write_jsonl
-from components.core.checkpoint import ModelArtifactError
-from components.core.input_pipeline import DataError
-from components.core.model_io import ModelMismatchError, create_model
+from components.core.data.builtin_task import GOLD_REWARD_NAME, gold_reward, write_jsonl
+from components.core.data.input_pipeline import DataError
+from components.core.model import eval_sampling
+from components.core.model.artifact import ModelMismatchError, create_model
+from components.core.training.checkpoint import ModelArtifactError
 from components.evaluate import EvalConfig, generation, measures, run
 from components.evaluate.gate import decide
 from components.evaluate.report import format_figure

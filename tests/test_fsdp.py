@@ -9,10 +9,10 @@ import optax
 import pytest
 from flax import nnx
 
-from components.core import fsdp, parallel
-from components.core.model import Transformer, model_config
-from components.core.optim import OptimConfig, clip_by_global_norm, make_optimizer
-from components.core.sampler import generate
+from components.core.model.sampler import generate
+from components.core.model.transformer import Transformer, model_config
+from components.core.training import fsdp, parallel
+from components.core.training.optim import OptimConfig, clip_by_global_norm, make_optimizer
 
 DEVICES = 8
 
@@ -176,8 +176,8 @@ def test_models_and_optimizer_state_are_built_in_host_memory(tmp_path, monkeypat
 
     On CPU the host is device 0 too, so the host here is played by CPU device 3.
     """
-    from components.core import host
-    from components.core.model_io import create_model, load_model, save_model
+    from components.core.model.artifact import create_model, load_model, save_model
+    from components.core.training import host
 
     stand_in = jax.devices("cpu")[3]
     monkeypatch.setattr(host, "host_device", lambda: stand_in)
@@ -229,7 +229,7 @@ def test_sharded_rollout_holds_one_network_embedding_at_a_time():
 
 def test_checkpoint_keeps_chunks_on_save_and_restores_whole_tensors(tmp_path):
     """No host gathers sharded state to save it; a restore gives whole tensors for any layout."""
-    from components.core.checkpoint import CheckpointConfig, TrainCheckpointer
+    from components.core.training.checkpoint import CheckpointConfig, TrainCheckpointer
 
     # A stack of 8 layers of 8 x 3: its chunks [8 devices, 8 layers, 3] look like the tensor.
     params = {

@@ -8,8 +8,8 @@ import sys
 import numpy as np
 import pytest
 
-from components.core import builtin_task
-from components.core.gold import is_builtin, resolve_gold_reward, validate_gold_reward
+from components.core.data import builtin_task
+from components.core.data.gold import is_builtin, resolve_gold_reward, validate_gold_reward
 from components.evaluate import measures
 from components.evaluate.config import EvalConfig
 

@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from components.core.checkpoint import read_model_config
-from components.core.model_io import create_model, load_model, save_model
-from components.core.tokenizers import load_tokenizer
+from components.core.data.tokenizers import load_tokenizer
+from components.core.model.artifact import create_model, load_model, save_model
+from components.core.training.checkpoint import read_model_config
 from components.hf import safetensors_io
 from components.hf.export import ExportError, export_hf
 from components.hf.families import family_of_config, model_config_from_hf

@@ -17,10 +17,10 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from components.core.checkpoint import read_model_config
-from components.core.model import Transformer, model_config
-from components.core.model_io import load_model, stage_model
-from components.core.tokenizers import load_tokenizer
+from components.core.data.tokenizers import load_tokenizer
+from components.core.model.artifact import load_model, stage_model
+from components.core.model.transformer import Transformer, model_config
+from components.core.training.checkpoint import read_model_config
 from components.hf import safetensors_io
 from components.hf.families import HFImportError, model_config_from_hf
 from components.hf.importer import import_hf, resolve_base

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from components.core import input_pipeline as ip
-from components.core.tokenizers import ByteTokenizer
+from components.core.data import input_pipeline as ip
+from components.core.data.tokenizers import ByteTokenizer
 
 BOS, EOS, PAD = 1, 2, 0
 
@@ -257,7 +257,7 @@ def test_left_pad_truncation_keeps_bos():
 
 def test_streams_resume_on_another_host_layout(shards):
     """A position saved by a host holding 2 of 4 streams restores a host holding all 4."""
-    from components.core.trainer import StreamBatches
+    from components.core.training.trainer import StreamBatches
 
     def streams(own: range) -> StreamBatches:
         readers = [

@@ -6,7 +6,7 @@ import io
 
 import numpy as np
 
-from components.core.metrics import MetricsLogger, read_metrics
+from components.core.training.metrics import MetricsLogger, read_metrics
 
 
 def test_jsonl_tensorboard_progress_and_summary(tmp_path):

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from components.core.model import PRESETS, ModelConfig, Transformer, model_config
+from components.core.model.transformer import PRESETS, ModelConfig, Transformer, model_config
 
 VOCAB = 61
 

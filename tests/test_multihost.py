@@ -15,7 +15,7 @@ import sys
 import numpy as np
 import pytest
 
-from components.core import distributed
+from components.core.training import distributed
 
 TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(TESTS_DIR)
@@ -37,8 +37,9 @@ def worker(shards: str, out: str, local_devices: int, sharded: bool = False) -> 
     from flax import nnx
     from test_parallel import TinyLM, lm_loss_fn
 
-    from components.core import checkpoint, fsdp, input_pipeline, parallel
-    from components.core.optim import OptimConfig, make_optimizer
+    from components.core.data import input_pipeline
+    from components.core.training import checkpoint, fsdp, parallel
+    from components.core.training.optim import OptimConfig, make_optimizer
 
     assert jax.device_count() == 8 and jax.process_count() == cluster.num_processes
     hosts = range(2) if jax.process_count() == 1 else [jax.process_index()]
@@ -109,7 +110,7 @@ def _check_sharded(state, initial) -> None:
     import jax
     from jax import lax
 
-    from components.core import fsdp, parallel
+    from components.core.training import fsdp, parallel
 
     total, local = jax.device_count(), jax.local_device_count()
     index = jax.pmap(lambda x: x + lax.axis_index("i"), axis_name="i")(np.zeros(local, np.int32))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from components.core.optim import OptimConfig, lr_at, make_optimizer
+from components.core.training.optim import OptimConfig, lr_at, make_optimizer
 
 
 def test_warmup_then_cosine():

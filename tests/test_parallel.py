@@ -9,8 +9,8 @@ import optax
 import pytest
 from flax import nnx
 
-from components.core import parallel
-from components.core.optim import OptimConfig, make_optimizer
+from components.core.training import parallel
+from components.core.training.optim import OptimConfig, make_optimizer
 
 
 class TinyLM(nnx.Module):

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from components.core.model_io import create_model
+from components.core.model.artifact import create_model
 from components.ppo import PPOConfig
 from components.ppo.kl_control import init_kl_controller, raise_kl_coef, update_kl_controller
 from components.ppo.stage import fold_normalization

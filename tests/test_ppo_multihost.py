@@ -28,12 +28,12 @@ import pytest
 from flax import nnx
 from test_multihost import _free_ports, clean_env
 
-from components.core import distributed
-from components.core.builtin_task import write_jsonl
-from components.core.checkpoint import work_checkpoint_dir
-from components.core.input_pipeline import read_manifest
-from components.core.metrics import read_metrics
-from components.core.model_io import create_model, load_model, save_model
+from components.core.data.builtin_task import write_jsonl
+from components.core.data.input_pipeline import read_manifest
+from components.core.model.artifact import create_model, load_model, save_model
+from components.core.training import distributed
+from components.core.training.checkpoint import work_checkpoint_dir
+from components.core.training.metrics import read_metrics
 from components.shard import ShardConfig
 from components.shard import run as run_shard
 

@@ -22,9 +22,9 @@ from flax import nnx
 
 import components.reward as reward
 import components.sft as sft
-from components.core.builtin_task import write_jsonl
-from components.core.metrics import read_events, read_metrics
-from components.core.model_io import load_model
+from components.core.data.builtin_task import write_jsonl
+from components.core.model.artifact import load_model
+from components.core.training.metrics import read_events, read_metrics
 from components.ppo import PPOConfig, run
 from components.ppo.__main__ import main as ppo_main
 from components.shard import ShardConfig

@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from components.core import parallel
-from components.core.model_io import create_model
-from components.core.scoring import halved_width, response_logprobs, trim_padding
+from components.core.model.artifact import create_model
+from components.core.model.scoring import halved_width, response_logprobs, trim_padding
+from components.core.training import parallel
 from components.ppo import PPOConfig
 from components.ppo.guard import KL_METRIC, KLGuard
 from components.ppo.rollout import AXIS, Models

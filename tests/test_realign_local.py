@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 from flax import nnx
 
-from components.core.builtin_task import GOLD_REWARD_NAME, write_jsonl
-from components.core.model_io import create_model, save_model
-from components.core.tokenizers import BUILTIN_WORDS, load_tokenizer
+from components.core.data.builtin_task import GOLD_REWARD_NAME, write_jsonl
+from components.core.data.tokenizers import BUILTIN_WORDS, load_tokenizer
+from components.core.model.artifact import create_model, save_model
 from pipelines import promotion
 from pipelines.cli import main
 from pipelines.local_run import format_summary, run_local

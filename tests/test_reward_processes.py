@@ -14,10 +14,14 @@ import pytest
 from flax import nnx
 from test_multihost import _free_port, _wait_all, clean_env
 
-from components.core.builtin_task import write_jsonl
-from components.core.checkpoint import load_model_params, read_model_config, work_checkpoint_dir
-from components.core.metrics import read_metrics
-from components.core.model import ModelConfig, Transformer
+from components.core.data.builtin_task import write_jsonl
+from components.core.model.transformer import ModelConfig, Transformer
+from components.core.training.checkpoint import (
+    load_model_params,
+    read_model_config,
+    work_checkpoint_dir,
+)
+from components.core.training.metrics import read_metrics
 from components.shard import ShardConfig
 from components.shard import run as run_shard
 

@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import pytest
 from flax import nnx
 
-from components.core.model import Transformer, model_config
+from components.core.model.transformer import Transformer, model_config
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import _roofline  # noqa: E402

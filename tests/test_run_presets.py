@@ -9,8 +9,8 @@ import pytest
 import yaml
 from flax import nnx
 
-from components.core.model import Transformer
-from components.core.model_config import model_config
+from components.core.model.config import model_config
+from components.core.model.transformer import Transformer
 from components.evaluate.config import EvalConfig
 from components.ppo.config import PPOConfig
 from components.reward.config import RewardConfig

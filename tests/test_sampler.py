@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from components.core import parallel
-from components.core.model import Transformer, model_config
-from components.core.sampler import filter_logits, generate, generate_without_cache
+from components.core.model.sampler import filter_logits, generate, generate_without_cache
+from components.core.model.transformer import Transformer, model_config
+from components.core.training import parallel
 
 VOCAB = 61
 PAD_ID = 0

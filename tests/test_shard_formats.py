@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-from components.core.tokenizers import ByteTokenizer
+from components.core.data.tokenizers import ByteTokenizer
 from components.shard.config import ShardConfig
 from components.shard.formats import REASONS, Invalid, detect_format, to_text_pair
 from components.shard.records import (

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from components.core.builtin_task import (
+from components.core.data.builtin_task import (
     expected_label_agreement,
     generate_pairs,
     gold_reward,

@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 import tensorflow as tf
 
-from components.core.builtin_task import GOLD_REWARD_NAME, generate_pairs
+from components.core.data.builtin_task import GOLD_REWARD_NAME, generate_pairs
 from components.shard import ShardConfig, ShardError, run
 from components.shard.records import decode_example, place, prompt_hash, split_position
 from components.shard.sources import InputError
@@ -188,7 +188,7 @@ def test_examples_round_trip_text_and_ids(sharded):
     out, _ = sharded[2]["first"]
     path = os.path.join(out, "train", f"shard-00000-of-{NUM_SHARDS:05d}.tfrecord")
     record = decode_example(next(iter(tf.data.TFRecordDataset(path))).numpy())
-    from components.core.tokenizers import ByteTokenizer
+    from components.core.data.tokenizers import ByteTokenizer
 
     tok = ByteTokenizer()
     assert tok.decode(record["prompt_ids"]) == record["prompt"]

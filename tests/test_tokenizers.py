@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from components.core.tokenizers import (
+from components.core.data.tokenizers import (
     ByteTokenizer,
     HFTokenizer,
     TokenizerError,
@@ -84,7 +84,7 @@ def test_bad_tokenizer_inputs_name_the_fix(tmp_path):
 
 
 def test_builtin_word_tokenizer_covers_the_task_one_token_per_word():
-    from components.core.builtin_task import generate_pairs
+    from components.core.data.builtin_task import generate_pairs
 
     tok = load_tokenizer("builtin-words")
     assert tok.kind == "hf" and len({tok.pad_id, tok.eos_id, tok.bos_id}) == 3

@@ -12,13 +12,13 @@ import optax
 import pytest
 from flax import nnx
 
-from components.core import parallel
-from components.core.builtin_task import write_jsonl
-from components.core.checkpoint import ModelArtifactError, read_model_config
-from components.core.input_pipeline import DataError
-from components.core.metrics import read_metrics
-from components.core.model_io import ModelMismatchError, is_pretrained, load_model
-from components.core.trainer import FROM_SCRATCH_LEARNING_RATE, PRETRAINED_LEARNING_RATE
+from components.core.data.builtin_task import write_jsonl
+from components.core.data.input_pipeline import DataError
+from components.core.model.artifact import ModelMismatchError, is_pretrained, load_model
+from components.core.training import parallel
+from components.core.training.checkpoint import ModelArtifactError, read_model_config
+from components.core.training.metrics import read_metrics
+from components.core.training.trainer import FROM_SCRATCH_LEARNING_RATE, PRETRAINED_LEARNING_RATE
 from components.reward import RewardConfig
 from components.reward import run as run_reward
 from components.reward.stage import RewardAccuracyError
@@ -171,8 +171,8 @@ def test_reward_gate_fails_after_writing_the_model_and_names_the_fix(shards, tmp
 
 
 def test_reward_eval_loss_is_the_training_loss_with_margins(shards):
-    from components.core.model_io import create_model
-    from components.core.trainer import preference_streams
+    from components.core.model.artifact import create_model
+    from components.core.training.trainer import preference_streams
 
     vocab = json.loads(open(os.path.join(shards, "manifest.json")).read())["tokenizer"][
         "vocab_size"
@@ -232,7 +232,7 @@ def test_non_finite_loss_aborts_after_limit_and_keeps_last_good_checkpoint(shard
     )  # fmt: skip
     with pytest.raises(FloatingPointError, match="not finite for 3 steps in a row"):
         run_reward(config, shards, out)
-    from components.core.checkpoint import work_checkpoint_dir
+    from components.core.training.checkpoint import work_checkpoint_dir
 
     steps = sorted(int(s) for s in os.listdir(work_checkpoint_dir(out)) if s.isdigit())
     assert steps and steps[-1] < 30
@@ -240,8 +240,8 @@ def test_non_finite_loss_aborts_after_limit_and_keeps_last_good_checkpoint(shard
 
 
 def test_reward_step_on_8_devices_equals_single_device(shards):
-    from components.core.model_io import create_model
-    from components.core.trainer import preference_streams
+    from components.core.model.artifact import create_model
+    from components.core.training.trainer import preference_streams
 
     vocab = json.loads(open(os.path.join(shards, "manifest.json")).read())["tokenizer"][
         "vocab_size"

@@ -23,10 +23,11 @@ import jax
 import numpy as np
 from flax import nnx
 
-from components.core import fileio, parallel
-from components.core.checkpoint import read_model_config
-from components.core.model_io import ModelMismatchError
-from components.core.trainer import BatchWrapper, StreamBatches, train_on_preferences
+from components.core import fileio
+from components.core.model.artifact import ModelMismatchError
+from components.core.training import parallel
+from components.core.training.checkpoint import read_model_config
+from components.core.training.trainer import BatchWrapper, StreamBatches, train_on_preferences
 from components.dpo.config import DPOConfig
 from components.dpo.train import (
     REFERENCE_CHOSEN,

@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from components.core import fsdp
+from components.core.training import fsdp
 
 PyTree = Any
 REFERENCE_CHOSEN = "reference_chosen_logps"

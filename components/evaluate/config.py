@@ -5,9 +5,9 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from components.core import builtin_task
+from components.core.data import builtin_task
+from components.core.data.gold import validate_gold_reward
 from components.core.flags import field
-from components.core.gold import validate_gold_reward
 
 # Samples per prompt and policy: each adds a paired comparison per prompt. Measured on a demo
 # run (88 eval prompts, win rate 0.77): the 95% interval is ±0.060 with 1 sample, ±0.044 with

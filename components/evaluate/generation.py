@@ -1,4 +1,4 @@
-"""Scoring on the eval prompts, data-parallel with ``jax.pmap``; sampling is core.eval_sampling.
+"""Scoring on the eval prompts, data-parallel with ``jax.pmap``; sampling: core.model.eval_sampling.
 
 Rows are (prompt, sample) pairs: row ``r`` is sample ``r % S`` of prompt ``r // S``. Rows are
 cut into batches of a multiple of the local device count; the last batch is padded with
@@ -18,11 +18,11 @@ import jax
 import numpy as np
 from flax import nnx
 
-from components.core import parallel
-from components.core.eval_sampling import Prompts, Responses, map_local_batches
-from components.core.input_pipeline import preference_dataset
-from components.core.model import ModelConfig, Transformer
-from components.core.scoring import pair_rewards, response_logprobs, sequence_scores
+from components.core.data.input_pipeline import preference_dataset
+from components.core.model.eval_sampling import Prompts, Responses, map_local_batches
+from components.core.model.scoring import pair_rewards, response_logprobs, sequence_scores
+from components.core.model.transformer import ModelConfig, Transformer
+from components.core.training import parallel
 
 
 class LoadedModel(NamedTuple):
@@ -52,7 +52,7 @@ def _response_rewards(graphdef, params, batch):
 
 
 def _row_arrays(prompts: Prompts, responses: Responses) -> dict[str, np.ndarray]:
-    """Flat rows of (prompt, response) in core.scoring's batch layout."""
+    """Flat rows of (prompt, response) in core.model.scoring's batch layout."""
     samples, length = responses.tokens.shape[1:]
     return {
         "prompt_tokens": np.repeat(prompts.tokens, samples, axis=0),

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import ArrayLike
 
-from components.core.gold import GoldReward, resolve_gold_reward
+from components.core.data.gold import GoldReward, resolve_gold_reward
 from components.evaluate.config import EvalConfig
 
 SCHEMA_VERSION = 1
@@ -220,7 +220,7 @@ def eos_rate(ended_with_eos: ArrayLike) -> float:
 def gold_scores(
     reward: str | GoldReward, prompts: Sequence[str], responses: Sequence[str]
 ) -> np.ndarray:
-    """The gold reward (a spec for core.gold, or its function) of each pair, as float64 [N]."""
+    """The gold reward (a spec for core.data.gold, or its function) of each pair, as float64 [N]."""
     if len(prompts) != len(responses):
         raise ValueError(
             f"{len(prompts)} prompts but {len(responses)} responses: pass one prompt per "

@@ -15,8 +15,8 @@ from typing import Any
 import numpy as np
 
 from components.core import fileio
-from components.core.distributed import is_primary
-from components.core.metrics import read_events, read_metrics
+from components.core.training.distributed import is_primary
+from components.core.training.metrics import read_events, read_metrics
 from components.evaluate.gate import Gate
 from components.evaluate.measures import JUDGE_GOLD
 from components.evaluate.report import json_ready, write_report

@@ -20,7 +20,7 @@ The best-of-n baseline draws max(n) samples per prompt from the reference (its f
 of the first n, at an analytic KL of log n − (n − 1)/n nats per sequence.
 
 Every host reads every eval shard; sampling is split over the devices of every host and
-gathered back (core.eval_sampling), scoring runs whole on each host, so every host computes
+gathered back (core.model.eval_sampling), scoring runs whole on each host, so every host computes
 the same figures and process 0 writes the outputs.
 """
 
@@ -33,13 +33,20 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from components.core import builtin_task, eval_sampling, fileio
-from components.core.checkpoint import read_model_config
-from components.core.distributed import maybe_initialize
-from components.core.gold import GoldReward, is_builtin, resolve_gold_reward
-from components.core.input_pipeline import DataError, check_vocab, longest_lengths, read_manifest
-from components.core.model_io import ModelMismatchError, check_tokenizer, load_model
-from components.core.tokenizers import Tokenizer, load_tokenizer
+from components.core import fileio
+from components.core.data import builtin_task
+from components.core.data.gold import GoldReward, is_builtin, resolve_gold_reward
+from components.core.data.input_pipeline import (
+    DataError,
+    check_vocab,
+    longest_lengths,
+    read_manifest,
+)
+from components.core.data.tokenizers import Tokenizer, load_tokenizer
+from components.core.model import eval_sampling
+from components.core.model.artifact import ModelMismatchError, check_tokenizer, load_model
+from components.core.training.checkpoint import read_model_config
+from components.core.training.distributed import maybe_initialize
 from components.evaluate import anchor, generation
 from components.evaluate.config import EvalConfig
 from components.evaluate.gate import Gate, decide

@@ -18,9 +18,9 @@ import numpy as np
 from flax import nnx
 
 from components.core import fileio
-from components.core.checkpoint import load_model_params, read_model_config
-from components.core.model import ModelConfig, Transformer
-from components.core.tokenizers import TokenizerError, load_tokenizer
+from components.core.data.tokenizers import TokenizerError, load_tokenizer
+from components.core.model.transformer import ModelConfig, Transformer
+from components.core.training.checkpoint import load_model_params, read_model_config
 from components.hf import safetensors_io
 from components.hf.families import family_of_config, hf_config_from_model, tensor_specs
 from components.hf.importer import TOKENIZER_DIR

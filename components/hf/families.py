@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from components.core.model_config import ModelConfig
+from components.core.model.config import ModelConfig
 
 ARCHITECTURES = {
     "LlamaForCausalLM": "llama",

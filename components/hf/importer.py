@@ -19,10 +19,10 @@ import numpy as np
 from flax import nnx
 
 from components.core import fileio
-from components.core.checkpoint import export_model, read_model_config
-from components.core.model import ModelConfig, Transformer
-from components.core.model_io import is_hf_dir
-from components.core.tokenizers import HFTokenizer
+from components.core.data.tokenizers import HFTokenizer
+from components.core.model.artifact import is_hf_dir
+from components.core.model.transformer import ModelConfig, Transformer
+from components.core.training.checkpoint import export_model, read_model_config
 from components.hf import safetensors_io
 from components.hf.families import (
     HFImportError,

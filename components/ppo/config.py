@@ -23,7 +23,7 @@ from typing import Literal
 import jax
 
 from components.core.flags import field
-from components.core.optim import OptimConfig
+from components.core.training.optim import OptimConfig
 from components.ppo.kl_control import DEFAULT_KL_TARGET
 
 # (policy, critic) peak learning rates of learning_rate = critic_learning_rate = 0 (auto).
@@ -339,7 +339,7 @@ class PPOConfig:
         Stream *s* of *S* reads shards *s*, *s+S*, …; host *h* of *H* owns streams
         *h·S/H* … *(h+1)·S/H − 1*, so the rollout batch is the same for any *H* dividing *S*.
         """
-        from components.core.trainer import stream_shares
+        from components.core.training.trainer import stream_shares
 
         self.per_host_batch()  # refuses a batch that does not split over the devices
         return stream_shares(self.prompts_per_iteration, self.data_streams, "rollout_batch_size")

@@ -4,7 +4,7 @@ The built-in task knows the true reward of any response; the shard manifest
 names it (``gold_reward``). Sampling the policy on the eval split's unique
 prompts and scoring the decoded responses with it measures what PPO really
 gained, free of the learned reward model's errors. Sampling and scoring are
-core.gold's ``policy_gold_scores`` (the evaluate stage's sampler): every eval
+core.data.gold's ``policy_gold_scores`` (the evaluate stage's sampler): every eval
 prompt, split over every device of every host, each response with its own key,
 so the figure depends on the seed and the policy only, not on the device or host
 count.
@@ -17,8 +17,8 @@ from typing import Any
 import numpy as np
 from flax import nnx
 
-from components.core import parallel
-from components.core.gold import policy_gold_scores
+from components.core.data.gold import policy_gold_scores
+from components.core.training import parallel
 
 PyTree = Any
 

@@ -27,10 +27,15 @@ from typing import Any
 import jax
 import numpy as np
 
-from components.core import fileio, parallel
-from components.core.checkpoint import CheckpointConfig, TrainCheckpointer, training_state_dir
-from components.core.metrics import MetricsLogger
-from components.core.optim import make_schedule
+from components.core import fileio
+from components.core.training import parallel
+from components.core.training.checkpoint import (
+    CheckpointConfig,
+    TrainCheckpointer,
+    training_state_dir,
+)
+from components.core.training.metrics import MetricsLogger
+from components.core.training.optim import make_schedule
 from components.ppo.config import STATUS_COMPLETED, STATUS_STOPPED_KL_GUARD, PPOConfig
 from components.ppo.guard import KL_METRIC, GuardState, KLGuard
 from components.ppo.kl_control import (

@@ -20,8 +20,9 @@ import jax.numpy as jnp
 from flax import nnx
 from jax import lax
 
-from components.core import fsdp, scoring
-from components.core.sampler import generate
+from components.core.model import scoring
+from components.core.model.sampler import generate
+from components.core.training import fsdp
 from components.ppo import losses
 from components.ppo.config import PPOConfig
 

@@ -21,21 +21,21 @@ import jax
 from flax import nnx
 
 from components.core import fileio
-from components.core.distributed import is_primary, maybe_initialize
-from components.core.input_pipeline import (
+from components.core.data.input_pipeline import (
     check_vocab,
     longest_lengths,
     prompt_dataset,
     read_manifest,
 )
-from components.core.model_io import (
+from components.core.model.artifact import (
     ModelMismatchError,
     check_tokenizer,
     is_pretrained,
     load_model,
     save_model,
 )
-from components.core.trainer import StreamBatches
+from components.core.training.distributed import is_primary, maybe_initialize
+from components.core.training.trainer import StreamBatches
 from components.ppo.config import STATUS_STOPPED_KL_GUARD, PPOConfig
 from components.ppo.gold import mean_gold_reward
 from components.ppo.loop import Networks, PPOLoop
@@ -114,7 +114,7 @@ def build_networks(
 
 def known_gold_rewards() -> set[str]:
     """Names of the gold rewards this release can compute."""
-    from components.core import builtin_task
+    from components.core.data import builtin_task
 
     return {builtin_task.GOLD_REWARD_NAME}
 

@@ -31,9 +31,10 @@ import jax.numpy as jnp
 import optax
 from jax import lax
 
-from components.core import fsdp, scoring
-from components.core.optim import make_optimizer
-from components.core.parallel import TrainState
+from components.core.model import scoring
+from components.core.training import fsdp
+from components.core.training.optim import make_optimizer
+from components.core.training.parallel import TrainState
 from components.ppo import losses
 from components.ppo.config import PPOConfig
 from components.ppo.rollout import AXIS, Models

@@ -6,8 +6,8 @@ import json
 from typing import Any
 
 from components.core import fileio
-from components.core.distributed import is_primary
-from components.core.trainer import train_on_preferences
+from components.core.training.distributed import is_primary
+from components.core.training.trainer import train_on_preferences
 from components.hf.importer import resolve_base
 from components.reward.config import RewardConfig
 from components.reward.train import make_reward_eval_sums, make_reward_loss, summarize_eval

@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from components.core.scoring import pair_rewards
+from components.core.model.scoring import pair_rewards
 
 
 def pair_losses(

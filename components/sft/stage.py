@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from components.core import fileio
-from components.core.trainer import train_on_preferences
+from components.core.training.trainer import train_on_preferences
 from components.hf.importer import resolve_base
 from components.sft.config import SFTConfig
 from components.sft.train import make_sft_eval_sums, make_sft_loss, summarize_eval

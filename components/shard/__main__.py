@@ -29,7 +29,7 @@ def parser(prog: str = "python -m components.shard") -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None, prog: str = "python -m components.shard") -> int:
-    from components.core.tokenizers import TokenizerError
+    from components.core.data.tokenizers import TokenizerError
     from components.shard.sources import InputError
     from components.shard.stage import ShardError, run
 

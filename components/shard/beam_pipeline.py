@@ -84,7 +84,7 @@ class ProcessBundle(beam.DoFn):
         self._tokenizer = None
 
     def setup(self) -> None:
-        from components.core.tokenizers import load_tokenizer
+        from components.core.data.tokenizers import load_tokenizer
 
         self._tokenizer = load_tokenizer(self._tokenizer_dir)
 

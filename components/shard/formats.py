@@ -15,7 +15,7 @@ import dataclasses
 import math
 from typing import Any
 
-from components.core.tokenizers import Tokenizer
+from components.core.data.tokenizers import Tokenizer
 
 HH_ASSISTANT = "\n\nAssistant:"
 

@@ -8,11 +8,11 @@ from collections import Counter
 from typing import Any
 
 from components.core import fileio
-from components.core.input_pipeline import MANIFEST, SCHEMA_VERSION
+from components.core.data.input_pipeline import MANIFEST, SCHEMA_VERSION
 from components.shard.beam_pipeline import REJECTED_FILE, SPLITS, shard_path
 from components.shard.config import ShardConfig
 
-# The reader (core.input_pipeline) owns the contract; the writer uses its constants.
+# The reader (core.data.input_pipeline) owns the contract; the writer uses its constants.
 MANIFEST_FILE = MANIFEST
 PERCENTILES = (50, 90, 99)
 

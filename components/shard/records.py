@@ -12,7 +12,7 @@ import json
 import unicodedata
 from typing import Any
 
-from components.core.tokenizers import Tokenizer
+from components.core.data.tokenizers import Tokenizer
 from components.shard import tfrecord
 from components.shard.config import ShardConfig
 from components.shard.formats import Invalid, TextPair, to_text_pair

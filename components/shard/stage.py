@@ -7,7 +7,7 @@ import logging
 from typing import Any
 
 from components.core import fileio
-from components.core.tokenizers import load_tokenizer
+from components.core.data.tokenizers import load_tokenizer
 from components.shard import beam_pipeline
 from components.shard.config import ShardConfig
 from components.shard.eval_split import eval_split_error, least_eval_fraction

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from collections import Counter
 
-from components.core.tokenizers import load_tokenizer
+from components.core.data.tokenizers import load_tokenizer
 from components.shard.config import ShardConfig
 from components.shard.eval_split import eval_split_error, least_eval_fraction
 from components.shard.records import Rejection, process_item, split_position

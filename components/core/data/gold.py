@@ -13,7 +13,7 @@ ValueError naming the spec, the prompt and the response, so a broken gold reward
 turns into a NaN figure three stages later.
 
 ``policy_gold_scores`` measures a policy with one: its samples on the unique eval prompts
-(core.eval_sampling: per-(prompt, sample) keys, so two policies sampled with one seed share
+(core.model.eval_sampling: per-(prompt, sample) keys, so two policies sampled with one seed share
 them), each scored by the gold reward.
 """
 
@@ -29,7 +29,8 @@ from typing import Any
 
 import numpy as np
 
-from components.core import builtin_task, fileio
+from components.core import fileio
+from components.core.data import builtin_task
 
 GoldReward = Callable[[str, str], float]
 PyTree = Any
@@ -165,8 +166,8 @@ def policy_gold_scores(
     the devices: ``parallel.place``) on every unique eval prompt of ``shards_dir``."""
     # Sampling needs JAX and the input pipeline: imported here, so the configs that
     # validate a spec import this module lightly.
-    from components.core import eval_sampling
-    from components.core.tokenizers import load_tokenizer
+    from components.core.data.tokenizers import load_tokenizer
+    from components.core.model import eval_sampling
 
     gold = resolve_gold_reward(spec)
     tokenizer = load_tokenizer(fileio.join(shards_dir, "tokenizer"))

@@ -23,9 +23,9 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from components.core import fsdp
-from components.core.layers import INIT_STD, Block, RMSNorm
-from components.core.model_config import PRESETS, REMAT_POLICIES, ModelConfig, model_config
+from components.core.model.config import PRESETS, REMAT_POLICIES, ModelConfig, model_config
+from components.core.model.layers import INIT_STD, Block, RMSNorm
+from components.core.training import fsdp
 
 __all__ = ["PRESETS", "KVCache", "ModelConfig", "Transformer", "model_config"]
 

@@ -29,8 +29,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from components.core import fsdp
-from components.core.model import KVCache, Transformer
+from components.core.model.transformer import KVCache, Transformer
+from components.core.training import fsdp
 
 ModelOrSplit = Transformer | tuple[nnx.GraphDef, nnx.State]
 

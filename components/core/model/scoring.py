@@ -30,7 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from components.core import fsdp
+from components.core.training import fsdp
 
 PyTree = Any
 

@@ -2,7 +2,7 @@
 
 Host *h* of *H* reads shards *h*, *h+H*, …. Batches are per host (the global
 batch split over hosts) and come out as numpy dicts ready for
-:func:`components.core.parallel.shard_batch`.
+:func:`components.core.training.parallel.shard_batch`.
 
 Sequences are ``prompt_ids + response_ids``, right-padded with ``pad_id`` to
 ``max_len`` (masks mark real tokens). When a pair does not fit, the prompt is

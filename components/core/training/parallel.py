@@ -24,8 +24,8 @@ import numpy as np
 import optax
 from jax import lax
 
-from components.core import fsdp
-from components.core.host import on_host
+from components.core.training import fsdp
+from components.core.training.host import on_host
 
 PyTree = Any
 LossFn = Callable[[PyTree, Mapping[str, jax.Array], jax.Array], tuple[jax.Array, dict]]

@@ -9,9 +9,9 @@ from typing import Any
 import jax
 from flax import nnx
 
-from components.core.checkpoint import export_model, load_model_params, read_model_config
-from components.core.host import on_host
-from components.core.model import ModelConfig, Transformer, model_config
+from components.core.model.transformer import ModelConfig, Transformer, model_config
+from components.core.training.checkpoint import export_model, load_model_params, read_model_config
+from components.core.training.host import on_host
 
 
 class ModelMismatchError(ValueError):
@@ -148,7 +148,7 @@ def stage_model(
     ``hf.importer.resolve_base``). It must fit the shards' tokenizer, checked
     before any training.
     """
-    from components.core.input_pipeline import check_vocab
+    from components.core.data.input_pipeline import check_vocab
 
     if base:
         model, info = load_model(base, scalar_head=scalar_head, seed=seed, remat=remat, dtype=dtype)

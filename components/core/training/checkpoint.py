@@ -40,9 +40,10 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
-from components.core import fileio, fsdp
+from components.core import fileio
 from components.core.flags import field
-from components.core.host import host_abstract
+from components.core.training import fsdp
+from components.core.training.host import host_abstract
 
 PyTree = Any
 MODEL_SCHEMA_VERSION = 1

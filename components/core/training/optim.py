@@ -9,8 +9,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from components.core import fsdp
 from components.core.flags import field
+from components.core.training import fsdp
 
 DECAYS = ("cosine", "linear", "constant")
 

@@ -18,11 +18,15 @@ from typing import Any, ClassVar, Literal
 import jax
 import numpy as np
 
-from components.core import fsdp, parallel
-from components.core.checkpoint import CheckpointConfig, TrainCheckpointer, training_state_dir
 from components.core.flags import field
-from components.core.metrics import MetricsLogger
-from components.core.optim import OptimConfig, make_optimizer, make_schedule
+from components.core.training import fsdp, parallel
+from components.core.training.checkpoint import (
+    CheckpointConfig,
+    TrainCheckpointer,
+    training_state_dir,
+)
+from components.core.training.metrics import MetricsLogger
+from components.core.training.optim import OptimConfig, make_optimizer, make_schedule
 
 log = logging.getLogger(__name__)
 PyTree = Any
@@ -281,7 +285,7 @@ def preference_streams(
     shards_dir: str, split: str, config: TrainConfig, *, shuffle: bool, repeat: bool
 ) -> StreamBatches:
     """Preference batches of this host's streams (see :func:`streams`)."""
-    from components.core.input_pipeline import preference_dataset
+    from components.core.data.input_pipeline import preference_dataset
 
     own, per_stream, total = streams(config)
     readers = [
@@ -360,7 +364,7 @@ class PreferenceTraining:
 
     def save(self, output: str, stage: str, **extra: Any) -> None:
         """Export the trained model as ``stage``'s artifact (``extra`` joins its config.json)."""
-        from components.core.model_io import save_model
+        from components.core.model.artifact import save_model
 
         save_model(
             output, self.model, self.result.params, tokenizer=self.manifest["tokenizer"],
@@ -394,9 +398,9 @@ def train_on_preferences(
     """
     from flax import nnx
 
-    from components.core.distributed import maybe_initialize
-    from components.core.input_pipeline import longest_lengths, read_manifest
-    from components.core.model_io import is_pretrained, stage_model
+    from components.core.data.input_pipeline import longest_lengths, read_manifest
+    from components.core.model.artifact import is_pretrained, stage_model
+    from components.core.training.distributed import maybe_initialize
 
     maybe_initialize()
     manifest = read_manifest(shards_dir)

@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from components.core.model_config import ModelConfig
+from components.core.model.config import ModelConfig
 
 # Llama and Qwen2 initialise every matrix with N(0, 0.02); one place for that default.
 INIT_STD = 0.02

@@ -13,7 +13,7 @@ alone (a label-agreement ceiling of about 0.95). Human-like labels come from a
 Bradley-Terry draw on the gold scores: response ``a`` is chosen over ``b`` with
 probability ``sigmoid(beta * (gold_a - gold_b))``; pairs of equal gold are not drawn.
 A reward model can learn this from the pairs alone, PPO can raise it, and the
-evaluation stage can call it by name (``core.gold.resolve_gold_reward(GOLD_REWARD_NAME)``)
+evaluation stage can call it by name (``core.data.gold.resolve_gold_reward(GOLD_REWARD_NAME)``)
 to measure what a learned reward model can be fooled on.
 """
 
@@ -74,7 +74,7 @@ def gold_reward_names() -> list[str]:
 
 
 def gold_reward_fn(name: str) -> Callable[[str, str], float]:
-    """The built-in gold reward registered under ``name`` (user specs: core.gold)."""
+    """The built-in gold reward registered under ``name`` (user specs: core.data.gold)."""
     if name not in _GOLD_REWARDS:
         raise KeyError(f"unknown gold reward {name!r}; known: {sorted(_GOLD_REWARDS)}")
     return _GOLD_REWARDS[name]

@@ -25,9 +25,9 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from components.core import fsdp, parallel
-from components.core.input_pipeline import prompt_dataset
-from components.core.sampler import generate
+from components.core.data.input_pipeline import prompt_dataset
+from components.core.model.sampler import generate
+from components.core.training import fsdp, parallel
 
 PyTree = Any
 

@@ -277,7 +277,7 @@ def load_tokenizer(spec: str) -> Tokenizer:
     if spec in ("", "byte"):
         return ByteTokenizer()
     if spec == BUILTIN_WORDS:
-        from components.core.builtin_task import word_tokenizer_files
+        from components.core.data.builtin_task import word_tokenizer_files
 
         return HFTokenizer(*word_tokenizer_files())
     if fileio.isdir(spec):

@@ -1,0 +1,1 @@
+"""Data: the shards' reader, tokenizers, the built-in task and gold rewards."""

@@ -1,0 +1,1 @@
+"""The model: decoder layers, the transformer, its config, sampling, scoring, artifacts."""

@@ -1,0 +1,1 @@
+"""Training: the loop, optimizer, pmap placement, fsdp, checkpoints, hosts, metrics."""
