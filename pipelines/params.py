@@ -145,6 +145,9 @@ PARAMS: tuple[Param, ...] = (
     _shared("remat", "remat", "sft", "reward", "ppo", "dpo"),
     _shared("dtype", "dtype", "sft", "reward", "ppo", "dpo"),
     _shared("fsdp", "fsdp", "sft", "reward", "ppo", "dpo", "evaluate"),
+    _shared("lora_rank", "lora_rank", "sft", "reward", "ppo", "dpo"),
+    _shared("lora_alpha", "lora_alpha", "sft", "reward", "ppo", "dpo"),
+    _shared("lora_targets", "lora_targets", "sft", "reward", "ppo", "dpo"),
     *_stage("sft", "steps", "batch_size", "learning_rate", prefix="sft_"),
     *_stage("reward", "steps", "batch_size", "learning_rate", prefix="reward_"),
     Param(

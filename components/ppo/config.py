@@ -22,6 +22,7 @@ from typing import Literal
 
 import jax
 
+from components.core.config import LoRASettings
 from components.core.flags import field
 from components.core.training.optim import OptimConfig
 from components.ppo.kl_control import DEFAULT_KL_TARGET
@@ -45,7 +46,7 @@ STATUS_STOPPED_KL_GUARD = "stopped_kl_guard"
 
 
 @dataclasses.dataclass(slots=True, kw_only=True)
-class PPOConfig:
+class PPOConfig(LoRASettings):
     """PPO of a policy against a reward model, with KL control and divergence guard rails."""
 
     algorithm: Literal["ppo", "grpo", "rloo"] = field(
@@ -164,6 +165,7 @@ class PPOConfig:
     )
 
     def __post_init__(self) -> None:
+        LoRASettings.__post_init__(self)
         self._check_sizes()
         self._check_coefficients()
         # Validates the optimizer fields with their own messages.

@@ -18,6 +18,7 @@ from typing import Any, ClassVar, Literal
 import jax
 import numpy as np
 
+from components.core.config import LoRASettings
 from components.core.flags import field
 from components.core.training import fsdp, parallel
 from components.core.training.checkpoint import (
@@ -38,7 +39,7 @@ PRETRAINED_LEARNING_RATE = 1e-5
 
 
 @dataclasses.dataclass(slots=True, kw_only=True)
-class TrainConfig:
+class TrainConfig(LoRASettings):
     """What every training stage shares: model shape, batch, schedule, checkpoints."""
 
     # (from scratch, pretrained) peak rates of learning_rate = 0; a stage's config may differ.
@@ -88,6 +89,7 @@ class TrainConfig:
     )
 
     def __post_init__(self) -> None:
+        LoRASettings.__post_init__(self)
         if self.max_len < 0:
             raise ValueError(f"max_len: {self.max_len} must be >= 0 (0 = from the data)")
         for name in ("batch_size", "steps", "eval_every", "max_nonfinite_steps"):
