@@ -58,6 +58,10 @@ class ModelConfig:
     # sliding_window tokens (Gemma 2: every even layer, pattern 2); None: every layer global.
     sliding_window: int | None = None
     sliding_window_pattern: int = 2
+    # Low-rank adapters (core/model/lora.py): rank 0 = none; targets by Hugging Face name.
+    lora_rank: int = 0
+    lora_alpha: float = 16.0
+    lora_targets: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "dim", "n_layers", "n_heads", "n_kv_heads", "hidden_dim"):
@@ -91,6 +95,23 @@ class ModelConfig:
         if self.rope_theta <= 0 or self.norm_eps <= 0:
             raise ValueError("ModelConfig.rope_theta and norm_eps must be positive")
         self._check_variations()
+        self._check_lora()
+
+    def _check_lora(self) -> None:
+        """Adapters: a non-negative rank, a positive alpha, targets among LORA_TARGETS."""
+        from components.core.config import LORA_TARGETS
+
+        if self.lora_rank < 0 or not self.lora_alpha > 0:
+            raise ValueError(
+                f"ModelConfig.lora_rank ({self.lora_rank}) must be >= 0 and lora_alpha "
+                f"({self.lora_alpha}) > 0"
+            )
+        unknown = sorted(set(self.lora_targets) - set(LORA_TARGETS))
+        if unknown or (self.lora_rank > 0) != bool(self.lora_targets):
+            raise ValueError(
+                f"ModelConfig.lora_targets {list(self.lora_targets)} must name projections among "
+                f"{list(LORA_TARGETS)}, and be given exactly when lora_rank > 0"
+            )
 
     def _check_variations(self) -> None:
         """Validate the family-specific fields (activation, caps, window, rotary scaling)."""
@@ -133,6 +154,11 @@ class ModelConfig:
         return self.head_dim if self.head_dim is not None else self.dim // self.n_heads
 
     @property
+    def lora_scale(self) -> float:
+        """The adapters' output scale, alpha / rank (PEFT's ``scaling``)."""
+        return self.lora_alpha / self.lora_rank if self.lora_rank else 0.0
+
+    @property
     def compute_dtype(self) -> jnp.dtype:
         """The activation dtype as a JAX dtype."""
         return DTYPES[self.dtype]
@@ -150,6 +176,8 @@ class ModelConfig:
             raise ValueError(
                 f"unknown ModelConfig fields {unknown}; known fields are {sorted(known)}"
             )
+        if "lora_targets" in d:  # a JSON list
+            d = {**d, "lora_targets": tuple(d["lora_targets"])}
         return cls(**d)
 
 

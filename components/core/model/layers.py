@@ -30,18 +30,54 @@ ACTIVATIONS = {
 
 
 def dense(
-    in_features: int, out_features: int, config: ModelConfig, rngs: nnx.Rngs, bias: bool = False
+    in_features: int,
+    out_features: int,
+    config: ModelConfig,
+    rngs: nnx.Rngs,
+    bias: bool = False,
+    *,
+    target: str,
 ) -> nnx.Linear:
-    """A projection (bias only if asked) with fp32 params, computing in the config dtype."""
-    return nnx.Linear(
-        in_features,
-        out_features,
+    """A projection (bias only if asked) with fp32 params, computing in the config dtype.
+
+    ``target`` is its Hugging Face name (``q_proj`` …); a targeted one carries an adapter.
+    """
+    kwargs = dict(
         use_bias=bias,
         dtype=config.compute_dtype,
         param_dtype=jnp.float32,
         kernel_init=nnx.initializers.normal(INIT_STD),
         rngs=rngs,
     )
+    if config.lora_rank and target in config.lora_targets:
+        return LoRADense(
+            in_features, out_features, lora_rank=config.lora_rank, scale=config.lora_scale,
+            **kwargs,
+        )  # fmt: skip
+    return nnx.Linear(in_features, out_features, **kwargs)
+
+
+class LoRADense(nnx.LoRALinear):
+    """Flax NNX's LoRALinear with PEFT's scale: ``x·W + b + (x·A·B)·alpha/rank``.
+
+    ``nnx.LoRALinear`` adds ``x·A·B`` unscaled; the scale is what PEFT and the LoRA paper
+    apply, so adapters move to and from PEFT unchanged. A starts as PEFT's (Kaiming-uniform,
+    bound 1/sqrt(in)), B at zero: a fresh adapter leaves the projection as it was.
+    """
+
+    def __init__(self, in_features: int, out_features: int, *, scale: float, **kwargs):
+        super().__init__(
+            in_features,
+            out_features,
+            lora_dtype=kwargs["dtype"],
+            a_initializer=nnx.initializers.variance_scaling(1 / 3, "fan_in", "uniform"),
+            **kwargs,
+        )
+        self.scale = scale
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        """The base projection plus the scaled adapter."""
+        return nnx.Linear.__call__(self, x) + self.lora(x) * jnp.asarray(self.scale, x.dtype)
 
 
 class RMSNorm(nnx.Module):
@@ -128,10 +164,16 @@ class Attention(nnx.Module):
         self.n_kv_heads = config.n_kv_heads
         self.head_dim = head_dim
         self.scale = (config.query_pre_attn_scalar or head_dim) ** -0.5
-        self.wq = dense(config.dim, config.n_heads * head_dim, config, rngs, config.qkv_bias)
-        self.wk = dense(config.dim, config.n_kv_heads * head_dim, config, rngs, config.qkv_bias)
-        self.wv = dense(config.dim, config.n_kv_heads * head_dim, config, rngs, config.qkv_bias)
-        self.wo = dense(config.n_heads * head_dim, config.dim, config, rngs)
+        dim, n_heads, n_kv, qkv_bias = (
+            config.dim,
+            config.n_heads,
+            config.n_kv_heads,
+            config.qkv_bias,
+        )
+        self.wq = dense(dim, n_heads * head_dim, config, rngs, qkv_bias, target="q_proj")
+        self.wk = dense(dim, n_kv * head_dim, config, rngs, qkv_bias, target="k_proj")
+        self.wv = dense(dim, n_kv * head_dim, config, rngs, qkv_bias, target="v_proj")
+        self.wo = dense(n_heads * head_dim, dim, config, rngs, target="o_proj")
 
     def __call__(
         self,
@@ -166,9 +208,9 @@ class GatedMLP(nnx.Module):
 
     def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
         self.activation = config.mlp_activation
-        self.w_gate = dense(config.dim, config.hidden_dim, config, rngs)
-        self.w_up = dense(config.dim, config.hidden_dim, config, rngs)
-        self.w_down = dense(config.hidden_dim, config.dim, config, rngs)
+        self.w_gate = dense(config.dim, config.hidden_dim, config, rngs, target="gate_proj")
+        self.w_up = dense(config.dim, config.hidden_dim, config, rngs, target="up_proj")
+        self.w_down = dense(config.hidden_dim, config.dim, config, rngs, target="down_proj")
 
     def __call__(self, x: jax.Array) -> jax.Array:
         """Apply the gated MLP."""

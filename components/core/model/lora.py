@@ -1,0 +1,142 @@
+"""Low-rank adapters on a model: attach, merge, and split trainable from frozen parameters.
+
+The adapters are Flax NNX's ``LoRALinear`` (``layers.LoRADense`` adds PEFT's alpha/rank
+scale) on the projections ``ModelConfig.lora_targets`` names: their ``lora_a`` [in, r] and
+``lora_b`` [r, out] are ``nnx.LoRAParam``s, stacked over layers like every other weight.
+
+A stage that trains adapters
+
+* starts from a model whose own adapters (if it was trained with some) are merged into
+  its weights (:func:`merge`), then gets fresh ones (:func:`attach`): B = 0, so the model
+  computes exactly what it did;
+* trains only what :data:`TRAINABLE` selects (adapters and a scalar head) and keeps the
+  rest frozen in the compute dtype (:func:`split`): bf16 halves the base's memory, and no
+  gradient or optimizer state exists for it;
+* gets its frozen reference for free: the same base with the adapters off
+  (:func:`adapters_off`), no second copy of the model.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from components.core.model.transformer import ModelConfig, Transformer
+from components.core.training.host import on_host
+
+PyTree = Any
+# Adapters and the reward/value head train; everything else is the frozen base.
+TRAINABLE = nnx.Any(nnx.LoRAParam, nnx.PathContains("scalar_head"))
+# The Transformer's path of each adapter target (stacked blocks: a leading layer axis).
+TARGET_PATHS = {
+    "q_proj": ("attn", "wq"),
+    "k_proj": ("attn", "wk"),
+    "v_proj": ("attn", "wv"),
+    "o_proj": ("attn", "wo"),
+    "gate_proj": ("mlp", "w_gate"),
+    "up_proj": ("mlp", "w_up"),
+    "down_proj": ("mlp", "w_down"),
+}
+
+
+def with_lora(
+    config: ModelConfig, rank: int, alpha: float, targets: tuple[str, ...]
+) -> ModelConfig:
+    """``config`` carrying adapters of ``rank`` on ``targets`` (rank 0: none)."""
+    return dataclasses.replace(
+        config, lora_rank=rank, lora_alpha=alpha, lora_targets=tuple(targets) if rank else ()
+    )
+
+
+def _abstract_state(model: Transformer, config: ModelConfig) -> nnx.State:
+    """The parameter shapes of ``model``'s kind under ``config`` (nothing initialised)."""
+    head = model.scalar_head is not None
+    abstract = nnx.eval_shape(lambda: Transformer(config, rngs=nnx.Rngs(0), scalar_head=head))
+    return nnx.state(abstract, nnx.Param)
+
+
+def _rebuild(model: Transformer, config: ModelConfig, params: nnx.State) -> Transformer:
+    """A model of ``config`` holding ``params`` (built abstractly: no initialisation)."""
+    head = model.scalar_head is not None
+    abstract = nnx.eval_shape(lambda: Transformer(config, rngs=nnx.Rngs(0), scalar_head=head))
+    graphdef, _ = nnx.split(abstract, nnx.Param)
+    return nnx.merge(graphdef, params)
+
+
+def merge(model: Transformer) -> Transformer:
+    """The same function without adapters: each targeted kernel becomes W + A·B·alpha/rank."""
+    config = model.config
+    if not config.lora_rank:
+        return model
+    params = nnx.state(model, nnx.Param)
+    pure = nnx.to_pure_dict(params)
+    with on_host():
+        for target in config.lora_targets:
+            attn_or_mlp, name = TARGET_PATHS[target]
+            layer = pure["blocks"][attn_or_mlp][name]
+            adapter = layer.pop("lora")
+            delta = jnp.einsum("lir,lro->lio", adapter["lora_a"], adapter["lora_b"])
+            kernel = layer["kernel"]
+            layer["kernel"] = (kernel + delta * config.lora_scale).astype(kernel.dtype)
+    plain = with_lora(config, 0, config.lora_alpha, ())
+    template = _abstract_state(model, plain)
+    nnx.replace_by_pure_dict(template, pure)
+    return _rebuild(model, plain, template)
+
+
+def attach(
+    model: Transformer, *, rank: int, alpha: float, targets: tuple[str, ...], seed: int
+) -> Transformer:
+    """``model`` (adapters merged first) with fresh adapters of ``rank`` on ``targets``.
+
+    A is drawn from ``seed``, B is zero: the returned model computes what ``model`` did.
+    Rank 0 returns the merged model (full fine-tuning).
+    """
+    model = merge(model)
+    if not rank:
+        return model
+    config = with_lora(model.config, rank, alpha, targets)
+    head = model.scalar_head is not None
+    with on_host():
+        adapted = Transformer(config, rngs=nnx.Rngs(seed), scalar_head=head)
+    nnx.update(adapted, nnx.state(model, nnx.Param))
+    return adapted
+
+
+def split(params: nnx.State, config: ModelConfig) -> tuple[nnx.State, nnx.State | None]:
+    """(trainable, frozen) parameters: all of them and None without adapters; else the
+    adapters and scalar head, and the rest cast to the compute dtype."""
+    if not config.lora_rank:
+        return params, None
+    trainable, frozen = params.filter(TRAINABLE, ...)
+    dtype = config.compute_dtype
+    frozen = jax.tree.map(
+        lambda leaf: leaf.astype(dtype) if jnp.issubdtype(leaf.dtype, jnp.floating) else leaf,
+        frozen,
+    )
+    return trainable, frozen
+
+
+def join(trainable: PyTree, frozen: PyTree | None) -> PyTree:
+    """The whole parameter state again (``frozen`` None: ``trainable`` is all of it)."""
+    return trainable if frozen is None else nnx.merge_state(frozen, trainable)
+
+
+def adapters_off(params: PyTree) -> PyTree:
+    """``params`` with every adapter's B zeroed: the base model's function, at no copy of it."""
+
+    def off(path: tuple, leaf: Any) -> Any:
+        names = [getattr(k, "key", getattr(k, "name", None)) for k in path]
+        return jnp.zeros_like(leaf) if "lora_b" in names else leaf
+
+    return jax.tree_util.tree_map_with_path(off, params)
+
+
+def adapter_count(params: PyTree) -> int:
+    """How many adapter parameters ``params`` holds."""
+    trainable = params.filter(nnx.LoRAParam) if isinstance(params, nnx.State) else params
+    return sum(int(leaf.size) for leaf in jax.tree.leaves(trainable))
