@@ -47,7 +47,7 @@ import dataclasses
 from typing import Any
 
 from components.core.model.config import ModelConfig, model_config
-from components.core.training.trainer import PRETRAINED_LEARNING_RATE
+from components.core.training.config import PRETRAINED_LEARNING_RATE
 from pipelines import params
 
 GB = 1e9

@@ -44,7 +44,8 @@ def train(shards: str, output: str, step_sleep: float = 0.0):
     from test_parallel import TinyLM, lm_loss_fn
 
     from components.core.data import input_pipeline
-    from components.core.training.trainer import TrainConfig, fit
+    from components.core.training.config import TrainConfig
+    from components.core.training.trainer import fit
 
     config = TrainConfig(
         batch_size=8, steps=STEPS, save_every=SAVE_EVERY, learning_rate=1e-2, warmup_steps=2
@@ -66,7 +67,7 @@ def train(shards: str, output: str, step_sleep: float = 0.0):
 
 
 def _config(seed: int):
-    from components.core.training.trainer import TrainConfig
+    from components.core.training.config import TrainConfig
 
     return TrainConfig(seed=seed)
 

@@ -17,8 +17,8 @@ from components.core.data.input_pipeline import DataError
 from components.core.model.artifact import ModelMismatchError, is_pretrained, load_model
 from components.core.training import parallel
 from components.core.training.checkpoint import ModelArtifactError, read_model_config
+from components.core.training.config import FROM_SCRATCH_LEARNING_RATE, PRETRAINED_LEARNING_RATE
 from components.core.training.metrics import read_metrics
-from components.core.training.trainer import FROM_SCRATCH_LEARNING_RATE, PRETRAINED_LEARNING_RATE
 from components.reward import RewardConfig
 from components.reward import run as run_reward
 from components.reward.stage import RewardAccuracyError

@@ -14,7 +14,7 @@ import typing
 from typing import ClassVar, Literal
 
 from components.core.flags import field
-from components.core.training.trainer import TrainConfig
+from components.core.training.config import TrainConfig
 
 # Peak learning rates of learning_rate = 0 (auto). Pretrained: the Zephyr DPO recipe's
 # (alignment-handbook, 7B); recent TRL releases default to 1e-6, the DPO paper used 1e-6.

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 from components.core.flags import field
-from components.core.training.trainer import TrainConfig
+from components.core.training.config import TrainConfig
 
 
 @dataclasses.dataclass(slots=True, kw_only=True)

@@ -1,0 +1,147 @@
+"""The configuration every training stage (sft, reward, dpo) shares, free of JAX.
+
+Reading its defaults, building flags or pipeline parameters imports no trainer: the
+optimizer, checkpoint and device-count parts are imported where a method needs them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING, ClassVar, Literal
+
+from components.core.config import LoRASettings
+from components.core.flags import field
+
+if TYPE_CHECKING:
+    from components.core.training.checkpoint import CheckpointConfig
+    from components.core.training.optim import OptimConfig
+
+# Peak learning rates of ``learning_rate = 0`` (auto). Models trained from random weights
+# (the built-in task's presets) learn at 1e-3; that rate wrecks imported or pretrained
+# weights within a few steps, which fine-tune at 1e-5.
+FROM_SCRATCH_LEARNING_RATE = 1e-3
+PRETRAINED_LEARNING_RATE = 1e-5
+
+
+@dataclasses.dataclass(slots=True, kw_only=True)
+class TrainConfig(LoRASettings):
+    """What every training stage shares: model shape, batch, schedule, checkpoints."""
+
+    # (from scratch, pretrained) peak rates of learning_rate = 0; a stage's config may differ.
+    AUTO_LEARNING_RATES: ClassVar[tuple[float, float]] = (
+        FROM_SCRATCH_LEARNING_RATE,
+        PRETRAINED_LEARNING_RATE,
+    )
+
+    preset: str = field("demo", help="model preset when starting fresh: tiny, demo, 1b, 2b, 7b")
+    remat: Literal["", "none", "full", "dots_saveable"] = field(
+        "", help="rematerialisation policy of the layer scan ('' = the preset's)"
+    )
+    dtype: Literal["", "float32", "bfloat16"] = field(
+        "", help="compute dtype ('' = the preset's); parameters stay float32"
+    )
+    max_len: int = field(
+        0,
+        help="tokens per sequence (prompt + response), padded or cut; 0 = the longest in the data",
+    )
+    fsdp: bool = field(
+        False,
+        help="shard parameters, gradients and optimizer state over all devices, gathering "
+        "one layer at a time (ZeRO-3 inside pmap): state memory per chip / device count",
+    )
+    batch_size: int = field(64, help="global batch per step over all devices and hosts")
+    steps: int = field(300, help="optimizer steps")
+    learning_rate: float = field(
+        0.0,
+        help=f"peak learning rate; 0 = auto: {PRETRAINED_LEARNING_RATE:g} when base_policy holds "
+        "pretrained weights (a Hugging Face folder, or a model descended from one), "
+        f"else {FROM_SCRATCH_LEARNING_RATE:g}",
+    )
+    warmup_steps: int = field(30, help="linear warmup steps")
+    decay: Literal["cosine", "linear", "constant"] = field("cosine", help="decay after warmup")
+    weight_decay: float = field(0.0, help="AdamW weight decay")
+    max_grad_norm: float = field(1.0, help="global-norm gradient clipping")
+    eval_every: int = field(100, help="evaluate every this many steps (and at the end)")
+    eval_batches: int = field(0, help="eval batches per evaluation (0 = the whole eval split)")
+    save_every: int = field(100, help="checkpoint training state every this many steps")
+    keep_checkpoints: int = field(2, help="training checkpoints kept")
+    seed: int = field(0, help="random seed: initialisation, data order, dropout-free RNG")
+    max_nonfinite_steps: int = field(5, help="abort after this many non-finite steps in a row")
+    data_streams: int = field(
+        0,
+        help="independent readers the global batch is drawn from, spread over hosts "
+        "(0 = one per host); fix it to get the same training on any number of hosts",
+    )
+
+    def __post_init__(self) -> None:
+        LoRASettings.__post_init__(self)
+        if self.max_len < 0:
+            raise ValueError(f"max_len: {self.max_len} must be >= 0 (0 = from the data)")
+        for name in ("batch_size", "steps", "eval_every", "max_nonfinite_steps"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}: {getattr(self, name)} must be at least 1")
+        if self.data_streams < 0:
+            raise ValueError(f"data_streams: {self.data_streams} must be >= 0 (0 = one per host)")
+        if self.data_streams and self.batch_size % self.data_streams:
+            raise ValueError(
+                f"batch_size: {self.batch_size} must be a multiple of data_streams "
+                f"({self.data_streams}); change one of them"
+            )
+        if self.eval_batches < 0:
+            raise ValueError(f"eval_batches: {self.eval_batches} must be >= 0 (0 = all)")
+        if self.learning_rate < 0:
+            raise ValueError(f"learning_rate: {self.learning_rate} must be > 0, or 0 for auto")
+        # Validates the optimizer fields with their own messages.
+        self._optim(self.peak_learning_rate(pretrained=False))
+        self.checkpoint()
+
+    def peak_learning_rate(self, *, pretrained: bool) -> float:
+        """``learning_rate``, or when it is 0 (auto) the rate for the starting weights."""
+        if self.learning_rate:
+            return self.learning_rate
+        from_scratch, from_pretrained = self.AUTO_LEARNING_RATES
+        return from_pretrained if pretrained else from_scratch
+
+    def resolved(self, *, pretrained: bool) -> TrainConfig:
+        """This config with an auto learning rate made concrete for the starting weights."""
+        return dataclasses.replace(
+            self, learning_rate=self.peak_learning_rate(pretrained=pretrained)
+        )
+
+    def optim(self) -> OptimConfig:
+        """The optimizer config; an auto learning rate must be :meth:`resolved` first."""
+        if not self.learning_rate:
+            raise ValueError(
+                "learning_rate: 0 (auto) depends on the starting model; call resolved() first"
+            )
+        return self._optim(self.learning_rate)
+
+    def _optim(self, learning_rate: float) -> OptimConfig:
+        from components.core.training.optim import OptimConfig
+
+        return OptimConfig(
+            learning_rate=learning_rate,
+            warmup_steps=min(self.warmup_steps, self.steps),
+            decay=self.decay,
+            total_steps=self.steps,
+            weight_decay=self.weight_decay,
+            max_grad_norm=self.max_grad_norm,
+        )
+
+    def checkpoint(self) -> CheckpointConfig:
+        from components.core.training.checkpoint import CheckpointConfig
+
+        return CheckpointConfig(save_every=self.save_every, keep=self.keep_checkpoints)
+
+    def per_host_batch(self) -> int:
+        """This host's share of the global batch; refuses one that does not split evenly."""
+        import jax
+
+        devices, hosts = jax.device_count(), jax.process_count()
+        if self.batch_size % devices:
+            nearest = max(devices, self.batch_size // devices * devices)
+            raise ValueError(
+                f"batch_size: {self.batch_size} does not split over {devices} devices; "
+                f"use a multiple of {devices} (e.g. {nearest})"
+            )
+        return self.batch_size // hosts
