@@ -48,9 +48,23 @@ def summary_line(name: str, preset: RunPreset) -> str:
     peaks = "  ".join(f"{s} {estimate(preset, s)['total'] / GB:5.1f}" for s in STAGES)
     budget = HEADROOM * CHIP_HBM[preset.chip] / GB
     hosts = f"{preset.hosts} host" + ("s" if preset.hosts > 1 else "")
+    tuning = f"LoRA r{preset.lora_rank}" if preset.lora_rank else "full"
     return (
-        f"{name:12s} {preset.example:34s} {preset.slice_name:7s} {hosts:7s} "
+        f"{name:14s} {preset.example:34s} {preset.slice_name:7s} {hosts:7s} {tuning:8s} "
         f"GB per chip: {peaks}  (budget {budget:.1f})"
+    )
+
+
+def tuning_line(preset: RunPreset) -> str:
+    """How the preset fine-tunes: every weight, or LoRA adapters on a frozen base."""
+    if not preset.lora_rank:
+        return "  full fine-tuning: frozen = reference and reward models, trained = the rest"
+    n, adapters = estimate(preset, "sft")["params"], preset.adapter_params()
+    return (
+        f"  LoRA rank {preset.lora_rank}, alpha {preset.lora_alpha:g}, on {preset.lora_targets}: "
+        f"{adapters / 1e6:.1f}M adapter params per network ({adapters / n:.2%} of N); "
+        f"base = frozen bases in {preset.dtype}, adapters = adapters and heads trained "
+        "(evaluate: merged float32 models)"
     )
 
 
@@ -73,15 +87,19 @@ def describe(name: str) -> str:
         f"  {config.n_layers} layers, dim {config.dim}, {config.dtype} compute, remat "
         f"{config.remat}, fsdp {str(preset.fsdp).lower()}; prompts {preset.prompt_len} + "
         f"responses {preset.response_len} tokens",
+        tuning_line(preset),
         "",
-        "  stage      params  state  gathered  activations  total GB per chip",
+        f"  stage      params {'base' if preset.lora_rank else 'frozen':>7s} "
+        f"{'adapters' if preset.lora_rank else 'trained':>8s}  state  gathered  activations"
+        "  total GB per chip",
     ]
     for stage in STAGES:
         e = estimate(preset, stage)
         gb = {k: v / GB for k, v in e.items()}
         lines.append(
-            f"  {stage:9s} {e['params'] / 1e9:6.2f}B {gb['state']:6.2f} {gb['gathered']:9.2f}"
-            f" {gb['activations']:12.2f} {gb['total']:6.2f}"
+            f"  {stage:9s} {e['params'] / 1e9:6.2f}B {gb['frozen']:7.2f} {gb['trained']:8.2f}"
+            f" {gb['state']:6.2f} {gb['gathered']:9.2f} {gb['activations']:12.2f}"
+            f" {gb['total']:6.2f}"
         )
     params = " ".join(_flag(k, v) for k, v in preset.pipeline_params().items())
     lines += ["", "  pipeline parameters (compile, submit and schedule --run-preset set them):"]

@@ -11,11 +11,22 @@ model of N parameters, float32 parameters and AdamW's two float32 moments:
     ppo             policy + critic trained, reference + reward frozen  48 N   (/ C with fsdp)
     evaluate        policy, reference, reward model frozen              12 N   (/ C with fsdp)
 
+With LoRA (``lora_rank`` r > 0) only adapters train: A [in, r] and B [r, out] on each
+targeted projection of each layer, A = L·r·Σ(in + out) parameters per network, at the
+same 20 bytes each; the frozen base is stored in the compute dtype (c = 2 bytes in bf16):
+
+    sft, reward     one frozen base, its adapters (and the reward head)   c N + 20 A
+    ppo             the policy's base (adapters off: the reference) and the reward
+                    model's (the critic's adapters sit on it); two adapter sets
+                                                                      2 c N + 40 A
+    evaluate        unchanged: it loads merged models                   12 N
+
 With fsdp a chip also holds what is gathered at the time (``gathered_bytes``):
 the tensors outside the layer stack (embeddings, output head) of the network
 running, and during training their full gradient before the reduce-scatter;
 and a few layers of the stack (the layer running, its gradient, the next one
-prefetched), all float32.
+prefetched), all float32; with LoRA the base's tensors in the compute dtype, without
+gradients.
 
 Activations (``activation_bytes``): with ``remat="full"`` the scan keeps each
 layer's input (L·B·T·D in the compute dtype) and recomputes one layer at a time
@@ -34,6 +45,19 @@ What follows (``estimate`` below; tests/test_run_presets.py checks each claim):
   A single v5p-8 host (4 chips) would hold 81 GB of PPO state per chip: it does not.
 * 0.5B-class (Qwen2.5-0.5B, N = 0.49e9) on v5e-8: replicated, PPO's 48 N = 23.7 GB
   exceeds a chip, and sft at the preset's batch needs 16 GB; with fsdp every stage fits.
+* 7B-class with LoRA (rank 16 on all seven projections: A = 40.0e6, 0.6 % of N) on one
+  host. PPO's state is 2 c N + 40 A = 28.6 GB instead of 48 N = 323 GB. A v5e-8 (8 chips of
+  16 GB) cannot hold evaluate: its merged float32 models (12 N / 8 = 10.1 GB per chip) and
+  what fsdp gathers (3.5 GB) leave 0.01 GB of a chip's 13.6 GB for activations. So v5p-8 (4
+  chips of 95 GB): sft, reward and PPO would fit replicated (PPO peaks at 64.5 GB), but
+  evaluate's 12 N = 80.9 GB does not, so fsdp is on: PPO holds 7.1 GB of state per chip,
+  evaluate 20.2 GB, and every stage peaks under 60 GB. Full fine-tuning on the same host
+  does not fit PPO (48 N / 4 = 80.9 GB of state alone).
+* 1B-class with LoRA (rank 16, A = 11.3e6) on v5e-4 (4 chips of 16 GB): sft, reward and
+  PPO fit replicated (PPO 5.4 GB of state), but evaluate's 12 N = 14.8 GB exceeds a chip's
+  13.6 GB, so fsdp is on; every stage fits with 512-token responses, twice v5e-8-1b's
+  (fsdp gathers the frozen embeddings in bf16, without a gradient). Full fine-tuning at
+  the same flags fits neither sft nor PPO (PPO's 48 N / 4 = 14.8 GB of state alone).
 
 Checked against XLA on 8 CPU devices, one sft step of a 29M-parameter model
 (bench_fsdp_memory.py): the compiled step needs 0.73x the estimate sharded and
@@ -46,6 +70,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from components.core.config import ALL_LINEAR, LoRASettings
 from components.core.model.config import ModelConfig, model_config
 from components.core.training.config import PRETRAINED_LEARNING_RATE
 from pipelines import params
@@ -60,6 +85,11 @@ FROZEN_BYTES_PER_PARAM = 4
 PARAM_BYTES = 4  # gathered tensors and their gradients are float32
 LAYERS_GATHERED = 3  # the running layer, its gradient, the next one prefetched
 STAGES = ("sft", "reward", "ppo", "evaluate")
+# Networks each stage holds with full fine-tuning: (trained, frozen).
+FULL_MODELS = {"sft": (1, 0), "reward": (1, 0), "ppo": (2, 2), "evaluate": (0, 3)}
+# Frozen bases each stage holds with LoRA. PPO: the policy's (its reference is the same base
+# with the adapters off) and the reward model's (the critic's adapters sit on it).
+LORA_BASES = {"sft": 1, "reward": 1, "ppo": 2}
 # A preset runs an imported model: every stage fine-tunes pretrained weights, at rates that
 # keep what they know (sft and reward: TrainConfig's auto rate for them; PPO's policy: 1e-6).
 PPO_PRETRAINED_LEARNING_RATE = 1e-6
@@ -67,6 +97,14 @@ PRETRAINED_RATES = {
     "sft": {"learning_rate": PRETRAINED_LEARNING_RATE},
     "reward": {"learning_rate": PRETRAINED_LEARNING_RATE},
     "ppo": {"learning_rate": PPO_PRETRAINED_LEARNING_RATE},
+    "evaluate": {},
+}
+# Adapters start at zero (B = 0) and train few parameters: LoRA's usual rates are about ten
+# times full fine-tuning's (PEFT's examples: 1e-4 to 2e-4 for sft).
+LORA_PRETRAINED_RATES = {
+    "sft": {"learning_rate": 1e-4},
+    "reward": {"learning_rate": 1e-4},
+    "ppo": {"learning_rate": 1e-5},
     "evaluate": {},
 }
 
@@ -78,7 +116,8 @@ class RunPreset:
     ``stages`` holds each stage's batch fields (names as in SFTConfig, RewardConfig,
     PPOConfig, EvalConfig); lengths, ``remat``, ``dtype`` and ``fsdp`` are the same for
     every stage, so they are pipeline-wide parameters (``pipeline_params``). Learning
-    rates are the pretrained ones (``PRETRAINED_RATES``), set explicitly.
+    rates are the pretrained ones (``PRETRAINED_RATES``), set explicitly; with LoRA
+    (``lora_rank`` > 0, set on sft, reward and ppo) ``LORA_PRETRAINED_RATES``.
     """
 
     model: str  # a ModelConfig preset of the model class's shape
@@ -93,6 +132,10 @@ class RunPreset:
     dtype: str
     fsdp: bool
     stages: dict[str, dict[str, Any]]
+    # LoRA on sft, reward and ppo (0: full fine-tuning); evaluate loads merged models.
+    lora_rank: int = 0
+    lora_alpha: float = 16.0
+    lora_targets: str = ALL_LINEAR
 
     @property
     def slice_name(self) -> str:
@@ -102,6 +145,17 @@ class RunPreset:
     def config(self) -> ModelConfig:
         """The model config every stage of this preset runs (its remat and dtype applied)."""
         return model_config(self.model, self.vocab_size, remat=self.remat, dtype=self.dtype)
+
+    def lora(self) -> LoRASettings:
+        """The preset's LoRA settings (checked as a stage config checks them)."""
+        return LoRASettings(
+            lora_rank=self.lora_rank, lora_alpha=self.lora_alpha, lora_targets=self.lora_targets
+        )
+
+    def adapter_params(self) -> int:
+        """Adapter parameters of one network (0 with full fine-tuning)."""
+        lora = self.lora()
+        return adapter_param_count(self.config(), lora.lora_rank, lora.lora_target_modules())
 
     def flags(self, stage: str) -> dict[str, Any]:
         """The stage's config fields: its batch fields, lengths, remat, dtype and fsdp (and for
@@ -114,6 +168,8 @@ class RunPreset:
                 "min_eval_pairs": max(self.stages[s]["batch_size"] for s in ("sft", "reward")),
             }
         numerics = {"remat": self.remat, "dtype": self.dtype, "fsdp": self.fsdp}
+        if self.lora_rank:
+            numerics |= dataclasses.asdict(self.lora())
         if stage in ("sft", "reward"):
             # The shape of a fresh model; a base policy brings its own.
             lengths = {"preset": self.model, "max_len": self.prompt_len + self.response_len}
@@ -121,7 +177,8 @@ class RunPreset:
             lengths = {"prompt_len": self.prompt_len, "max_new_tokens": self.response_len}
         else:  # evaluate: prompts come from the data, cut to the shard stage's length
             lengths, numerics = {"max_new_tokens": self.response_len}, {"fsdp": self.fsdp}
-        return {**self.stages[stage], **PRETRAINED_RATES[stage], **lengths, **numerics}
+        rates = (LORA_PRETRAINED_RATES if self.lora_rank else PRETRAINED_RATES)[stage]
+        return {**self.stages[stage], **rates, **lengths, **numerics}
 
     def pipeline_params(self) -> dict[str, Any]:
         """The pipeline parameters that run this preset, read off the parameter table
@@ -170,11 +227,37 @@ def outer_param_count(config: ModelConfig) -> int:
     return config.vocab_size * config.dim * (1 if config.tie_embeddings else 2) + config.dim
 
 
+def projection_shapes(config: ModelConfig) -> dict[str, tuple[int, int]]:
+    """(in, out) of each projection of a layer an adapter can wrap, by Hugging Face name."""
+    d, hidden = config.dim, config.hidden_dim
+    q, kv = config.n_heads * config.resolved_head_dim, config.n_kv_heads * config.resolved_head_dim
+    return {
+        "q_proj": (d, q),
+        "k_proj": (d, kv),
+        "v_proj": (d, kv),
+        "o_proj": (q, d),
+        "gate_proj": (d, hidden),
+        "up_proj": (d, hidden),
+        "down_proj": (hidden, d),
+    }
+
+
+def adapter_param_count(config: ModelConfig, rank: int, targets: tuple[str, ...]) -> int:
+    """LoRA parameters of one network: A [in, r] and B [r, out] on each target of each layer."""
+    shapes = projection_shapes(config)
+    return config.n_layers * rank * sum(sum(shapes[target]) for target in targets)
+
+
+def compute_bytes(config: ModelConfig) -> int:
+    """Bytes of one value in the compute dtype (activations; LoRA's frozen base)."""
+    return 2 if config.dtype == "bfloat16" else 4
+
+
 def activation_bytes(
     config: ModelConfig, sequences: int, seq_len: int, *, logits_len: int, train: bool
 ) -> float:
     """Peak activations of one forward (and backward when ``train``) on one chip."""
-    c = 2 if config.dtype == "bfloat16" else 4
+    c = compute_bytes(config)
     b, t, d, hd = sequences, seq_len, config.dim, config.resolved_head_dim
     heads, kv = config.n_heads, config.n_kv_heads
     matmuls = b * t * (2 * heads * hd + 2 * kv * hd + 3 * config.hidden_dim + 2 * d) * c
@@ -196,40 +279,78 @@ def activation_bytes(
 
 def kv_cache_bytes(config: ModelConfig, sequences: int, length: int) -> float:
     """Keys and values of every layer for ``sequences`` of ``length`` tokens."""
-    c = 2 if config.dtype == "bfloat16" else 4
-    return (
-        2 * config.n_layers * sequences * length * config.n_kv_heads * config.resolved_head_dim * c
-    )
+    kv = config.n_kv_heads * config.resolved_head_dim
+    return 2 * config.n_layers * sequences * length * kv * compute_bytes(config)
 
 
-def gathered_bytes(config: ModelConfig, *, networks: int, trained: bool) -> float:
+def gathered_bytes(
+    config: ModelConfig, *, networks: int, trained: bool, adapters: int | None = None
+) -> float:
     """What fsdp holds whole at a time: ``networks`` running networks' outer tensors (and their
-    gradients when ``trained``), and LAYERS_GATHERED layers of the stack."""
-    outer = outer_param_count(config) * PARAM_BYTES * (2 if trained else 1)
-    return networks * outer + LAYERS_GATHERED * layer_param_count(config) * PARAM_BYTES
+    gradients when ``trained``), and LAYERS_GATHERED layers of the stack.
+
+    With LoRA (``adapters``: a network's adapter parameters) the frozen base is gathered in
+    the compute dtype and has no gradient; a layer's adapters come in float32 with theirs.
+    """
+    if adapters is None:
+        outer = outer_param_count(config) * PARAM_BYTES * (2 if trained else 1)
+        return networks * outer + LAYERS_GATHERED * layer_param_count(config) * PARAM_BYTES
+    c = compute_bytes(config)
+    layer = layer_param_count(config) * c + adapters // config.n_layers * 2 * PARAM_BYTES
+    return networks * outer_param_count(config) * c + LAYERS_GATHERED * layer
+
+
+def state_bytes(preset: RunPreset, stage: str) -> tuple[float, float]:
+    """(frozen, trained) bytes of the networks ``stage`` holds, before fsdp divides them."""
+    config = preset.config()
+    n = param_count(config)
+    if not preset.lora_rank or stage == "evaluate":  # evaluate loads merged models
+        trained, frozen = FULL_MODELS[stage]
+        return frozen * FROZEN_BYTES_PER_PARAM * n, trained * TRAINED_BYTES_PER_PARAM * n
+    head, adapters = config.dim + 1, preset.adapter_params()
+    # Trained: an adapter set per network trained, and the reward or critic head; PPO's
+    # reward head is frozen beside the bases.
+    trained = {"sft": adapters, "reward": adapters + head, "ppo": 2 * adapters + head}[stage]
+    frozen = LORA_BASES[stage] * n + (head if stage == "ppo" else 0)
+    return frozen * compute_bytes(config), trained * TRAINED_BYTES_PER_PARAM
 
 
 def estimate(preset: RunPreset, stage: str) -> dict[str, float]:
-    """Bytes per chip of ``stage`` under ``preset``: state, gathered, activations, total."""
+    """Bytes per chip of ``stage`` under ``preset``: state (frozen + trained), gathered,
+    activations, total."""
     config = preset.config()
-    n = param_count(config)
-    models = {"ppo": (2, 2), "evaluate": (0, 3)}.get(stage, (1, 0))  # (trained, frozen)
-    state = (models[0] * TRAINED_BYTES_PER_PARAM + models[1] * FROZEN_BYTES_PER_PARAM) * n
+    frozen, trained = state_bytes(preset, stage)
     flags = {"prompt_len": preset.prompt_len, **preset.flags(stage)}
-    phases = _phases(config, stage, flags, preset.chips, preset.hosts)
+    adapters = preset.adapter_params() if preset.lora_rank and stage != "evaluate" else None
+    phases = _phases(config, stage, flags, preset.chips, preset.hosts, adapters=adapters)
     if preset.fsdp:
-        state /= preset.chips
+        frozen, trained = frozen / preset.chips, trained / preset.chips
     else:
         phases = [(acts, 0.0) for acts, _ in phases]
     acts, gathered = max(phases, key=sum)
-    total = state + gathered + acts
-    return {"params": n, "state": state, "gathered": gathered, "activations": acts, "total": total}
+    return {
+        "params": param_count(config),
+        "frozen": frozen,
+        "trained": trained,
+        "state": frozen + trained,
+        "gathered": gathered,
+        "activations": acts,
+        "total": frozen + trained + gathered + acts,
+    }
 
 
 def _phases(
-    config: ModelConfig, stage: str, flags: dict, chips: int, hosts: int
+    config: ModelConfig,
+    stage: str,
+    flags: dict,
+    chips: int,
+    hosts: int,
+    *,
+    adapters: int | None,
 ) -> list[tuple[float, float]]:
-    """(activations, fsdp-gathered bytes) of each phase of ``stage``: the largest is the peak."""
+    """(activations, fsdp-gathered bytes) of each phase of ``stage``: the largest is the peak.
+    ``adapters``: a LoRA network's adapter parameters (None: full fine-tuning). Activations
+    are the same with LoRA: the gradient still flows back through the frozen base."""
     if stage in ("sft", "reward"):
         per_chip = flags["batch_size"] // chips
         sequences = 2 * per_chip if stage == "reward" else per_chip  # chosen + rejected
@@ -237,7 +358,7 @@ def _phases(
         acts = activation_bytes(
             config, sequences, flags["max_len"], logits_len=logits_len, train=True
         )
-        return [(acts, gathered_bytes(config, networks=1, trained=True))]
+        return [(acts, gathered_bytes(config, networks=1, trained=True, adapters=adapters))]
     response = flags["max_new_tokens"]
     if stage == "evaluate":
         # Every host evaluates every row, its batch spread over its own chips.
@@ -249,14 +370,16 @@ def _phases(
     # fsdp.after; evaluate scores in separate programs): the KV cache and one forward pass.
     sampling = kv_cache_bytes(config, sequences, length)
     sampling += activation_bytes(config, sequences, length, logits_len=response, train=False)
-    phases = [(sampling, gathered_bytes(config, networks=1, trained=False))]
+    phases = [(sampling, gathered_bytes(config, networks=1, trained=False, adapters=adapters))]
     if stage == "ppo":
         # The update: policy and critic forward and backward on one minibatch, each holding
         # its outer tensors and their gradients.
         minibatch = sequences // flags["minibatches"]
         policy = activation_bytes(config, minibatch, length, logits_len=response, train=True)
         critic = activation_bytes(config, minibatch, length, logits_len=0, train=True)
-        phases.append((policy + critic, gathered_bytes(config, networks=2, trained=True)))
+        phases.append(
+            (policy + critic, gathered_bytes(config, networks=2, trained=True, adapters=adapters))
+        )
     return phases
 
 
@@ -320,6 +443,46 @@ RUN_PRESETS: dict[str, RunPreset] = {
             "reward": {"batch_size": 32},
             "ppo": {"rollout_batch_size": 64, "minibatches": 4},
             "evaluate": {"batch_size": 64},
+        },
+    ),
+    "v5p-8-7b-lora": RunPreset(
+        model="7b",
+        vocab_size=32000,
+        example="meta-llama/Llama-2-7b-chat-hf",
+        chip="v5p",
+        chips=4,
+        hosts=1,
+        prompt_len=1024,
+        response_len=1024,
+        fsdp=True,  # evaluate's merged float32 models need it; the training stages do not
+        **_BF16_FULL,
+        lora_rank=16,
+        lora_alpha=32.0,  # scale alpha / rank = 2, the usual recipe
+        stages={
+            "sft": {"batch_size": 32},
+            "reward": {"batch_size": 32},
+            "ppo": {"rollout_batch_size": 64, "minibatches": 4},
+            "evaluate": {"batch_size": 64},
+        },
+    ),
+    "v5e-4-1b-lora": RunPreset(
+        model="1b",
+        vocab_size=128256,
+        example="meta-llama/Llama-3.2-1B-Instruct",
+        chip="v5e",
+        chips=4,
+        hosts=1,
+        prompt_len=512,
+        response_len=512,
+        fsdp=True,  # evaluate's merged float32 models need it; the training stages do not
+        **_BF16_FULL,
+        lora_rank=16,
+        lora_alpha=32.0,
+        stages={
+            "sft": {"batch_size": 16},
+            "reward": {"batch_size": 16},
+            "ppo": {"rollout_batch_size": 32, "minibatches": 4},
+            "evaluate": {"batch_size": 32},
         },
     ),
 }

@@ -9,7 +9,9 @@ import pytest
 import yaml
 from flax import nnx
 
-from components.core.model.config import model_config
+from components.core.config import ALL_LINEAR, LORA_TARGETS
+from components.core.model.config import ModelConfig, model_config
+from components.core.model.lora import TARGET_PATHS
 from components.core.model.transformer import Transformer
 from components.evaluate.config import EvalConfig
 from components.ppo.config import PPOConfig
@@ -23,15 +25,18 @@ from pipelines.run_presets import (
     HEADROOM,
     RUN_PRESETS,
     STAGES,
+    adapter_param_count,
     estimate,
     fits,
     layer_param_count,
     outer_param_count,
     param_count,
     params_for,
+    projection_shapes,
 )
 
 STAGE_CONFIGS = {"sft": SFTConfig, "reward": RewardConfig, "ppo": PPOConfig, "evaluate": EvalConfig}
+LORA_PRESETS = ("v5p-8-7b-lora", "v5e-4-1b-lora")
 
 
 @pytest.mark.parametrize(
@@ -64,6 +69,8 @@ def test_pipeline_params_of_a_preset_are_valid(name):
     assert values["fsdp"] is preset.fsdp and values["dtype"] == "bfloat16"
     for stage in ("sft", "reward", "ppo"):
         assert params.stage_values(stage, values)["remat"] == preset.remat
+        assert params.stage_values(stage, values)["lora_rank"] == preset.lora_rank
+    assert ("lora_rank" in preset.pipeline_params()) is bool(preset.lora_rank)
 
 
 def _variant(name: str, **changes) -> object:
@@ -172,3 +179,131 @@ def test_a_preset_of_a_slice_the_pipeline_cannot_place_is_refused(tmp_path, caps
     argv = ["compile", "--target", "gke", "--run-preset", "v5p-24-odd", "-o", str(tmp_path / "p")]
     assert cli_main(argv) == 2
     assert "alignpipe presets v5p-24-odd" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("preset", "vocab"), [("tiny", 61), ("0.5b", 151936), ("1b", 128256), ("2b", 256000)]
+)
+def test_projection_shapes_are_the_models_kernels(preset, vocab):
+    config = model_config(preset, vocab)
+    blocks = nnx.state(nnx.eval_shape(lambda: Transformer(config, rngs=nnx.Rngs(0))))["blocks"]
+    for target, (attn_or_mlp, name) in TARGET_PATHS.items():
+        kernel = blocks[attn_or_mlp][name]["kernel"]
+        assert kernel.shape == (config.n_layers, *projection_shapes(config)[target]), target
+
+
+def test_adapter_count_of_llama_2_7b():
+    config = model_config("7b", 32000)
+    # r·(in + out) per target per layer, written out: q, k, v (4096 → 4096), o, and
+    # gate, up (4096 → 11008) and down (11008 → 4096).
+    by_hand = 8 * 32 * (3 * (4096 + 4096) + (4096 + 4096) + 3 * (4096 + 11008))
+    assert adapter_param_count(config, 8, LORA_TARGETS) == by_hand == 19_988_480
+    # PEFT's count for Llama-2-7B, r = 8 on q_proj and v_proj: 4,194,304.
+    assert adapter_param_count(config, 8, ("q_proj", "v_proj")) == 4_194_304
+    assert RUN_PRESETS["v5p-8-7b-lora"].adapter_params() == 2 * by_hand  # rank 16
+
+
+@pytest.mark.skipif(
+    "lora_rank" not in {f.name for f in dataclasses.fields(ModelConfig)},
+    reason="the model has no LoRA fields yet",
+)
+@pytest.mark.parametrize(("preset", "vocab"), [("0.5b", 151936), ("2b", 256000), ("7b", 32000)])
+def test_adapter_count_is_the_lora_models(preset, vocab):
+    targets = ("q_proj", "o_proj", "down_proj")
+    for chosen in (LORA_TARGETS, targets):
+        config = dataclasses.replace(model_config(preset, vocab), lora_rank=4, lora_targets=chosen)
+        abstract = nnx.eval_shape(lambda config=config: Transformer(config, rngs=nnx.Rngs(0)))
+        adapters = sum(x.size for x in jax.tree.leaves(nnx.state(abstract, nnx.LoRAParam)))
+        assert adapter_param_count(config, 4, chosen) == adapters
+
+
+def test_seven_b_lora_fits_one_v5p_host_with_fsdp_for_evaluate():
+    preset = RUN_PRESETS["v5p-8-7b-lora"]
+    n, adapters, head = 6.738e9, 39_976_960, 4096 + 1
+    budget = HEADROOM * CHIP_HBM["v5p"]
+    assert (preset.chips, preset.hosts, preset.fsdp) == (4, 1, True)
+    # PPO: two bf16 bases, policy and critic adapters at 20 bytes, the critic's head trained
+    # and the reward model's frozen; over 4 chips.
+    ppo = estimate(preset, "ppo")
+    assert ppo["frozen"] == pytest.approx((2 * 2 * n + 2 * head) / 4, rel=1e-3)
+    assert ppo["trained"] == pytest.approx(20 * (2 * adapters + head) / 4, rel=1e-6)
+    assert ppo["state"] / GB == pytest.approx(7.14, abs=0.01)
+    assert estimate(preset, "sft")["state"] / GB == pytest.approx(3.57, abs=0.01)
+    assert estimate(preset, "evaluate")["state"] == pytest.approx(12 * n / 4, rel=1e-3)
+    assert max(estimate(preset, s)["total"] for s in STAGES) < 60 * GB
+    # Replicated: the trained stages fit (PPO's state 28.6 GB instead of 48 N), evaluate not.
+    replicated = _variant("v5p-8-7b-lora", fsdp=False)
+    assert estimate(replicated, "ppo")["state"] / GB == pytest.approx(28.6, abs=0.05)
+    assert estimate(replicated, "ppo")["total"] / GB == pytest.approx(64.5, abs=0.05)
+    assert all(fits(replicated, s) for s in ("sft", "reward", "ppo"))
+    assert estimate(replicated, "evaluate")["state"] > budget
+    # Full fine-tuning on the same host: PPO's 48 N / 4 = 80.9 GB of state alone is too much.
+    full = _variant("v5p-8-7b-lora", lora_rank=0)
+    assert estimate(full, "ppo")["state"] == pytest.approx(48 * n / 4, rel=1e-3)
+    assert estimate(full, "ppo")["state"] > budget and not fits(full, "ppo")
+
+
+def test_seven_b_lora_evaluate_cannot_fit_a_v5e_8():
+    """Why the 7B LoRA preset is on v5p-8: on v5e-8 evaluate's merged float32 models and what
+    fsdp gathers leave 0.01 GB of a chip for activations, even at one sequence per chip."""
+    preset = RUN_PRESETS["v5p-8-7b-lora"]
+    small = {**preset.stages, "evaluate": {"batch_size": 8}}
+    v5e = _variant("v5p-8-7b-lora", chip="v5e", chips=8, stages=small)
+    evaluate = estimate(v5e, "evaluate")
+    room = HEADROOM * CHIP_HBM["v5e"] - evaluate["state"] - evaluate["gathered"]
+    assert evaluate["state"] / GB == pytest.approx(10.1, abs=0.05)
+    assert 0 < room < 0.02 * GB
+    assert not fits(v5e, "evaluate")
+
+
+def test_one_b_lora_fits_a_v5e_4_with_fsdp_for_evaluate():
+    preset = RUN_PRESETS["v5e-4-1b-lora"]
+    n, budget = 1.2358e9, HEADROOM * CHIP_HBM["v5e"]
+    assert (preset.chips, preset.fsdp, preset.response_len) == (4, True, 512)
+    assert preset.response_len == 2 * RUN_PRESETS["v5e-8-1b"].response_len
+    assert estimate(preset, "ppo")["frozen"] == pytest.approx(2 * 2 * n / 4, rel=1e-3)
+    replicated = _variant("v5e-4-1b-lora", fsdp=False)
+    assert estimate(replicated, "ppo")["state"] / GB == pytest.approx(5.4, abs=0.05)
+    assert all(fits(replicated, s) for s in ("sft", "reward", "ppo"))
+    assert estimate(replicated, "evaluate")["state"] == pytest.approx(12 * n, rel=1e-3)
+    assert estimate(replicated, "evaluate")["state"] > budget
+    full = _variant("v5e-4-1b-lora", lora_rank=0)
+    assert not fits(full, "sft") and not fits(full, "ppo")
+    assert estimate(full, "ppo")["state"] == pytest.approx(48 * n / 4, rel=1e-3)
+    assert estimate(full, "ppo")["state"] > budget
+
+
+@pytest.mark.parametrize("name", LORA_PRESETS)
+def test_lora_presets_set_lora_on_the_trained_stages_only(name):
+    preset = RUN_PRESETS[name]
+    full = RUN_PRESETS["v5e-8-1b"]
+    for stage in ("sft", "reward", "ppo"):
+        config = STAGE_CONFIGS[stage](**preset.flags(stage))
+        assert (config.lora_rank, config.lora_alpha, config.lora_targets) == (16, 32, ALL_LINEAR)
+        # Adapters learn at ten times full fine-tuning's rate.
+        rate = full.flags(stage)["learning_rate"]
+        assert config.learning_rate == pytest.approx(10 * rate)
+    assert not any(field.startswith("lora") for field in preset.flags("evaluate"))
+
+
+def test_presets_command_shows_the_lora_split(capsys):
+    assert cli_main(["presets"]) == 0
+    listing = capsys.readouterr().out
+    assert all(name in listing for name in LORA_PRESETS) and "LoRA r16" in listing
+    assert cli_main(["presets", "v5p-8-7b-lora"]) == 0
+    text = capsys.readouterr().out
+    assert "base adapters" in text and "40.0M adapter params per network" in text
+    ppo = estimate(RUN_PRESETS["v5p-8-7b-lora"], "ppo")
+    assert f"{ppo['frozen'] / GB:7.2f} {ppo['trained'] / GB:8.2f}" in text
+    assert "--lora-rank 16 --lora-alpha 32.0 --lora-targets all-linear" in text
+
+
+def test_compile_with_a_lora_preset_sets_its_adapters(tmp_path, capsys):
+    out = tmp_path / "pipeline.yaml"
+    argv = ["compile", "--target", "gke", "--run-preset", "v5e-4-1b-lora", "-o", str(out)]
+    assert cli_main(argv) == 0
+    assert "2x2" in capsys.readouterr().out
+    spec, _ = yaml.safe_load_all(out.read_text())
+    compiled = spec["root"]["inputDefinitions"]["parameters"]
+    assert compiled["lora_rank"]["defaultValue"] == 16
+    assert compiled["fsdp"]["defaultValue"] is True
