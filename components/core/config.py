@@ -1,12 +1,19 @@
 """Config groups the stage configs share, free of JAX: reading a default imports no trainer.
 
 Each group is a small kw_only dataclass whose fields a stage config inherits, so every
-shared field (its default, its check, its help text) is defined once, here.
+shared field (its default, its check, its help text) is defined once, here; a stage that
+needs another default restates the field with :func:`group_field`, keeping the help.
+
+Structure: a slotted class can have only one base with slot storage, so ``LoRASettings``
+(also a value of its own) keeps its slots and the other groups are mixins with empty
+``__slots__``; the stage config (``slots=True``) stores every field, and has no ``__dict__``.
+Each group's ``__post_init__`` checks its fields; a stage's ``__post_init__`` calls them.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from typing import Any, Literal
 
 from components.core.flags import field
 
@@ -54,3 +61,95 @@ class LoRASettings:
                 f"{ALL_LINEAR} or a comma-separated subset of {','.join(LORA_TARGETS)}"
             )
         return tuple(t for t in LORA_TARGETS if t in names)
+
+
+def group_field(group: type, name: str, default: Any) -> Any:
+    """``group``'s field ``name`` with a stage's own default; the help stays the group's."""
+    return field(default, help=group.__dataclass_fields__[name].metadata["help"])
+
+
+def learning_rate_field(auto: str, *, of: str = "") -> Any:
+    """A peak learning rate whose 0 means auto; ``auto`` says what the stage then picks."""
+    return field(0.0, help=f"peak {of}learning rate; 0 = auto: {auto}")
+
+
+def check_learning_rate(name: str, value: float) -> None:
+    """Refuses a negative peak learning rate (0 is auto)."""
+    if value < 0:
+        raise ValueError(f"{name}: {value} must be > 0, or 0 for auto")
+
+
+@dataclasses.dataclass(kw_only=True)
+class NumericsSettings:
+    """How the models compute and where their state lives: remat, compute dtype, fsdp."""
+
+    __slots__ = ()
+
+    remat: Literal["", "none", "full", "dots_saveable"] = field(
+        "", help="rematerialisation policy of the layer scan ('' = the model's)"
+    )
+    dtype: Literal["", "float32", "bfloat16"] = field(
+        "", help="compute dtype ('' = the model's); parameters stay float32"
+    )
+    fsdp: bool = field(
+        False,
+        help="shard parameters, gradients and optimizer state (of every model the stage "
+        "holds) over all devices, gathering one layer at a time (ZeRO-3 inside pmap): state "
+        "memory per chip / device count",
+    )
+
+
+@dataclasses.dataclass(kw_only=True)
+class OptimizerSettings:
+    """AdamW's peak rate, warmup and clipping; the stage picks the schedule's shape.
+
+    ``warmup_steps`` and ``max_grad_norm`` are checked by the stage's ``OptimConfig``.
+    """
+
+    __slots__ = ()
+
+    learning_rate: float = learning_rate_field("the stage's rate for its starting weights")
+    warmup_steps: int = field(30, help="optimizer steps of linear warmup")
+    max_grad_norm: float = field(
+        1.0, help="global-norm gradient clipping (of each trained model's gradients)"
+    )
+
+    def __post_init__(self) -> None:
+        check_learning_rate("learning_rate", self.learning_rate)
+
+
+@dataclasses.dataclass(kw_only=True)
+class CheckpointSettings:
+    """How often training state is saved, and how many saves are kept."""
+
+    __slots__ = ()
+
+    save_every: int = field(
+        100,
+        help="checkpoint training state every this many steps (ppo: iterations) and at the "
+        "end; a resume, or a ppo guard restoration, goes back to the last one",
+    )
+    keep_checkpoints: int = field(2, help="training checkpoints kept")
+
+    def __post_init__(self) -> None:
+        for name in ("save_every", "keep_checkpoints"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}: {getattr(self, name)} must be at least 1")
+
+
+@dataclasses.dataclass(kw_only=True)
+class ReproducibilitySettings:
+    """What makes a run repeatable: the seed, and data readers fixed across host counts."""
+
+    __slots__ = ()
+
+    seed: int = field(0, help="random seed: initialisation, data order, sampling")
+    data_streams: int = field(
+        0,
+        help="independent data readers each batch is drawn from, spread over hosts "
+        "(0 = one per host); fix it to get the same run on any number of hosts",
+    )
+
+    def __post_init__(self) -> None:
+        if self.data_streams < 0:
+            raise ValueError(f"data_streams: {self.data_streams} must be >= 0 (0 = one per host)")

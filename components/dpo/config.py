@@ -13,6 +13,7 @@ import dataclasses
 import typing
 from typing import ClassVar, Literal
 
+from components.core.config import learning_rate_field
 from components.core.flags import field
 from components.core.training.config import TrainConfig
 
@@ -39,11 +40,9 @@ class DPOConfig(TrainConfig):
     # About 3 epochs of the built-in task's 1,800 train pairs, TRL's default epoch count:
     # 300 steps (11 epochs) nearly tripled the KL for little more gold (README, dpo section).
     steps: int = field(100, help="optimizer steps")
-    learning_rate: float = field(
-        0.0,
-        help=f"peak learning rate; 0 = auto: {PRETRAINED_LEARNING_RATE:g} when the policy "
-        "descends from pretrained weights (the Zephyr DPO recipe's), "
-        f"else {FROM_SCRATCH_LEARNING_RATE:g}",
+    learning_rate: float = learning_rate_field(
+        f"{PRETRAINED_LEARNING_RATE:g} when the policy descends from pretrained weights (the "
+        f"Zephyr DPO recipe's), else {FROM_SCRATCH_LEARNING_RATE:g}"
     )
     beta: float = field(
         0.1, help="weight of the implicit KL to the reference: reward = beta * log-ratio"

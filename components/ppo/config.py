@@ -18,14 +18,26 @@ rates for a policy that descends from pretrained weights (``resolved``).
 from __future__ import annotations
 
 import dataclasses
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-import jax
-
-from components.core.config import LoRASettings
+from components.core.config import (
+    CheckpointSettings,
+    LoRASettings,
+    NumericsSettings,
+    OptimizerSettings,
+    ReproducibilitySettings,
+    check_learning_rate,
+    group_field,
+    learning_rate_field,
+)
 from components.core.flags import field
-from components.core.training.optim import OptimConfig
-from components.ppo.kl_control import DEFAULT_KL_TARGET
+
+if TYPE_CHECKING:
+    from components.core.training.optim import OptimConfig
+
+# The adaptive controller's target, nats per response token: the original design's figure for
+# real models, and the default of both PPOConfig and kl_control's controllers (one place).
+DEFAULT_KL_TARGET = 0.02
 
 # (policy, critic) peak learning rates of learning_rate = critic_learning_rate = 0 (auto).
 # From scratch: measured on the built-in task's demo models. Pretrained: the original
@@ -46,7 +58,13 @@ STATUS_STOPPED_KL_GUARD = "stopped_kl_guard"
 
 
 @dataclasses.dataclass(slots=True, kw_only=True)
-class PPOConfig(LoRASettings):
+class PPOConfig(
+    LoRASettings,
+    NumericsSettings,
+    OptimizerSettings,
+    CheckpointSettings,
+    ReproducibilitySettings,
+):
     """PPO of a policy against a reward model, with KL control and divergence guard rails."""
 
     algorithm: Literal["ppo", "grpo", "rloo"] = field(
@@ -62,11 +80,6 @@ class PPOConfig(LoRASettings):
         64,
         help="responses sampled per iteration, global over all devices and hosts "
         "(grpo/rloo: rollout_batch_size / group_size prompts, group_size responses each)",
-    )
-    data_streams: int = field(
-        0,
-        help="independent prompt readers the rollout batch is drawn from, spread over hosts "
-        "(0 = one per host); fix it to get the same run on any number of hosts",
     )
     minibatches: int = field(2, help="minibatches the rollout batch is split into per epoch")
     ppo_epochs: int = field(4, help="passes over each rollout batch")
@@ -127,45 +140,33 @@ class PPOConfig(LoRASettings):
     entropy_coef: float = field(
         0.0, help="weight of the entropy bonus (entropy is logged whatever its weight)"
     )
-    max_grad_norm: float = field(1.0, help="global-norm gradient clipping (policy and critic)")
-    learning_rate: float = field(
-        0.0,
-        help=f"peak policy learning rate; 0 = auto: {PRETRAINED_LEARNING_RATES[0]:g} for a "
-        f"policy descending from pretrained weights, else {FROM_SCRATCH_LEARNING_RATES[0]:g} "
+    learning_rate: float = learning_rate_field(
+        f"{PRETRAINED_LEARNING_RATES[0]:g} for a policy descending from pretrained weights, "
+        f"else {FROM_SCRATCH_LEARNING_RATES[0]:g} "
         f"(grpo/rloo: {GROUP_FROM_SCRATCH_LEARNING_RATE:g})",
+        of="policy ",
     )
-    critic_learning_rate: float = field(
-        0.0,
-        help=f"peak critic learning rate; 0 = auto: {PRETRAINED_LEARNING_RATES[1]:g} for "
-        f"pretrained weights, else {FROM_SCRATCH_LEARNING_RATES[1]:g}",
+    critic_learning_rate: float = learning_rate_field(
+        f"{PRETRAINED_LEARNING_RATES[1]:g} for pretrained weights, "
+        f"else {FROM_SCRATCH_LEARNING_RATES[1]:g}",
+        of="critic ",
     )
-    warmup_steps: int = field(10, help="optimizer steps of linear warmup")
+    # A run has few optimizer steps (iterations x epochs x minibatches): a shorter warmup.
+    warmup_steps: int = group_field(OptimizerSettings, "warmup_steps", 10)
     missing_eos_penalty: float = field(
         1.0, help="subtracted from the normalized score of a response without EOS"
     )
     reward_clip: float = field(5.0, help="clip normalized scores to [-c, c] (0 = no clipping)")
     whiten_rewards: bool = field(False, help="whiten per-token rewards before the GAE")
-    save_every: int = field(
-        5,
-        help="checkpoint every this many iterations (and at the end); a guard restoration "
-        "returns the policy to the last checkpoint, so this bounds what it loses",
-    )
-    keep_checkpoints: int = field(2, help="training checkpoints kept")
-    seed: int = field(0, help="random seed: rollouts, prompt order, critic head")
-    remat: Literal["", "none", "full", "dots_saveable"] = field(
-        "", help="rematerialisation policy of the layer scan ('' = the model's)"
-    )
-    fsdp: bool = field(
-        False,
-        help="shard all four models' parameters and both optimizer states over all devices, "
-        "gathering one layer at a time (ZeRO-3 inside pmap): state memory per chip / device count",
-    )
-    dtype: Literal["", "float32", "bfloat16"] = field(
-        "", help="compute dtype ('' = the model's); parameters stay float32"
-    )
+    # Counted in iterations, and a guard restoration loses what followed the last save.
+    save_every: int = group_field(CheckpointSettings, "save_every", 5)
 
     def __post_init__(self) -> None:
         LoRASettings.__post_init__(self)
+        OptimizerSettings.__post_init__(self)
+        CheckpointSettings.__post_init__(self)
+        ReproducibilitySettings.__post_init__(self)
+        check_learning_rate("critic_learning_rate", self.critic_learning_rate)
         self._check_sizes()
         self._check_coefficients()
         # Validates the optimizer fields with their own messages.
@@ -174,9 +175,6 @@ class PPOConfig(LoRASettings):
     def _check_sizes(self) -> None:
         """Counts that must be positive, and a batch that splits into minibatches."""
         for name in ("iterations", "rollout_batch_size", "minibatches", "ppo_epochs"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name}: {getattr(self, name)} must be at least 1")
-        for name in ("save_every", "keep_checkpoints"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}: {getattr(self, name)} must be at least 1")
         for name in ("prompt_len", "max_new_tokens"):
@@ -209,8 +207,6 @@ class PPOConfig(LoRASettings):
             raise ValueError(
                 f"kl_stop_patience: {self.kl_stop_patience} must be at least 1 (1 = trip at once)"
             )
-        if self.data_streams < 0:
-            raise ValueError(f"data_streams: {self.data_streams} must be >= 0 (0 = one per host)")
         if self.data_streams and self.prompts_per_iteration % self.data_streams:
             raise ValueError(
                 f"rollout_batch_size: {self.prompts_per_iteration} prompts per iteration must "
@@ -251,9 +247,6 @@ class PPOConfig(LoRASettings):
             raise ValueError(f"ref_ema_decay: {self.ref_ema_decay} must be in [0, 1) (0 = frozen)")
         if not 0 <= self.gamma <= 1 or not 0 <= self.lam <= 1:
             raise ValueError(f"gamma ({self.gamma}) and lam ({self.lam}) must be in [0, 1]")
-        for name in ("learning_rate", "critic_learning_rate"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name}: {getattr(self, name)} must be > 0, or 0 for auto")
 
     @property
     def uses_groups(self) -> bool:
@@ -306,6 +299,8 @@ class PPOConfig(LoRASettings):
         return self._optim(self.learning_rate)
 
     def _optim(self, learning_rate: float) -> OptimConfig:
+        from components.core.training.optim import OptimConfig
+
         return OptimConfig(
             learning_rate=learning_rate,
             warmup_steps=min(self.warmup_steps, self.update_steps),
@@ -320,6 +315,8 @@ class PPOConfig(LoRASettings):
 
     def per_host_batch(self) -> int:
         """This host's share of the rollout batch; refuses one that does not split evenly."""
+        import jax
+
         devices = jax.device_count()
         per_device_quantum = devices * self.minibatches
         if self.rollout_batch_size % per_device_quantum:

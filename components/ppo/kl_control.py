@@ -8,11 +8,10 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
+from components.ppo.config import DEFAULT_KL_TARGET
+
 KLControllerKind = Literal["fixed", "adaptive"]
 
-# The adaptive controller's target, nats per response token: the original design's figure for
-# real models, and PPOConfig's default (one place for both).
-DEFAULT_KL_TARGET = 0.02
 DEFAULT_KL_HORIZON = 10_000.0
 
 # Ziegler et al. (2019): the proportional error is clipped so one noisy batch moves kl_coef

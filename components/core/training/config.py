@@ -9,7 +9,14 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, ClassVar, Literal
 
-from components.core.config import LoRASettings
+from components.core.config import (
+    CheckpointSettings,
+    LoRASettings,
+    NumericsSettings,
+    OptimizerSettings,
+    ReproducibilitySettings,
+    learning_rate_field,
+)
 from components.core.flags import field
 
 if TYPE_CHECKING:
@@ -24,7 +31,13 @@ PRETRAINED_LEARNING_RATE = 1e-5
 
 
 @dataclasses.dataclass(slots=True, kw_only=True)
-class TrainConfig(LoRASettings):
+class TrainConfig(
+    LoRASettings,
+    NumericsSettings,
+    OptimizerSettings,
+    CheckpointSettings,
+    ReproducibilitySettings,
+):
     """What every training stage shares: model shape, batch, schedule, checkpoints."""
 
     # (from scratch, pretrained) peak rates of learning_rate = 0; a stage's config may differ.
@@ -34,54 +47,32 @@ class TrainConfig(LoRASettings):
     )
 
     preset: str = field("demo", help="model preset when starting fresh: tiny, demo, 1b, 2b, 7b")
-    remat: Literal["", "none", "full", "dots_saveable"] = field(
-        "", help="rematerialisation policy of the layer scan ('' = the preset's)"
-    )
-    dtype: Literal["", "float32", "bfloat16"] = field(
-        "", help="compute dtype ('' = the preset's); parameters stay float32"
-    )
     max_len: int = field(
         0,
         help="tokens per sequence (prompt + response), padded or cut; 0 = the longest in the data",
     )
-    fsdp: bool = field(
-        False,
-        help="shard parameters, gradients and optimizer state over all devices, gathering "
-        "one layer at a time (ZeRO-3 inside pmap): state memory per chip / device count",
-    )
     batch_size: int = field(64, help="global batch per step over all devices and hosts")
     steps: int = field(300, help="optimizer steps")
-    learning_rate: float = field(
-        0.0,
-        help=f"peak learning rate; 0 = auto: {PRETRAINED_LEARNING_RATE:g} when base_policy holds "
-        "pretrained weights (a Hugging Face folder, or a model descended from one), "
-        f"else {FROM_SCRATCH_LEARNING_RATE:g}",
+    learning_rate: float = learning_rate_field(
+        f"{PRETRAINED_LEARNING_RATE:g} when base_policy holds pretrained weights (a Hugging Face "
+        f"folder, or a model descended from one), else {FROM_SCRATCH_LEARNING_RATE:g}"
     )
-    warmup_steps: int = field(30, help="linear warmup steps")
     decay: Literal["cosine", "linear", "constant"] = field("cosine", help="decay after warmup")
     weight_decay: float = field(0.0, help="AdamW weight decay")
-    max_grad_norm: float = field(1.0, help="global-norm gradient clipping")
     eval_every: int = field(100, help="evaluate every this many steps (and at the end)")
     eval_batches: int = field(0, help="eval batches per evaluation (0 = the whole eval split)")
-    save_every: int = field(100, help="checkpoint training state every this many steps")
-    keep_checkpoints: int = field(2, help="training checkpoints kept")
-    seed: int = field(0, help="random seed: initialisation, data order, dropout-free RNG")
     max_nonfinite_steps: int = field(5, help="abort after this many non-finite steps in a row")
-    data_streams: int = field(
-        0,
-        help="independent readers the global batch is drawn from, spread over hosts "
-        "(0 = one per host); fix it to get the same training on any number of hosts",
-    )
 
     def __post_init__(self) -> None:
         LoRASettings.__post_init__(self)
+        OptimizerSettings.__post_init__(self)
+        CheckpointSettings.__post_init__(self)
+        ReproducibilitySettings.__post_init__(self)
         if self.max_len < 0:
             raise ValueError(f"max_len: {self.max_len} must be >= 0 (0 = from the data)")
         for name in ("batch_size", "steps", "eval_every", "max_nonfinite_steps"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}: {getattr(self, name)} must be at least 1")
-        if self.data_streams < 0:
-            raise ValueError(f"data_streams: {self.data_streams} must be >= 0 (0 = one per host)")
         if self.data_streams and self.batch_size % self.data_streams:
             raise ValueError(
                 f"batch_size: {self.batch_size} must be a multiple of data_streams "
@@ -89,11 +80,8 @@ class TrainConfig(LoRASettings):
             )
         if self.eval_batches < 0:
             raise ValueError(f"eval_batches: {self.eval_batches} must be >= 0 (0 = all)")
-        if self.learning_rate < 0:
-            raise ValueError(f"learning_rate: {self.learning_rate} must be > 0, or 0 for auto")
         # Validates the optimizer fields with their own messages.
         self._optim(self.peak_learning_rate(pretrained=False))
-        self.checkpoint()
 
     def peak_learning_rate(self, *, pretrained: bool) -> float:
         """``learning_rate``, or when it is 0 (auto) the rate for the starting weights."""
