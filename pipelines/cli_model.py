@@ -39,7 +39,10 @@ def register(commands: argparse._SubParsersAction) -> None:
         "export",
         help="a policy artifact -> a HF folder that transformers loads",
         description="Write config.json, safetensors weights and tokenizer files that "
-        "transformers' AutoModelForCausalLM / AutoTokenizer load unchanged.",
+        "transformers' AutoModelForCausalLM / AutoTokenizer load unchanged. A model trained "
+        "with LoRA adapters exports merged (W + A·B·alpha/r). With --adapter, HF_OUT also "
+        "gets base/ (an HF folder of the frozen base) and adapter/ (adapter_config.json + "
+        "adapter_model.safetensors) for peft.PeftModel.from_pretrained(base, adapter).",
     )
     exp.add_argument("model_dir", metavar="MODEL_DIR", help="a policy artifact (import/sft/ppo)")
     exp.add_argument("out", metavar="HF_OUT", help="the Hugging Face folder to write")
@@ -56,6 +59,18 @@ def register(commands: argparse._SubParsersAction) -> None:
     )
     exp.add_argument(
         "--max-shard-gb", type=float, default=5.0, help="largest safetensors file (GiB)"
+    )
+    exp.add_argument(
+        "--adapter",
+        action="store_true",
+        help="also write HF_OUT/base (the base, adapters left out) and HF_OUT/adapter (the "
+        "LoRA adapters in PEFT's format, float32) for a model trained with lora_rank > 0",
+    )
+    exp.add_argument(
+        "--base-model",
+        default="",
+        help="with --adapter: base_model_name_or_path in adapter_config.json (default: the "
+        "absolute path of HF_OUT/base; a Hub id only if the base is that checkpoint unchanged)",
     )
     exp.set_defaults(handler=_export)
 
@@ -85,15 +100,21 @@ def _import(args: argparse.Namespace, rest: list[str]) -> int:
 
 def _export(args: argparse.Namespace, rest: list[str]) -> int:
     from components.hf.export import export_hf
+    from components.hf.peft import export_peft
 
+    options = dict(
+        tokenizer_dir=args.tokenizer,
+        dtype=args.dtype,
+        max_shard_bytes=int(args.max_shard_gb * 2**30),
+    )
+    if args.base_model and not args.adapter:
+        print("error: --base-model names the adapter's base; add --adapter", file=sys.stderr)
+        return 2
     try:
-        summary = export_hf(
-            args.model_dir,
-            args.out,
-            tokenizer_dir=args.tokenizer,
-            dtype=args.dtype,
-            max_shard_bytes=int(args.max_shard_gb * 2**30),
-        )
+        if args.adapter:
+            summary = export_peft(args.model_dir, args.out, base_model=args.base_model, **options)
+        else:
+            summary = export_hf(args.model_dir, args.out, **options)
     except _errors() as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

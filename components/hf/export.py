@@ -5,10 +5,13 @@ policy trained by sft or ppo exports as well as a freshly imported one. The
 folder gets ``config.json``, ``generation_config.json``, safetensors weights
 (sharded with an index above ``max_shard_bytes``) and the tokenizer files the
 model was trained with, checked against the fingerprint in its ``config.json``.
+A model trained with LoRA adapters exports merged; ``peft.py`` writes the adapters
+themselves in PEFT's format, next to the base they load onto.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from typing import Any
@@ -19,6 +22,7 @@ from flax import nnx
 
 from components.core import fileio
 from components.core.data.tokenizers import TokenizerError, load_tokenizer
+from components.core.model import lora
 from components.core.model.transformer import ModelConfig, Transformer
 from components.core.training.checkpoint import load_model_params, read_model_config
 from components.hf import safetensors_io
@@ -81,15 +85,19 @@ def _hf_tensors(config: ModelConfig, family: str, params: dict, dtype: np.dtype)
     return tensors
 
 
-def export_hf(
-    model_dir: str,
-    out: str,
-    *,
-    tokenizer_dir: str = "",
-    dtype: str = "",
-    max_shard_bytes: int = DEFAULT_SHARD_BYTES,
-) -> dict[str, Any]:
-    """Write ``out`` as an HF model folder from the policy artifact ``model_dir``.
+@dataclasses.dataclass(frozen=True, slots=True)
+class Policy:
+    """A policy artifact checked for export: its config, HF family, dtype and tokenizer."""
+
+    model_dir: str
+    config: ModelConfig
+    family: str
+    dtype: str
+    tokenizer_dir: str
+
+
+def read_policy(model_dir: str, *, tokenizer_dir: str = "", dtype: str = "") -> Policy:
+    """``model_dir`` checked for export (causal LM, HF family, dtype, tokenizer fingerprint).
 
     ``dtype`` of the weights: '' = the imported checkpoint's, else bfloat16.
     """
@@ -110,25 +118,55 @@ def export_hf(
         folder = _tokenizer_dir(model_dir, info, tokenizer_dir)
     except TokenizerError as error:
         raise ExportError(str(error)) from error
-    abstract = nnx.eval_shape(lambda: Transformer(config, rngs=nnx.Rngs(0)))
-    params = nnx.to_pure_dict(load_model_params(model_dir, nnx.state(abstract, nnx.Param)))
-    tensors = _hf_tensors(config, family, params, EXPORT_DTYPES[dtype])
+    return Policy(model_dir, config, family, dtype, folder)
+
+
+def load_policy(policy: Policy) -> Transformer:
+    """The artifact's model, adapters included, built abstractly (nothing initialised)."""
+    abstract = nnx.eval_shape(lambda: Transformer(policy.config, rngs=nnx.Rngs(0)))
+    graphdef, template = nnx.split(abstract, nnx.Param)
+    return nnx.merge(graphdef, load_model_params(policy.model_dir, template))
+
+
+def write_hf(out: str, policy: Policy, model: Transformer, max_shard_bytes: int) -> list[str]:
+    """``out`` as an HF folder of ``model``'s base weights (adapters, if any, are left out)."""
+    params = nnx.to_pure_dict(nnx.state(model, nnx.Param))
+    tensors = _hf_tensors(policy.config, policy.family, params, EXPORT_DTYPES[policy.dtype])
     del params
     os.makedirs(out, exist_ok=True)
     files = safetensors_io.write_checkpoint(out, tensors, max_shard_bytes)
-    token_ids = _token_ids(folder)
-    hf_config = hf_config_from_model(config, family, token_ids, dtype)
-    _write_json(os.path.join(out, "config.json"), hf_config)
+    token_ids = _token_ids(policy.tokenizer_dir)
+    hf_config = hf_config_from_model(policy.config, policy.family, token_ids, policy.dtype)
+    write_json(os.path.join(out, "config.json"), hf_config)
     generation = {k: v for k, v in token_ids.items() if v is not None}
-    _write_json(os.path.join(out, "generation_config.json"), generation)
+    write_json(os.path.join(out, "generation_config.json"), generation)
     for name in TOKENIZER_FILES:
-        source = fileio.join(folder, name)
+        source = fileio.join(policy.tokenizer_dir, name)
         if fileio.exists(source):
             fileio.write_bytes(os.path.join(out, name), fileio.read_bytes(source))
-    return {"family": family, "dtype": dtype, "files": files, "out": out}
+    return files
 
 
-def _write_json(path: str, data: dict) -> None:
+def export_hf(
+    model_dir: str,
+    out: str,
+    *,
+    tokenizer_dir: str = "",
+    dtype: str = "",
+    max_shard_bytes: int = DEFAULT_SHARD_BYTES,
+) -> dict[str, Any]:
+    """Write ``out`` as an HF model folder from the policy artifact ``model_dir``.
+
+    ``dtype`` of the weights: '' = the imported checkpoint's, else bfloat16. A model
+    trained with adapters exports merged (W + A·B·alpha/rank): the function it computes.
+    """
+    policy = read_policy(model_dir, tokenizer_dir=tokenizer_dir, dtype=dtype)
+    files = write_hf(out, policy, lora.merge(load_policy(policy)), max_shard_bytes)
+    return {"family": policy.family, "dtype": policy.dtype, "files": files, "out": out}
+
+
+def write_json(path: str, data: dict) -> None:
+    """``data`` as indented JSON with sorted keys, as transformers writes its configs."""
     with open(path, "w") as handle:
         json.dump(data, handle, indent=2, sort_keys=True)
         handle.write("\n")
