@@ -29,9 +29,10 @@ class LoRASettings:
 
     lora_rank: int = field(
         0,
-        help="rank of the LoRA adapters on the targeted projections; the base weights stay "
-        "frozen (stored in the compute dtype) and only adapters and scalar heads train; "
-        "0 = full fine-tuning",
+        help="rank of the LoRA adapters on the targeted projections of a stage that starts "
+        "from a model (a stage starting from a fresh preset trains every parameter); the base "
+        "weights stay frozen (stored in the compute dtype) and only adapters and scalar heads "
+        "train; 0 = full fine-tuning",
     )
     lora_alpha: float = field(
         16.0, help="LoRA scale: the adapters' output is multiplied by lora_alpha / lora_rank"

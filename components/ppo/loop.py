@@ -28,6 +28,7 @@ import jax
 import numpy as np
 
 from components.core import fileio
+from components.core.model import lora
 from components.core.training import parallel
 from components.core.training.checkpoint import (
     CheckpointConfig,
@@ -44,7 +45,7 @@ from components.ppo.kl_control import (
     raise_kl_coef,
     update_kl_controller,
 )
-from components.ppo.rollout import Models, RolloutParams, ScoreNorm, TokenIds, make_rollout
+from components.ppo.rollout import Frozen, Models, RolloutParams, ScoreNorm, TokenIds, make_rollout
 from components.ppo.update import PPOState, make_ema_update, make_update
 
 log = logging.getLogger(__name__)
@@ -61,6 +62,16 @@ class Networks:
     reward: PyTree
     ids: TokenIds
     norm: ScoreNorm
+    frozen: Frozen | None = None  # LoRA: the bases (policy, critic and reward hold the rest)
+
+    @property
+    def reference(self) -> PyTree:
+        """The reference's own parameters: the initial policy, or with LoRA its adapters off."""
+        return self.policy if self.frozen is None else lora.adapters_off(self.policy)
+
+    def whole_policy(self, policy: PyTree) -> PyTree:
+        """A host policy's whole parameters (its frozen base joined back under LoRA)."""
+        return policy if self.frozen is None else lora.join(policy, self.frozen.policy)
 
 
 @dataclasses.dataclass(slots=True)
@@ -122,7 +133,9 @@ class PPOLoop:
         # The rollout figures of the latest good policy (saved with it): the output's figures.
         self.good_rollout: dict[str, float] = {}
         self.template = PPOState.create(nets.policy, nets.critic, config)
-        self._set(self.template, nets.policy, self._initial_controller(), 0)
+        # LoRA's bases: placed once, read by every phase, never donated or checkpointed.
+        self.frozen = None if nets.frozen is None else Frozen(*map(self._place, nets.frozen))
+        self._set(self.template, nets.reference, self._initial_controller(), 0)
         self.tokens_per_iteration = config.rollout_batch_size * (
             config.prompt_len + config.max_new_tokens
         )
@@ -145,7 +158,7 @@ class PPOLoop:
     def _latest(self):
         """The latest checkpoint (after pending saves are on disk), or None."""
         self.checkpointer.wait()
-        extra = {"reference": self.nets.policy} if self.ema else None
+        extra = {"reference": self.nets.reference} if self.ema else None
         return self.checkpointer.restore_latest(self.template, self.key, extra)
 
     def resume(self) -> int | None:
@@ -153,7 +166,7 @@ class PPOLoop:
         restored = self._latest()
         if restored is None:
             return None
-        reference = restored.extra_trees["reference"] if self.ema else self.nets.policy
+        reference = restored.extra_trees["reference"] if self.ema else self.nets.reference
         meta = restored.extra_json
         ctrl = KLControllerState.from_json_dict(meta["kl_controller"])
         self._set(restored.state, reference, ctrl, restored.step)
@@ -210,6 +223,7 @@ class PPOLoop:
             reference=self.reference,
             critic=None if critic is None else critic.params,
             reward=self.reward,
+            frozen=self.frozen,
         )
         prompts = next(self.prompts)
         if self.config.uses_groups:
@@ -226,7 +240,9 @@ class PPOLoop:
         start = time.perf_counter()
         lr_scale = np.float32(self.guard.state.lr_scale)
         kl_coef = np.float32(self.controller.kl_coef)
-        self.state, metrics = self.update(self.state, batch, self._rng(1), lr_scale, kl_coef)
+        self.state, metrics = self.update(
+            self.state, batch, self._rng(1), lr_scale, kl_coef, self.frozen
+        )
         metrics = host_floats(metrics)
         return metrics, time.perf_counter() - start
 
@@ -333,5 +349,10 @@ class PPOLoop:
         # None only for a run resumed from a checkpoint written before they held the figures.
         final_kl = self.good_rollout.get(KL_METRIC)
         return LoopResult(
-            host.policy.params, self.iteration, status, summary, self.guard.state.events, final_kl
+            self.nets.whole_policy(host.policy.params),
+            self.iteration,
+            status,
+            summary,
+            self.guard.state.events,
+            final_kl,
         )

@@ -20,7 +20,7 @@ import jax.numpy as jnp
 from flax import nnx
 from jax import lax
 
-from components.core.model import scoring
+from components.core.model import lora, scoring
 from components.core.model.sampler import generate
 from components.core.training import fsdp
 from components.ppo import losses
@@ -38,13 +38,39 @@ class Models(NamedTuple):
     reward: nnx.GraphDef
 
 
+class Frozen(NamedTuple):
+    """The frozen bases of a LoRA run, one copy each (lora.py): the policy's, which the
+    reference shares (the reference is the policy's base with its own, zero or EMA,
+    adapters), and the reward model's, which the critic shares."""
+
+    policy: PyTree
+    shared: PyTree
+
+
 class RolloutParams(NamedTuple):
-    """Parameters one rollout reads (each with a leading device axis under pmap)."""
+    """Parameters one rollout reads (each with a leading device axis under pmap).
+
+    With ``frozen`` (LoRA) the four hold only what is not frozen: the adapters (and the
+    critic's head) of policy, reference and critic, and the reward model's head.
+    """
 
     policy: PyTree
     reference: PyTree
     critic: PyTree
     reward: PyTree
+    frozen: Frozen | None = None
+
+    def joined(self) -> RolloutParams:
+        """Every network's whole parameters (no-op without frozen bases)."""
+        if self.frozen is None:
+            return self
+        policy, shared = self.frozen
+        return RolloutParams(
+            policy=lora.join(self.policy, policy),
+            reference=lora.join(self.reference, policy),
+            critic=None if self.critic is None else lora.join(self.critic, shared),
+            reward=lora.join(self.reward, shared),
+        )
 
 
 class TokenIds(NamedTuple):
@@ -172,6 +198,7 @@ def rollout_step(
 ) -> tuple[dict[str, jax.Array], dict[str, jax.Array]]:
     """One device's rollout batch for the update, and the global rollout metrics."""
     rng = jax.random.fold_in(rng, lax.axis_index(AXIS))
+    params = params.joined()
     batch = _sample(models, params, prompts, rng, config, ids)
     mask = batch["response_mask"]
     real = mask != 0

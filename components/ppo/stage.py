@@ -27,19 +27,21 @@ from components.core.data.input_pipeline import (
     prompt_dataset,
     read_manifest,
 )
+from components.core.model import lora
 from components.core.model.artifact import (
     ModelMismatchError,
     check_tokenizer,
     is_pretrained,
     load_model,
     save_model,
+    with_adapters,
 )
 from components.core.training.distributed import is_primary, maybe_initialize
 from components.core.training.trainer import StreamBatches
 from components.ppo.config import STATUS_STOPPED_KL_GUARD, PPOConfig
 from components.ppo.gold import mean_gold_reward
 from components.ppo.loop import Networks, PPOLoop
-from components.ppo.rollout import Models, ScoreNorm, TokenIds
+from components.ppo.rollout import Frozen, Models, ScoreNorm, TokenIds
 
 log = logging.getLogger(__name__)
 STATUS_FILE = "ppo_status.json"
@@ -84,22 +86,36 @@ def fold_normalization(critic: nnx.Module, mean: float, std: float) -> None:
 def build_networks(
     config: PPOConfig, manifest: dict, policy_dir: str, reward_dir: str
 ) -> tuple[nnx.Module, Networks]:
-    """The policy model and every network's graph and parameters, ready for the loop."""
+    """The policy model and every network's graph and parameters, ready for the loop.
+
+    Adapters the artifacts were trained with are merged. With ``lora_rank`` the policy and
+    the critic get fresh adapters, and the bases are frozen, one copy each: the policy's
+    (the reference's too) and the reward model's (the critic's too).
+    """
     policy, _ = _load(policy_dir, manifest, config, scalar_head=False)
+    policy = with_adapters(policy, config, config.seed)
     reward, reward_info = _load(reward_dir, manifest, config, scalar_head=None)
     if reward.scalar_head is None:
         raise ModelMismatchError(
             f"{reward_dir} has no scalar head: it is a policy, not a reward model; "
             "pass the output of the reward stage as --reward"
         )
+    reward = lora.merge(reward)
     stats = read_reward_stats(reward_dir, reward_info)
     policy_graph, policy_params = nnx.split(policy, nnx.Param)
     reward_graph, reward_params = nnx.split(reward, nnx.Param)
     critic_graph, critic_params = reward_graph, None  # grpo and rloo: no critic
     if not config.uses_groups:
         critic, _ = _load(reward_dir, manifest, config, scalar_head=True)
+        # The critic's own seed: its adapters' A differs from the policy's.
+        critic = with_adapters(critic, config, config.seed + 1)
         fold_normalization(critic, stats["mean"], stats["std"])
         critic_graph, critic_params = nnx.split(critic, nnx.Param)
+    policy_params, frozen = _freeze(config, policy, policy_params, reward, reward_params)
+    if frozen is not None:
+        reward_params = reward_params.filter(lora.TRAINABLE)  # its head; the base is shared
+        if critic_params is not None:
+            critic_params = critic_params.filter(lora.TRAINABLE)
     tokenizer = manifest["tokenizer"]
     nets = Networks(
         models=Models(policy_graph, critic_graph, reward_graph),
@@ -108,8 +124,25 @@ def build_networks(
         reward=jax.device_get(reward_params),
         ids=TokenIds(eos_id=int(tokenizer["eos_id"]), pad_id=int(tokenizer["pad_id"])),
         norm=ScoreNorm(stats["mean"], stats["std"], config.missing_eos_penalty, config.reward_clip),
+        frozen=frozen,
     )
     return policy, nets
+
+
+def _freeze(config: PPOConfig, policy, policy_params, reward, reward_params):
+    """The policy's trainable parameters and the frozen bases (None without LoRA).
+
+    The shared base is the reward model's without its head, in the compute dtype: the
+    critic (the reward artifact with fresh adapters) holds the very same weights.
+    """
+    trainable, policy_base = lora.split(policy_params, policy.config)
+    if policy_base is None:
+        return trainable, None
+    adapted = lora.with_lora(
+        reward.config, config.lora_rank, config.lora_alpha, config.lora_target_modules()
+    )
+    _, shared = lora.split(reward_params, adapted)
+    return trainable, Frozen(jax.device_get(policy_base), jax.device_get(shared))
 
 
 def known_gold_rewards() -> set[str]:
@@ -168,7 +201,7 @@ def run(
     )
     policy, nets = build_networks(config, manifest, policy_dir, reward_dir)
     prompts = prompt_streams(config, shards_dir)
-    gold_before = _gold(nets, nets.policy, shards_dir, manifest, config)
+    gold_before = _gold(nets, nets.whole_policy(nets.policy), shards_dir, manifest, config)
     result = PPOLoop(config, nets, prompts, output).run(nets.reward)
     gold_after = _gold(nets, result.policy, shards_dir, manifest, config)
     status = {

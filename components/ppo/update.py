@@ -31,13 +31,13 @@ import jax.numpy as jnp
 import optax
 from jax import lax
 
-from components.core.model import scoring
+from components.core.model import lora, scoring
 from components.core.training import fsdp
 from components.core.training.optim import make_optimizer
 from components.core.training.parallel import TrainState
 from components.ppo import losses
 from components.ppo.config import PPOConfig
-from components.ppo.rollout import AXIS, Models
+from components.ppo.rollout import AXIS, Frozen, Models
 
 PyTree = Any
 BATCH_FIELDS = (
@@ -180,13 +180,22 @@ def minibatch_step(
     kl_coef: jax.Array,
     models: Models,
     config: PPOConfig,
+    frozen: Frozen | None = None,
 ) -> tuple[PPOState, StepFigures]:
     """One optimizer step of both networks; skipped (state kept) when anything is non-finite.
 
     One collective: the all-reduce of the loss and the gradients. The metrics need no
     device agreement here, so they are averaged over devices once per update.
     """
-    grad_fn = jax.value_and_grad(_ppo_loss, has_aux=True)
+
+    def loss_fn(params: tuple[PyTree, PyTree | None], *args: Any):
+        policy, critic = params
+        if frozen is not None:  # LoRA: the loss reads the bases, the gradient skips them
+            policy = lora.join(policy, frozen.policy)
+            critic = None if critic is None else lora.join(critic, frozen.shared)
+        return _ppo_loss((policy, critic), *args)
+
+    grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
     critic_params = None if state.critic is None else state.critic.params
     params = (state.policy.params, critic_params)
     (loss, (metrics, mismatch)), grads = grad_fn(params, minibatch, kl_coef, models, config)
@@ -251,6 +260,7 @@ def update_step(
     rng: jax.Array,
     lr_scale: jax.Array,
     kl_coef: jax.Array,
+    frozen: Frozen | None = None,
     *,
     models: Models,
     config: PPOConfig,
@@ -268,7 +278,7 @@ def update_step(
     minibatches["weight"] = _token_weights(minibatches)
 
     def one_step(carry: PPOState, minibatch: dict):
-        return minibatch_step(carry, minibatch, lr_scale, kl_coef, models, config)
+        return minibatch_step(carry, minibatch, lr_scale, kl_coef, models, config, frozen)
 
     def epoch(carry: PPOState, epoch_minibatches: dict):
         return lax.scan(one_step, carry, epoch_minibatches)
@@ -295,25 +305,33 @@ class Update:
         return scoring.trim_padding(fields, responses) if trim else fields
 
     def __call__(self, state: PPOState, batch: dict, *args: Any) -> tuple[PPOState, dict]:
-        return self.program(state, self._fields(batch, trim=True), *args)
+        return self.program(state, self._fields(batch, trim=True), *_with_frozen(args))
 
     def lower(self, state: PPOState, batch: dict, *args: Any) -> Any:
-        return self.program.lower(state, self._fields(batch, trim=False), *args)
+        return self.program.lower(state, self._fields(batch, trim=False), *_with_frozen(args))
+
+
+def _with_frozen(args: tuple) -> tuple:
+    """(rng, lr_scale, kl_coef[, frozen]) with frozen None when not given (no LoRA)."""
+    return args if len(args) == 4 else (*args, None)
 
 
 def make_update(
     models: Models, config: PPOConfig, devices: Sequence[jax.Device] | None = None
 ) -> Update:
-    """``update(state, batch, rng, lr_scale, kl_coef) -> (state, metrics)`` pmapped; donates
-    ``state``. ``kl_coef`` weighs grpo's KL term in the loss (ppo and rloo ignore it)."""
+    """``update(state, batch, rng, lr_scale, kl_coef[, frozen]) -> (state, metrics)`` pmapped;
+    donates ``state``. ``kl_coef`` weighs grpo's KL term in the loss (ppo and rloo ignore it);
+    ``frozen`` holds a LoRA run's bases (placed, not donated)."""
 
-    def step(state: PPOState, batch: dict, rng: jax.Array, lr_scale: jax.Array, kl_coef):
-        return update_step(state, batch, rng, lr_scale, kl_coef, models=models, config=config)
+    def step(state: PPOState, batch: dict, rng: jax.Array, lr_scale: jax.Array, kl_coef, frozen):
+        return update_step(
+            state, batch, rng, lr_scale, kl_coef, frozen, models=models, config=config
+        )
 
     program = jax.pmap(
         step,
         axis_name=AXIS,
-        in_axes=(0, 0, None, None, None),
+        in_axes=(0, 0, None, None, None, 0),
         donate_argnums=0,
         devices=None if devices is None else list(devices),
     )

@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 from typing import Any
 
 import jax
 from flax import nnx
 
+from components.core.config import LoRASettings
 from components.core.model.transformer import ModelConfig, Transformer, model_config
 from components.core.training.checkpoint import export_model, load_model_params, read_model_config
 from components.core.training.host import on_host
+
+log = logging.getLogger(__name__)
 
 
 class ModelMismatchError(ValueError):
@@ -141,12 +145,14 @@ def stage_model(
     seed: int,
     remat: str = "",
     dtype: str = "",
+    adapters: LoRASettings | None = None,
 ) -> Transformer:
     """The model a training stage starts from: ``base`` if given, else ``preset``.
 
     ``base`` is a model artifact (a stage imports a Hugging Face folder first:
     ``hf.importer.resolve_base``). It must fit the shards' tokenizer, checked
-    before any training.
+    before any training. Adapters a base was trained with are merged into it; with
+    ``adapters`` of a non-zero rank the model gets fresh ones (lora.attach).
     """
     from components.core.data.input_pipeline import check_vocab
 
@@ -159,4 +165,22 @@ def stage_model(
             preset, vocab, scalar_head=scalar_head, seed=seed, remat=remat, dtype=dtype
         )
     check_vocab(manifest, model.config.vocab_size)
-    return model
+    if not base and adapters is not None and adapters.lora_rank:
+        # Adapters on random weights would only learn a low-rank model; a fresh start
+        # trains every parameter, and the stages after it adapt what it learned.
+        log.warning("lora_rank %d: no base model to adapt, so every parameter trains",
+                    adapters.lora_rank)  # fmt: skip
+        adapters = None
+    return with_adapters(model, adapters, seed)
+
+
+def with_adapters(model: Transformer, adapters: LoRASettings | None, seed: int) -> Transformer:
+    """``model`` with its own adapters merged, and fresh ones where ``adapters`` asks."""
+    from components.core.model import lora
+
+    if adapters is None:
+        return lora.merge(model)
+    return lora.attach(
+        model, rank=adapters.lora_rank, alpha=adapters.lora_alpha,
+        targets=adapters.lora_target_modules(), seed=seed,
+    )  # fmt: skip

@@ -22,6 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from flax import nnx
 from jax import lax
 
 from components.core.training import fsdp
@@ -124,19 +125,27 @@ def make_train_step(
     *,
     axis_name: str = "data",
     devices: Sequence[jax.Device] | None = None,
-) -> Callable[[TrainState, Mapping[str, Any], jax.Array], tuple[TrainState, dict]]:
-    """A pmapped ``step(state, batch, rng) -> (state, metrics)`` that donates ``state``.
+) -> Callable[..., tuple[TrainState, dict]]:
+    """A pmapped ``step(state, batch, rng, frozen=None) -> (state, metrics)`` that donates
+    ``state``.
 
     ``loss_fn(params, batch, rng) -> (loss, aux_metrics)`` sees one device's slice
     of the batch. ``rng`` is one key for all devices; each folds in its index.
-    Metrics come back replicated; ``skipped`` is 1.0 where the update was dropped.
+    ``frozen`` (placed like the state, never donated) holds parameters the loss reads but
+    the step does not train, e.g. a base model under LoRA adapters (lora.py): the loss
+    sees them joined with ``state.params``, and no gradient or optimizer state exists for
+    them. Metrics come back replicated; ``skipped`` is 1.0 where the update was dropped.
     """
 
-    def step(state: TrainState, batch: Mapping[str, Any], rng: jax.Array):
+    def step(state: TrainState, batch: Mapping[str, Any], rng: jax.Array, frozen: PyTree):
         rng = jax.random.fold_in(rng, lax.axis_index(axis_name))
-        grad_fn = jax.value_and_grad(
-            lambda params, *args: loss_fn(fsdp.gather_outer(params), *args), has_aux=True
-        )
+        whole = fsdp.gather_outer(frozen)
+
+        def joined_loss(params: PyTree, *args: Any):
+            params = fsdp.gather_outer(params)
+            return loss_fn(params if whole is None else nnx.merge_state(whole, params), *args)
+
+        grad_fn = jax.value_and_grad(joined_loss, has_aux=True)
         (loss, aux), grads = grad_fn(state.params, batch, rng)
         loss, aux, grads = fsdp.mean_over_devices((loss, aux, grads), axis_name)
         grad_norm = fsdp.global_norm(grads)
@@ -150,13 +159,18 @@ def make_train_step(
         metrics.update(loss=loss, grad_norm=grad_norm, skipped=1.0 - finite.astype(jnp.float32))
         return new_state, metrics
 
-    return jax.pmap(
+    pmapped = jax.pmap(
         step,
         axis_name=axis_name,
-        in_axes=(0, 0, None),
+        in_axes=(0, 0, None, 0),
         donate_argnums=0,
         devices=None if devices is None else list(devices),
     )
+
+    def call(state: TrainState, batch: Mapping[str, Any], rng: jax.Array, frozen: PyTree = None):
+        return pmapped(state, batch, rng, frozen)
+
+    return call
 
 
 class NonFiniteGuard:

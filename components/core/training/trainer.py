@@ -18,6 +18,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from components.core.model import lora
 from components.core.training import fsdp, parallel
 from components.core.training.checkpoint import TrainCheckpointer, training_state_dir
 from components.core.training.config import TrainConfig
@@ -48,9 +49,14 @@ def fit(
     loss_fn: parallel.LossFn,
     train_data: Iterator[dict[str, np.ndarray]],
     evaluate: EvalFn | None = None,
+    frozen: PyTree | None = None,
 ) -> FitResult:
     """Train ``params`` with ``loss_fn`` on ``train_data``; resume from the latest checkpoint
-    in ``training_state_dir(output)``."""
+    in ``training_state_dir(output)``.
+
+    ``frozen`` (LoRA's base, lora.split) is read by the loss and never trained, saved in a
+    checkpoint or placed twice; the loss, ``evaluate`` and the result see it joined back.
+    """
     optimizer = make_optimizer(config.optim())
     schedule = make_schedule(config.optim())  # built once: the loop logs its value per step
     state = parallel.TrainState.create(params, optimizer)
@@ -65,19 +71,21 @@ def fit(
     step_fn = parallel.make_train_step(loss_fn, optimizer)
     guard = parallel.NonFiniteGuard(config.max_nonfinite_steps)
     placed = parallel.place(state, sharded=config.fsdp)
+    placed_frozen = None if frozen is None else parallel.place(frozen, sharded=config.fsdp)
     final: dict[str, float] = {}
     logger = MetricsLogger(output, total_steps=config.steps, stage=stage, resume_step=start)
     with checkpointer, logger:
         for step in range(start, config.steps):
             rng, step_rng = _split(rng)
             batch = parallel.shard_batch(next(train_data))
-            placed, metrics = step_fn(placed, batch, step_rng)
+            placed, metrics = step_fn(placed, batch, step_rng, placed_frozen)
             metrics = {k: float(np.asarray(v)[0]) for k, v in metrics.items()}
             guard.update(step + 1, metrics["skipped"])
             metrics["lr"] = float(schedule(step))
             done = step + 1
             if evaluate is not None and (done % config.eval_every == 0 or done == config.steps):
-                metrics.update({f"eval/{k}": v for k, v in evaluate(placed.params).items()})
+                whole = lora.join(placed.params, placed_frozen)
+                metrics.update({f"eval/{k}": v for k, v in evaluate(whole).items()})
             logger.log(done, metrics)
             if done % config.save_every == 0 or done == config.steps:
                 checkpointer.save(
@@ -90,7 +98,8 @@ def fit(
                 )
         final = logger.summary()
     host = parallel.unreplicate(placed)
-    return FitResult(host.params, int(host.step), final, None if restored is None else start)
+    params = lora.join(host.params, frozen)
+    return FitResult(params, int(host.step), final, None if restored is None else start)
 
 
 def _split(rng: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -284,7 +293,7 @@ def train_on_preferences(
     log.info("%s: learning rate %g (%s)", stage, config.learning_rate, start)
     model = stage_model(
         manifest, base=base, preset=config.preset, scalar_head=scalar_head, seed=config.seed,
-        remat=config.remat, dtype=config.dtype,
+        remat=config.remat, dtype=config.dtype, adapters=config,
     )  # fmt: skip
     graphdef, params = nnx.split(model, nnx.Param)
     wrap = wrap_batches(graphdef, params) if wrap_batches else lambda batches: batches
@@ -299,9 +308,18 @@ def train_on_preferences(
         eval_batches = batches("eval", shuffle=False, repeat=False)
         return summarize_eval(run_eval(eval_step, placed_params, eval_batches, eval_count))
 
+    trainable, frozen = lora.split(params, model.config)
+    if frozen is not None:
+        log.info(
+            "%s: LoRA rank %d, %d adapter parameters trained, the base frozen in %s",
+            stage,
+            config.lora_rank,
+            lora.adapter_count(trainable),
+            model.config.dtype,
+        )
     result = fit(
-        config=config, output=output, stage=stage, params=params, loss_fn=make_loss(graphdef),
-        train_data=batches("train", shuffle=True, repeat=True), evaluate=evaluate,
+        config=config, output=output, stage=stage, params=trainable, loss_fn=make_loss(graphdef),
+        train_data=batches("train", shuffle=True, repeat=True), evaluate=evaluate, frozen=frozen,
     )  # fmt: skip
     final_eval = evaluate(parallel.place(result.params, sharded=config.fsdp))
     return PreferenceTraining(model, manifest, config, pretrained, result, final_eval)
