@@ -21,6 +21,11 @@ from components.core.flags import field
 # in the order of a decoder layer.
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 ALL_LINEAR = "all-linear"
+# Auto (0) learning rates of a stage that trains adapters: its full fine-tuning rate times
+# this. Schulman et al., "LoRA Without Regret" (Thinking Machines, 2025), found LoRA's best
+# rate about 10x full fine-tuning's, for supervised and RL training alike, across model
+# sizes; measured on the built-in task: benchmarks/bench_lora.py.
+LORA_LEARNING_RATE_FACTOR = 10.0
 
 
 @dataclasses.dataclass(slots=True, kw_only=True)
@@ -50,6 +55,11 @@ class LoRASettings:
             raise ValueError(f"lora_alpha: {self.lora_alpha} must be > 0")
         self.lora_target_modules()
 
+    def auto_rate_factor(self, *, adapting: bool) -> float:
+        """What an auto learning rate is multiplied by: LORA_LEARNING_RATE_FACTOR when this
+        stage trains adapters on a base (``adapting``), else 1."""
+        return LORA_LEARNING_RATE_FACTOR if adapting and self.lora_rank else 1.0
+
     def lora_target_modules(self) -> tuple[str, ...]:
         """The targeted projections' Hugging Face names, in layer order; refuses unknown ones."""
         names = [n.strip() for n in self.lora_targets.split(",") if n.strip()]
@@ -71,7 +81,11 @@ def group_field(group: type, name: str, default: Any) -> Any:
 
 def learning_rate_field(auto: str, *, of: str = "") -> Any:
     """A peak learning rate whose 0 means auto; ``auto`` says what the stage then picks."""
-    return field(0.0, help=f"peak {of}learning rate; 0 = auto: {auto}")
+    return field(
+        0.0,
+        help=f"peak {of}learning rate; 0 = auto: {auto} (times {LORA_LEARNING_RATE_FACTOR:g} "
+        "when training LoRA adapters on a base)",
+    )
 
 
 def check_learning_rate(name: str, value: float) -> None:

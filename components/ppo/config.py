@@ -284,6 +284,9 @@ class PPOConfig(
         policy, critic = PRETRAINED_LEARNING_RATES if pretrained else FROM_SCRATCH_LEARNING_RATES
         if self.uses_groups and not pretrained:
             policy = GROUP_FROM_SCRATCH_LEARNING_RATE
+        # The policy always has a base to adapt; so has the critic (the reward model).
+        factor = self.auto_rate_factor(adapting=True)
+        policy, critic = policy * factor, critic * factor
         return dataclasses.replace(
             self,
             learning_rate=self.learning_rate or policy,

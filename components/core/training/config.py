@@ -90,11 +90,14 @@ class TrainConfig(
         from_scratch, from_pretrained = self.AUTO_LEARNING_RATES
         return from_pretrained if pretrained else from_scratch
 
-    def resolved(self, *, pretrained: bool) -> TrainConfig:
-        """This config with an auto learning rate made concrete for the starting weights."""
-        return dataclasses.replace(
-            self, learning_rate=self.peak_learning_rate(pretrained=pretrained)
-        )
+    def resolved(self, *, pretrained: bool, adapting: bool = False) -> TrainConfig:
+        """This config with an auto learning rate made concrete for the starting weights
+        (times the LoRA factor when the stage trains adapters on a base: ``adapting``)."""
+        rate = self.learning_rate
+        if not rate:
+            rate = self.peak_learning_rate(pretrained=pretrained)
+            rate *= self.auto_rate_factor(adapting=adapting)
+        return dataclasses.replace(self, learning_rate=rate)
 
     def optim(self) -> OptimConfig:
         """The optimizer config; an auto learning rate must be :meth:`resolved` first."""

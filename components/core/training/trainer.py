@@ -288,7 +288,7 @@ def train_on_preferences(
     if not config.max_len:
         config = dataclasses.replace(config, max_len=sum(longest_lengths(manifest)))
     pretrained = bool(base) and is_pretrained(base)
-    config = config.resolved(pretrained=pretrained)
+    config = config.resolved(pretrained=pretrained, adapting=bool(base))
     start = "pretrained start" if pretrained else "from scratch"
     log.info("%s: learning rate %g (%s)", stage, config.learning_rate, start)
     model = stage_model(
