@@ -113,9 +113,11 @@ def build_networks(
         critic_graph, critic_params = nnx.split(critic, nnx.Param)
     policy_params, frozen = _freeze(config, policy, policy_params, reward, reward_params)
     if frozen is not None:
-        reward_params = reward_params.filter(lora.TRAINABLE)  # its head; the base is shared
+        reward_params = nnx.filter_state(
+            reward_params, lora.TRAINABLE
+        )  # its head; the base is shared
         if critic_params is not None:
-            critic_params = critic_params.filter(lora.TRAINABLE)
+            critic_params = nnx.filter_state(critic_params, lora.TRAINABLE)
     tokenizer = manifest["tokenizer"]
     nets = Networks(
         models=Models(policy_graph, critic_graph, reward_graph),

@@ -112,7 +112,7 @@ def split(params: nnx.State, config: ModelConfig) -> tuple[nnx.State, nnx.State 
     adapters and scalar head, and the rest cast to the compute dtype."""
     if not config.lora_rank:
         return params, None
-    trainable, frozen = params.filter(TRAINABLE, ...)
+    trainable, frozen = nnx.filter_state(params, TRAINABLE, ...)
     dtype = config.compute_dtype
     frozen = jax.tree.map(
         lambda leaf: leaf.astype(dtype) if jnp.issubdtype(leaf.dtype, jnp.floating) else leaf,
@@ -138,5 +138,5 @@ def adapters_off(params: PyTree) -> PyTree:
 
 def adapter_count(params: PyTree) -> int:
     """How many adapter parameters ``params`` holds."""
-    trainable = params.filter(nnx.LoRAParam) if isinstance(params, nnx.State) else params
+    trainable = nnx.filter_state(params, nnx.LoRAParam)
     return sum(int(leaf.size) for leaf in jax.tree.leaves(trainable))
