@@ -260,8 +260,9 @@ def test_grpo_resumes_exactly(artifacts, group_runs, tmp_path) -> None:
     jax.tree.map(np.testing.assert_array_equal, _params(output), _params(uninterrupted))
 
 
-# Adapters at 10x the full fine-tuning rates: what the auto rates pick (LORA_LEARNING_RATE_FACTOR).
-LORA = dict(lora_rank=8, learning_rate=3e-4, critic_learning_rate=3e-3)
+# Adapters at 10x the full fine-tuning rates: what the auto rates pick (LORA_LEARNING_RATE_FACTOR);
+# a shorter run than RUN's, which the adapters' rate allows.
+LORA = dict(lora_rank=8, learning_rate=3e-4, critic_learning_rate=3e-3, iterations=12, save_every=6)
 
 
 @pytest.fixture(scope="module")
@@ -319,11 +320,12 @@ def test_lora_ppo_resumes_sharded_to_the_uninterrupted_run(
     output = str(tmp_path / "policy")
     shutil.copytree(os.path.join(uninterrupted, "work"), os.path.join(output, "work"))
     for step in _checkpoint_steps(output):
-        if step > RUN["save_every"]:
+        if step > LORA["save_every"]:
             shutil.rmtree(os.path.join(output, "work", "checkpoints", str(step)))
     _run(artifacts, output, fsdp=True, **LORA)
     assert all(sharded_placements)
-    assert [r["step"] for r in read_metrics(output)] == list(range(11, RUN["iterations"] + 1))
+    resumed_steps = list(range(LORA["save_every"] + 1, LORA["iterations"] + 1))
+    assert [r["step"] for r in read_metrics(output)] == resumed_steps
     jax.tree.map(
         lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6),
         _params(output), _params(uninterrupted),
