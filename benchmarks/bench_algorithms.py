@@ -16,7 +16,8 @@ for the shapes the stage ran (bench_fsdp_memory.measure): arguments + outputs + 
 update holds policy and critic with their optimizer states, reference and reward model
 resident; GRPO's and RLOO's no critic; DPO's update is its reference forward and then its
 train step (the frozen reference resident during the step, the train state during the
-forward), and the larger of the two counts.
+forward), and the larger of the two counts. With LoRA (networks_update_memory; used by
+bench_lora.py) the frozen bases are the update's arguments and count once, as resident.
 
 Targets (issue 13): GRPO and RLOO reach PPO's gold gain at no more KL per token, with less
 update memory; DPO's gold-gain interval lies above zero. Gain and KL are judged alike,
@@ -73,8 +74,8 @@ from components.evaluate.config import EvalConfig  # noqa: E402
 from components.evaluate.measures import bootstrap_interval, paired_difference  # noqa: E402
 from components.evaluate.stage import run as evaluate  # noqa: E402
 from components.ppo.config import PPOConfig  # noqa: E402
-from components.ppo.loop import compiled_phases  # noqa: E402
-from components.ppo.rollout import RolloutParams  # noqa: E402
+from components.ppo.loop import Networks, compiled_phases  # noqa: E402
+from components.ppo.rollout import Frozen, RolloutParams  # noqa: E402
 from components.ppo.stage import build_networks  # noqa: E402
 from components.ppo.update import PPOState  # noqa: E402
 from components.shard import ShardConfig  # noqa: E402
@@ -115,14 +116,23 @@ def run_stage(module: str, settings: dict[str, Any], paths: dict[str, str], logs
     return StageRun(paths["output"], json.loads(done.stdout.strip().splitlines()[-1]), seconds)
 
 
-def prepare(values: dict[str, Any], root: Path) -> tuple[str, dict[str, StageRun]]:
-    """The built-in task sharded, and the sft policy and reward model trained, as the demo does."""
+def shard_task(values: dict[str, Any], root: Path) -> str:
+    """The built-in task generated and sharded into ``root``/shards, as the demo does."""
     pairs = str(root / "pairs.jsonl")
     write_jsonl(pairs, values["builtin_pairs"], seed=values["seed"])
     shard = params.stage_values("shard", values)
     shard["tokenizer"] = shard["tokenizer"] or BUILTIN_WORDS  # the task's own, as the demo's
     shards = str(root / "shards")
     run_shard(ShardConfig(**shard), [pairs], shards)
+    return shards
+
+
+def prepare(
+    values: dict[str, Any], root: Path, shards: str = ""
+) -> tuple[str, dict[str, StageRun]]:
+    """The built-in task sharded (unless ``shards`` is), and the sft policy and reward model
+    trained, as the demo does."""
+    shards = shards or shard_task(values, root)
     logs = root / "logs"
     logs.mkdir(exist_ok=True)
     runs = {}
@@ -178,13 +188,37 @@ def rl_update_memory(output: str, shards: str, sft: str, reward: str) -> dict[st
     """Per-device bytes of the RL stage's compiled update at the shapes it ran, and resident."""
     config = PPOConfig(**read_model_config(output)["training"])
     _, nets = build_networks(config, read_manifest(shards), sft, reward)
+    return networks_update_memory(config, nets)
+
+
+def _abstract_placed(tree: Any) -> Any:
+    """Shapes of ``tree`` replicated on every local device (nothing allocated)."""
+    devices = jax.local_device_count()
+    return jax.tree.map(lambda leaf: jax.ShapeDtypeStruct((devices, *leaf.shape), leaf.dtype), tree)
+
+
+def networks_update_memory(
+    config: PPOConfig, nets: Networks, *, abstract: bool = False
+) -> dict[str, int]:
+    """Per-device bytes of ``nets``' compiled update under ``config``, and what stays resident:
+    reference and reward model, and with LoRA (``nets.frozen``) the frozen bases the update
+    reads (passed to it, and counted as resident, not as the program's). ``abstract``:
+    ``nets`` holds shapes (jax.ShapeDtypeStruct) only; replicated."""
+    if abstract and config.fsdp:
+        raise ValueError("networks_update_memory: abstract networks are measured replicated")
     rollout, update, _ = compiled_phases(config, nets)
-    place = lambda tree: parallel.place(tree, sharded=config.fsdp)  # noqa: E731
-    state = place(PPOState.create(nets.policy, nets.critic, config))
+    if abstract:
+        place, create = _abstract_placed, jax.eval_shape
+    else:
+        place = lambda tree: parallel.place(tree, sharded=config.fsdp)  # noqa: E731
+        create = lambda build, *args: build(*args)  # noqa: E731
+    state = place(create(lambda p, c: PPOState.create(p, c, config), nets.policy, nets.critic))
+    # The reference has the policy's shapes (with LoRA: its adapters, which are turned off).
     frozen = {"reference": place(nets.policy), "reward": place(nets.reward)}
+    bases = None if nets.frozen is None else Frozen(*map(place, nets.frozen))
     critic = None if state.critic is None else state.critic.params
     rollout_params = RolloutParams(
-        state.policy.params, frozen["reference"], critic, frozen["reward"]
+        state.policy.params, frozen["reference"], critic, frozen["reward"], bases
     )
     rows = config.rollout_batch_size
     prompts = parallel.shard_batch(
@@ -197,12 +231,15 @@ def rl_update_memory(output: str, shards: str, sft: str, reward: str) -> dict[st
     # The rollout batch's shapes and dtypes, traced (not run): memory depends on nothing else.
     shapes, _ = jax.eval_shape(rollout, rollout_params, prompts, key, kl_coef)
     batch = jax.tree.map(lambda s: np.zeros(s.shape, s.dtype), shapes)
-    figures, _, _ = measure(_Bound(update, (key, np.float32(1.0), kl_coef)), state, batch, key)
-    resident = _bytes_per_device(frozen)
+    extra = (key, np.float32(1.0), kl_coef) + (() if bases is None else (bases,))
+    figures, _, _ = measure(_Bound(update, extra), state, batch, key)
+    # LoRA's bases are the update's arguments too: counted once, as resident.
+    held_bases = 0 if bases is None else _bytes_per_device(bases)
+    resident = _bytes_per_device(frozen) + held_bases
     return {
-        "program_live": figures["live"],
+        "program_live": figures["live"] - held_bases,
         "resident": resident,
-        "peak": figures["live"] + resident,
+        "peak": figures["live"] - held_bases + resident,
     }
 
 
