@@ -121,7 +121,7 @@ def _lm_batch(rows: int = 16, length: int = 12) -> dict[str, np.ndarray]:
     return {"chosen_tokens": tokens, "chosen_mask": mask, "loss_mask": mask}
 
 
-def test_lora_step_trains_only_adapters_and_8_devices_equal_1(base) -> None:
+def test_lora_step_trains_only_adapters_and_8_devices_equal_1_and_fsdp(base) -> None:
     adapted = lora.attach(base, rank=4, alpha=8.0, targets=TARGETS, seed=1)
     graphdef, params = nnx.split(adapted, nnx.Param)
     trainable, frozen = lora.split(params, adapted.config)
@@ -129,17 +129,20 @@ def test_lora_step_trains_only_adapters_and_8_devices_equal_1(base) -> None:
     state = parallel.TrainState.create(trainable, optimizer)
     batch, key = _lm_batch(), jax.random.PRNGKey(0)
     results = []
-    for devices in (jax.local_devices(), jax.local_devices()[:1]):
+    # 8 devices replicated, 1 device, and 8 with adapters, base and optimizer state in chunks.
+    for devices, sharded in ((jax.local_devices(), False), (jax.local_devices()[:1], False),
+                             (jax.local_devices(), True)):  # fmt: skip
         step = parallel.make_train_step(make_sft_loss(graphdef), optimizer, devices=devices)
-        placed = parallel.place(state, devices=devices)
-        placed_frozen = parallel.place(frozen, devices=devices)
-        placed, metrics = step(placed, parallel.shard_batch(batch, devices), key, placed_frozen)
-        placed, metrics = step(placed, parallel.shard_batch(batch, devices), key, placed_frozen)
+        placed = parallel.place(state, sharded=sharded, devices=devices)
+        placed_frozen = parallel.place(frozen, sharded=sharded, devices=devices)
+        for _ in range(2):
+            placed, metrics = step(placed, parallel.shard_batch(batch, devices), key, placed_frozen)
         results.append((parallel.unreplicate(placed.params), float(metrics["loss"][0])))
-    (eight, loss8), (one, loss1) = results
+    (eight, loss8), (one, loss1), (chunks, loss_chunks) = results
     assert len(jax.local_devices()) == 8
-    assert loss8 == pytest.approx(loss1, rel=1e-5)
+    assert loss8 == pytest.approx(loss1, rel=1e-5) and loss_chunks == pytest.approx(loss8, rel=1e-5)
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6), eight, one)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6), chunks, eight)
     moved = jax.tree.map(lambda a, b: float(np.abs(a - b).max()), eight, trainable)
     assert max(jax.tree.leaves(moved)) > 1e-3  # the adapters trained
 

@@ -52,19 +52,11 @@ def with_lora(
     )
 
 
-def _abstract_state(model: Transformer, config: ModelConfig) -> nnx.State:
-    """The parameter shapes of ``model``'s kind under ``config`` (nothing initialised)."""
+def _abstract_params(model: Transformer, config: ModelConfig) -> tuple[nnx.GraphDef, nnx.State]:
+    """The graph and parameter shapes of ``model``'s kind under ``config`` (not initialised)."""
     head = model.scalar_head is not None
     abstract = nnx.eval_shape(lambda: Transformer(config, rngs=nnx.Rngs(0), scalar_head=head))
-    return nnx.state(abstract, nnx.Param)
-
-
-def _rebuild(model: Transformer, config: ModelConfig, params: nnx.State) -> Transformer:
-    """A model of ``config`` holding ``params`` (built abstractly: no initialisation)."""
-    head = model.scalar_head is not None
-    abstract = nnx.eval_shape(lambda: Transformer(config, rngs=nnx.Rngs(0), scalar_head=head))
-    graphdef, _ = nnx.split(abstract, nnx.Param)
-    return nnx.merge(graphdef, params)
+    return nnx.split(abstract, nnx.Param)
 
 
 def merge(model: Transformer) -> Transformer:
@@ -83,9 +75,9 @@ def merge(model: Transformer) -> Transformer:
             kernel = layer["kernel"]
             layer["kernel"] = (kernel + delta * config.lora_scale).astype(kernel.dtype)
     plain = with_lora(config, 0, config.lora_alpha, ())
-    template = _abstract_state(model, plain)
+    graphdef, template = _abstract_params(model, plain)
     nnx.replace_by_pure_dict(template, pure)
-    return _rebuild(model, plain, template)
+    return nnx.merge(graphdef, template)
 
 
 def attach(
