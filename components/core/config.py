@@ -104,7 +104,9 @@ class NumericsSettings:
         "", help="rematerialisation policy of the layer scan ('' = the model's)"
     )
     dtype: Literal["", "float32", "bfloat16"] = field(
-        "", help="compute dtype ('' = the model's); parameters stay float32"
+        "",
+        help="compute dtype ('' = the model's); trained parameters stay float32 (a LoRA "
+        "run's frozen base is stored in the compute dtype)",
     )
     fsdp: bool = field(
         False,
