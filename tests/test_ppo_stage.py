@@ -262,7 +262,7 @@ def test_grpo_resumes_exactly(artifacts, group_runs, tmp_path) -> None:
 
 # Adapters at 10x the full fine-tuning rates: what the auto rates pick (LORA_LEARNING_RATE_FACTOR);
 # a shorter run than RUN's, which the adapters' rate allows.
-LORA = dict(lora_rank=8, learning_rate=3e-4, critic_learning_rate=3e-3, iterations=12, save_every=6)
+LORA = dict(lora_rank=8, learning_rate=3e-4, critic_learning_rate=3e-3, iterations=8, save_every=4)
 
 
 @pytest.fixture(scope="module")
