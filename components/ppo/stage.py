@@ -111,11 +111,13 @@ def build_networks(
         critic = with_adapters(critic, config, config.seed + 1)
         fold_normalization(critic, stats["mean"], stats["std"])
         critic_graph, critic_params = nnx.split(critic, nnx.Param)
-    policy_params, frozen = _freeze(config, policy, policy_params, reward, reward_params)
-    if frozen is not None:
-        reward_params = nnx.filter_state(
-            reward_params, lora.TRAINABLE
-        )  # its head; the base is shared
+    policy_params, policy_base = lora.split(policy_params, policy.config)
+    frozen = None
+    if policy_base is not None:
+        # The reward model keeps its head; its base, one copy in the compute dtype, is the
+        # critic's too (the reward artifact with fresh adapters holds the very same weights).
+        reward_params, shared = lora.freeze(reward_params, reward.config.compute_dtype)
+        frozen = Frozen(jax.device_get(policy_base), jax.device_get(shared))
         if critic_params is not None:
             critic_params = nnx.filter_state(critic_params, lora.TRAINABLE)
     tokenizer = manifest["tokenizer"]
@@ -129,22 +131,6 @@ def build_networks(
         frozen=frozen,
     )
     return policy, nets
-
-
-def _freeze(config: PPOConfig, policy, policy_params, reward, reward_params):
-    """The policy's trainable parameters and the frozen bases (None without LoRA).
-
-    The shared base is the reward model's without its head, in the compute dtype: the
-    critic (the reward artifact with fresh adapters) holds the very same weights.
-    """
-    trainable, policy_base = lora.split(policy_params, policy.config)
-    if policy_base is None:
-        return trainable, None
-    adapted = lora.with_lora(
-        reward.config, config.lora_rank, config.lora_alpha, config.lora_target_modules()
-    )
-    _, shared = lora.split(reward_params, adapted)
-    return trainable, Frozen(jax.device_get(policy_base), jax.device_get(shared))
 
 
 def known_gold_rewards() -> set[str]:

@@ -100,12 +100,16 @@ def attach(
 
 
 def split(params: nnx.State, config: ModelConfig) -> tuple[nnx.State, nnx.State | None]:
-    """(trainable, frozen) parameters: all of them and None without adapters; else the
-    adapters and scalar head, and the rest cast to the compute dtype."""
+    """(trainable, frozen) parameters: all of them and None without adapters, else
+    :func:`freeze`'s split in the compute dtype."""
     if not config.lora_rank:
         return params, None
+    return freeze(params, config.compute_dtype)
+
+
+def freeze(params: nnx.State, dtype: Any) -> tuple[nnx.State, nnx.State]:
+    """(adapters and scalar head, the rest cast to ``dtype``): what trains, what is frozen."""
     trainable, frozen = nnx.filter_state(params, TRAINABLE, ...)
-    dtype = config.compute_dtype
     frozen = jax.tree.map(
         lambda leaf: leaf.astype(dtype) if jnp.issubdtype(leaf.dtype, jnp.floating) else leaf,
         frozen,
