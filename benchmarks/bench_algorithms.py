@@ -415,6 +415,13 @@ def targets(
     return checks
 
 
+def demo_values(overrides: list[str]) -> dict[str, Any]:
+    """The pipeline's parameters: the demo's, with ``--set PARAM=VALUE`` overrides."""
+    changed = dict(item.split("=", 1) for item in overrides)
+    changed = {name: params.coerce(name, text) for name, text in changed.items()}
+    return params.validate(changed, jax.local_device_count())
+
+
 def machine() -> str:
     """The machine in words."""
     return (
@@ -435,9 +442,7 @@ def main() -> int:
     started = time.perf_counter()
     root = Path(args.work_dir or tempfile.mkdtemp(prefix="bench-algorithms-"))
     root.mkdir(parents=True, exist_ok=True)
-    changed = dict(item.split("=", 1) for item in args.set)
-    changed = {name: params.coerce(name, text) for name, text in changed.items()}
-    values = params.validate(changed, jax.local_device_count())  # the demo's, unless --set
+    values = demo_values(args.set)
     print(f"[bench] {machine()}; artifacts in {root}", flush=True)
     shards, runs = prepare(values, root)
     runs.update(train_algorithms(values, shards, runs, root))

@@ -371,9 +371,7 @@ def main() -> int:
     started = time.perf_counter()
     root = Path(args.work_dir or tempfile.mkdtemp(prefix="bench-lora-"))
     root.mkdir(parents=True, exist_ok=True)
-    changed = dict(item.split("=", 1) for item in args.set)
-    changed = {name: params.coerce(name, text) for name, text in changed.items()}
-    values = params.validate(changed, jax.local_device_count())  # the demo's, unless --set
+    values = algorithms.demo_values(args.set)
     print(f"[bench] {algorithms.machine()}; artifacts in {root}", flush=True)
     shards = str(root / "shards")
     if not (root / "shards").exists():
