@@ -174,9 +174,9 @@ def test_decoding_stops_once_every_sequence_has_ended(split, prompts, greedy, mo
     steps = []
     decode = Transformer.decode
 
-    def counted(self, tokens, cache):
+    def counted(self, tokens, cache, layers=None):
         jax.debug.callback(lambda: steps.append(1))
-        return decode(self, tokens, cache)
+        return decode(self, tokens, cache, layers)
 
     monkeypatch.setattr(Transformer, "decode", counted)
     graphdef, params = split
@@ -221,7 +221,13 @@ def test_kv_cache_is_in_the_compute_dtype(prompts):
         return model.decode(tokens[:, -1], cache)[1]
 
     cache = jax.eval_shape(prefill_and_decode, params, *prompts)
-    assert cache.k.dtype == cache.v.dtype == jnp.bfloat16
+    assert {array.dtype for array in (*cache.k, *cache.v)} == {jnp.dtype(jnp.bfloat16)}
+    # One array a layer, heads major: k [B, Kv, S, Hd], v [B, Kv, Hd, S] (layers.attend).
+    config, rows = model.config, prompts[0].shape[0]
+    head = (rows, config.n_kv_heads)
+    assert len(cache.k) == len(cache.v) == config.n_layers
+    assert cache.k[0].shape == (*head, 12, config.resolved_head_dim)
+    assert cache.v[0].shape == (*head, config.resolved_head_dim, 12)
 
 
 @pytest.mark.parametrize(

@@ -138,19 +138,28 @@ def attend(
     allowed: jax.Array,
     scale: float,
     softcap: float | None = None,
+    *,
+    heads_major: bool = False,
 ) -> jax.Array:
-    """Grouped-query attention: q [B,T,H,Hd], k/v [B,S,Kv,Hd], allowed [B,T,S] -> [B,T,H,Hd]."""
+    """Grouped-query attention: q [B,T,H,Hd], k/v [B,S,Kv,Hd], allowed [B,T,S] -> [B,T,H,Hd].
+
+    ``heads_major``: k comes as [B,Kv,S,Hd] and v as [B,Kv,Hd,S], a KV cache's layout: both
+    products then contract the minor axis of contiguous matrices, which XLA:CPU runs where
+    they lie (contracting v's S axis as [B,S,Kv,Hd] or [B,Kv,S,Hd] took half a decode step,
+    ``benchmarks/bench_sampler.py``).
+    """
     batch, length, n_heads, head_dim = q.shape
-    n_kv = k.shape[2]
+    n_kv = k.shape[1 if heads_major else 2]
+    keys, values = ("bksd", "bkds") if heads_major else ("bskd", "bskd")
     # Each kv head serves n_heads // n_kv query heads; grouping avoids materialising repeats.
     q = q.reshape(batch, length, n_kv, n_heads // n_kv, head_dim) * scale
-    logits = jnp.einsum("btkgd,bskd->bkgts", q, k, preferred_element_type=jnp.float32)
+    logits = jnp.einsum(f"btkgd,{keys}->bkgts", q, k, preferred_element_type=jnp.float32)
     if softcap is not None:
         logits = jnp.tanh(logits / softcap) * softcap
     # A finite floor keeps fully masked rows (pad queries) finite instead of NaN.
     logits = jnp.where(allowed[:, None, None], logits, jnp.finfo(jnp.float32).min)
     probs = jax.nn.softmax(logits, axis=-1).astype(v.dtype)
-    out = jnp.einsum("bkgts,bskd->btkgd", probs, v)
+    out = jnp.einsum(f"bkgts,{values}->btkgd", probs, v)
     return out.reshape(batch, length, n_heads, head_dim)
 
 
@@ -183,10 +192,11 @@ class Attention(nnx.Module):
         cache_kv: tuple[jax.Array, jax.Array] | None = None,
         cache_index: jax.Array | None = None,
     ) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
-        """Attend from ``x`` [B,T,D]; returns the output and this call's new (k, v) [B,T,Kv,Hd].
+        """Attend from ``x`` [B,T,D]; returns the output and this call's (k, v) [B,T,Kv,Hd].
 
-        With ``cache_kv`` ([B,S,Kv,Hd] each), the new keys are written at ``cache_index``
-        and the queries attend over the whole cache; ``allowed`` is then [B,T,S].
+        With ``cache_kv`` (k [B,Kv,S,Hd], v [B,Kv,Hd,S]: :class:`KVCache`'s layout), the
+        new keys are written at ``cache_index``, the queries attend over the whole cache
+        (``allowed`` is then [B,T,S]), and the cache with the new keys is returned instead.
         """
         batch, length, _ = x.shape
         q = self.wq(x).reshape(batch, length, self.n_heads, self.head_dim)
@@ -195,11 +205,17 @@ class Attention(nnx.Module):
         inv_freq = rope_inv_freq(self.config)
         q = apply_rope(q, positions, inv_freq)
         k = apply_rope(k, positions, inv_freq)
-        keys, values = k, v
-        if cache_kv is not None:
-            keys = jax.lax.dynamic_update_slice_in_dim(cache_kv[0], k, cache_index, axis=1)
-            values = jax.lax.dynamic_update_slice_in_dim(cache_kv[1], v, cache_index, axis=1)
-        out = attend(q, keys, values, allowed, self.scale, self.config.attn_logit_softcap)
+        softcap = self.config.attn_logit_softcap
+        if cache_kv is None:
+            out = attend(q, k, v, allowed, self.scale, softcap)
+            return self.wo(out.reshape(batch, length, -1)), (k, v)
+        k = jax.lax.dynamic_update_slice_in_dim(
+            cache_kv[0], k.transpose(0, 2, 1, 3), cache_index, 2
+        )
+        v = jax.lax.dynamic_update_slice_in_dim(
+            cache_kv[1], v.transpose(0, 2, 3, 1), cache_index, 3
+        )
+        out = attend(q, k, v, allowed, self.scale, softcap, heads_major=True)
         return self.wo(out.reshape(batch, length, -1)), (k, v)
 
 
@@ -239,7 +255,8 @@ class Block(nnx.Module):
         cache_kv: tuple[jax.Array, jax.Array] | None = None,
         cache_index: jax.Array | None = None,
     ) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
-        """Run the layer; returns the new residual stream and this call's (k, v)."""
+        """Run the layer; returns the new residual stream and this call's (k, v), or with
+        ``cache_kv`` the cache with them written (:meth:`Attention.__call__`)."""
         attn_out, kv = self.attn(self.attn_norm(x), positions, allowed, cache_kv, cache_index)
         if self.post_attn_norm is not None:
             attn_out = self.post_attn_norm(attn_out)

@@ -184,12 +184,17 @@ def generate(
     )
     axes = _sharded_axes(params)
     first = _Decoding(jnp.asarray(1, jnp.int32), token, done, _all_done(done, axes), cache, columns)
-    last = _decode((graphdef, params), first, keys, settings, axes, stop_when_done)
+    # On CPU the layers are split once, before the loop: XLA:CPU copies a layer sliced inside
+    # it every step (0.92 against 1.14 ms a step at bench_sampler.py's real shape). On an
+    # accelerator the slice is left to its compiler, and no second copy of the weights held.
+    layers = model.layer_params() if jax.default_backend() == "cpu" else None
+    last = _decode((graphdef, params), layers, first, keys, settings, axes, stop_when_done)
     return SampleOutput(*(column.T for column in last.columns))
 
 
 def _decode(
     model: tuple[nnx.GraphDef, nnx.State],
+    layers: tuple[nnx.State, ...],
     first: _Decoding,
     keys: jax.Array,
     settings: _Settings,
@@ -205,7 +210,7 @@ def _decode(
 
     def step(carry: _Decoding) -> _Decoding:
         model = nnx.merge(graphdef, params)
-        hidden, cache = model.decode(carry.token, carry.cache)
+        hidden, cache = model.decode(carry.token, carry.cache, layers)
         logits = model.lm_logits(hidden)
         token, logprob, mask, done = _choose(logits, keys[carry.index], carry.done, settings)
         new = (token, logprob, mask)

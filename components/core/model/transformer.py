@@ -8,6 +8,8 @@ unrolled loop saves nothing on XLA CPU, the scanned form saves ~90%).
 The model holds only ``nnx.Param`` state, so ``nnx.split(model, nnx.Param)`` /
 ``nnx.merge`` round-trip it inside ``jax.pmap``.
 
+The KV-cache decode runs the layers unrolled, each on its own cache array (``KVCache``).
+
 Under fsdp (fsdp.py) the stack's parameters arrive as chunks: each scan step
 gathers one layer's weights, inside the remat, so only one layer is whole at a time.
 
@@ -31,10 +33,15 @@ __all__ = ["PRESETS", "KVCache", "ModelConfig", "Transformer", "model_config"]
 
 
 class KVCache(NamedTuple):
-    """Keys/values of every layer for incremental decoding (a plain pytree)."""
+    """Keys/values of every layer for incremental decoding (a plain pytree).
 
-    k: jax.Array  # [L, B, S, Kv, Hd] compute dtype
-    v: jax.Array  # [L, B, S, Kv, Hd]
+    One array per layer, not a stack: a decode loop carrying them writes each new key in
+    place and attends over the layer's array where it lies. Sliced out of a stack, XLA:CPU
+    copies the layer's cache every step (``benchmarks/bench_sampler.py``).
+    """
+
+    k: tuple[jax.Array, ...]  # per layer [B, Kv, S, Hd], compute dtype
+    v: tuple[jax.Array, ...]  # per layer [B, Kv, Hd, S] (layers.attend: heads_major)
     key_mask: jax.Array  # [B, S] bool: slot holds a token that may be attended to
     next_position: jax.Array  # [B] int32: rotary position of the next token
     length: jax.Array  # [] int32: slots filled so far (same for the whole batch)
@@ -198,18 +205,43 @@ class Transformer(nnx.Module):
             return block(x, positions, layer_allowed(allowed, window, is_sliding))
 
         x, (k, v) = jax.lax.scan(layer, self._embed(tokens), (layers, self._sliding_flags()))
-        pad = [(0, 0), (0, 0), (0, cache_size - length), (0, 0), (0, 0)]
+        grow = cache_size - length
+
+        def per_layer(stacked: jax.Array, order: tuple[int, ...]) -> tuple[jax.Array, ...]:
+            """[L,B,P,Kv,Hd] -> one [B,Kv,S,Hd] (k) or [B,Kv,Hd,S] (v) a layer."""
+            pad = [(0, grow) if axis == 1 else (0, 0) for axis in order]
+            return tuple(jnp.pad(one.transpose(order), pad) for one in stacked)
+
         cache = KVCache(
-            k=jnp.pad(k, pad),
-            v=jnp.pad(v, pad),
+            k=per_layer(k, (0, 2, 1, 3)),
+            v=per_layer(v, (0, 2, 3, 1)),
             key_mask=jnp.pad(mask.astype(bool), [(0, 0), (0, cache_size - length)]),
             next_position=jnp.sum(mask.astype(jnp.int32), axis=-1),
             length=jnp.asarray(length, jnp.int32),
         )
         return self.final_norm(x), cache
 
-    def decode(self, tokens: jax.Array, cache: KVCache) -> tuple[jax.Array, KVCache]:
-        """Feed one token per sequence ([B] int32); returns its hidden state [B,D] and the cache."""
+    def layer_params(self) -> tuple[nnx.State, ...]:
+        """The stacked blocks' parameters one layer each (fsdp chunks stay chunks).
+
+        The sampler's decode loop on CPU takes them split once, before it starts: sliced
+        inside the loop, XLA:CPU copies every layer's weights each step. The split holds a
+        second copy of the blocks' weights (this device's chunks under fsdp) while it runs.
+        """
+        _, layers = nnx.split(self.blocks)
+        return tuple(
+            jax.tree.map(lambda stacked, i=i: stacked[i], layers)
+            for i in range(self.config.n_layers)
+        )
+
+    def decode(
+        self, tokens: jax.Array, cache: KVCache, layers: tuple[nnx.State, ...] | None = None
+    ) -> tuple[jax.Array, KVCache]:
+        """Feed one token per sequence ([B] int32); returns its hidden state [B,D] and the cache.
+
+        ``layers``: :meth:`layer_params`, split before the decode loop (split here if None).
+        The layers run unrolled, each on its own cache array, written in place.
+        """
         key_mask = jax.lax.dynamic_update_slice_in_dim(
             cache.key_mask, jnp.ones((tokens.shape[0], 1), bool), cache.length, axis=1
         )
@@ -217,23 +249,21 @@ class Transformer(nnx.Module):
         allowed = key_mask[:, None, :]
         # Filled slots hold consecutive positions of real tokens, so cumsum recovers them.
         window = sliding_allowed(self.config, allowed, positions, positions_from_mask(key_mask))
-        graphdef, layers = nnx.split(self.blocks)
-
-        def layer(x: jax.Array, inputs: tuple[nnx.State, jax.Array, jax.Array, jax.Array]):
-            layer_params, is_sliding, k, v = inputs
-            block = nnx.merge(graphdef, fsdp.gather(layer_params))
-            layer_mask = layer_allowed(allowed, window, is_sliding)
-            return block(x, positions, layer_mask, (k, v), cache.length)
-
-        x, (k_new, v_new) = jax.lax.scan(
-            layer,
-            self._embed(tokens[:, None]),
-            (layers, self._sliding_flags(), cache.k, cache.v),
-        )
-        # Write only the new token's keys: a loop-carried cache is then updated in place.
+        graphdef, _ = nnx.split(self.blocks)
+        x, keys, values = self._embed(tokens[:, None]), [], []
+        layers = self.layer_params() if layers is None else layers
+        for params, sliding, k, v in zip(
+            layers, self.config.sliding_layers(), cache.k, cache.v, strict=True
+        ):
+            # Sharded (fsdp): a layer is gathered after the last one ran, one whole at a time.
+            block = nnx.merge(graphdef, fsdp.gather(fsdp.after(params, x)))
+            layer_mask = allowed if window is None or not sliding else window
+            x, (k, v) = block(x, positions, layer_mask, (k, v), cache.length)
+            keys.append(k)
+            values.append(v)
         cache = KVCache(
-            k=jax.lax.dynamic_update_slice_in_dim(cache.k, k_new, cache.length, axis=2),
-            v=jax.lax.dynamic_update_slice_in_dim(cache.v, v_new, cache.length, axis=2),
+            k=tuple(keys),
+            v=tuple(values),
             key_mask=key_mask,
             next_position=cache.next_position + 1,
             length=cache.length + 1,
