@@ -134,6 +134,37 @@ def measure_peak(
     return Peak(matmul, stream, label, time.perf_counter() - start, os.getloadavg()[0])
 
 
+def weight_matmuls(config: ModelConfig, tokens: int, logits_tokens: int = 0) -> list[tuple]:
+    """(m, k, n) of each weight matmul of a forward pass over ``tokens`` tokens: q, k, v, o
+    and the gated MLP's three in every layer, and the output projection at ``logits_tokens``
+    positions (attention's own products are left out: they hold no weights)."""
+    d, hidden, hd = config.dim, config.hidden_dim, config.resolved_head_dim
+    q, kv = config.n_heads * hd, config.n_kv_heads * hd
+    layer = [(d, q), (d, kv), (d, kv), (q, d), (d, hidden), (d, hidden), (hidden, d)]
+    shapes = [(tokens, k, n) for k, n in layer] * config.n_layers
+    return shapes + ([(logits_tokens, d, config.vocab_size)] if logits_tokens else [])
+
+
+def with_backward(forward: list[tuple]) -> list[tuple]:
+    """A training step's matmuls: each forward [m, k] @ [k, n], the input's gradient
+    [m, n] @ [n, k] and the weight's [k, m] @ [m, n], every operand laid out as it is used."""
+    return [shape for m, k, n in forward for shape in ((m, k, n), (m, n, k), (k, m, n))]
+
+
+def shape_ceiling(shapes: list[tuple], dtype: str = "float32") -> float:
+    """FLOP/s of exactly ``shapes``' matmuls, with nothing else, in one compiled program on
+    one device: the most a step made of them could reach. Small matmuls run far below the
+    large-matmul peak; the gap between this and a step's rate is everything else it does
+    (elementwise work, transposes, collectives, the loop)."""
+    device = jax.local_devices()[0]
+    operands = [(jnp.full((m, k), 0.5, dtype), jnp.full((k, n), 0.5, dtype)) for m, k, n in shapes]
+    operands = jax.device_put(operands, device)
+    run = jax.jit(lambda pairs: [a @ b for a, b in pairs])
+    first = best_seconds(run, operands, repeats=1)
+    seconds = min(first, best_seconds(run, operands, repeats=_repeats(first)))
+    return sum(2 * m * k * n for m, k, n in shapes) / seconds
+
+
 def describe(peak: Peak) -> str:
     """The peaks, with how long measuring took and the load the machine was under."""
     flops = ", ".join(f"{dtype} {rate / 1e9:,.1f} GFLOP/s" for dtype, rate in peak.matmul.items())

@@ -1,20 +1,23 @@
 """PPO update time and FLOP/s on the demo model, this tree's update against a git revision's.
 
-The update of ``bench_ppo.py``'s iteration (demo model for policy and critic, batch 32,
-prompt 16 + response 32 tokens, 4 epochs x 2 minibatches, 8 CPU devices) on a synthetic
-rollout batch. With ``--baseline REV`` the update as it was at REV (``update.py``,
-``losses.py`` and ``scoring.py`` read with ``git show``) is built in the same process and
-both are timed round-robin, so load on the shared machine hits both alike. Achieved
-FLOPs are bench_ppo.py's model FLOPs (``_roofline.train_flops``: 6 · matmul weights ·
-tokens plus attention, policy with its logits and critic, every epoch, over the whole
-padded batch) and, beside them, 6 · parameters · tokens; the fraction is of the fp32 matmul
-peak ``_roofline`` measures in the same run. With ``--longest`` below the response width
-both count the padded batch: effective figures. Both sides start from the same state.
+The update of ``bench_ppo.py``'s iteration (demo model for policy and critic, remat none,
+batch 32, prompt 16 + response 32 tokens, 4 epochs x 2 minibatches, 8 CPU devices) on a
+synthetic rollout batch. With ``--baseline REV`` the update as it was at REV (the model
+``transformer.py``, ``scoring.py``, ``losses.py`` and ``update.py`` read with ``git show``;
+the networks built with REV's transformer) runs in the same process and both are timed
+round-robin, so load on the shared machine hits both alike. REV must have the core's rooms
+(37697c7 or later: the modules' paths). Achieved FLOPs are bench_ppo.py's model FLOPs
+(``_roofline.train_flops``: 6 · matmul weights · tokens plus attention, policy with its
+logits and critic, every epoch, over the whole padded batch) and, beside them,
+6 · parameters · tokens; the fraction is of the fp32 matmul peak ``_roofline`` measures in
+the same run, and of the ceiling at these shapes (``_roofline.shape_ceiling``: the step's
+own weight matmuls alone). With ``--longest`` below the response width both count the
+padded batch: effective figures. Both sides start from the same state.
 
-    python benchmarks/bench_ppo_update.py [--baseline f6b9376] [--repeats 7] [--longest 16]
+    python benchmarks/bench_ppo_update.py [--baseline bb34262] [--repeats 7] [--longest 16]
 
-(f6b9376: the last commit before the update was made faster. Name a commit, not HEAD~1:
-other work lands on top of the update's own commits.)
+(bb34262: the last commit before the layer scan was unrolled without remat. Name a commit,
+not HEAD~1: other work lands on top of the update's own commits.)
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import subprocess
 import sys
 import time
 import types
+from typing import Any
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
@@ -39,14 +43,20 @@ import _roofline  # noqa: E402
 import numpy as np  # noqa: E402
 from flax import nnx  # noqa: E402
 
-from components.core.model.artifact import create_model  # noqa: E402
+from components.core.model.config import ModelConfig, model_config  # noqa: E402
 from components.core.training import parallel  # noqa: E402
+from components.core.training.host import on_host  # noqa: E402
 from components.ppo import PPOConfig  # noqa: E402
 from components.ppo.rollout import Models  # noqa: E402
 
 VOCAB, BATCH, PROMPT, RESPONSE, EPOCHS, MINIBATCHES = 259, 32, 16, 32, 4, 2
 # The modules whose revision --baseline swaps in, in import order.
-SWAPPED = ("components.core.model.scoring", "components.ppo.losses", "components.ppo.update")
+SWAPPED = (
+    "components.core.model.transformer",
+    "components.core.model.scoring",
+    "components.ppo.losses",
+    "components.ppo.update",
+)
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -79,15 +89,27 @@ def _swapped(modules: dict[str, types.ModuleType]):
             setattr(sys.modules[package], leaf, module)
 
 
-def update_module(revision: str | None) -> types.ModuleType:
-    """This tree's ``components.ppo.update``, or the one at ``revision`` with its helpers."""
+def side_modules(revision: str | None) -> tuple[types.ModuleType, types.ModuleType]:
+    """(transformer, update) of this tree, or as they were at ``revision`` with its helpers."""
     if revision is None:
-        return importlib.import_module("components.ppo.update")
+        return tuple(importlib.import_module(name) for name in (SWAPPED[0], SWAPPED[-1]))
     loaded: dict[str, types.ModuleType] = {}
     for name in SWAPPED:
         with _swapped(loaded):
             loaded[name] = _module_at(revision, name)
-    return loaded["components.ppo.update"]
+    return loaded[SWAPPED[0]], loaded[SWAPPED[-1]]
+
+
+def networks(transformer: types.ModuleType) -> tuple[Models, ModelConfig, Any, Any]:
+    """Models and (policy, critic) parameters of the demo preset built with ``transformer``'s
+    class: same seeds, so every side starts from the same values."""
+    config = model_config("demo", VOCAB, remat="none")
+    with on_host():
+        policy = transformer.Transformer(config, rngs=nnx.Rngs(0))
+        critic = transformer.Transformer(config, rngs=nnx.Rngs(1), scalar_head=True)
+    policy_graph, policy_params = nnx.split(policy, nnx.Param)
+    critic_graph, critic_params = nnx.split(critic, nnx.Param)
+    return Models(policy_graph, critic_graph, critic_graph), config, policy_params, critic_params
 
 
 def synthetic_batch(longest: int, seed: int = 0) -> dict[str, np.ndarray]:
@@ -112,6 +134,17 @@ def synthetic_batch(longest: int, seed: int = 0) -> dict[str, np.ndarray]:
     }
 
 
+def matmul_ceiling(config: ModelConfig, critic: bool) -> float:
+    """``_roofline.shape_ceiling`` of one device's minibatch step: its rows' tokens through
+    the policy (logits at the response positions) and the critic, forward and backward."""
+    rows = BATCH // MINIBATCHES // jax.local_device_count()
+    tokens = rows * (PROMPT + RESPONSE)
+    shapes = _roofline.with_backward(_roofline.weight_matmuls(config, tokens, rows * RESPONSE))
+    if critic:
+        shapes += _roofline.with_backward(_roofline.weight_matmuls(config, tokens))
+    return _roofline.shape_ceiling(shapes)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--baseline", help="git revision whose update is timed alongside")
@@ -127,20 +160,15 @@ def main() -> None:
         minibatches=MINIBATCHES, ppo_epochs=EPOCHS, prompt_len=PROMPT,
         max_new_tokens=RESPONSE, warmup_steps=0,
     ).resolved(pretrained=False)  # fmt: skip
-    policy = create_model("demo", VOCAB, scalar_head=False, seed=0, remat="none")
-    critic = create_model("demo", VOCAB, scalar_head=True, seed=1, remat="none")
-    policy_graph, policy_params = nnx.split(policy, nnx.Param)
-    critic_graph, critic_params = nnx.split(critic, nnx.Param)
-    models = Models(policy_graph, critic_graph, critic_graph)
-    if config.uses_groups:
-        critic_params = None
     # On the devices, as the rollout leaves it.
     batch = jax.pmap(lambda rows: rows)(parallel.shard_batch(synthetic_batch(args.longest)))
-    sides = {"this tree": update_module(None)}
+    sides = {"this tree": side_modules(None)}
     if args.baseline:
-        sides = {args.baseline: update_module(args.baseline), **sides}
+        sides = {args.baseline: side_modules(args.baseline), **sides}
     runs = {}
-    for name, module in sides.items():
+    for name, (transformer, module) in sides.items():
+        models, model, policy_params, critic_params = networks(transformer)
+        critic_params = None if config.uses_groups else critic_params
         fields = {k: batch[k] for k in module.update_fields(config)}
         state = parallel.replicate(module.PPOState.create(policy_params, critic_params, config))
         runs[name] = [module.make_update(models, config), state, fields]
@@ -158,13 +186,13 @@ def main() -> None:
             if step:
                 times[name].append(time.perf_counter() - start)
                 cpu[name].append(time.process_time() - start_cpu)
-    networks = [policy_params] if critic_params is None else [policy_params, critic_params]
-    params = sum(leaf.size for tree in networks for leaf in jax.tree.leaves(tree))
+    trained = [policy_params] if critic_params is None else [policy_params, critic_params]
+    params = sum(leaf.size for tree in trained for leaf in jax.tree.leaves(tree))
     six_n = 6 * params * BATCH * (PROMPT + RESPONSE) * EPOCHS
     length = PROMPT + RESPONSE
-    flops = EPOCHS * _roofline.train_flops(policy.config, BATCH, length, RESPONSE)
+    flops = EPOCHS * _roofline.train_flops(model, BATCH, length, RESPONSE)
     if critic_params is not None:
-        flops += EPOCHS * _roofline.train_flops(critic.config, BATCH, length)
+        flops += EPOCHS * _roofline.train_flops(model, BATCH, length)
     peak = _roofline.measure_peak(dtypes=("float32",))
     print(_roofline.describe(peak))
     print(
@@ -173,12 +201,19 @@ def main() -> None:
         f"demo model, {jax.local_device_count()} CPU devices; {flops / 1e9:.1f} model GFLOP "
         f"({six_n / 1e9:.1f} as 6 x params x tokens)"
     )
+    ceiling = matmul_ceiling(model, critic_params is not None)
+    print(
+        f"  ceiling at these shapes: one device's share of a minibatch step's weight matmuls "
+        f"(policy{' and critic' if critic_params is not None else ''}, forward and backward), "
+        f"alone in one program: {ceiling / 1e9:.1f} GFLOP/s = "
+        f"{ceiling / peak.matmul['float32']:.1%} of the float32 peak"
+    )
     for name, values in times.items():
         best, median = min(values), statistics.median(values)
         print(
             f"  {name:>12}: best {best * 1e3:7.1f} ms (median {median * 1e3:7.1f}, CPU time "
-            f"{min(cpu[name]) * 1e3:7.1f})  {_roofline.of_peak(flops, best, peak)}; "
-            f"6N: {six_n / best / 1e9:.1f} GFLOP/s"
+            f"{min(cpu[name]) * 1e3:7.1f})  {_roofline.of_peak(flops, best, peak)}, "
+            f"{flops / best / ceiling:.1%} of the ceiling; 6N: {six_n / best / 1e9:.1f} GFLOP/s"
         )
     if args.baseline:
         old, new = (min(times[name]) for name in runs)

@@ -95,3 +95,12 @@ def test_fraction_of_peak_is_printed_against_the_named_dtype():
     assert "12.5% of bfloat16 peak" in _roofline.of_peak(100e9, 2.0, peak, "bfloat16")
     line = _roofline.describe(peak)
     assert "float32 100.0 GFLOP/s" in line and "10.0 GB/s" in line
+
+
+def test_shape_ceiling_counts_the_training_steps_weight_matmuls(one_layer):
+    config = one_layer[0]
+    shapes = _roofline.with_backward(_roofline.weight_matmuls(config, ROWS * LENGTH, ROWS * 8))
+    assert len(shapes) == 3 * (7 * config.n_layers + 1)
+    weights = sum(2 * m * k * n for m, k, n in shapes)
+    attention = 3 * _roofline.attention_flops(config, ROWS * LENGTH, LENGTH)
+    assert weights == _roofline.train_flops(config, ROWS, LENGTH, 8) - attention
