@@ -152,10 +152,8 @@ def test_sharded_state_holds_one_eighth_per_device(trained):
     assert full / DEVICES <= per_device <= full / DEVICES + 8 * 64
 
 
-def test_sampling_from_sharded_params_equals_replicated():
-    """The KV-cache sampler gathers one layer per decode step: same tokens, same log-probs."""
-    graphdef, params = nnx.split(Transformer(model_config("tiny", 48), rngs=nnx.Rngs(3)), nnx.Param)
-    prompts = np.random.default_rng(4).integers(3, 48, (16, 5)).astype(np.int32)
+def _pmapped_sampler(graphdef: nnx.GraphDef, prompts: np.ndarray):
+    """(pmapped 6-token sampler of ``graphdef``'s model, ``prompts`` [16, 5] sharded)."""
     batch = parallel.shard_batch({"tokens": prompts, "mask": np.ones_like(prompts)})
 
     def sample(placed, batch):
@@ -164,7 +162,14 @@ def test_sampling_from_sharded_params_equals_replicated():
             max_new_tokens=6, eos_id=1, pad_id=0,
         )  # fmt: skip
 
-    run = jax.pmap(sample, axis_name="data")
+    return jax.pmap(sample, axis_name="data"), batch
+
+
+def test_sampling_from_sharded_params_equals_replicated():
+    """The KV-cache sampler gathers one layer per decode step: same tokens, same log-probs."""
+    graphdef, params = nnx.split(Transformer(model_config("tiny", 48), rngs=nnx.Rngs(3)), nnx.Param)
+    prompts = np.random.default_rng(4).integers(3, 48, (16, 5)).astype(np.int32)
+    run, batch = _pmapped_sampler(graphdef, prompts)
     replicated = run(parallel.place(params), batch)
     sharded = run(parallel.place(params, sharded=True), batch)
     np.testing.assert_array_equal(sharded.tokens, replicated.tokens)
@@ -180,17 +185,8 @@ def test_sharded_decode_gathers_one_layer_at_a_time():
     model = Transformer(config, rngs=nnx.Rngs(3))
     graphdef, params = nnx.split(model, nnx.Param)
     layer = sum(leaf[0].nbytes for leaf in jax.tree.leaves(nnx.split(model.blocks)[1]))
-    prompts = np.ones((16, 5), np.int32)
-    batch = parallel.shard_batch({"tokens": prompts, "mask": np.ones_like(prompts)})
-
-    def sample(placed, batch):
-        return generate(
-            (graphdef, placed), batch["tokens"], batch["mask"], jax.random.key(0),
-            max_new_tokens=6, eos_id=1, pad_id=0,
-        )  # fmt: skip
-
-    placed = parallel.place(params, sharded=True)
-    compiled = jax.pmap(sample, axis_name="data").lower(placed, batch).compile()
+    run, batch = _pmapped_sampler(graphdef, np.ones((16, 5), np.int32))
+    compiled = run.lower(parallel.place(params, sharded=True), batch).compile()
     assert compiled.memory_analysis().temp_size_in_bytes < 2 * layer
 
 
