@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
+import collections
+import glob
+import gzip
+import json
+import os
+import re
 import statistics
+import tempfile
 import time
 from collections.abc import Callable
 from typing import Any
@@ -48,6 +55,49 @@ def compiled_temp_bytes(fn: Callable[..., Any], *args: Any, **jit_kwargs: Any) -
     """XLA's temporary-buffer size for ``jax.jit(fn)`` compiled on ``args`` (activations etc.)."""
     compiled = jax.jit(fn, **jit_kwargs).lower(*args).compile()
     return int(compiled.memory_analysis().temp_size_in_bytes)
+
+
+# XLA:CPU names each thunk of a trace after its HLO instruction ("ynn_fusion.14", "dot.130",
+# "copy_bitcast_fusion.7"); Python frames, executors and waits have other names.
+_HLO_NAME = re.compile(r"^([a-z][a-z0-9_-]*?)(\.\d+)?$")
+_CONTAINERS = ("while", "conditional", "call")  # their time is their bodies' thunks'
+THUNK_KINDS = (
+    ("matmuls", ("ynn_fusion", "dot", "convolution", "custom-call")),
+    ("copies and transposes", ("copy", "transpose")),
+    ("collectives", ("psum", "pmax", "pmin", "all-reduce", "all-gather", "reduce-scatter")),
+)
+
+
+def thunk_kind(name: str) -> str | None:
+    """The kind of an XLA:CPU thunk by its HLO name; None for anything else in a trace."""
+    match = _HLO_NAME.match(name)
+    if match is None or match.group(1) in _CONTAINERS:
+        return None
+    for kind, prefixes in THUNK_KINDS:
+        if match.group(1).startswith(prefixes):
+            return kind
+    return "elementwise and other fusions"
+
+
+def thunk_shares(fn: Callable[[], Any], calls: int = 3) -> dict[str, float]:
+    """Share of the time XLA:CPU's thunks ran, by kind, over ``calls`` calls of ``fn`` (after a
+    warm-up call), from a ``jax.profiler`` trace; largest first."""
+    jax.block_until_ready(fn())
+    with tempfile.TemporaryDirectory() as folder:
+        jax.profiler.start_trace(folder)
+        for _ in range(calls):
+            jax.block_until_ready(fn())
+        jax.profiler.stop_trace()
+        (path,) = glob.glob(os.path.join(folder, "**", "*.trace.json.gz"), recursive=True)
+        with gzip.open(path) as handle:
+            events = json.load(handle)["traceEvents"]
+    spent: collections.Counter[str] = collections.Counter()
+    for event in events:
+        kind = thunk_kind(event.get("name", "")) if event.get("ph") == "X" else None
+        if kind is not None:
+            spent[kind] += event["dur"]
+    total = sum(spent.values())
+    return {kind: value / total for kind, value in spent.most_common()}
 
 
 def mib(n_bytes: float) -> str:

@@ -15,6 +15,10 @@ own weight matmuls alone). With ``--longest`` below the response width both coun
 padded batch: effective figures. Both sides start from the same state.
 
     python benchmarks/bench_ppo_update.py [--baseline bb34262] [--repeats 7] [--longest 16]
+        [--profile]
+
+``--profile`` also prints where this tree's update spends its time, by kind of XLA:CPU
+thunk (weight matmuls, copies and transposes, collectives, the other fusions).
 
 (bb34262: the last commit before the layer scan was unrolled without remat. Name a commit,
 not HEAD~1: other work lands on top of the update's own commits.)
@@ -41,6 +45,7 @@ jax.config.update("jax_num_cpu_devices", int(os.environ.get("ALIGNPIPE_CPU_DEVIC
 
 import _roofline  # noqa: E402
 import numpy as np  # noqa: E402
+from _timing import thunk_shares  # noqa: E402
 from flax import nnx  # noqa: E402
 
 from components.core.model.config import ModelConfig, model_config  # noqa: E402
@@ -154,6 +159,9 @@ def main() -> None:
         help=f"longest response of the batch (< {RESPONSE}: lengths drawn from 1..longest)",
     )  # fmt: skip
     parser.add_argument("--algorithm", default="ppo", choices=["ppo", "grpo", "rloo"])
+    parser.add_argument(
+        "--profile", action="store_true", help="where this tree's update spends its time"
+    )
     args = parser.parse_args()
     config = PPOConfig(
         algorithm=args.algorithm, group_size=4, rollout_batch_size=BATCH,
@@ -219,6 +227,25 @@ def main() -> None:
         old, new = (min(times[name]) for name in runs)
         old_cpu, new_cpu = (min(cpu[name]) for name in runs)
         print(f"  speed-up, best vs best: wall {old / new:.2f}x, CPU time {old_cpu / new_cpu:.2f}x")
+    if args.profile:
+        print_profile(runs["this tree"])
+
+
+def print_profile(run: list) -> None:
+    """This tree's update under the jax profiler: its time by kind of XLA:CPU thunk."""
+    update, state, fields = run
+    placed = {"state": state}
+
+    def once():
+        placed["state"], metrics = update(
+            placed["state"], fields, jax.random.PRNGKey(0), np.float32(1.0), np.float32(0.1)
+        )
+        return metrics
+
+    shares = thunk_shares(once)
+    print("  this tree's update by kind of XLA:CPU thunk (jax profiler, 3 updates):")
+    for kind, share in shares.items():
+        print(f"    {kind:<30} {share:6.1%}")
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ final length; it runs at the demo shape only (at 256 new tokens it would take mi
 Shapes (benchmarks/_shapes.py): ``demo`` (the demo preset; 64-token prompts, 128 new
 tokens) or ``real`` (twice the width, 64-token prompts, 256 new tokens, as bench_ppo.py).
 
-    python benchmarks/bench_sampler.py [--shape demo|real] [--batch 8] [--repeats 3]
+    python benchmarks/bench_sampler.py [--shape demo|real] [--batch 8] [--repeats 3] [--profile]
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from _shapes import DEMO, REAL, REAL_PROMPT, REAL_RESPONSE
-from _timing import interleaved_median_seconds, mib
+from _timing import interleaved_median_seconds, mib, thunk_shares, wall_times
 from flax import nnx
 
 from components.core.model.sampler import generate, generate_without_cache
@@ -54,6 +54,9 @@ def main() -> None:
     parser.add_argument("--prompt-len", type=int, default=0, help="0: the shape's")
     parser.add_argument("--new-tokens", type=int, default=0, help="0: the shape's")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument(
+        "--profile", action="store_true", help="where the KV-cache sampler spends its time"
+    )
     args = parser.parse_args()
     widths, prompt_len, new_tokens = SHAPES[args.shape]
     prompt_len, new_tokens = args.prompt_len or prompt_len, args.new_tokens or new_tokens
@@ -102,6 +105,11 @@ def main() -> None:
         print(f"kv cache speed-up: {seconds['no cache'] / seconds['kv cache']:.1f}x; same: {same}")
     step_s = (seconds["kv cache"] - seconds["prefill + 1"]) / (new_tokens - 1)
     report_decode(config, params, args.batch, (prompt_len, new_tokens), step_s, peak)
+    if args.profile:
+        shares = thunk_shares(lambda: samplers["kv cache"](params, tokens, mask))
+        print("  the KV-cache sampler by kind of XLA:CPU thunk (jax profiler, 3 calls):")
+        for kind, share in shares.items():
+            print(f"    {kind:<30} {share:6.1%}")
 
 
 def report_decode(config, params, batch: int, lengths: tuple[int, int], step_s: float, peak):
@@ -122,6 +130,14 @@ def report_decode(config, params, batch: int, lengths: tuple[int, int], step_s: 
     print(
         f"  counting only the filled slots (mean {mib(filled)} a step): "
         f"{_roofline.of_bandwidth(filled, step_s, peak)}"
+    )
+    # The largest weight matmul of a step alone: the rate the decode's matmuls can reach.
+    lone = jax.jit(jnp.matmul)
+    rows, weight = jnp.ones((batch, config.dim)), jnp.ones((config.dim, config.hidden_dim))
+    lone_s = min(wall_times(lone, rows, weight, warmup=2, repeats=200))
+    print(
+        f"  a lone [{batch}, {config.dim}] @ [{config.dim}, {config.hidden_dim}] matmul: "
+        f"{_roofline.of_bandwidth(weight.nbytes, lone_s, peak)} (weights read)"
     )
     working_set = _roofline.bandwidth(jax.local_devices()[:1], max(step_bytes, 2**20))
     fraction = step_bytes / step_s / working_set

@@ -104,3 +104,15 @@ def test_shape_ceiling_counts_the_training_steps_weight_matmuls(one_layer):
     weights = sum(2 * m * k * n for m, k, n in shapes)
     attention = 3 * _roofline.attention_flops(config, ROWS * LENGTH, LENGTH)
     assert weights == _roofline.train_flops(config, ROWS, LENGTH, 8) - attention
+
+
+def test_thunk_kinds_sort_xla_cpu_trace_names():
+    from _timing import thunk_kind
+
+    assert thunk_kind("ynn_fusion.14") == thunk_kind("dot.130") == "matmuls"
+    assert thunk_kind("copy_bitcast_fusion.7") == "copies and transposes"
+    assert thunk_kind("psum.31") == "collectives"
+    assert thunk_kind("add_select_fusion.67") == "elementwise and other fusions"
+    # The loop holds its body's thunks; Python frames, executors and waits are no thunks.
+    for name in ("while.287", "ThunkExecutor::Execute", "$api.py:2479 block_until_ready"):
+        assert thunk_kind(name) is None
