@@ -38,7 +38,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from typing import NamedTuple
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
@@ -89,52 +88,54 @@ class Iteration(NamedTuple):
     decode_steps: list[int]  # per device: the decode loop ran until its longest row ended
 
 
-def alignpipe_runner(
-    shape: Shape, remat: str
-) -> tuple[Callable[[int], list[Iteration]], ModelConfig]:
-    """``run(n)``: n more timed PPO iterations at ``shape`` on every CPU device, after one
-    iteration that compiles (here); and the policy's config. State carries over between calls,
-    so rounds taking turns with TRL continue one run."""
-    config = PPOConfig(
-        rollout_batch_size=shape.batch, minibatches=MINIBATCHES, ppo_epochs=EPOCHS,
-        prompt_len=shape.prompt, max_new_tokens=shape.response, warmup_steps=0,
-    ).resolved(pretrained=False)  # fmt: skip
-    policy = create_model("demo", VOCAB, scalar_head=False, seed=0, remat=remat, **shape.model)
-    critic = create_model("demo", VOCAB, scalar_head=True, seed=1, remat=remat, **shape.model)
-    policy_graph, policy_params = nnx.split(policy, nnx.Param)
-    critic_graph, critic_params = nnx.split(critic, nnx.Param)
-    models = Models(policy_graph, critic_graph, critic_graph)
-    rollout = make_rollout(models, config, TokenIds(2, 0), ScoreNorm(0.0, 1.0, 1.0, 5.0))
-    update = make_update(models, config)
-    placed = {"state": parallel.replicate(PPOState.create(policy_params, critic_params, config))}
-    reference, reward = parallel.replicate(policy_params), parallel.replicate(critic_params)
-    rng = np.random.default_rng(0)
-    prompts = parallel.shard_batch(
-        {
-            "prompt_tokens": rng.integers(3, VOCAB, (shape.batch, shape.prompt)).astype(np.int32),
-            "prompt_mask": np.ones((shape.batch, shape.prompt), np.int32),
-        }
-    )
-    done = [0]
+class AlignpipeRun:
+    """A PPO run at ``shape`` on every CPU device, timed one iteration at a time; its first
+    iteration (compiling) runs here. ``run(n)`` times n more: the state carries over, so
+    rounds taking turns with TRL continue one run."""
 
-    def iteration() -> Iteration:
-        key = jax.random.PRNGKey(done[0])
-        done[0] += 1
-        state = placed["state"]
+    def __init__(self, shape: Shape, remat: str) -> None:
+        config = PPOConfig(
+            rollout_batch_size=shape.batch, minibatches=MINIBATCHES, ppo_epochs=EPOCHS,
+            prompt_len=shape.prompt, max_new_tokens=shape.response, warmup_steps=0,
+        ).resolved(pretrained=False)  # fmt: skip
+        policy = create_model("demo", VOCAB, scalar_head=False, seed=0, remat=remat, **shape.model)
+        critic = create_model("demo", VOCAB, scalar_head=True, seed=1, remat=remat, **shape.model)
+        policy_graph, policy_params = nnx.split(policy, nnx.Param)
+        critic_graph, critic_params = nnx.split(critic, nnx.Param)
+        models = Models(policy_graph, critic_graph, critic_graph)
+        self.config = policy.config
+        self.rollout = make_rollout(models, config, TokenIds(2, 0), ScoreNorm(0.0, 1.0, 1.0, 5.0))
+        self.update = make_update(models, config)
+        self.state = parallel.replicate(PPOState.create(policy_params, critic_params, config))
+        self.reference = parallel.replicate(policy_params)
+        self.reward = parallel.replicate(critic_params)
+        tokens = np.random.default_rng(0).integers(3, VOCAB, (shape.batch, shape.prompt))
+        tokens = tokens.astype(np.int32)
+        self.prompts = parallel.shard_batch(
+            {"prompt_tokens": tokens, "prompt_mask": np.ones_like(tokens)}
+        )
+        self.done = 0
+        self.iteration()  # compiles
+
+    def iteration(self) -> Iteration:
+        """One rollout and update, timed."""
+        key = jax.random.PRNGKey(self.done)
+        self.done += 1
         start = time.perf_counter()
-        params = RolloutParams(state.policy.params, reference, state.critic.params, reward)
-        batch, metrics = rollout(params, prompts, key, np.float32(0.01))
+        policy, critic = self.state.policy.params, self.state.critic.params
+        params = RolloutParams(policy, self.reference, critic, self.reward)
+        batch, metrics = self.rollout(params, self.prompts, key, np.float32(0.01))
         host_floats(metrics)
         middle = time.perf_counter()
-        placed["state"], metrics = update(state, batch, key, np.float32(1.0), np.float32(0.0))
+        self.state, metrics = self.update(self.state, batch, key, np.float32(1.0), np.float32(0.0))
         host_floats(metrics)
         end = time.perf_counter()
         # A device's decode loop ran until its longest response ended: length - 1 steps.
         lengths = np.asarray(batch["response_mask"]).sum(axis=-1).max(axis=-1)
         return Iteration(middle - start, end - middle, [int(n) - 1 for n in lengths])
 
-    iteration()  # compiles
-    return lambda n: [iteration() for _ in range(n)], policy.config
+    def __call__(self, iterations: int) -> list[Iteration]:
+        return [self.iteration() for _ in range(iterations)]
 
 
 def fastest(iterations: list[Iteration], config: ModelConfig) -> Measured:
@@ -297,14 +298,14 @@ def main() -> None:
     print(describe_shape(DEMO_SHAPE))
     # Taking turns: each round times alignpipe's iterations, then TRL's in a fresh process,
     # so load on the shared machine hits both sides alike; each keeps its fastest.
-    run, config = alignpipe_runner(DEMO_SHAPE, args.remat)
+    run = AlignpipeRun(DEMO_SHAPE, args.remat)
     ours_iterations, trl_times = [], []
     for _ in range(args.rounds):
         ours_iterations += run(args.iterations)
         trl_s = None if args.skip_trl else trl_in_subprocess(args.iterations)
         if trl_s is not None:
             trl_times.append(trl_s)
-    ours = report(fastest(ours_iterations, config), DEMO_SHAPE, peak, args.remat)
+    ours = report(fastest(ours_iterations, run.config), DEMO_SHAPE, peak, args.remat)
     if not trl_times:
         print("TRL: skipped or not installed (pip install -e '.[bench]'); no ratio")
     else:
@@ -319,8 +320,8 @@ def main() -> None:
         print(f"ratio alignpipe / TRL: {ours / theirs:.2f}x (target >= 3x)")
     if not args.skip_real:
         print(describe_shape(REAL_SHAPE))
-        run, config = alignpipe_runner(REAL_SHAPE, args.remat)
-        report(fastest(run(args.real_iterations), config), REAL_SHAPE, peak, args.remat)
+        run = AlignpipeRun(REAL_SHAPE, args.remat)
+        report(fastest(run(args.real_iterations), run.config), REAL_SHAPE, peak, args.remat)
     print(f"benchmark wall time {time.perf_counter() - started:.0f} s")
 
 
