@@ -100,6 +100,13 @@ def thunk_shares(fn: Callable[[], Any], calls: int = 3) -> dict[str, float]:
     return {kind: value / total for kind, value in spent.most_common()}
 
 
+def print_thunk_shares(fn: Callable[[], Any], what: str, calls: int = 3) -> None:
+    """Print :func:`thunk_shares` of ``fn``: where ``what`` spends its time."""
+    print(f"  {what} by kind of XLA:CPU thunk (jax profiler, {calls} calls):")
+    for kind, share in thunk_shares(fn, calls).items():
+        print(f"    {kind:<30} {share:6.1%}")
+
+
 def mib(n_bytes: float) -> str:
     """Bytes as a MiB figure for printing."""
     return f"{n_bytes / 2**20:,.1f} MiB"

@@ -45,7 +45,7 @@ jax.config.update("jax_num_cpu_devices", int(os.environ.get("ALIGNPIPE_CPU_DEVIC
 
 import _roofline  # noqa: E402
 import numpy as np  # noqa: E402
-from _timing import thunk_shares  # noqa: E402
+from _timing import print_thunk_shares  # noqa: E402
 from flax import nnx  # noqa: E402
 
 from components.core.model.config import ModelConfig, model_config  # noqa: E402
@@ -241,10 +241,7 @@ def print_profile(run: list) -> None:
         )
         return metrics
 
-    shares = thunk_shares(once)
-    print("  this tree's update by kind of XLA:CPU thunk (jax profiler, 3 updates):")
-    for kind, share in shares.items():
-        print(f"    {kind:<30} {share:6.1%}")
+    print_thunk_shares(once, "this tree's update")
 
 
 if __name__ == "__main__":

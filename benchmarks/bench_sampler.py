@@ -26,7 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from _shapes import DEMO, REAL, REAL_PROMPT, REAL_RESPONSE
-from _timing import interleaved_median_seconds, mib, thunk_shares, wall_times
+from _timing import interleaved_median_seconds, mib, print_thunk_shares, wall_times
 from flax import nnx
 
 from components.core.model.sampler import generate, generate_without_cache
@@ -106,10 +106,8 @@ def main() -> None:
     step_s = (seconds["kv cache"] - seconds["prefill + 1"]) / (new_tokens - 1)
     report_decode(config, params, args.batch, (prompt_len, new_tokens), step_s, peak)
     if args.profile:
-        shares = thunk_shares(lambda: samplers["kv cache"](params, tokens, mask))
-        print("  the KV-cache sampler by kind of XLA:CPU thunk (jax profiler, 3 calls):")
-        for kind, share in shares.items():
-            print(f"    {kind:<30} {share:6.1%}")
+        sample = samplers["kv cache"]
+        print_thunk_shares(lambda: sample(params, tokens, mask), "the KV-cache sampler")
 
 
 def report_decode(config, params, batch: int, lengths: tuple[int, int], step_s: float, peak):
