@@ -415,6 +415,14 @@ def targets(
     return checks
 
 
+def add_set_argument(parser: argparse.ArgumentParser) -> None:
+    """``--set PARAM=VALUE ...``: pipeline parameters over the demo's (:func:`demo_values`)."""
+    parser.add_argument(
+        "--set", nargs="*", default=[], metavar="PARAM=VALUE",
+        help="pipeline parameters other than the demo's (the figures then are not the demo's)",
+    )  # fmt: skip
+
+
 def demo_values(overrides: list[str]) -> dict[str, Any]:
     """The pipeline's parameters: the demo's, with ``--set PARAM=VALUE`` overrides."""
     changed = dict(item.split("=", 1) for item in overrides)
@@ -434,10 +442,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--work-dir", default="", help="folder for every artifact (default: temp)")
     parser.add_argument("--json", default="", help="also write the results to this JSON file")
-    parser.add_argument(
-        "--set", nargs="*", default=[], metavar="PARAM=VALUE",
-        help="pipeline parameters other than the demo's (the figures then are not the demo's)",
-    )  # fmt: skip
+    add_set_argument(parser)
     args = parser.parse_args()
     started = time.perf_counter()
     root = Path(args.work_dir or tempfile.mkdtemp(prefix="bench-algorithms-"))

@@ -362,10 +362,7 @@ def main() -> int:
     parser.add_argument("--big-rollout-batch", type=int, default=64, help="1b memory: rows")
     parser.add_argument("--repeats", type=int, default=7, help="step time: timed calls each")
     parser.add_argument("--lora-lr-factors", default="10", help="LoRA PPO rate factors")
-    parser.add_argument(
-        "--set", nargs="*", default=[], metavar="PARAM=VALUE",
-        help="pipeline parameters other than the demo's (the figures then are not the demo's)",
-    )  # fmt: skip
+    algorithms.add_set_argument(parser)
     args = parser.parse_args()
     parts = set(args.parts.split(","))
     started = time.perf_counter()
