@@ -2,11 +2,11 @@
 
 The update of ``bench_ppo.py``'s iteration (demo model for policy and critic, remat none,
 batch 32, prompt 16 + response 32 tokens, 4 epochs x 2 minibatches, 8 CPU devices) on a
-synthetic rollout batch. With ``--baseline REV`` the update as it was at REV (the model
-``transformer.py``, ``scoring.py``, ``losses.py`` and ``update.py`` read with ``git show``;
-the networks built with REV's transformer) runs in the same process and both are timed
-round-robin, so load on the shared machine hits both alike. REV must have the core's rooms
-(37697c7 or later: the modules' paths). Achieved FLOPs are bench_ppo.py's model FLOPs
+synthetic rollout batch. With ``--baseline REV`` the update as it was at REV (the model's
+``layers.py`` and ``transformer.py``, ``scoring.py``, ``losses.py`` and ``update.py`` read
+with ``git show``; the networks built with REV's transformer) runs in the same process and
+both are timed round-robin, so load on the shared machine hits both alike. REV must have the
+core's rooms (37697c7 or later: the modules' paths). Achieved FLOPs are bench_ppo.py's model FLOPs
 (``_roofline.train_flops``: 6 · matmul weights · tokens plus attention, policy with its
 logits and critic, every epoch, over the whole padded batch) and, beside them,
 6 · parameters · tokens; the fraction is of the fp32 matmul peak ``_roofline`` measures in
@@ -56,12 +56,14 @@ from components.ppo.rollout import Models  # noqa: E402
 
 VOCAB, BATCH, PROMPT, RESPONSE, EPOCHS, MINIBATCHES = 259, 32, 16, 32, 4, 2
 # The modules whose revision --baseline swaps in, in import order.
-SWAPPED = (
+SWAPPED = (  # each read with the ones before it swapped in: a module's imports first
+    "components.core.model.layers",
     "components.core.model.transformer",
     "components.core.model.scoring",
     "components.ppo.losses",
     "components.ppo.update",
 )
+TRANSFORMER = SWAPPED[1]
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -97,12 +99,12 @@ def _swapped(modules: dict[str, types.ModuleType]):
 def side_modules(revision: str | None) -> tuple[types.ModuleType, types.ModuleType]:
     """(transformer, update) of this tree, or as they were at ``revision`` with its helpers."""
     if revision is None:
-        return tuple(importlib.import_module(name) for name in (SWAPPED[0], SWAPPED[-1]))
+        return tuple(importlib.import_module(name) for name in (TRANSFORMER, SWAPPED[-1]))
     loaded: dict[str, types.ModuleType] = {}
     for name in SWAPPED:
         with _swapped(loaded):
             loaded[name] = _module_at(revision, name)
-    return loaded[SWAPPED[0]], loaded[SWAPPED[-1]]
+    return loaded[TRANSFORMER], loaded[SWAPPED[-1]]
 
 
 def networks(transformer: types.ModuleType) -> tuple[Models, ModelConfig, Any, Any]:
