@@ -5,10 +5,10 @@ batch 32, prompt 16 + response 32 tokens, 4 epochs x 2 minibatches, 8 CPU device
 synthetic rollout batch. With ``--baseline REV`` the update as it was at REV (the model's
 ``layers.py`` and ``transformer.py``, ``scoring.py``, ``losses.py`` and ``update.py`` read
 with ``git show``; the networks built with REV's transformer) runs in the same process and
-both are timed round-robin, so load on the shared machine hits both alike. REV must have the
-core's rooms (37697c7 or later: the modules' paths). Achieved FLOPs are bench_ppo.py's model FLOPs
-(``_roofline.train_flops``: 6 · matmul weights · tokens plus attention, policy with its
-logits and critic, every epoch, over the whole padded batch) and, beside them,
+both are timed round-robin, so load on the shared machine hits both alike. REV must have
+the core's rooms (37697c7 or later: the modules' paths). Achieved FLOPs are bench_ppo.py's
+model FLOPs (``_roofline.train_flops``: 6 · matmul weights · tokens plus attention, policy
+with its logits and critic, every epoch, over the whole padded batch) and, beside them,
 6 · parameters · tokens; the fraction is of the fp32 matmul peak ``_roofline`` measures in
 the same run, and of the ceiling at these shapes (``_roofline.shape_ceiling``: the step's
 own weight matmuls alone). With ``--longest`` below the response width both count the
@@ -58,7 +58,7 @@ from components.ppo.rollout import Models  # noqa: E402
 
 VOCAB, BATCH, PROMPT, RESPONSE, EPOCHS, MINIBATCHES = 259, 32, 16, 32, 4, 2
 # The modules whose revision --baseline swaps in, in import order.
-SWAPPED = (  # each read with the ones before it swapped in: a module's imports first
+SWAPPED = (
     "components.core.model.layers",
     "components.core.model.transformer",
     "components.core.model.scoring",

@@ -11,6 +11,7 @@ defaults are Llama.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -57,14 +58,14 @@ def dense(
     return nnx.Linear(in_features, out_features, **kwargs)
 
 
-def on_rows(project, x: jax.Array) -> jax.Array:
+def on_rows(project: Callable[[jax.Array], jax.Array], x: jax.Array) -> jax.Array:
     """``project`` applied to ``x`` [..., in] as one [rows, in] matrix, reshaped back.
 
     The reshapes are free (bitcasts), and XLA:CPU's backward is faster: the weight-gradient
     dot wants the activation gradient transposed, and XLA:CPU transposes a [B, T, F] one
-    inside the elementwise fusion that makes it, element by element (1.5 ms for the demo
-    MLP's [16, 48, 384]), but a [B·T, F] one as a matrix. The demo shape's PPO update:
-    506 → 402 ms (``bench_ppo_update.py --baseline 2af694d``, 1 device).
+    inside the elementwise fusion that makes it, element by element (1.5 ms a layer for the
+    demo MLP's [16, 48, 384] in the update's profile), but a [B·T, F] one as a matrix. The
+    demo shape's PPO update: 506 → 402 ms (``bench_ppo_update.py --baseline 2af694d``).
     """
     return project(x.reshape(-1, x.shape[-1])).reshape(*x.shape[:-1], -1)
 
