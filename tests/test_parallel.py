@@ -76,6 +76,19 @@ def test_pmap_step_matches_single_device(setup):
     assert not np.allclose(jax.tree.leaves(multi.params)[0], jax.tree.leaves(params)[0])
 
 
+def test_train_step_lowers_without_running(setup):
+    """The memory benchmarks compile the step alone: its arguments and temporaries."""
+    graphdef, params, optimizer = setup
+    step = parallel.make_train_step(lm_loss_fn(graphdef), optimizer)
+    state = parallel.replicate(parallel.TrainState.create(params, optimizer))
+    batch = parallel.shard_batch(make_batch(0))
+    stats = step.lower(state, batch, jax.random.PRNGKey(1)).compile().memory_analysis()
+    param_bytes = sum(leaf.nbytes for leaf in jax.tree.leaves(params))
+    # The state (params, two Adam moments, the step) is an argument of every device's share.
+    assert stats.argument_size_in_bytes >= 3 * param_bytes
+    assert stats.temp_size_in_bytes > 0
+
+
 def test_non_finite_loss_is_skipped_and_counted(setup):
     graphdef, params, optimizer = setup
     base = lm_loss_fn(graphdef)

@@ -127,7 +127,7 @@ def make_train_step(
     devices: Sequence[jax.Device] | None = None,
 ) -> Callable[..., tuple[TrainState, dict]]:
     """A pmapped ``step(state, batch, rng, frozen=None) -> (state, metrics)`` that donates
-    ``state``.
+    ``state``; ``step.lower`` takes the same arguments and lowers it without running.
 
     ``loss_fn(params, batch, rng) -> (loss, aux_metrics)`` sees one device's slice
     of the batch. ``rng`` is one key for all devices; each folds in its index.
@@ -170,6 +170,8 @@ def make_train_step(
     def call(state: TrainState, batch: Mapping[str, Any], rng: jax.Array, frozen: PyTree = None):
         return pmapped(state, batch, rng, frozen)
 
+    # The compiled program without running it (memory_analysis: benchmarks/bench_*_memory).
+    call.lower = lambda state, batch, rng, frozen=None: pmapped.lower(state, batch, rng, frozen)
     return call
 
 
