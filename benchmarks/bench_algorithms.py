@@ -10,14 +10,9 @@ process of its own through its container entry point, as a pipeline task does, s
 time counts start-up and compilation as the demo's summary does (the RL stages' time also
 includes their gold measure before and after). 8 virtual CPU devices, as the demo.
 
-Update memory is XLA's ``memory_analysis()`` of the compiled pmapped program, per device,
-for the shapes the stage ran (bench_fsdp_memory.measure): arguments + outputs + temporaries
-− donated aliases, plus the frozen parameters that stay on the device meanwhile. PPO's
-update holds policy and critic with their optimizer states, reference and reward model
-resident; GRPO's and RLOO's no critic; DPO's update is its reference forward and then its
-train step (the frozen reference resident during the step, the train state during the
-forward), and the larger of the two counts. With LoRA (networks_update_memory; used by
-bench_lora.py) the frozen bases are the update's arguments and count once, as resident.
+Update memory per device is ``_update_memory``'s: XLA's ``memory_analysis()`` of the
+compiled pmapped program for the shapes the stage ran, plus the frozen parameters that stay
+on the device meanwhile (DPO: the larger of its reference forward and its train step).
 
 Targets (issue 13): GRPO and RLOO reach PPO's gold gain at no more KL per token, with less
 update memory; DPO's gold-gain interval lies above zero. Gain and KL are judged alike,
@@ -51,33 +46,13 @@ configure_cpu_devices()  # before JAX starts
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
-from bench_fsdp_memory import measure  # noqa: E402
-from flax import nnx  # noqa: E402
+from _update_memory import dpo_step_memory, rl_update_memory  # noqa: E402
 
 from components.core.data.builtin_task import write_jsonl  # noqa: E402
-from components.core.data.input_pipeline import read_manifest  # noqa: E402
 from components.core.data.tokenizers import BUILTIN_WORDS  # noqa: E402
-from components.core.model.artifact import stage_model  # noqa: E402
-from components.core.training import parallel  # noqa: E402
-from components.core.training.checkpoint import read_model_config  # noqa: E402
-from components.core.training.optim import make_optimizer  # noqa: E402
-from components.core.training.trainer import preference_streams  # noqa: E402
-from components.dpo.config import DPOConfig  # noqa: E402
-from components.dpo.stage import ReferenceScored  # noqa: E402
-from components.dpo.train import (  # noqa: E402
-    REFERENCE_CHOSEN,
-    REFERENCE_REJECTED,
-    make_dpo_loss,
-    make_reference_step,
-)
 from components.evaluate.config import EvalConfig  # noqa: E402
 from components.evaluate.measures import bootstrap_interval, paired_difference  # noqa: E402
 from components.evaluate.stage import run as evaluate  # noqa: E402
-from components.ppo.config import PPOConfig  # noqa: E402
-from components.ppo.loop import Networks, compiled_phases  # noqa: E402
-from components.ppo.rollout import Frozen, RolloutParams  # noqa: E402
-from components.ppo.stage import build_networks  # noqa: E402
-from components.ppo.update import PPOState  # noqa: E402
 from components.shard import ShardConfig  # noqa: E402
 from components.shard import run as run_shard  # noqa: E402
 from pipelines import params  # noqa: E402
@@ -166,115 +141,6 @@ def evaluate_against_sft(
         config, shards_dir=shards, policy_dir=policy, reference_dir=base["sft"].output,
         reward_dir=base["reward"].output, output=output,
     )  # fmt: skip
-
-
-class _Bound(NamedTuple):
-    """A pmapped program with its arguments after the first two bound: what measure() lowers."""
-
-    program: Any
-    rest: tuple
-
-    def lower(self, first: Any, second: Any, key: Any) -> Any:
-        return self.program.lower(first, second, *self.rest)
-
-
-def _bytes_per_device(tree: Any) -> int:
-    """Bytes one device holds of a placed tree: every leaf is [devices, ...] (whole tensors
-    replicated, or fsdp's chunks)."""
-    return sum(int(np.prod(leaf.shape[1:])) * leaf.dtype.itemsize for leaf in jax.tree.leaves(tree))
-
-
-def rl_update_memory(output: str, shards: str, sft: str, reward: str) -> dict[str, int]:
-    """Per-device bytes of the RL stage's compiled update at the shapes it ran, and resident."""
-    config = PPOConfig(**read_model_config(output)["training"])
-    _, nets = build_networks(config, read_manifest(shards), sft, reward)
-    return networks_update_memory(config, nets)
-
-
-def _abstract_placed(tree: Any) -> Any:
-    """Shapes of ``tree`` replicated on every local device (nothing allocated)."""
-    devices = jax.local_device_count()
-    return jax.tree.map(lambda leaf: jax.ShapeDtypeStruct((devices, *leaf.shape), leaf.dtype), tree)
-
-
-def networks_update_memory(
-    config: PPOConfig, nets: Networks, *, abstract: bool = False
-) -> dict[str, int]:
-    """Per-device bytes of ``nets``' compiled update under ``config``, and what stays resident:
-    reference and reward model, and with LoRA (``nets.frozen``) the frozen bases the update
-    reads (passed to it, and counted as resident, not as the program's). ``abstract``:
-    ``nets`` holds shapes (jax.ShapeDtypeStruct) only; replicated."""
-    if abstract and config.fsdp:
-        raise ValueError("networks_update_memory: abstract networks are measured replicated")
-    rollout, update, _ = compiled_phases(config, nets)
-    if abstract:
-        place, create = _abstract_placed, jax.eval_shape
-    else:
-        place = lambda tree: parallel.place(tree, sharded=config.fsdp)  # noqa: E731
-        create = lambda build, *args: build(*args)  # noqa: E731
-    state = place(create(lambda p, c: PPOState.create(p, c, config), nets.policy, nets.critic))
-    # The reference has the policy's shapes (with LoRA: its adapters, which are turned off).
-    frozen = {"reference": place(nets.policy), "reward": place(nets.reward)}
-    bases = None if nets.frozen is None else Frozen(*map(place, nets.frozen))
-    critic = None if state.critic is None else state.critic.params
-    rollout_params = RolloutParams(
-        state.policy.params, frozen["reference"], critic, frozen["reward"], bases
-    )
-    rows = config.rollout_batch_size
-    prompts = parallel.shard_batch(
-        {
-            "prompt_tokens": np.zeros((rows, config.prompt_len), np.int32),
-            "prompt_mask": np.ones((rows, config.prompt_len), np.int32),
-        }
-    )
-    key, kl_coef = jax.random.PRNGKey(0), np.float32(config.kl_coef)
-    # The rollout batch's shapes and dtypes, traced (not run): memory depends on nothing else.
-    shapes, _ = jax.eval_shape(rollout, rollout_params, prompts, key, kl_coef)
-    batch = jax.tree.map(lambda s: np.zeros(s.shape, s.dtype), shapes)
-    extra = (key, np.float32(1.0), kl_coef) + (() if bases is None else (bases,))
-    figures, _, _ = measure(_Bound(update, extra), state, batch, key)
-    # LoRA's bases are the update's arguments too: counted once, as resident.
-    held_bases = 0 if bases is None else _bytes_per_device(bases)
-    resident = _bytes_per_device(frozen) + held_bases
-    return {
-        "program_live": figures["live"] - held_bases,
-        "resident": resident,
-        "peak": figures["live"] - held_bases + resident,
-    }
-
-
-def dpo_step_memory(output: str, shards: str, sft: str) -> dict[str, int]:
-    """Per-device bytes of DPO's reference forward and train step, each with what stays resident."""
-    config = DPOConfig(**read_model_config(output)["training"])
-    model = stage_model(
-        read_manifest(shards), base=sft, preset=config.preset, scalar_head=False,
-        seed=config.seed, remat=config.remat, dtype=config.dtype,
-    )  # fmt: skip
-    graphdef, initial = nnx.split(model, nnx.Param)
-    optimizer = make_optimizer(config.optim())
-    loss = {"beta": config.beta, "loss_type": config.loss_type}
-    step = parallel.make_train_step(
-        make_dpo_loss(graphdef, **loss, label_smoothing=config.label_smoothing), optimizer
-    )
-    state = parallel.place(parallel.TrainState.create(initial, optimizer), sharded=config.fsdp)
-    reference = parallel.place(jax.device_get(initial), sharded=config.fsdp)
-    forward = make_reference_step(graphdef, average=config.loss_type == "ipo")
-    batches = preference_streams(shards, "train", config, shuffle=False, repeat=True)
-    scored = ReferenceScored(batches, lambda batch: forward(reference, batch))
-    batch = parallel.shard_batch(next(scored))
-    key = jax.random.PRNGKey(0)
-    train, _, _ = measure(step, state, batch, key)
-    plain = {k: v for k, v in batch.items() if k not in (REFERENCE_CHOSEN, REFERENCE_REJECTED)}
-    reference_pass, _, _ = measure(_Bound(forward, ()), reference, plain, key)
-    held_reference = _bytes_per_device(reference)
-    held_state = _bytes_per_device(state)
-    return {
-        "program_live": max(train["live"], reference_pass["live"]),
-        "train_step_live": train["live"],
-        "reference_forward_live": reference_pass["live"],
-        "resident": held_reference,
-        "peak": max(train["live"] + held_reference, reference_pass["live"] + held_state),
-    }
 
 
 def update_memory(algorithm: str, runs: dict[str, StageRun], shards: str) -> dict[str, int]:

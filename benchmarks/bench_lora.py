@@ -5,7 +5,7 @@ Three parts, each printed beside what it is compared to (8 virtual CPU devices, 
 1. Memory: XLA's ``memory_analysis()`` of ONE compiled PPO update, per device (arguments +
    outputs + temporaries − donated aliases, plus the frozen parameters resident meanwhile:
    reference and reward model, and under LoRA the frozen bases;
-   bench_algorithms.networks_update_memory), LoRA (rank 8, all-linear, alpha 16) against
+   _update_memory.networks_update_memory), LoRA (rank 8, all-linear, alpha 16) against
    full fine-tuning, at (a) the demo's shapes (demo preset, fp32 compute, the demo's ppo
    settings and the built-in task's lengths) and (b) Llama-3.2-1B's (preset "1b": bf16
    compute, full remat, vocab 128256 kept) with --big-prompt-len / --big-response-len /
@@ -59,6 +59,7 @@ import bench_algorithms as algorithms  # noqa: E402  (configures the CPU devices
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 from _timing import interleaved_median_seconds  # noqa: E402
+from _update_memory import networks_update_memory, rl_update_memory  # noqa: E402
 from flax import nnx  # noqa: E402
 
 from components.core.config import LORA_LEARNING_RATE_FACTOR  # noqa: E402
@@ -127,7 +128,7 @@ def memory_pair(configs: dict[str, PPOConfig], model: ModelConfig, tokenizer: di
     for name, config in configs.items():
         start = time.perf_counter()
         nets = preset_networks(config, model, tokenizer, abstract=True)
-        figures[name] = algorithms.networks_update_memory(config, nets, abstract=True)
+        figures[name] = networks_update_memory(config, nets, abstract=True)
         figures[name]["compile_seconds"] = time.perf_counter() - start
         print(f"[bench] memory {model.n_layers}x{model.dim} {name}: {figures[name]}", flush=True)
     figures["ratio"] = figures["lora"]["peak"] / figures["full"]["peak"]
@@ -260,9 +261,7 @@ def quality_part(values: dict, shards: str, root: Path, factors: list[float]) ->
         row["kl_vs_full"] = algorithms.kl_versus(prompts, full)
     # The memory part's demo figures, again from the runs' own artifacts (build_networks).
     artifact_memory = {
-        name: algorithms.rl_update_memory(
-            runs[name].output, shards, base["sft"].output, base["reward"].output
-        )
+        name: rl_update_memory(runs[name].output, shards, base["sft"].output, base["reward"].output)
         for name in ("ppo-full", "ppo-lora")
     }
     accuracy = {
