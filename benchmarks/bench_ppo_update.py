@@ -57,15 +57,15 @@ from components.ppo import PPOConfig  # noqa: E402
 from components.ppo.rollout import Models  # noqa: E402
 
 VOCAB, BATCH, PROMPT, RESPONSE, EPOCHS, MINIBATCHES = 259, 32, 16, 32, 4, 2
+TRANSFORMER, UPDATE = "components.core.model.transformer", "components.ppo.update"
 # The modules whose revision --baseline swaps in, in import order.
 SWAPPED = (
     "components.core.model.layers",
-    "components.core.model.transformer",
+    TRANSFORMER,
     "components.core.model.scoring",
     "components.ppo.losses",
-    "components.ppo.update",
+    UPDATE,
 )
-TRANSFORMER = SWAPPED[1]
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -101,12 +101,12 @@ def _swapped(modules: dict[str, types.ModuleType]):
 def side_modules(revision: str | None) -> tuple[types.ModuleType, types.ModuleType]:
     """(transformer, update) of this tree, or as they were at ``revision`` with its helpers."""
     if revision is None:
-        return tuple(importlib.import_module(name) for name in (TRANSFORMER, SWAPPED[-1]))
+        return tuple(importlib.import_module(name) for name in (TRANSFORMER, UPDATE))
     loaded: dict[str, types.ModuleType] = {}
     for name in SWAPPED:
         with _swapped(loaded):
             loaded[name] = _module_at(revision, name)
-    return loaded[TRANSFORMER], loaded[SWAPPED[-1]]
+    return loaded[TRANSFORMER], loaded[UPDATE]
 
 
 def networks(transformer: types.ModuleType) -> tuple[Models, ModelConfig, Any, Any]:
