@@ -30,6 +30,8 @@ step attends over (2 · L · B · S · Kv · Hd in the compute dtype), each read
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
@@ -111,6 +113,24 @@ def bandwidth(devices: Sequence[jax.Device], total_bytes: int = STREAM_BYTES) ->
         x = jax.block_until_ready(scale(x))
         times.append(time.perf_counter() - start)
     return max(read, 2 * total_bytes / min(times[1:]))
+
+
+def one_core_bandwidth(core: int = 0) -> float | None:
+    """:func:`bandwidth` of one device in a child process pinned to one core (Linux; None
+    elsewhere): what a program streams when it runs its operations one after another, each
+    on one thread, as XLA:CPU runs a decode step's small matmuls."""
+    if not hasattr(os, "sched_setaffinity"):
+        return None
+    here = os.path.dirname(os.path.abspath(__file__))
+    code = (
+        f"import os, sys; os.sched_setaffinity(0, {{{core}}}); sys.path.insert(0, {here!r}); "
+        "import jax, _roofline; print(_roofline.bandwidth(jax.local_devices()[:1]))"
+    )
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "TF_CPP_MIN_LOG_LEVEL": "3"}
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    if run.returncode != 0:
+        raise RuntimeError(f"the one-core bandwidth child failed:\n{run.stderr[-2000:]}")
+    return float(run.stdout.split()[-1])
 
 
 def measure_peak(

@@ -7,6 +7,7 @@ which the model-FLOPs convention leaves out: the two agree within a few percent.
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -116,3 +117,13 @@ def test_thunk_kinds_sort_xla_cpu_trace_names():
     # The loop holds its body's thunks; Python frames, executors and waits are no thunks.
     for name in ("while.287", "ThunkExecutor::Execute", "$api.py:2479 block_until_ready"):
         assert thunk_kind(name) is None
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="Linux only")
+def test_one_core_bandwidth_streams_in_a_pinned_child():
+    core = min(os.sched_getaffinity(0))
+    rate = _roofline.one_core_bandwidth(core)
+    assert 1e8 < rate < 1e13  # bytes/s: a real stream, neither zero nor absurd
+    # The child pins itself before JAX starts; a core the host lacks fails it, loudly.
+    with pytest.raises(RuntimeError, match="one-core bandwidth child failed"):
+        _roofline.one_core_bandwidth(10**6)

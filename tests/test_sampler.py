@@ -222,12 +222,12 @@ def test_kv_cache_is_in_the_compute_dtype(prompts):
 
     cache = jax.eval_shape(prefill_and_decode, params, *prompts)
     assert {array.dtype for array in (*cache.k, *cache.v)} == {jnp.dtype(jnp.bfloat16)}
-    # One array a layer, heads major: k [B, Kv, S, Hd], v [B, Kv, Hd, S] (layers.attend).
+    # One array a layer, heads major: k [B, Kv, Hd, S], v [B, Kv, S, Hd] (layers.attend).
     config, rows = model.config, prompts[0].shape[0]
     head = (rows, config.n_kv_heads)
     assert len(cache.k) == len(cache.v) == config.n_layers
-    assert cache.k[0].shape == (*head, 12, config.resolved_head_dim)
-    assert cache.v[0].shape == (*head, config.resolved_head_dim, 12)
+    assert cache.k[0].shape == (*head, config.resolved_head_dim, 12)
+    assert cache.v[0].shape == (*head, 12, config.resolved_head_dim)
 
 
 @pytest.mark.parametrize(

@@ -156,37 +156,33 @@ def attend(
 ) -> jax.Array:
     """Grouped-query attention: q [B,T,H,Hd], k/v [B,S,Kv,Hd], allowed [B,T,S] -> [B,T,H,Hd].
 
-    ``heads_major``: k comes as [B,Kv,S,Hd] and v as [B,Kv,Hd,S], a KV cache's layout: both
-    products then contract the minor axis of contiguous matrices, which XLA:CPU runs where
-    they lie (contracting v's S axis as [B,S,Kv,Hd] or [B,Kv,S,Hd] took half a decode step,
-    ``benchmarks/bench_sampler.py``).
+    ``heads_major``: k comes as [B,Kv,Hd,S] and v as [B,Kv,S,Hd], a KV cache's layout: per
+    (batch, kv head) the products are then q [G·T,Hd] @ k [Hd,S] and p [G·T,S] @ v [S,Hd],
+    plain matrix products on the cache where it lies. With k as [S,Hd] and v as [Hd,S] a
+    decode step multiplied [S,Hd] @ [Hd,G] (G = 2 columns), slower on XLA:CPU: 1.50 → 1.35
+    ms a step at ``benchmarks/bench_sampler.py``'s real shape, 16 sequences a device.
     """
     batch, length, n_heads, head_dim = q.shape
     n_kv = k.shape[1 if heads_major else 2]
     group = n_heads // n_kv  # query heads per kv head: grouping avoids materialising repeats
+    # A kv head's queries as one [G·T, Hd] matrix: every product is one matrix product per
+    # (batch, kv head), whose operands XLA:CPU transposes as matrices. Grouped as
+    # [B, T, Kv, G, Hd] the backward transposed 5-d arrays element by element (demo
+    # attention forward and backward: 1.09 → 0.84 ms).
     q = q.reshape(batch, length, n_kv, group, head_dim) * scale
-    if heads_major:
-        logits = jnp.einsum("btkgd,bksd->bkgts", q, k, preferred_element_type=jnp.float32)
-    else:
-        # A kv head's queries as one [G·T, Hd] matrix: every product is one matrix product
-        # per (batch, kv head), whose operands XLA:CPU transposes as matrices. Grouped as
-        # [B, T, Kv, G, Hd] the backward transposed 5-d arrays element by element (demo
-        # attention forward and backward: 1.09 → 0.84 ms); a decode step is the other way
-        # round (0.85 → 1.08 ms at bench_sampler's real shape), so it keeps that form.
-        q = q.transpose(0, 2, 3, 1, 4).reshape(batch, n_kv, group * length, head_dim)
-        logits = jnp.einsum("bkqd,bskd->bkqs", q, k, preferred_element_type=jnp.float32)
-        logits = logits.reshape(batch, n_kv, group, length, -1)
+    q = q.transpose(0, 2, 3, 1, 4).reshape(batch, n_kv, group * length, head_dim)
+    keys = "bkds" if heads_major else "bskd"
+    logits = jnp.einsum(f"bkqd,{keys}->bkqs", q, k, preferred_element_type=jnp.float32)
+    logits = logits.reshape(batch, n_kv, group, length, -1)
     if softcap is not None:
         logits = jnp.tanh(logits / softcap) * softcap
     # A finite floor keeps fully masked rows (pad queries) finite instead of NaN.
     logits = jnp.where(allowed[:, None, None], logits, jnp.finfo(jnp.float32).min)
     probs = jax.nn.softmax(logits, axis=-1).astype(v.dtype)
-    if heads_major:
-        out = jnp.einsum("bkgts,bkds->btkgd", probs, v)
-    else:
-        probs = probs.reshape(batch, n_kv, group * length, -1)
-        out = jnp.einsum("bkqs,bskd->bkqd", probs, v)
-        out = out.reshape(batch, n_kv, group, length, head_dim).transpose(0, 3, 1, 2, 4)
+    probs = probs.reshape(batch, n_kv, group * length, -1)
+    values = "bksd" if heads_major else "bskd"
+    out = jnp.einsum(f"bkqs,{values}->bkqd", probs, v)
+    out = out.reshape(batch, n_kv, group, length, head_dim).transpose(0, 3, 1, 2, 4)
     return out.reshape(batch, length, n_heads, head_dim)
 
 
@@ -221,7 +217,7 @@ class Attention(nnx.Module):
     ) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
         """Attend from ``x`` [B,T,D]; returns the output and this call's (k, v) [B,T,Kv,Hd].
 
-        With ``cache_kv`` (k [B,Kv,S,Hd], v [B,Kv,Hd,S]: :class:`KVCache`'s layout), the
+        With ``cache_kv`` (k [B,Kv,Hd,S], v [B,Kv,S,Hd]: :class:`KVCache`'s layout), the
         new keys are written at ``cache_index``, the queries attend over the whole cache
         (``allowed`` is then [B,T,S]), and the cache with the new keys is returned instead.
         """
@@ -237,10 +233,10 @@ class Attention(nnx.Module):
             out = attend(q, k, v, allowed, self.scale, softcap)
             return on_rows(self.wo, out.reshape(batch, length, -1)), (k, v)
         k = jax.lax.dynamic_update_slice_in_dim(
-            cache_kv[0], k.transpose(0, 2, 1, 3), cache_index, 2
+            cache_kv[0], k.transpose(0, 2, 3, 1), cache_index, 3
         )
         v = jax.lax.dynamic_update_slice_in_dim(
-            cache_kv[1], v.transpose(0, 2, 3, 1), cache_index, 3
+            cache_kv[1], v.transpose(0, 2, 1, 3), cache_index, 2
         )
         out = attend(q, k, v, allowed, self.scale, softcap, heads_major=True)
         return on_rows(self.wo, out.reshape(batch, length, -1)), (k, v)

@@ -45,8 +45,8 @@ class KVCache(NamedTuple):
     copies the layer's cache every step (``benchmarks/bench_sampler.py``).
     """
 
-    k: tuple[jax.Array, ...]  # per layer [B, Kv, S, Hd], compute dtype
-    v: tuple[jax.Array, ...]  # per layer [B, Kv, Hd, S] (layers.attend: heads_major)
+    k: tuple[jax.Array, ...]  # per layer [B, Kv, Hd, S], compute dtype
+    v: tuple[jax.Array, ...]  # per layer [B, Kv, S, Hd] (layers.attend: heads_major)
     key_mask: jax.Array  # [B, S] bool: slot holds a token that may be attended to
     next_position: jax.Array  # [B] int32: rotary position of the next token
     length: jax.Array  # [] int32: slots filled so far (same for the whole batch)
@@ -217,13 +217,13 @@ class Transformer(nnx.Module):
         grow = cache_size - length
 
         def per_layer(stacked: jax.Array, order: tuple[int, ...]) -> tuple[jax.Array, ...]:
-            """[L,B,P,Kv,Hd] -> one [B,Kv,S,Hd] (k) or [B,Kv,Hd,S] (v) a layer."""
+            """[L,B,P,Kv,Hd] -> one [B,Kv,Hd,S] (k) or [B,Kv,S,Hd] (v) a layer."""
             pad = [(0, grow) if axis == 1 else (0, 0) for axis in order]
             return tuple(jnp.pad(one.transpose(order), pad) for one in stacked)
 
         cache = KVCache(
-            k=per_layer(k, (0, 2, 1, 3)),
-            v=per_layer(v, (0, 2, 3, 1)),
+            k=per_layer(k, (0, 2, 3, 1)),
+            v=per_layer(v, (0, 2, 1, 3)),
             key_mask=jnp.pad(mask.astype(bool), [(0, 0), (0, grow)]),
             next_position=jnp.sum(mask.astype(jnp.int32), axis=-1),
             length=jnp.asarray(length, jnp.int32),
