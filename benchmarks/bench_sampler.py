@@ -173,7 +173,7 @@ def report_decode(config, params, batch: int, lengths: tuple[int, int], step_s: 
         f"  a lone [{batch}, {config.dim}] @ [{config.dim}, {config.hidden_dim}] matmul: "
         f"{_roofline.of_bandwidth(weight.nbytes, lone_s, peak)} (weights read)"
     )
-    one_core = _roofline.one_core_bandwidth()
+    one_core = _roofline.one_core_bandwidth() if jax.default_backend() == "cpu" else None
     if one_core is not None:
         print(
             f"  decode at {step_bytes / step_s / one_core:.1%} of {one_core / 1e9:,.1f} GB/s, "
