@@ -35,7 +35,6 @@ tokens) or ``real`` (twice the width, 64-token prompts, 256 new tokens, as bench
 from __future__ import annotations
 
 import argparse
-import functools
 import os
 
 import jax
@@ -76,6 +75,19 @@ def left_padded_prompts(batch: int, prompt_len: int) -> tuple[jax.Array, jax.Arr
     return tokens, (jnp.arange(prompt_len)[None] >= prompt_len - lengths).astype(jnp.int32)
 
 
+def greedy(graphdef, steps: int):
+    """The KV-cache sampler, greedy, ``steps`` new tokens: a function of (params, tokens,
+    mask) to ``jax.jit`` or ``jax.pmap``."""
+
+    def sample(params, tokens, mask):
+        return generate(
+            (graphdef, params), tokens, mask, jax.random.key(0), temperature=0.0,
+            max_new_tokens=steps, eos_id=EOS_ID, pad_id=PAD_ID,
+        )  # fmt: skip
+
+    return sample
+
+
 def main() -> None:
     """Time the samplers side by side; print tokens/s, decode bytes/s and their fractions."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -100,16 +112,9 @@ def main() -> None:
     graphdef, params = nnx.split(Transformer(config, rngs=nnx.Rngs(0)), nnx.Param)
     tokens, mask = left_padded_prompts(args.batch, prompt_len)
 
-    @functools.partial(jax.jit, static_argnums=3)
-    def with_cache(params, tokens, mask, steps):
-        return generate(
-            (graphdef, params), tokens, mask, jax.random.key(0), temperature=0.0,
-            max_new_tokens=steps, eos_id=EOS_ID, pad_id=PAD_ID,
-        )  # fmt: skip
-
     samplers = {
-        "kv cache": lambda *a: with_cache(*a, new_tokens),
-        "prefill + 1": lambda *a: with_cache(*a, 1),
+        "kv cache": jax.jit(greedy(graphdef, new_tokens)),
+        "prefill + 1": jax.jit(greedy(graphdef, 1)),
     }
     if args.shape == "demo":
         settings = dict(max_new_tokens=new_tokens, eos_id=EOS_ID, pad_id=PAD_ID)
@@ -197,22 +202,10 @@ def decode_step_seconds(model, devices: list, rows: int, lengths: tuple[int, int
     tokens, mask = (a.reshape(len(devices), rows, prompt_len) for a in (tokens, mask))
     replicated = parallel.replicate(params, devices)
 
-    def sampler(steps: int):
-        return jax.pmap(
-            lambda params, tokens, mask: generate(
-                (graphdef, params),
-                tokens,
-                mask,
-                jax.random.key(0),
-                temperature=0.0,
-                max_new_tokens=steps,
-                eos_id=EOS_ID,
-                pad_id=PAD_ID,
-            ),  # fmt: skip
-            devices=devices,
-        )
-
-    samplers = {"all": sampler(new_tokens), "prefill + 1": sampler(1)}
+    samplers = {
+        "all": jax.pmap(greedy(graphdef, new_tokens), devices=devices),
+        "prefill + 1": jax.pmap(greedy(graphdef, 1), devices=devices),
+    }
     seconds = interleaved_median_seconds(
         samplers, replicated, tokens, mask, warmup=1, repeats=repeats
     )
