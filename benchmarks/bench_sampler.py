@@ -144,7 +144,7 @@ def main() -> None:
     step_s = (seconds["kv cache"] - seconds["prefill + 1"]) / (new_tokens - 1)
     report_decode(config, params, args.batch, (prompt_len, new_tokens), step_s, peak)
     report_rollout_decode(
-        (graphdef, params), args.rollout_batch, (prompt_len, new_tokens), args.repeats, peak
+        config, (graphdef, params), args.rollout_batch, (prompt_len, new_tokens), args.repeats, peak
     )
     if args.profile:
         sample = samplers["kv cache"]
@@ -212,11 +212,12 @@ def decode_step_seconds(model, devices: list, rows: int, lengths: tuple[int, int
     return (seconds["all"] - seconds["prefill + 1"]) / (new_tokens - 1)
 
 
-def report_rollout_decode(model, rollout_batch: int, lengths: tuple[int, int], repeats, peak):
+def report_rollout_decode(
+    config, model, rollout_batch: int, lengths: tuple[int, int], repeats: int, peak
+):
     """Print the decode of ``rollout_batch`` sequences data-parallel over every device: step
     time, tokens/s, the bytes all devices read, and its fraction of the bandwidth."""
-    graphdef, params = model
-    config = nnx.merge(graphdef, params).config
+    params = model[1]
     devices = jax.local_devices()
     if rollout_batch % len(devices):
         raise ValueError(
