@@ -24,7 +24,6 @@ from components.core.data.input_pipeline import read_manifest
 from components.core.model.artifact import stage_model
 from components.core.training import parallel
 from components.core.training.checkpoint import read_model_config
-from components.core.training.optim import make_optimizer
 from components.core.training.trainer import preference_streams
 from components.dpo.config import DPOConfig
 from components.dpo.stage import ReferenceScored
@@ -124,7 +123,7 @@ def dpo_step_memory(output: str, shards: str, sft: str) -> dict[str, int]:
         seed=config.seed, remat=config.remat, dtype=config.dtype,
     )  # fmt: skip
     graphdef, initial = nnx.split(model, nnx.Param)
-    optimizer = make_optimizer(config.optim())
+    optimizer = config.optim()
     loss = {"beta": config.beta, "loss_type": config.loss_type}
     step = parallel.make_train_step(
         make_dpo_loss(graphdef, **loss, label_smoothing=config.label_smoothing), optimizer

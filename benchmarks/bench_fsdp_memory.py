@@ -45,7 +45,7 @@ from flax import nnx  # noqa: E402
 
 from components.core.model.transformer import Transformer, model_config  # noqa: E402
 from components.core.training import parallel  # noqa: E402
-from components.core.training.optim import OptimConfig, make_optimizer  # noqa: E402
+from components.core.training.optim import OptimConfig  # noqa: E402
 from components.sft.train import make_sft_loss  # noqa: E402
 from pipelines.run_presets import TRAINED_BYTES_PER_PARAM as STATE_BYTES_PER_PARAM  # noqa: E402
 from pipelines.run_presets import activation_bytes, gathered_bytes  # noqa: E402
@@ -126,7 +126,7 @@ def main() -> None:
     per_layer = sum(
         int(np.prod(leaf.shape[1:])) for leaf in jax.tree.leaves(nnx.state(params)["blocks"])
     )
-    optimizer = make_optimizer(OptimConfig(learning_rate=1e-4, warmup_steps=0, total_steps=100))
+    optimizer = OptimConfig(learning_rate=1e-4, warmup_steps=0, total_steps=100)
     step = parallel.make_train_step(make_sft_loss(graphdef), optimizer)
     rng = np.random.default_rng(0)
     batch = parallel.shard_batch(

@@ -30,7 +30,7 @@ from flax import nnx  # noqa: E402
 
 from components.core.model.transformer import Transformer, model_config  # noqa: E402
 from components.core.training import parallel  # noqa: E402
-from components.core.training.optim import OptimConfig, make_optimizer  # noqa: E402
+from components.core.training.optim import OptimConfig  # noqa: E402
 
 VOCAB = 512
 
@@ -61,7 +61,7 @@ def main() -> None:
     print(_roofline.describe(peak))
     config = model_config(args.preset, VOCAB)
     graphdef, params = nnx.split(Transformer(config, rngs=nnx.Rngs(0)), nnx.Param)
-    optimizer = make_optimizer(OptimConfig(learning_rate=1e-4, warmup_steps=0, total_steps=100))
+    optimizer = OptimConfig(learning_rate=1e-4, warmup_steps=0, total_steps=100)
     rng = np.random.default_rng(0)
     batch = {
         "tokens": rng.integers(3, VOCAB, (args.batch, args.seq_len)).astype(np.int32),

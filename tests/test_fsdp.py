@@ -90,9 +90,7 @@ def trained():
     config = model_config("tiny", 48)
     graphdef, params = nnx.split(Transformer(config, rngs=nnx.Rngs(0)), nnx.Param)
     # max_grad_norm below the gradients' norm: the clip (a cross-device norm when sharded) acts.
-    optimizer = make_optimizer(
-        OptimConfig(learning_rate=1e-2, warmup_steps=0, total_steps=10, max_grad_norm=0.05)
-    )
+    optimizer = OptimConfig(learning_rate=1e-2, warmup_steps=0, total_steps=10, max_grad_norm=0.05)
     rng = np.random.default_rng(0)
     batch = {
         "tokens": rng.integers(0, 48, (16, 12)).astype(np.int32),

@@ -23,7 +23,7 @@ from components.core.model.artifact import create_model, load_model
 from components.core.model.config import ModelConfig
 from components.core.training import parallel
 from components.core.training.checkpoint import read_model_config
-from components.core.training.optim import OptimConfig, make_optimizer
+from components.core.training.optim import OptimConfig
 from components.sft import SFTConfig
 from components.sft import run as run_sft
 from components.sft.train import make_sft_loss
@@ -125,7 +125,7 @@ def test_lora_step_trains_only_adapters_and_8_devices_equal_1_and_fsdp(base) -> 
     adapted = lora.attach(base, rank=4, alpha=8.0, targets=TARGETS, seed=1)
     graphdef, params = nnx.split(adapted, nnx.Param)
     trainable, frozen = lora.split(params, adapted.config)
-    optimizer = make_optimizer(OptimConfig(learning_rate=1e-2, warmup_steps=0, total_steps=4))
+    optimizer = OptimConfig(learning_rate=1e-2, warmup_steps=0, total_steps=4)
     state = parallel.TrainState.create(trainable, optimizer)
     batch, key = _lm_batch(), jax.random.PRNGKey(0)
     results = []

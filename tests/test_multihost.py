@@ -39,7 +39,7 @@ def worker(shards: str, out: str, local_devices: int, sharded: bool = False) -> 
 
     from components.core.data import input_pipeline
     from components.core.training import checkpoint, fsdp, parallel
-    from components.core.training.optim import OptimConfig, make_optimizer
+    from components.core.training.optim import OptimConfig
 
     assert jax.device_count() == 8 and jax.process_count() == cluster.num_processes
     hosts = range(2) if jax.process_count() == 1 else [jax.process_index()]
@@ -51,7 +51,7 @@ def worker(shards: str, out: str, local_devices: int, sharded: bool = False) -> 
         for h in hosts
     ]
     graphdef, params = nnx.split(TinyLM(vocab=259, rngs=nnx.Rngs(0)), nnx.Param)
-    optimizer = make_optimizer(OptimConfig(learning_rate=1e-2, warmup_steps=0, total_steps=STEPS))
+    optimizer = OptimConfig(learning_rate=1e-2, warmup_steps=0, total_steps=STEPS)
     base_loss = lm_loss_fn(graphdef)
 
     def loss_fn(p, batch, rng):

@@ -10,7 +10,7 @@ import pytest
 from flax import nnx
 
 from components.core.training import parallel
-from components.core.training.optim import OptimConfig, make_optimizer
+from components.core.training.optim import OptimConfig
 
 
 class TinyLM(nnx.Module):
@@ -52,7 +52,7 @@ def make_batch(seed: int, batch: int = 16, length: int = 12, vocab: int = 32) ->
 @pytest.fixture(scope="module")
 def setup():
     graphdef, params = nnx.split(TinyLM(rngs=nnx.Rngs(0)), nnx.Param)
-    optimizer = make_optimizer(OptimConfig(learning_rate=1e-2, warmup_steps=0, total_steps=10))
+    optimizer = OptimConfig(learning_rate=1e-2, warmup_steps=0, total_steps=10)
     return graphdef, params, optimizer
 
 

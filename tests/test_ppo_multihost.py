@@ -90,6 +90,12 @@ def _launch(module: str, args: list[str], hosts: int, port: int) -> list[subproc
     for index in range(hosts):
         env = dict(clean, ALIGNPIPE_CPU_DEVICES=str(8 // hosts))
         if hosts > 1:
+            # No persistent compilation cache: JAX writes it from process 0 only, so on resume
+            # both processes ran process 0's executable deserialized, and with the optimizer
+            # step's in-place selects (optim.adamw_step) that hung in the PPO update's
+            # collectives (XLA:CPU, jaxlib 0.10.2); compiled fresh in each process it passes.
+            # The stages set no persistent cache.
+            env.pop("JAX_COMPILATION_CACHE_DIR", None)
             env[distributed.ENV_COORDINATOR] = f"127.0.0.1:{port}"
             env[distributed.ENV_NUM_PROCESSES] = str(hosts)
             env[distributed.ENV_PROCESS_ID] = str(index)

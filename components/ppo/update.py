@@ -32,7 +32,7 @@ import optax
 from jax import lax
 
 from components.core.model import lora, scoring
-from components.core.training import fsdp
+from components.core.training import fsdp, parallel
 from components.core.training.optim import make_optimizer
 from components.core.training.parallel import TrainState
 from components.ppo import losses
@@ -146,17 +146,6 @@ def _ppo_loss(
     return loss * weight, (weighted, lax.stop_gradient(mismatch))
 
 
-def _apply(
-    state: TrainState, grads: PyTree, optimizer: optax.GradientTransformation, lr_scale: jax.Array
-) -> TrainState:
-    """One optimizer step with the updates scaled by ``lr_scale`` (the guard's reductions)."""
-    updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
-    # AdamW's update (weight decay included) is linear in the learning rate.
-    updates = jax.tree.map(lambda u: u * lr_scale, updates)
-    params = optax.apply_updates(state.params, updates)
-    return state.replace(step=state.step + 1, params=params, opt_state=opt_state)
-
-
 def _token_weights(minibatches: dict) -> jax.Array:
     """[E, M] local real tokens / mean real tokens per device of every epoch's minibatches
     (one pmean for the whole update)."""
@@ -204,19 +193,21 @@ def minibatch_step(
     policy_norm, critic_norm = fsdp.global_norm(grads[0]), fsdp.global_norm(grads[1])
     # Decided after pmean: every device takes the same branch.
     finite = jnp.isfinite(loss) & jnp.isfinite(policy_norm) & jnp.isfinite(critic_norm)
-    policy_opt, critic_opt = optimizers(config)
-
-    def step(state: PPOState) -> PPOState:
-        critic = state.critic
-        if critic is not None:
-            critic = _apply(critic, grads[1], critic_opt, lr_scale)
-        return PPOState(policy=_apply(state.policy, grads[0], policy_opt, lr_scale), critic=critic)
-
-    # A select of new and old, not a lax.cond: the optimizer's clipping all-reduces inside
-    # the step, and a collective inside a branch hung the two-process (gloo) fsdp run
-    # resumed in tests/test_ppo_multihost.py. The branch saved 3-8% of the update's CPU time.
-    updated = step(state)
-    state = jax.tree.map(lambda new, old: jnp.where(finite, new, old), updated, state)
+    # Skipped by adamw_step's selects of new and old, not by a lax.cond around it: a cond with
+    # the clipping's all-reduce inside hung the two-process (gloo) fsdp run resumed in
+    # tests/test_ppo_multihost.py (beb1b8c). AdamW's update is linear in the learning rate:
+    # lr_scale (the guard's reductions) scales it.
+    policy = parallel.apply_adamw(
+        state.policy, config.policy_optim(), grads[0], finite,
+        lr_scale=lr_scale, grad_norm=policy_norm,
+    )  # fmt: skip
+    critic = state.critic
+    if critic is not None:
+        critic = parallel.apply_adamw(
+            critic, config.critic_optim(), grads[1], finite,
+            lr_scale=lr_scale, grad_norm=critic_norm,
+        )  # fmt: skip
+    state = PPOState(policy=policy, critic=critic)
     shared = {"policy/grad_norm": policy_norm, "skipped": 1.0 - finite.astype(jnp.float32)}
     if state.critic is not None:
         shared["val/grad_norm"] = critic_norm

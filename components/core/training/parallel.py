@@ -27,6 +27,7 @@ from jax import lax
 
 from components.core.training import fsdp
 from components.core.training.host import on_host
+from components.core.training.optim import OptimConfig, adamw_step, make_optimizer
 
 PyTree = Any
 LossFn = Callable[[PyTree, Mapping[str, jax.Array], jax.Array], tuple[jax.Array, dict]]
@@ -41,8 +42,13 @@ class TrainState:
     opt_state: PyTree
 
     @classmethod
-    def create(cls, params: PyTree, optimizer: optax.GradientTransformation) -> TrainState:
-        """A fresh state at step 0 for ``params`` (e.g. an ``nnx.State``), in host memory."""
+    def create(
+        cls, params: PyTree, optimizer: OptimConfig | optax.GradientTransformation
+    ) -> TrainState:
+        """A fresh state at step 0 for ``params`` (e.g. an ``nnx.State``), in host memory;
+        ``optimizer`` as :func:`make_train_step` takes it."""
+        if isinstance(optimizer, OptimConfig):
+            optimizer = make_optimizer(optimizer)
         with on_host():
             return cls(
                 step=jnp.zeros((), jnp.int32), params=params, opt_state=optimizer.init(params)
@@ -121,7 +127,7 @@ def shard_batch(
 
 def make_train_step(
     loss_fn: LossFn,
-    optimizer: optax.GradientTransformation,
+    optimizer: OptimConfig | optax.GradientTransformation,
     *,
     axis_name: str = "data",
     devices: Sequence[jax.Device] | None = None,
@@ -130,7 +136,9 @@ def make_train_step(
     ``state``; ``step.lower`` takes the same arguments and lowers it without running.
 
     ``loss_fn(params, batch, rng) -> (loss, aux_metrics)`` sees one device's slice
-    of the batch. ``rng`` is one key for all devices; each folds in its index.
+    of the batch. ``optimizer`` is the stages' AdamW as an ``OptimConfig`` (the state is
+    ``make_optimizer(config)``'s, and ``optim.adamw_step`` applies it) or any optax
+    transformation. ``rng`` is one key for all devices; each folds in its index.
     ``frozen`` (placed like the state, never donated) holds parameters the loss reads but
     the step does not train, e.g. a base model under LoRA adapters (lora.py): the loss
     sees them joined with ``state.params``, and no gradient or optimizer state exists for
@@ -151,10 +159,7 @@ def make_train_step(
         grad_norm = fsdp.global_norm(grads)
         # Checked after pmean, so every device takes the same branch.
         finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
-        updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
-        params = optax.apply_updates(state.params, updates)
-        updated = state.replace(step=state.step + 1, params=params, opt_state=opt_state)
-        new_state = jax.tree.map(lambda new, old: jnp.where(finite, new, old), updated, state)
+        new_state = _apply_if(finite, optimizer, state, grads, grad_norm)
         metrics = dict(aux)
         metrics.update(loss=loss, grad_norm=grad_norm, skipped=1.0 - finite.astype(jnp.float32))
         return new_state, metrics
@@ -173,6 +178,40 @@ def make_train_step(
     # The compiled program without running it (memory_analysis: benchmarks/bench_*_memory).
     call.lower = lambda state, batch, rng, frozen=None: pmapped.lower(state, batch, rng, frozen)
     return call
+
+
+def apply_adamw(
+    state: TrainState,
+    optim: OptimConfig,
+    grads: PyTree,
+    finite: jax.Array,
+    *,
+    lr_scale: jax.Array | float = 1.0,
+    grad_norm: jax.Array | None = None,
+) -> TrainState:
+    """``optim.adamw_step`` on ``state``: applied, and the step counted, only where ``finite``."""
+    params, opt_state = adamw_step(
+        optim, state.params, grads, state.opt_state, finite,
+        lr_scale=lr_scale, grad_norm=grad_norm,
+    )  # fmt: skip
+    step = jnp.where(finite, state.step + 1, state.step)
+    return state.replace(step=step, params=params, opt_state=opt_state)
+
+
+def _apply_if(
+    finite: jax.Array,
+    optimizer: OptimConfig | optax.GradientTransformation,
+    state: TrainState,
+    grads: PyTree,
+    grad_norm: jax.Array,
+) -> TrainState:
+    """One optimizer step where ``finite``, else ``state`` as it was (every device agrees)."""
+    if isinstance(optimizer, OptimConfig):
+        return apply_adamw(state, optimizer, grads, finite, grad_norm=grad_norm)
+    updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+    params = optax.apply_updates(state.params, updates)
+    updated = state.replace(step=state.step + 1, params=params, opt_state=opt_state)
+    return jax.tree.map(lambda new, old: jnp.where(finite, new, old), updated, state)
 
 
 class NonFiniteGuard:

@@ -23,7 +23,7 @@ from components.core.training import fsdp, parallel
 from components.core.training.checkpoint import TrainCheckpointer, training_state_dir
 from components.core.training.config import TrainConfig
 from components.core.training.metrics import MetricsLogger
-from components.core.training.optim import make_optimizer, make_schedule
+from components.core.training.optim import make_schedule
 
 log = logging.getLogger(__name__)
 PyTree = Any
@@ -57,7 +57,7 @@ def fit(
     ``frozen`` (LoRA's base, lora.split) is read by the loss and never trained, saved in a
     checkpoint or placed twice; the loss, ``evaluate`` and the result see it joined back.
     """
-    optimizer = make_optimizer(config.optim())
+    optimizer = config.optim()  # AdamW, applied by optim.adamw_step
     schedule = make_schedule(config.optim())  # built once: the loop logs its value per step
     state = parallel.TrainState.create(params, optimizer)
     rng = np.asarray(jax.random.PRNGKey(config.seed))
