@@ -58,7 +58,7 @@ def fit(
     checkpoint or placed twice; the loss, ``evaluate`` and the result see it joined back.
     """
     optimizer = config.optim()  # AdamW, applied by optim.adamw_step
-    schedule = make_schedule(config.optim())  # built once: the loop logs its value per step
+    schedule = make_schedule(optimizer)  # built once: the loop logs its value per step
     state = parallel.TrainState.create(params, optimizer)
     rng = np.asarray(jax.random.PRNGKey(config.seed))
     checkpointer = TrainCheckpointer(training_state_dir(output), config.checkpoint())
