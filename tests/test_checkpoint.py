@@ -85,6 +85,42 @@ def test_export_and_load_model_with_nnx_params(tmp_path):
         )
 
 
+def _pure(model) -> dict:
+    return jax.tree.map(np.asarray, nnx.to_pure_dict(nnx.state(model, nnx.Param)))
+
+
+def test_load_model_gives_the_stored_parameters_and_draws_only_a_new_head(tmp_path):
+    from components.core.model.artifact import create_model, load_model, save_model
+
+    def saved(name: str, head: bool, seed: int) -> tuple[str, dict]:
+        model = create_model("tiny", 300, scalar_head=head, seed=seed)
+        folder = str(tmp_path / name)
+        save_model(folder, model, nnx.state(model, nnx.Param), tokenizer={}, stage="sft",
+                   training={}, step=0)  # fmt: skip
+        return folder, _pure(model)
+
+    policy, policy_params = saved("policy", head=False, seed=3)
+    reward, reward_params = saved("reward", head=True, seed=4)
+    # Every parameter from the artifact (the seed draws nothing): a load is the saved model,
+    # whole, in host memory; a stored head is kept, or dropped for a policy.
+    for folder, head, want in [(policy, None, policy_params), (reward, None, reward_params)]:
+        model, _ = load_model(folder, scalar_head=head, seed=9)
+        jax.tree.map(np.testing.assert_array_equal, _pure(model), want)
+        leaves = jax.tree.leaves(nnx.state(model, nnx.Param))
+        assert all(isinstance(leaf, jax.Array) for leaf in leaves)
+        assert {d.platform for leaf in leaves for d in leaf.devices()} == {"cpu"}
+    dropped, _ = load_model(reward, scalar_head=False)
+    assert dropped.scalar_head is None
+    want = {k: v for k, v in reward_params.items() if k != "scalar_head"}
+    jax.tree.map(np.testing.assert_array_equal, _pure(dropped), want)
+    # A head on a policy: the one a fresh model of that seed has, on the stored backbone.
+    critic, _ = load_model(policy, scalar_head=True, seed=5)
+    got = _pure(critic)
+    fresh = _pure(create_model("tiny", 300, scalar_head=True, seed=5))
+    jax.tree.map(np.testing.assert_array_equal, got.pop("scalar_head"), fresh["scalar_head"])
+    jax.tree.map(np.testing.assert_array_equal, got, policy_params)
+
+
 # ---- where training state lives ----------------------------------------------------------
 # Kill and resume of a real process: tests/test_durable_checkpoints.py (the trainer's loop,
 # state keyed by stage and inputs, a new output folder) and tests/test_reward_processes.py (a

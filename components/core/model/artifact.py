@@ -55,8 +55,19 @@ def load_model(
     config = ModelConfig.from_dict({**info["model"], **overrides})
     has_head = bool(info.get("scalar_head", False))
     want_head = has_head if scalar_head is None else scalar_head
-    with on_host():  # host memory: the stage places the parameters itself (host.py)
-        model = Transformer(config, rngs=nnx.Rngs(seed), scalar_head=want_head)
+
+    def build() -> Transformer:
+        return Transformer(config, rngs=nnx.Rngs(seed), scalar_head=want_head)
+
+    if want_head and not has_head:
+        # A fresh head, drawn from ``seed``: initialise the whole model, so the head is the
+        # one a from-scratch model of this seed gets; the stored parameters replace the rest.
+        with on_host():  # host memory: the stage places the parameters itself (host.py)
+            model = build()
+    else:
+        # Every parameter comes from the artifact: shapes only, nothing initialised (a
+        # random draw would be thrown away, at a model's size in time and host memory).
+        model = nnx.eval_shape(build)
     stored = _pure_params(model_dir, ModelConfig.from_dict(info["model"]), has_head)
     if not want_head:
         stored.pop("scalar_head", None)
