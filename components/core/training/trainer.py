@@ -75,10 +75,15 @@ def fit(
     final: dict[str, float] = {}
     logger = MetricsLogger(output, total_steps=config.steps, stage=stage, resume_step=start)
     with checkpointer, logger:
+        batch = parallel.shard_batch(next(train_data)) if start < config.steps else None
         for step in range(start, config.steps):
             rng, step_rng = _split(rng)
-            batch = parallel.shard_batch(next(train_data))
             placed, metrics = step_fn(placed, batch, step_rng, placed_frozen)
+            # The step runs on the devices (dispatch is asynchronous) while the host reads
+            # the next batch; a checkpoint saves where this step's batch left the data.
+            position = train_data.position()
+            if step + 1 < config.steps:
+                batch = parallel.shard_batch(next(train_data))
             metrics = {k: float(np.asarray(v)[0]) for k, v in metrics.items()}
             guard.update(step + 1, metrics["skipped"])
             metrics["lr"] = float(schedule(step))
@@ -92,7 +97,7 @@ def fit(
                     done,
                     state=parallel.checkpoint_view(placed),
                     rng=rng,
-                    data_position=train_data.position(),
+                    data_position=position,
                     force=True,
                     chunks=jax.device_count() if config.fsdp else 0,
                 )
