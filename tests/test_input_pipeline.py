@@ -44,12 +44,14 @@ def write_shards(root, records_by_split: dict[str, list[list[bytes]]]) -> str:
     splits = {}
     for split, shards in records_by_split.items():
         os.makedirs(os.path.join(root, split), exist_ok=True)
+        listed = []
         for index, records in enumerate(shards):
             name = f"shard-{index:05d}-of-{num_shards:05d}.tfrecord"
             with tf.io.TFRecordWriter(os.path.join(root, split, name)) as writer:
                 for record in records:
                     writer.write(record)
-        splits[split] = {"pairs": sum(len(s) for s in shards)}
+            listed.append({"file": f"{split}/{name}", "pairs": len(records)})
+        splits[split] = {"pairs": sum(len(s) for s in shards), "shards": listed}
     manifest = {
         "schema_version": 1,
         "tokenizer": ByteTokenizer().info(),
@@ -183,6 +185,26 @@ def test_resume_from_position_gives_the_same_next_batches(shards):
     from_total.restore({"batches_total": 13})
     assert from_total.position()["epoch"] == 1
     np.testing.assert_array_equal(next(from_total)["chosen_tokens"], expected[13]["chosen_tokens"])
+
+
+def test_epoch_length_comes_from_the_manifest_without_reading_the_shards(shards, monkeypatch):
+    listed = ip.preference_dataset(
+        shards, "train", batch_size=4, max_len=8, seed=0, host_index=1, host_count=2
+    )
+    assert listed.pairs == 20  # shards 1 and 3, 10 pairs each
+    common = dict(pad_id=PAD, bos_id=BOS, seed=0, host_index=1, shuffle=True, repeat=True)
+    counted = ip.PreferenceBatches(listed.files, batch_size=3, max_len=8, **common)
+    assert counted.batches_per_epoch() == 6  # a manifest without counts: 20 read, // 3
+
+    def read(*args, **kwargs):
+        raise AssertionError("the shards were read to count them")
+
+    monkeypatch.setattr(tf.data, "TFRecordDataset", read)
+    assert listed.batches_per_epoch() == 5
+    # A file the manifest does not list: counted by reading it.
+    manifest = ip.read_manifest(shards)
+    manifest["splits"]["train"]["shards"].pop(3)
+    assert ip._listed_pairs(manifest, "train", listed.files) is None
 
 
 def test_no_repeat_stops_after_one_epoch(shards):

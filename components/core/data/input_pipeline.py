@@ -254,8 +254,10 @@ class PreferenceBatches(_PositionedBatches):
         host_index: int,
         shuffle: bool,
         repeat: bool,
+        pairs: int | None = None,
     ) -> None:
         self.files, self.batch_size, self.max_len = files, batch_size, max_len
+        self.pairs = pairs  # in ``files``, from the manifest; None: counted on first use
         self.pad_id, self.bos_id, self.seed = pad_id, bos_id, seed
         self.host_index, self.shuffle, self.repeat = host_index, shuffle, repeat
         self._iterator: Iterator | None = None
@@ -263,11 +265,14 @@ class PreferenceBatches(_PositionedBatches):
         super().__init__()
 
     def batches_per_epoch(self) -> int:
-        """Full batches in one pass over this host's shard files (counted once)."""
+        """Full batches in one pass over this host's shard files (the manifest's count, or
+        counted once by reading them)."""
         if self._batches_per_epoch is None:
-            import tensorflow as tf
+            records = self.pairs
+            if records is None:
+                import tensorflow as tf
 
-            records = tf.data.TFRecordDataset(self.files).reduce(0, lambda n, _: n + 1)
+                records = tf.data.TFRecordDataset(self.files).reduce(0, lambda n, _: n + 1)
             self._batches_per_epoch = int(records) // self.batch_size
             if not self._batches_per_epoch:
                 raise DataError(
@@ -322,8 +327,9 @@ class PreferenceBatches(_PositionedBatches):
 
 def _host_reader(
     shards_dir: str, split: str, host_index: int | None, host_count: int | None, seed: int
-) -> tuple[list[str], dict[str, Any]]:
-    """This host's shard files, and the reader arguments every dataset shares."""
+) -> tuple[list[str], dict[str, Any], int | None]:
+    """This host's shard files, the reader arguments every dataset shares, and the pairs
+    in those files as the manifest lists them (:func:`_listed_pairs`)."""
     host_index, host_count = _host(host_index, host_count)
     manifest = read_manifest(shards_dir)
     tokenizer = manifest.get("tokenizer", {})
@@ -334,7 +340,7 @@ def _host_reader(
         "seed": seed,
         "host_index": host_index,
     }
-    return files, common
+    return files, common, _listed_pairs(manifest, split, files)
 
 
 def preference_dataset(
@@ -352,10 +358,22 @@ def preference_dataset(
     """Preference-pair batches of this host (``batch_size`` is the per-host batch)."""
     if batch_size < 1 or max_len < 2:
         raise ValueError(f"need batch_size >= 1 and max_len >= 2, got {batch_size}, {max_len}")
-    files, common = _host_reader(shards_dir, split, host_index, host_count, seed)
+    files, common, pairs = _host_reader(shards_dir, split, host_index, host_count, seed)
     return PreferenceBatches(
-        files, batch_size=batch_size, max_len=max_len, shuffle=shuffle, repeat=repeat, **common
-    )
+        files, batch_size=batch_size, max_len=max_len, shuffle=shuffle, repeat=repeat,
+        pairs=pairs, **common,
+    )  # fmt: skip
+
+
+def _listed_pairs(manifest: dict[str, Any], split: str, files: list[str]) -> int | None:
+    """The pairs in ``files`` as the manifest lists them per shard (None: it does not).
+
+    The shard stage writes each file's count, so a reader knows its epoch length without
+    a pass over its shards (else read whole at every start, from a bucket in the cloud).
+    """
+    listed = {s.get("file"): s.get("pairs") for s in manifest["splits"][split].get("shards", [])}
+    counts = [listed.get(f"{split}/{path.rsplit('/', 1)[-1]}") for path in files]
+    return None if None in counts else sum(counts)
 
 
 def _unique_prompts(files: list[str]) -> list[np.ndarray]:
@@ -453,7 +471,7 @@ def prompt_dataset(
     """Batches of this host's unique prompts, left-padded to ``prompt_len`` (PPO rollouts)."""
     if batch_size < 1 or prompt_len < 1:
         raise ValueError(f"need batch_size, prompt_len >= 1, got {batch_size}, {prompt_len}")
-    files, common = _host_reader(shards_dir, split, host_index, host_count, seed)
+    files, common, _ = _host_reader(shards_dir, split, host_index, host_count, seed)
     return PromptBatches(
         _unique_prompts(files),
         batch_size=batch_size,
