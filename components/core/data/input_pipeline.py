@@ -281,43 +281,57 @@ class PreferenceBatches(_PositionedBatches):
                 )
         return self._batches_per_epoch
 
-    def _epoch_dataset(self):
+    def _epoch_plan(self) -> Iterator[tuple[int, list[str], int, int]]:
+        """From the current position on: each epoch's (epoch, file order, shuffle seed, batches
+        to skip); only the first may start part-way."""
+        epoch, skip = self.epoch, self.batches_in_epoch
+        while True:
+            seed = _epoch_seed(self.seed, epoch, self.host_index)
+            files = list(self.files)
+            if self.shuffle:
+                files = [files[i] for i in np.random.default_rng(seed).permutation(len(files))]
+            yield epoch, files, seed, skip
+            if not self.repeat:
+                return
+            epoch, skip = epoch + 1, 0
+
+    def _dataset(self):
+        """Every epoch from the current position on, as one tf.data pipeline of (epoch, batch).
+
+        Built (and its functions traced) once, not per epoch: the next epoch's files open and
+        its shuffle buffer fills in the prefetch, while the steps of this one run.
+        """
         import tensorflow as tf
 
-        seed = _epoch_seed(self.seed, self.epoch, self.host_index)
-        files = list(self.files)
-        if self.shuffle:
-            files = [files[i] for i in np.random.default_rng(seed).permutation(len(files))]
-        dataset = tf.data.TFRecordDataset(files).map(_parse_fn())
-        if self.shuffle:
-            dataset = dataset.shuffle(SHUFFLE_BUFFER, seed=seed, reshuffle_each_iteration=False)
-        dataset = dataset.map(
-            _pair_fn(self.max_len, self.pad_id, self.bos_id),
-            num_parallel_calls=tf.data.AUTOTUNE,
-            deterministic=True,
+        self.batches_per_epoch()  # refuses shards that cannot fill one batch (else no end)
+        parse, to_pair = _parse_fn(), _pair_fn(self.max_len, self.pad_id, self.bos_id)
+        scalar = tf.TensorSpec([], tf.int64)
+        plan = tf.data.Dataset.from_generator(
+            self._epoch_plan,
+            output_signature=(scalar, tf.TensorSpec([len(self.files)], tf.string), scalar, scalar),
         )
-        # Fixed shapes: every pmap step sees the same batch size.
-        dataset = dataset.batch(self.batch_size, drop_remainder=True)
-        return dataset.skip(self.batches_in_epoch).prefetch(2)
+
+        def epoch_batches(epoch, files, seed, skip):
+            dataset = tf.data.TFRecordDataset(files).map(parse)
+            if self.shuffle:
+                dataset = dataset.shuffle(SHUFFLE_BUFFER, seed=seed, reshuffle_each_iteration=False)
+            dataset = dataset.map(to_pair, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+            # Fixed shapes: every pmap step sees the same batch size.
+            dataset = dataset.batch(self.batch_size, drop_remainder=True).skip(skip)
+            return dataset.map(lambda batch: (epoch, batch))
+
+        return plan.flat_map(epoch_batches).prefetch(2)
 
     def __next__(self) -> dict[str, np.ndarray]:
-        for _ in range(2):
-            if self._iterator is None:
-                self._iterator = self._epoch_dataset().as_numpy_iterator()
-            batch = next(self._iterator, None)
-            if batch is not None:
-                self._advance()
-                return batch
-            if self.batches_in_epoch == 0:
-                raise DataError(
-                    f"{self.files} hold fewer than batch_size={self.batch_size} pairs; "
-                    "lower the batch size or use more data"
-                )
-            self._iterator = None
-            if not self.repeat:
-                raise StopIteration
+        if self._iterator is None:
+            self._iterator = self._dataset().as_numpy_iterator()
+        epoch, batch = next(self._iterator, (None, None))
+        if batch is None:
+            raise StopIteration  # one pass only (repeat=False), and it is used up
+        if epoch != self.epoch:
             self._next_epoch()
-        raise StopIteration
+        self._advance()
+        return batch
 
     def restore(self, position: dict[str, int]) -> None:
         """Continue from a :meth:`position`: the next batch is the one it named."""
