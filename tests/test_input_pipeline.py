@@ -188,20 +188,29 @@ def test_resume_from_position_gives_the_same_next_batches(shards):
 
 
 def test_one_pipeline_serves_every_epoch(shards, monkeypatch):
-    """Built and traced once, not per epoch (each rebuild cost ~0.3 s on 2 cores, and a stall
-    while the next epoch's shuffle buffer filled)."""
+    """Built and traced once for EPOCHS_PER_PIPELINE epochs, not per epoch (a rebuild cost
+    ~0.3 s on 2 cores, and a stall while the next epoch's shuffle buffer filled)."""
     built = []
     parse_fn = ip._parse_fn
     monkeypatch.setattr(ip, "_parse_fn", lambda: built.append(1) or parse_fn())
-    batches = ip.preference_dataset(
-        shards, "train", batch_size=4, max_len=8, seed=0, host_index=0, host_count=1
-    )
-    positions = []
-    for _ in range(25):  # 10 batches per epoch
-        next(batches)
-        positions.append((batches.epoch, batches.batches_in_epoch))
+
+    def read(count):
+        batches = ip.preference_dataset(
+            shards, "train", batch_size=4, max_len=8, seed=0, host_index=0, host_count=1
+        )
+        return [(next(batches), (batches.epoch, batches.batches_in_epoch)) for _ in range(count)]
+
+    once = read(45)  # 10 batches per epoch
     assert len(built) == 1
-    assert positions[9:12] == [(0, 10), (1, 1), (1, 2)] and positions[-1] == (2, 5)
+    positions = [position for _, position in once]
+    assert positions[9:12] == [(0, 10), (1, 1), (1, 2)] and positions[-1] == (4, 5)
+    # Planned 2 epochs at a time: the next pipeline goes on where the last one ended.
+    monkeypatch.setattr(ip, "EPOCHS_PER_PIPELINE", 2)
+    replanned = read(45)
+    assert len(built) == 1 + 3
+    for (want, want_at), (got, got_at) in zip(once, replanned, strict=True):
+        assert got_at == want_at
+        np.testing.assert_array_equal(got["chosen_tokens"], want["chosen_tokens"])
     # Too few pairs for one batch: an error naming the fix, not an endless search for one.
     with pytest.raises(ip.DataError, match="fewer than batch_size=64; lower the batch size"):
         next(ip.preference_dataset(shards, "train", batch_size=64, max_len=8, seed=0))

@@ -34,6 +34,8 @@ from components.core import fileio
 MANIFEST = "manifest.json"
 SCHEMA_VERSION = 1
 SHUFFLE_BUFFER = 16_384
+# Epochs one tf.data pipeline plans ahead (each with its file order and seed); then the next.
+EPOCHS_PER_PIPELINE = 64
 
 
 class DataError(ValueError):
@@ -281,35 +283,30 @@ class PreferenceBatches(_PositionedBatches):
                 )
         return self._batches_per_epoch
 
-    def _epoch_plan(self) -> Iterator[tuple[int, list[str], int, int]]:
-        """From the current position on: each epoch's (epoch, file order, shuffle seed, batches
-        to skip); only the first may start part-way."""
-        epoch, skip = self.epoch, self.batches_in_epoch
-        while True:
-            seed = _epoch_seed(self.seed, epoch, self.host_index)
-            files = list(self.files)
-            if self.shuffle:
-                files = [files[i] for i in np.random.default_rng(seed).permutation(len(files))]
-            yield epoch, files, seed, skip
-            if not self.repeat:
-                return
-            epoch, skip = epoch + 1, 0
+    def _epoch_plan(self) -> tuple[np.ndarray, ...]:
+        """The next epochs from the current position (EPOCHS_PER_PIPELINE, or the one pass):
+        each one's number, file order, shuffle seed and batches to skip (only the first may
+        start part-way)."""
+        epochs = np.arange(self.epoch, self.epoch + (EPOCHS_PER_PIPELINE if self.repeat else 1))
+        seeds = np.array([_epoch_seed(self.seed, int(e), self.host_index) for e in epochs])
+        files = np.array([self.files] * len(epochs), dtype=object)
+        if self.shuffle:
+            for row, seed in zip(files, seeds, strict=True):
+                row[:] = row[np.random.default_rng(int(seed)).permutation(len(row))]
+        skips = np.zeros(len(epochs), np.int64)
+        skips[0] = self.batches_in_epoch
+        return epochs, files, seeds.astype(np.int64), skips
 
     def _dataset(self):
-        """Every epoch from the current position on, as one tf.data pipeline of (epoch, batch).
+        """The planned epochs as one tf.data pipeline of (epoch, batch).
 
         Built (and its functions traced) once, not per epoch: the next epoch's files open and
         its shuffle buffer fills in the prefetch, while the steps of this one run.
         """
         import tensorflow as tf
 
-        self.batches_per_epoch()  # refuses shards that cannot fill one batch (else no end)
+        self.batches_per_epoch()  # refuses shards that cannot fill one batch
         parse, to_pair = _parse_fn(), _pair_fn(self.max_len, self.pad_id, self.bos_id)
-        scalar = tf.TensorSpec([], tf.int64)
-        plan = tf.data.Dataset.from_generator(
-            self._epoch_plan,
-            output_signature=(scalar, tf.TensorSpec([len(self.files)], tf.string), scalar, scalar),
-        )
 
         def epoch_batches(epoch, files, seed, skip):
             dataset = tf.data.TFRecordDataset(files).map(parse)
@@ -320,18 +317,24 @@ class PreferenceBatches(_PositionedBatches):
             dataset = dataset.batch(self.batch_size, drop_remainder=True).skip(skip)
             return dataset.map(lambda batch: (epoch, batch))
 
+        plan = tf.data.Dataset.from_tensor_slices(self._epoch_plan())
         return plan.flat_map(epoch_batches).prefetch(2)
 
     def __next__(self) -> dict[str, np.ndarray]:
-        if self._iterator is None:
-            self._iterator = self._dataset().as_numpy_iterator()
-        epoch, batch = next(self._iterator, (None, None))
-        if batch is None:
-            raise StopIteration  # one pass only (repeat=False), and it is used up
-        if epoch != self.epoch:
+        for _ in range(2):
+            if self._iterator is None:
+                self._iterator = self._dataset().as_numpy_iterator()
+            epoch, batch = next(self._iterator, (None, None))
+            if batch is not None:
+                if epoch != self.epoch:
+                    self._next_epoch()
+                self._advance()
+                return batch
+            if not self.repeat:
+                raise StopIteration  # the one pass is used up
+            self._iterator = None  # the planned epochs are: plan the next ones
             self._next_epoch()
-        self._advance()
-        return batch
+        raise StopIteration
 
     def restore(self, position: dict[str, int]) -> None:
         """Continue from a :meth:`position`: the next batch is the one it named."""
