@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -214,6 +216,22 @@ def test_one_pipeline_serves_every_epoch(shards, monkeypatch):
     # Too few pairs for one batch: an error naming the fix, not an endless search for one.
     with pytest.raises(ip.DataError, match="fewer than batch_size=64; lower the batch size"):
         next(ip.preference_dataset(shards, "train", batch_size=64, max_len=8, seed=0))
+
+
+def test_tensorflow_comes_without_keras_and_keras_still_imports_after(shards):
+    """A stage process's first TensorFlow import skips the Keras TensorFlow loads eagerly."""
+    script = f"""
+import sys
+from components.core.data import input_pipeline as ip
+batches = ip.preference_dataset({shards!r}, "train", batch_size=4, max_len=8, seed=0)
+print(next(batches)["chosen_tokens"].shape, "keras" in sys.modules)
+import keras
+print(keras.__name__, "keras.src.optimizers" in sys.modules)
+"""
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.splitlines() == ["(4, 8) False", "keras True"]
 
 
 def test_epoch_length_comes_from_the_manifest_without_reading_the_shards(shards, monkeypatch):

@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from components.core import fileio
+from components.core.data.tensorflow_import import import_tensorflow
 
 MANIFEST = "manifest.json"
 SCHEMA_VERSION = 1
@@ -138,7 +139,7 @@ def _epoch_seed(seed: int, epoch: int, host_index: int) -> int:
 
 
 def _parse_fn():
-    import tensorflow as tf
+    tf = import_tensorflow()
 
     features = {
         "prompt_ids": tf.io.RaggedFeature(tf.int64),
@@ -172,7 +173,7 @@ def _cut_prompt(tf, prompt, keep, bos_id: int | None):
 
 
 def _pair_fn(max_len: int, pad_id: int, bos_id: int | None):
-    import tensorflow as tf
+    tf = import_tensorflow()
 
     positions = tf.range(max_len)
 
@@ -272,7 +273,7 @@ class PreferenceBatches(_PositionedBatches):
         if self._batches_per_epoch is None:
             records = self.pairs
             if records is None:
-                import tensorflow as tf
+                tf = import_tensorflow()
 
                 records = tf.data.TFRecordDataset(self.files).reduce(0, lambda n, _: n + 1)
             self._batches_per_epoch = int(records) // self.batch_size
@@ -303,7 +304,7 @@ class PreferenceBatches(_PositionedBatches):
         Built (and its functions traced) once, not per epoch: the next epoch's files open and
         its shuffle buffer fills in the prefetch, while the steps of this one run.
         """
-        import tensorflow as tf
+        tf = import_tensorflow()
 
         self.batches_per_epoch()  # refuses shards that cannot fill one batch
         parse, to_pair = _parse_fn(), _pair_fn(self.max_len, self.pad_id, self.bos_id)
@@ -395,7 +396,7 @@ def _listed_pairs(manifest: dict[str, Any], split: str, files: list[str]) -> int
 
 def _unique_prompts(files: list[str]) -> list[np.ndarray]:
     """The distinct prompts of ``files`` (by ``prompt_hash``), in file order."""
-    import tensorflow as tf
+    tf = import_tensorflow()
 
     seen: set[int] = set()
     prompts = []
