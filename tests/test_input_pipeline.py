@@ -216,6 +216,12 @@ def test_one_pipeline_serves_every_epoch(shards, monkeypatch):
     # Too few pairs for one batch: an error naming the fix, not an endless search for one.
     with pytest.raises(ip.DataError, match="fewer than batch_size=64; lower the batch size"):
         next(ip.preference_dataset(shards, "train", batch_size=64, max_len=8, seed=0))
+    # Files that hold fewer pairs than their manifest lists: an error, not an empty epoch.
+    listed = ip.preference_dataset(shards, "train", batch_size=4, max_len=8, seed=0)
+    common = dict(pad_id=PAD, bos_id=BOS, seed=0, host_index=0, shuffle=True, repeat=True)
+    short = ip.PreferenceBatches(listed.files, batch_size=64, max_len=8, pairs=640, **common)
+    with pytest.raises(ip.DataError, match="fewer pairs than the manifest lists; re-shard"):
+        next(short)
 
 
 def test_tensorflow_comes_without_keras_and_keras_still_imports_after(shards):

@@ -285,9 +285,8 @@ class PreferenceBatches(_PositionedBatches):
         return self._batches_per_epoch
 
     def _epoch_plan(self) -> tuple[np.ndarray, ...]:
-        """The next epochs from the current position (EPOCHS_PER_PIPELINE, or the one pass):
-        each one's number, file order, shuffle seed and batches to skip (only the first may
-        start part-way)."""
+        """The next EPOCHS_PER_PIPELINE epochs (or the one pass) from the current position: each
+        one's number, file order, shuffle seed and batches to skip (only the first's may be > 0)."""
         epochs = np.arange(self.epoch, self.epoch + (EPOCHS_PER_PIPELINE if self.repeat else 1))
         seeds = np.array([_epoch_seed(self.seed, int(e), self.host_index) for e in epochs])
         files = np.array([self.files] * len(epochs), dtype=object)
@@ -305,7 +304,6 @@ class PreferenceBatches(_PositionedBatches):
         its shuffle buffer fills in the prefetch, while the steps of this one run.
         """
         tf = import_tensorflow()
-
         self.batches_per_epoch()  # refuses shards that cannot fill one batch
         parse, to_pair = _parse_fn(), _pair_fn(self.max_len, self.pad_id, self.bos_id)
 
@@ -331,6 +329,8 @@ class PreferenceBatches(_PositionedBatches):
                     self._next_epoch()
                 self._advance()
                 return batch
+            if self.batches_in_epoch == 0:  # the manifest counted pairs the files lack
+                raise DataError(f"{self.files} hold fewer pairs than the manifest lists; re-shard")
             if not self.repeat:
                 raise StopIteration  # the one pass is used up
             self._iterator = None  # the planned epochs are: plan the next ones

@@ -19,7 +19,8 @@ def import_tensorflow():
         try:
             import tensorflow  # noqa: F401
         finally:
-            del sys.modules["keras"]
+            if sys.modules.get("keras", False) is None:
+                del sys.modules["keras"]
     import tensorflow as tf
 
     return tf
