@@ -224,6 +224,14 @@ def test_one_pipeline_serves_every_epoch(shards, monkeypatch):
         next(short)
 
 
+def test_readers_run_without_autotune(shards):
+    """With autotune on, a dropped reader's destructor waited out its autotune thread's sleep
+    (up to a minute) inside garbage collection: a suite test stalled 186 s in one collection,
+    the readers of three in-process reward runs, 69 s after 70 s idle."""
+    batches = ip.preference_dataset(shards, "train", batch_size=4, max_len=8, seed=0)
+    assert batches._dataset().options().autotune.enabled is False
+
+
 def test_tensorflow_comes_without_keras_and_keras_still_imports_after(shards):
     """A stage process's first TensorFlow import skips the Keras TensorFlow loads eagerly."""
     script = f"""

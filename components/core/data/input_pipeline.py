@@ -246,19 +246,10 @@ class PreferenceBatches(_PositionedBatches):
     """Padded preference-pair batches of one host, with a saveable position."""
 
     def __init__(
-        self,
-        files: list[str],
-        *,
-        batch_size: int,
-        max_len: int,
-        pad_id: int,
-        bos_id: int | None,
-        seed: int,
-        host_index: int,
-        shuffle: bool,
-        repeat: bool,
+        self, files: list[str], *, batch_size: int, max_len: int, pad_id: int,
+        bos_id: int | None, seed: int, host_index: int, shuffle: bool, repeat: bool,
         pairs: int | None = None,
-    ) -> None:
+    ) -> None:  # fmt: skip
         self.files, self.batch_size, self.max_len = files, batch_size, max_len
         self.pairs = pairs  # in ``files``, from the manifest; None: counted on first use
         self.pad_id, self.bos_id, self.seed = pad_id, bos_id, seed
@@ -317,7 +308,13 @@ class PreferenceBatches(_PositionedBatches):
             return dataset.map(lambda batch: (epoch, batch))
 
         plan = tf.data.Dataset.from_tensor_slices(self._epoch_plan())
-        return plan.flat_map(epoch_batches).prefetch(2)
+        # No autotune: destroying a reader waits for its autotune thread (Model::OptimizeLoop)
+        # to end its sleep, up to a minute in TF 2.21, inside whichever garbage collection frees
+        # the reader (a demo sft stage stalled 39 s in one). Map parallelism stays at
+        # min(16, cores), which read faster here than autotuned.
+        options = tf.data.Options()
+        options.autotune.enabled = False
+        return plan.flat_map(epoch_batches).prefetch(2).with_options(options)
 
     def __next__(self) -> dict[str, np.ndarray]:
         for _ in range(2):
