@@ -232,20 +232,33 @@ def test_readers_run_without_autotune(shards):
     assert batches._dataset().options().autotune.enabled is False
 
 
-def test_tensorflow_comes_without_keras_and_keras_still_imports_after(shards):
-    """A stage process's first TensorFlow import skips the Keras TensorFlow loads eagerly."""
+def test_tensorflow_comes_without_keras_and_its_objects_out_of_collections(shards):
+    """A stage process's first TensorFlow import skips the Keras TensorFlow loads eagerly,
+    and freezes the heap (entry.settle_heap): the objects alive then are in no collection,
+    garbage made later is collected, and exit freezes what is alive again."""
     script = f"""
-import sys
+import atexit, gc, sys, weakref
 from components.core.data import input_pipeline as ip
+atexit.register(lambda: print("frozen at exit", gc.get_freeze_count() > frozen + 10000))
 batches = ip.preference_dataset({shards!r}, "train", batch_size=4, max_len=8, seed=0)
 print(next(batches)["chosen_tokens"].shape, "keras" in sys.modules)
+frozen = gc.get_freeze_count()
+print("frozen", frozen > 200000, len(gc.get_objects()) < frozen // 10)
+class Node: pass
+cycle = Node(); cycle.me = cycle; ref = weakref.ref(cycle); del cycle
+gc.collect()
+print("cycle collected", ref() is None)
+kept = [dict(n=n) for n in range(20000)]
 import keras
 print(keras.__name__, "keras.src.optimizers" in sys.modules)
 """
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.splitlines() == ["(4, 8) False", "keras True"]
+    assert done.stdout.splitlines() == [
+        "(4, 8) False", "frozen True True", "cycle collected True", "keras True",
+        "frozen at exit True",
+    ]  # fmt: skip
 
 
 def test_epoch_length_comes_from_the_manifest_without_reading_the_shards(shards, monkeypatch):

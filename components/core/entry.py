@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import atexit
+import functools
+import gc
 import json
 import logging
 import os
@@ -52,11 +55,36 @@ def configure_logging(level: int = logging.INFO) -> None:
         logging.getLogger(noisy).setLevel(max(level, logging.WARNING))
 
 
+def settle_heap() -> None:
+    """Keep Python's cyclic garbage collector off the objects alive now, here and at exit.
+
+    A stage process holds some 370,000 long-lived objects from its imports (JAX, Orbax,
+    TensorFlow). The interpreter's collections at exit walked them all: 1.2-1.3 s between
+    a tiny-model stage's last line and its end on 2 cores (0.2-0.35 s frozen), and every
+    full collection while it runs walks them again. ``gc.freeze`` moves them to the
+    permanent generation, which no collection scans; call this after the heavy imports (the
+    entries and :func:`~components.core.data.tensorflow_import.import_tensorflow` do). One
+    collection first, so no garbage of the imports is frozen with them; objects alive are
+    unaffected, and garbage made later is collected as before. At exit, before the
+    interpreter's last collections, what is alive is frozen again: a stage has flushed and
+    closed what it writes before it returns, and the process frees its memory anyway.
+    """
+    gc.collect()
+    gc.freeze()
+    _freeze_at_exit()
+
+
+@functools.cache
+def _freeze_at_exit() -> None:
+    atexit.register(gc.freeze)
+
+
 def run_stage(body: Callable[[], dict[str, Any]]) -> int:
     """Run a stage body; print its summary as JSON, or a one-line error and return 1."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     configure_cpu_devices()
     configure_logging()
+    settle_heap()
     try:
         summary = body()
     except USER_ERRORS as error:

@@ -13,6 +13,9 @@ def import_tensorflow():
     ``sys.modules`` for that one import (TensorFlow's ``__init__`` skips it on ImportError
     and keeps ``tf.keras`` lazy), then released: a later ``import keras`` loads as usual.
     A process that has imported either already gets them as they are.
+
+    The first import also settles the heap (``entry.settle_heap``): TensorFlow's modules
+    are over half of a stage's long-lived objects.
     """
     if "tensorflow" not in sys.modules and "keras" not in sys.modules:
         sys.modules["keras"] = None  # type: ignore[assignment]
@@ -21,6 +24,9 @@ def import_tensorflow():
         finally:
             if sys.modules.get("keras", False) is None:
                 del sys.modules["keras"]
+        from components.core.entry import settle_heap
+
+        settle_heap()
     import tensorflow as tf
 
     return tf
