@@ -57,6 +57,25 @@ def test_gather_and_norm_inside_pmap_equal_the_full_tensors():
     np.testing.assert_allclose(np.asarray(norm), float(optax.tree.norm(tree)), rtol=1e-6)
 
 
+def test_mean_over_devices_is_one_all_reduce_and_none_on_one_device():
+    rows = np.random.default_rng(2).normal(size=(DEVICES, 3, 5)).astype(np.float32)
+    tree = {"a": rows, "b": rows[:, 0, :2] * 3.0}
+
+    def mean(local):
+        return fsdp.mean_over_devices(local, "data")
+
+    spread = jax.pmap(mean, axis_name="data")
+    got = spread(tree)
+    np.testing.assert_allclose(np.asarray(got["a"])[4], rows.mean(0), rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(got["b"])[7], rows[:, 0, :2].mean(0) * 3.0, rtol=1e-6)
+    assert spread.lower(tree).as_text().count("all_reduce") == 1  # both leaves in one
+    one = {k: v[:1] for k, v in tree.items()}
+    alone = jax.pmap(mean, axis_name="data", devices=jax.devices()[:1])
+    for key, value in alone(one).items():
+        np.testing.assert_array_equal(np.asarray(value), one[key])  # its own mean, bit for bit
+    assert "all_reduce" not in alone.lower(one).as_text()
+
+
 def test_clip_covers_every_devices_chunk():
     grads = {
         "blocks": {"w": np.random.default_rng(2).normal(size=(2, 5, 3)).astype(np.float32)},
