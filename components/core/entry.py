@@ -59,8 +59,8 @@ def settle_heap() -> None:
     """Keep Python's cyclic garbage collector off the objects alive now, here and at exit.
 
     A stage process holds some 370,000 long-lived objects from its imports (JAX, Orbax,
-    TensorFlow). The interpreter's collections at exit walked them all: 1.2-1.3 s between
-    a tiny-model stage's last line and its end on 2 cores (0.2-0.35 s frozen), and every
+    TensorFlow). The interpreter's collections at exit walked them all: 1.1-2.2 s between
+    a tiny-model stage's last line and its end on 2 cores (0.2-0.55 s frozen), and every
     full collection while it runs walks them again. ``gc.freeze`` moves them to the
     permanent generation, which no collection scans; call this after the heavy imports (the
     entries and :func:`~components.core.data.tensorflow_import.import_tensorflow` do). One
