@@ -280,13 +280,11 @@ def config_from(config_cls: type, values: dict[str, Any]) -> Any:
 
 
 def start_jax() -> None:
-    """Before JAX starts in a task: virtual CPU devices for local runs, quiet TensorFlow,
-    the imports' objects kept out of garbage collections (``entry.settle_heap``)."""
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-    from components.core.entry import configure_cpu_devices, settle_heap
+    """Before JAX starts in a task: what every stage process sets (``entry.start_process``:
+    virtual CPU devices for local runs, quiet TensorFlow, the imports' objects frozen)."""
+    from components.core.entry import start_process
 
-    configure_cpu_devices()
-    settle_heap()
+    start_process()
 
 
 def publish_report(evaluation_dir: str, report_path: str) -> None:

@@ -79,12 +79,18 @@ def _freeze_at_exit() -> None:
     atexit.register(gc.freeze)
 
 
-def run_stage(body: Callable[[], dict[str, Any]]) -> int:
-    """Run a stage body; print its summary as JSON, or a one-line error and return 1."""
+def start_process() -> None:
+    """A stage process's start, before JAX computes: quiet TensorFlow, virtual CPU devices,
+    the imports' objects out of garbage collections (the CLI entries and the kfp tasks)."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     configure_cpu_devices()
-    configure_logging()
     settle_heap()
+
+
+def run_stage(body: Callable[[], dict[str, Any]]) -> int:
+    """Run a stage body; print its summary as JSON, or a one-line error and return 1."""
+    start_process()
+    configure_logging()
     try:
         summary = body()
     except USER_ERRORS as error:
