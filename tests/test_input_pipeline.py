@@ -12,6 +12,7 @@ import pytest
 import tensorflow as tf
 
 from components.core.data import input_pipeline as ip
+from components.core.data.prompts import left_pad, prompt_dataset, unique_prompts
 from components.core.data.tokenizers import ByteTokenizer
 
 BOS, EOS, PAD = 1, 2, 0
@@ -326,7 +327,7 @@ def test_check_vocab(shards):
 
 def test_prompt_dataset_unique_left_padded_resumable(shards):
     def fresh():
-        return ip.prompt_dataset(
+        return prompt_dataset(
             shards, "train", batch_size=4, prompt_len=5, seed=1, host_index=0, host_count=2
         )
 
@@ -345,8 +346,31 @@ def test_prompt_dataset_unique_left_padded_resumable(shards):
         np.testing.assert_array_equal(next(resumed)["prompt_tokens"], want["prompt_tokens"])
 
 
+def test_prompts_are_read_as_tf_data_parses_them_and_a_damaged_shard_is_named(tmp_path):
+    """The TF-free prompt reader against tf.data's parse of the same shards: multi-byte and
+    negative varints, an empty prompt, one prompt kept per hash."""
+    records = [
+        example([BOS, 300, 70000], [5], [6], prompt_hash=-(2**62)),
+        example([BOS, 300, 70000], [7], [8], prompt_hash=-(2**62)),  # the same prompt again
+        example([BOS] + list(range(120, 140)), [5], [6], prompt_hash=2**40 + 3),
+        example([], [5], [6]),
+    ]
+    root = write_shards(tmp_path / "s", {"train": [records]})
+    files = ip.host_shard_files(root, "train", ip.read_manifest(root), 0, 1)
+    parsed = [e for e in tf.data.TFRecordDataset(files).map(ip._parse_fn()).as_numpy_iterator()]
+    got = unique_prompts(files)
+    assert len(got) == 3 and all(p.dtype == np.int32 for p in got)
+    for prompt, want in zip(got, [parsed[0], parsed[2], parsed[3]], strict=True):
+        np.testing.assert_array_equal(prompt, want["prompt_ids"])
+    with open(files[0], "r+b") as handle:
+        handle.seek(30)
+        handle.write(b"\xff\xff")
+    with pytest.raises(ip.DataError, match=f"{files[0]}: record at byte 0 is cut or corrupt"):
+        unique_prompts(files)
+
+
 def test_left_pad_truncation_keeps_bos():
-    tokens, mask = ip._left_pad(np.array([BOS, 5, 6, 7, 8]), 3, PAD, BOS)
+    tokens, mask = left_pad(np.array([BOS, 5, 6, 7, 8]), 3, PAD, BOS)
     np.testing.assert_array_equal(tokens, [BOS, 7, 8])
     assert mask.all()
 

@@ -30,11 +30,20 @@ def test_jsonl_tensorboard_progress_and_summary(tmp_path):
     assert "step 30/30" in lines[-1] and "steps/s" in lines[-1] and "eta" in lines[-1]
     events = [str(p) for p in (tmp_path / "tensorboard").iterdir()]
     assert len(events) == 1 and "events.out.tfevents" in events[0]
+    # Written without TensorFlow, read with its parser: what TensorBoard reads.
     import tensorflow as tf
 
     steps = [tf.compat.v1.Event.FromString(r.numpy()) for r in tf.data.TFRecordDataset(events)]
-    scalars = [(e.step, v.tag) for e in steps for v in e.summary.value]
-    assert (30, "reward/loss") in scalars and len(scalars) == 60
+    assert steps[0].file_version == "brain.Event:2"
+    scalars = {
+        (e.step, v.tag): (tf.make_ndarray(v.tensor), v.metadata.plugin_data.plugin_name)
+        for e in steps
+        for v in e.summary.value
+    }
+    assert len(scalars) == 60 and scalars[(30, "reward/acc")] == (0.75, "scalars")
+    value, _ = scalars[(30, "reward/loss")]
+    assert value.shape == () and value.dtype == np.float32 and value == np.float32(1 / 30)
+    assert all(e.wall_time > 1.7e9 for e in steps)
 
 
 def test_resumed_logger_appends(tmp_path):

@@ -153,11 +153,13 @@ def test_sigkill_and_resume_ends_with_identical_parameters(artifacts, aligned, t
     flags = [f"--{name.replace('_', '-')}={value}" for name, value in RUN.items()]
     paths = ["--shards", artifacts["shards"], "--policy", artifacts["sft"]]
     paths += ["--reward", artifacts["reward"], "--output", output]
-    process = subprocess.Popen(
-        [sys.executable, "-m", "components.ppo", *paths, *flags],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    imports = tmp_path / "imports.txt"  # -X importtime's lines: every module it imported
+    with open(imports, "w") as log:
+        process = subprocess.Popen(
+            [sys.executable, "-X", "importtime", "-m", "components.ppo", *paths, *flags],
+            stdout=subprocess.DEVNULL,
+            stderr=log,
+        )
     try:
         deadline = time.time() + 300
         while _checkpoint_steps(output)[-1:] < [RUN["save_every"]] and time.time() < deadline:
@@ -167,6 +169,11 @@ def test_sigkill_and_resume_ends_with_identical_parameters(artifacts, aligned, t
         process.send_signal(signal.SIGKILL)
         process.wait()
     assert _checkpoint_steps(output), "no checkpoint was written before the kill"
+    # Prompts read and TensorBoard events written (core's own TFRecord and event encoding):
+    # the PPO process never imported TensorFlow.
+    assert os.listdir(os.path.join(output, "tensorboard"))
+    imported = [line.split("|")[-1].strip() for line in imports.read_text().splitlines()]
+    assert "jax" in imported and not [m for m in imported if m.startswith("tensorflow")]
     assert not os.path.exists(os.path.join(output, "config.json"))
     _run(artifacts, output)
     expected, resumed = _params(uninterrupted), _params(output)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import glob as _glob
 import os
 import shutil
+from typing import BinaryIO
 
 
 def _is_remote(path: str) -> bool:
@@ -24,6 +25,11 @@ def read_bytes(path: str) -> bytes:
             return handle.read()
     with open(path, "rb") as handle:
         return handle.read()
+
+
+def open_read(path: str) -> BinaryIO:
+    """``path`` opened for binary reads, to read in parts (a large file, a stream of records)."""
+    return _gfile().GFile(path, "rb") if _is_remote(path) else open(path, "rb")
 
 
 def write_bytes(path: str, data: bytes) -> None:

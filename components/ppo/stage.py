@@ -21,12 +21,8 @@ import jax
 from flax import nnx
 
 from components.core import fileio
-from components.core.data.input_pipeline import (
-    check_vocab,
-    longest_lengths,
-    prompt_dataset,
-    read_manifest,
-)
+from components.core.data.input_pipeline import check_vocab, longest_lengths, read_manifest
+from components.core.data.prompts import prompt_dataset
 from components.core.model import lora
 from components.core.model.artifact import (
     ModelMismatchError,

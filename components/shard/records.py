@@ -12,8 +12,8 @@ import json
 import unicodedata
 from typing import Any
 
+from components.core.data import tfrecord
 from components.core.data.tokenizers import Tokenizer
-from components.shard import tfrecord
 from components.shard.config import ShardConfig
 from components.shard.formats import Invalid, TextPair, to_text_pair
 

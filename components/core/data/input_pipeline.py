@@ -1,4 +1,4 @@
-"""tf.data readers over the shard stage's TFRecords: preference pairs and unique prompts.
+"""tf.data readers over the shard stage's TFRecords: preference pairs (prompts: prompts.py).
 
 Host *h* of *H* reads shards *h*, *h+H*, …. Batches are per host (the global
 batch split over hosts) and come out as numpy dicts ready for
@@ -133,7 +133,7 @@ def _host(host_index: int | None, host_count: int | None) -> tuple[int, int]:
     return index, count
 
 
-def _epoch_seed(seed: int, epoch: int, host_index: int) -> int:
+def epoch_seed(seed: int, epoch: int, host_index: int) -> int:
     # One independent, reproducible stream per (seed, epoch, host).
     return int(np.random.SeedSequence([seed, epoch, host_index]).generate_state(1)[0])
 
@@ -205,7 +205,7 @@ def _pair_fn(max_len: int, pad_id: int, bos_id: int | None):
     return to_pair
 
 
-class _PositionedBatches(Iterator[dict[str, np.ndarray]]):
+class PositionedBatches(Iterator[dict[str, np.ndarray]]):
     """Position bookkeeping shared by the readers: epoch, batches in it, batches in total."""
 
     repeat: bool
@@ -242,7 +242,7 @@ class _PositionedBatches(Iterator[dict[str, np.ndarray]]):
         self.epoch, self.batches_in_epoch = epoch, in_epoch
 
 
-class PreferenceBatches(_PositionedBatches):
+class PreferenceBatches(PositionedBatches):
     """Padded preference-pair batches of one host, with a saveable position."""
 
     def __init__(
@@ -279,7 +279,7 @@ class PreferenceBatches(_PositionedBatches):
         """The next EPOCHS_PER_PIPELINE epochs (or the one pass) from the current position: each
         one's number, file order, shuffle seed and batches to skip (only the first's may be > 0)."""
         epochs = np.arange(self.epoch, self.epoch + (EPOCHS_PER_PIPELINE if self.repeat else 1))
-        seeds = np.array([_epoch_seed(self.seed, int(e), self.host_index) for e in epochs])
+        seeds = np.array([epoch_seed(self.seed, int(e), self.host_index) for e in epochs])
         files = np.array([self.files] * len(epochs), dtype=object)
         if self.shuffle:
             for row, seed in zip(files, seeds, strict=True):
@@ -340,7 +340,7 @@ class PreferenceBatches(_PositionedBatches):
         self._iterator = None
 
 
-def _host_reader(
+def host_reader(
     shards_dir: str, split: str, host_index: int | None, host_count: int | None, seed: int
 ) -> tuple[list[str], dict[str, Any], int | None]:
     """This host's shard files, the reader arguments every dataset shares, and the pairs
@@ -373,7 +373,7 @@ def preference_dataset(
     """Preference-pair batches of this host (``batch_size`` is the per-host batch)."""
     if batch_size < 1 or max_len < 2:
         raise ValueError(f"need batch_size >= 1 and max_len >= 2, got {batch_size}, {max_len}")
-    files, common, pairs = _host_reader(shards_dir, split, host_index, host_count, seed)
+    files, common, pairs = host_reader(shards_dir, split, host_index, host_count, seed)
     return PreferenceBatches(
         files, batch_size=batch_size, max_len=max_len, shuffle=shuffle, repeat=repeat,
         pairs=pairs, **common,
@@ -389,109 +389,3 @@ def _listed_pairs(manifest: dict[str, Any], split: str, files: list[str]) -> int
     listed = {s.get("file"): s.get("pairs") for s in manifest["splits"][split].get("shards", [])}
     counts = [listed.get(f"{split}/{path.rsplit('/', 1)[-1]}") for path in files]
     return None if None in counts else sum(counts)
-
-
-def _unique_prompts(files: list[str]) -> list[np.ndarray]:
-    """The distinct prompts of ``files`` (by ``prompt_hash``), in file order."""
-    tf = import_tensorflow()
-
-    seen: set[int] = set()
-    prompts = []
-    for example in tf.data.TFRecordDataset(files).map(_parse_fn()).as_numpy_iterator():
-        prompt_hash = int(example["prompt_hash"])
-        if prompt_hash not in seen:
-            seen.add(prompt_hash)
-            prompts.append(np.asarray(example["prompt_ids"], np.int32))
-    return prompts
-
-
-def _left_pad(prompt: np.ndarray, prompt_len: int, pad_id: int, bos_id: int | None):
-    """``prompt`` cut to its last ``prompt_len`` tokens (keeping bos), padded on the left."""
-    if len(prompt) > prompt_len:
-        keep_bos = bos_id is not None and prompt[0] == bos_id
-        prompt = (
-            np.concatenate([prompt[:1], prompt[-(prompt_len - 1) :]])
-            if keep_bos
-            else (prompt[-prompt_len:])
-        )
-    tokens = np.full(prompt_len, pad_id, np.int32)
-    mask = np.zeros(prompt_len, bool)
-    if len(prompt):
-        tokens[-len(prompt) :], mask[-len(prompt) :] = prompt, True
-    return tokens, mask
-
-
-class PromptBatches(_PositionedBatches):
-    """Left-padded batches of one host's unique prompts (for sampling), with a position."""
-
-    def __init__(
-        self,
-        prompts: list[np.ndarray],
-        *,
-        batch_size: int,
-        prompt_len: int,
-        pad_id: int,
-        bos_id: int | None,
-        seed: int,
-        host_index: int,
-        shuffle: bool,
-        repeat: bool,
-    ) -> None:
-        if len(prompts) < batch_size:
-            raise DataError(
-                f"this host has {len(prompts)} unique prompts, fewer than batch_size="
-                f"{batch_size}; lower the batch size or use more data"
-            )
-        pairs = [_left_pad(p, prompt_len, pad_id, bos_id) for p in prompts]
-        self.tokens = np.stack([tokens for tokens, _ in pairs])
-        self.masks = np.stack([mask for _, mask in pairs])
-        self.batch_size, self.seed, self.host_index = batch_size, seed, host_index
-        self.shuffle, self.repeat = shuffle, repeat
-        self._batches_per_epoch = len(prompts) // batch_size
-        super().__init__()
-
-    def batches_per_epoch(self) -> int:
-        """Full batches of unique prompts in one pass."""
-        return self._batches_per_epoch
-
-    def _order(self) -> np.ndarray:
-        if not self.shuffle:
-            return np.arange(len(self.tokens))
-        rng = np.random.default_rng(_epoch_seed(self.seed, self.epoch, self.host_index))
-        return rng.permutation(len(self.tokens))
-
-    def __next__(self) -> dict[str, np.ndarray]:
-        if self.batches_in_epoch == self._batches_per_epoch:
-            if not self.repeat:
-                raise StopIteration
-            self._next_epoch()
-        start = self.batches_in_epoch * self.batch_size
-        rows = self._order()[start : start + self.batch_size]
-        self._advance()
-        return {"prompt_tokens": self.tokens[rows], "prompt_mask": self.masks[rows]}
-
-
-def prompt_dataset(
-    shards_dir: str,
-    split: str,
-    *,
-    batch_size: int,
-    prompt_len: int,
-    seed: int,
-    host_index: int | None = None,
-    host_count: int | None = None,
-    shuffle: bool = True,
-    repeat: bool = True,
-) -> PromptBatches:
-    """Batches of this host's unique prompts, left-padded to ``prompt_len`` (PPO rollouts)."""
-    if batch_size < 1 or prompt_len < 1:
-        raise ValueError(f"need batch_size, prompt_len >= 1, got {batch_size}, {prompt_len}")
-    files, common, _ = _host_reader(shards_dir, split, host_index, host_count, seed)
-    return PromptBatches(
-        _unique_prompts(files),
-        batch_size=batch_size,
-        prompt_len=prompt_len,
-        shuffle=shuffle,
-        repeat=repeat,
-        **common,
-    )

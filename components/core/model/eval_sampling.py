@@ -25,7 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from components.core.data.input_pipeline import prompt_dataset
+from components.core.data.prompts import prompt_dataset
 from components.core.model.sampler import generate
 from components.core.training import fsdp, parallel
 

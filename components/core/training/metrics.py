@@ -16,6 +16,7 @@ from typing import Any, TextIO
 import numpy as np
 
 from components.core import fileio
+from components.core.training.events import EventWriter
 
 METRICS_FILE = "metrics.jsonl"
 TENSORBOARD_DIR = "tensorboard"
@@ -114,21 +115,9 @@ class MetricsLogger:
             self._lines.append(line)
 
     def _write_tensorboard(self, step: int, values: Mapping[str, float]) -> None:
-        import tensorflow as tf  # deferred: TensorFlow is slow to import
-        from tensorflow.core.framework import summary_pb2
-
         if self._tb_writer is None:
-            self._tb_writer = tf.summary.create_file_writer(
-                fileio.join(self.out_dir, TENSORBOARD_DIR)
-            )
-        # tf.summary.scalar needs the tensorboard package; the core op with the scalars
-        # plugin's metadata writes the same event without it.
-        metadata = summary_pb2.SummaryMetadata()
-        metadata.plugin_data.plugin_name = "scalars"
-        with self._tb_writer.as_default(step=int(step)):
-            for name, value in values.items():
-                tensor = tf.constant(value, tf.float32)
-                tf.summary.write(f"{self.stage}/{name}", tensor, metadata=metadata)
+            self._tb_writer = EventWriter(fileio.join(self.out_dir, TENSORBOARD_DIR))
+        self._tb_writer.scalars(step, {f"{self.stage}/{name}": v for name, v in values.items()})
 
     def _progress(self, step: int, values: Mapping[str, float]) -> None:
         # A live line on a terminal; in logs (not a TTY) only every print_every calls.
@@ -164,7 +153,6 @@ class MetricsLogger:
             fileio.write_text(self._path, previous + "\n".join(self._lines) + "\n")
             self._lines = []
         if self._tb_writer is not None:
-            self._tb_writer.flush()
             self._tb_writer.close()
             self._tb_writer = None
         if self.is_writer and hasattr(self.stream, "isatty") and self.stream.isatty():
