@@ -89,8 +89,9 @@ def _launch(shards: str, output: str, root: str, step_sleep: float):
         f"import sys; sys.path[:0] = [{TESTS_DIR!r}, {REPO!r}]; import test_durable_checkpoints"
         f" as t; t.attempt({shards!r}, {output!r}, {root!r}, 0, {step_sleep})"
     )
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
-    env.update(TF_CPP_MIN_LOG_LEVEL="3", JAX_PLATFORMS="cpu")
+    # The session's XLA flags (8 devices, its LLVM level: tests/conftest.py): the resumed
+    # run continues the killed one's steps bit for bit only if both compiled alike.
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", JAX_PLATFORMS="cpu")
     env.pop(ckpt.CHECKPOINT_DIR_ENV, None)
     return subprocess.Popen(
         [sys.executable, "-c", code], env=env, cwd=REPO,
