@@ -13,16 +13,7 @@ import os
 import tempfile
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-# LLVM at -O2, not XLA:CPU's default -O3: the suite compiles ~150 programs of tiny models
-# (the compile times the persistent cache keeps, whole seconds only, sum to 783 s: over 40%
-# of the suite's time on its 2 workers) and runs each briefly. A tiny model's training step
-# compiles 27% faster at -O2 (1.54 s vs 2.12 s, median of 6 alternating compiles in one
-# process) and runs as fast, with the same loss to the last bit. Every process of a test
-# must compile alike (a resumed run continues a killed one's steps bit for bit only then):
-# subprocesses inherit these flags. The stages themselves keep XLA's default.
-os.environ.setdefault(
-    "XLA_FLAGS", "--xla_force_host_platform_device_count=8 --xla_backend_optimization_level=2"
-)
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 _SESSION = os.environ.get("PYTEST_XDIST_TESTRUNUID") or f"pid{os.getpid()}"
 os.environ.setdefault(
     "JAX_COMPILATION_CACHE_DIR", os.path.join(tempfile.gettempdir(), f"alignpipe-xla-{_SESSION}")

@@ -89,8 +89,9 @@ def _launch(shards: str, output: str, root: str, step_sleep: float):
         f"import sys; sys.path[:0] = [{TESTS_DIR!r}, {REPO!r}]; import test_durable_checkpoints"
         f" as t; t.attempt({shards!r}, {output!r}, {root!r}, 0, {step_sleep})"
     )
-    # The session's XLA flags (8 devices, its LLVM level: tests/conftest.py): the resumed
-    # run continues the killed one's steps bit for bit only if both compiled alike.
+    # The session's XLA flags (8 devices: tests/conftest.py, and whatever else a developer
+    # set): the resumed run continues the killed one's steps bit for bit only if both
+    # compiled alike.
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", JAX_PLATFORMS="cpu")
     env.pop(ckpt.CHECKPOINT_DIR_ENV, None)
     return subprocess.Popen(

@@ -139,16 +139,10 @@ def _check_sharded(state, initial) -> None:
 
 
 def clean_env() -> dict[str, str]:
-    """This process's environment without its JAX settings and XLA's device count (it would
-    force 8 devices into each process), but with the session's compilation cache and XLA
-    flags (tests/conftest.py)."""
+    """This process's environment without its XLA/JAX settings (XLA_FLAGS forces 8 devices into
+    each process), but with the session's compilation cache (tests/conftest.py)."""
     kept = ("JAX_COMPILATION_CACHE_DIR", "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS")
-    env = {k: v for k, v in os.environ.items() if k in kept or not k.startswith(("XLA_", "JAX_"))}
-    # The suite's other XLA flags (its LLVM level) stay; only the device count goes.
-    flags = [f for f in os.environ.get("XLA_FLAGS", "").split() if "device_count" not in f]
-    if flags:
-        env["XLA_FLAGS"] = " ".join(flags)
-    return env
+    return {k: v for k, v in os.environ.items() if k in kept or not k.startswith(("XLA_", "JAX_"))}
 
 
 def _free_port() -> int:
