@@ -67,6 +67,7 @@ def test_decoding_gives_back_what_tensorflow_encoded(ints, reals, texts, names):
         assert _as_lists(decoded) == want
         assert decoded[names[0]].dtype == np.int64 and decoded[names[1]].dtype == np.float32
         assert isinstance(decoded[names[2]], list)
+        assert _as_lists(decode_example(record, {names[0], "absent"})) == {names[0]: ints}
 
 
 def _length_delimited(tag: int, payload: bytes) -> bytes:

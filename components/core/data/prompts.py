@@ -19,6 +19,7 @@ from components.core.data.input_pipeline import (
 )
 
 _NO_TOKENS = np.zeros(0, np.int64)
+_PROMPT_FEATURES = frozenset({"prompt_ids", "prompt_hash"})
 
 
 def unique_prompts(files: list[str]) -> list[np.ndarray]:
@@ -28,7 +29,7 @@ def unique_prompts(files: list[str]) -> list[np.ndarray]:
     for path in files:
         try:
             for record in tfrecord.read_records(path):
-                example = tfrecord.decode_example(record)
+                example = tfrecord.decode_example(record, _PROMPT_FEATURES)
                 hashes = example.get("prompt_hash", ())
                 prompt_hash = int(hashes[0]) if len(hashes) else 0
                 if prompt_hash not in seen:

@@ -16,7 +16,7 @@ gives for the same features; tests compare the two on every feature kind.
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 
 import google_crc32c
 import numpy as np
@@ -164,9 +164,12 @@ def _feature_values(feature: bytes) -> np.ndarray | list[bytes]:
     return np.zeros(0, np.int64)  # a Feature with no list set
 
 
-def decode_example(record: bytes) -> dict[str, np.ndarray | list[bytes]]:
+def decode_example(
+    record: bytes, names: Collection[str] | None = None
+) -> dict[str, np.ndarray | list[bytes]]:
     """A serialized ``tf.train.Example`` as ``{name: values}`` (the inverse of
-    :func:`encode_example`, for any valid serialization of the message)."""
+    :func:`encode_example`, for any valid serialization of the message); only ``names``
+    are decoded when given (a prompt reader skips the responses and texts)."""
     features = {}
     for number, _, body in _fields(record):
         if number != 1:
@@ -180,5 +183,6 @@ def decode_example(record: bytes) -> dict[str, np.ndarray | list[bytes]]:
                     name = value.decode("utf-8")
                 elif field_number == 2:
                     feature = value
-            features[name] = _feature_values(feature)
+            if names is None or name in names:
+                features[name] = _feature_values(feature)
     return features
