@@ -369,6 +369,52 @@ def test_prompts_are_read_as_tf_data_parses_them_and_a_damaged_shard_is_named(tm
         unique_prompts(files)
 
 
+@pytest.mark.parametrize("bos", [True, False])
+def test_eval_pairs_are_built_as_tf_data_builds_them(tmp_path, bos):
+    """The TF-free pair reader (evaluate) against the tf.data reader on the same shards: cut
+    prompts with and without a bos, empty prompt and responses, a response longer than
+    max_len, a record without a margin, over two shard files in order."""
+    from components.core.data.pairs import read_pairs
+    from components.core.data.tfrecord import encode_example
+
+    no_margin = encode_example({n: ("int64", [BOS, 9, 9]) for n in ("prompt_ids", "chosen_ids")})
+    records = [
+        [example([BOS, *range(10, 20)], [30, 31, EOS], [40, EOS], 0.5),
+         example([BOS, 5], list(range(60, 80)), [4]),
+         example([7, *range(10, 20)], [30, EOS], [], -2.0),
+         example([], [5, EOS], [6, EOS])],
+        [example([BOS, 70000, 3], [], [8]), no_margin,
+         example([BOS, *range(10, 13)], [30, 31, 32, EOS], [40, EOS])],
+    ]  # fmt: skip
+    root = write_shards(tmp_path / "s", {"eval": records})
+    if not bos:  # a tokenizer without bos: a leading 1 is cut like any other token
+        with open(os.path.join(root, "manifest.json")) as handle:
+            manifest = json.load(handle)
+        del manifest["tokenizer"]["bos_id"]
+        with open(os.path.join(root, "manifest.json"), "w") as handle:
+            json.dump(manifest, handle)
+    for max_len in (7, 8):
+        got = read_pairs(root, "eval", max_len=max_len)
+        batches = list(ip.preference_dataset(
+            root, "eval", batch_size=1, max_len=max_len, seed=0, host_index=0, host_count=1,
+            shuffle=False, repeat=False,
+        ))  # fmt: skip
+        want = {name: np.concatenate([b[name] for b in batches]) for name in got}
+        assert len(want["margin"]) == 7 and want["margin"][5] == 0.0
+        for name, values in want.items():
+            assert got[name].dtype == values.dtype, name
+            np.testing.assert_array_equal(got[name], values, err_msg=name)
+    files = ip.host_shard_files(root, "eval", ip.read_manifest(root), 0, 1)
+    with open(files[1], "r+b") as handle:
+        handle.truncate(os.path.getsize(files[1]) - 3)
+    with pytest.raises(ip.DataError, match=f"{files[1]}: record at byte .* cut or corrupt"):
+        read_pairs(root, "eval", max_len=8)
+    with open(files[1], "wb"):
+        pass  # an empty file where the manifest lists three pairs
+    with pytest.raises(ip.DataError, match="hold 4 pairs where the manifest lists 7; re-shard"):
+        read_pairs(root, "eval", max_len=8)
+
+
 def test_left_pad_truncation_keeps_bos():
     tokens, mask = left_pad(np.array([BOS, 5, 6, 7, 8]), 3, PAD, BOS)
     np.testing.assert_array_equal(tokens, [BOS, 7, 8])

@@ -21,6 +21,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 
 import jax
 import numpy as np
@@ -85,7 +86,8 @@ def inputs(tmp_path_factory) -> dict[str, str]:
 def _launch(module: str, args: list[str], hosts: int, port: int) -> list[subprocess.Popen]:
     """``python -m module`` as 1 process of 8 CPU devices, or 2 of 4 joined at ``port``."""
     clean = clean_env()
-    clean.update(TF_CPP_MIN_LOG_LEVEL="3", JAX_PLATFORMS="cpu")
+    # -X importtime's lines on stderr: the tests see which modules a stage imported.
+    clean.update(TF_CPP_MIN_LOG_LEVEL="3", JAX_PLATFORMS="cpu", PYTHONPROFILEIMPORTTIME="1")
     processes = []
     for index in range(hosts):
         env = dict(clean, ALIGNPIPE_CPU_DEVICES=str(8 // hosts))
@@ -100,34 +102,45 @@ def _launch(module: str, args: list[str], hosts: int, port: int) -> list[subproc
             env[distributed.ENV_NUM_PROCESSES] = str(hosts)
             env[distributed.ENV_PROCESS_ID] = str(index)
         command = ["timeout", "-k", "5", str(LIMIT_S), sys.executable, "-m", module, *args]
-        processes.append(
-            subprocess.Popen(
-                command, env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE
-            )
+        # stderr to a file, not a pipe: a pipe nobody drains yet (the other host's, while
+        # this one is waited for) fills up with the import lines and stalls its collectives.
+        errors = tempfile.TemporaryFile()
+        process = subprocess.Popen(
+            command, env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=errors
         )
+        process.errors = errors
+        processes.append(process)
     return processes
 
 
-def _summaries(processes: list[subprocess.Popen]) -> list[dict]:
-    """Wait for every process; each one's summary (the JSON line a stage prints last)."""
+def _summaries(processes: list[subprocess.Popen], stderr: list[str] | None = None) -> list[dict]:
+    """Wait for every process; each one's summary (the JSON line a stage prints last). Their
+    stderr is appended to ``stderr`` when given."""
     try:
-        outputs = [p.communicate(timeout=LIMIT_S + 30) for p in processes]
+        outputs = [p.communicate(timeout=LIMIT_S + 30)[0] for p in processes]
     finally:
         for p in processes:
             if p.poll() is None:
                 p.kill()
     summaries = []
-    for p, (out, err) in zip(processes, outputs, strict=True):
+    for p, out in zip(processes, outputs, strict=True):
+        p.errors.seek(0)
+        err = p.errors.read()
+        p.errors.close()
         assert p.returncode == 0, f"exit {p.returncode}\n{err.decode()[-4000:]}"
         summaries.append(json.loads(out.decode().strip().splitlines()[-1]))
+        if stderr is not None:
+            stderr.append(err.decode())
     return summaries
 
 
-def _run_both(module: str, args_of: dict[int, list[str]]) -> dict[int, list[dict]]:
+def _run_both(
+    module: str, args_of: dict[int, list[str]], stderr: list[str] | None = None
+) -> dict[int, list[dict]]:
     """The 1-host and 2-host runs side by side; their summaries by host count."""
     ports = _free_ports(1)
     launched = {hosts: _launch(module, args, hosts, ports[0]) for hosts, args in args_of.items()}
-    return {hosts: _summaries(processes) for hosts, processes in launched.items()}
+    return {hosts: _summaries(processes, stderr) for hosts, processes in launched.items()}
 
 
 def _without_timing(summary: dict) -> dict:
@@ -240,9 +253,14 @@ def test_evaluate_on_two_hosts_matches_one_host(inputs, ppo_runs):
     common = ["--shards", inputs["shards"], "--policy", aligned, "--reference", inputs["policy"]]
     common += ["--reward", inputs["reward"], *EVAL_FLAGS]
     outputs = {hosts: os.path.join(inputs["root"], f"eval-{hosts}") for hosts in (1, 2)}
+    errors: list[str] = []
     summaries = _run_both(
-        "components.evaluate", {h: [*common, "--output", out] for h, out in outputs.items()}
+        "components.evaluate", {h: [*common, "--output", out] for h, out in outputs.items()}, errors
     )
+    # Eval pairs and prompts read with core's TFRecord reader: no process imported TensorFlow.
+    for err in errors:
+        imported = [line.split("|")[-1].strip() for line in err.splitlines() if "|" in line]
+        assert "jax" in imported and not [m for m in imported if m.startswith("tensorflow")]
     # Every host computes the same figures (process 0 writes them).
     assert summaries[2][1] == summaries[2][0]
     _assert_close(summaries[2][0], summaries[1][0])

@@ -18,7 +18,7 @@ import jax
 import numpy as np
 from flax import nnx
 
-from components.core.data.input_pipeline import preference_dataset
+from components.core.data.pairs import read_pairs
 from components.core.model.eval_sampling import Prompts, Responses, map_local_batches
 from components.core.model.scoring import pair_rewards, response_logprobs, sequence_scores
 from components.core.model.transformer import ModelConfig, Transformer
@@ -102,22 +102,10 @@ def eval_pair_rewards(
     reward_model: LoadedModel, shards_dir: str, *, max_len: int, batch_size: int
 ) -> tuple[np.ndarray, np.ndarray]:
     """Raw rewards of the chosen and rejected responses of every eval-split pair."""
-    # Read one pair at a time so none is dropped as an incomplete batch; every host reads all.
-    pairs = list(
-        preference_dataset(
-            shards_dir,
-            "eval",
-            batch_size=1,
-            max_len=max_len,
-            seed=0,
-            host_index=0,
-            host_count=1,
-            shuffle=False,
-            repeat=False,
-        )  # fmt: skip
-    )
+    # Every pair, none dropped as an incomplete batch; every host reads all.
+    pairs = read_pairs(shards_dir, "eval", max_len=max_len)
     names = ("chosen_tokens", "chosen_mask", "rejected_tokens", "rejected_mask")
-    arrays = {name: np.concatenate([pair[name] for pair in pairs]) for name in names}
+    arrays = {name: pairs[name] for name in names}
 
     def step(batch: dict[str, np.ndarray]) -> Sequence[jax.Array]:
         return _pair_rewards(reward_model.graphdef, reward_model.params, batch)

@@ -165,7 +165,7 @@ def _cut_prompt(tf, prompt, keep, bos_id: int | None):
     drop = tf.maximum(length - keep, 0)
     if bos_id is None:
         return prompt[drop:]
-    starts_with_bos = tf.logical_and(length > 0, tf.equal(prompt[:1], bos_id))[0]
+    starts_with_bos = tf.reduce_any(tf.equal(prompt[:1], bos_id))  # False when empty
     kept_bos = tf.concat([prompt[:1], prompt[1 + drop :]], 0)
     return tf.cond(
         tf.logical_and(drop > 0, starts_with_bos), lambda: kept_bos, lambda: prompt[drop:]

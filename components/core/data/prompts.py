@@ -26,17 +26,15 @@ def unique_prompts(files: list[str]) -> list[np.ndarray]:
     """The distinct prompts of ``files`` (by ``prompt_hash``), in file order."""
     seen: set[int] = set()
     prompts = []
-    for path in files:
-        try:
-            for record in tfrecord.read_records(path):
-                example = tfrecord.decode_example(record, _PROMPT_FEATURES)
-                hashes = example.get("prompt_hash", ())
-                prompt_hash = int(hashes[0]) if len(hashes) else 0
-                if prompt_hash not in seen:
-                    seen.add(prompt_hash)
-                    prompts.append(example.get("prompt_ids", _NO_TOKENS).astype(np.int32))
-        except tfrecord.CorruptRecordError as error:
-            raise DataError(str(error)) from error
+    try:
+        for example in tfrecord.read_examples(files, _PROMPT_FEATURES):
+            hashes = example.get("prompt_hash", ())
+            prompt_hash = int(hashes[0]) if len(hashes) else 0
+            if prompt_hash not in seen:
+                seen.add(prompt_hash)
+                prompts.append(example.get("prompt_ids", _NO_TOKENS).astype(np.int32))
+    except tfrecord.CorruptRecordError as error:
+        raise DataError(str(error)) from error
     return prompts
 
 

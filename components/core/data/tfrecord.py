@@ -7,10 +7,11 @@ TensorFlow out of the Beam workers. Output is byte-identical to
 and to ``tf.io.TFRecordWriter`` framing; tests check both.
 
 Reading serves the stages that only need a pass over the shards, not tf.data's
-pipeline: the PPO stage reads its prompts with it, so its process never imports
-TensorFlow (3-4 s of a stage's start on 2 cores). Records are checked against both
-CRCs, as TensorFlow's reader does, and decoded to what ``tf.io.parse_single_example``
-gives for the same features; tests compare the two on every feature kind.
+pipeline: the PPO stage reads its prompts with it and the evaluate stage its eval
+pairs, so neither process imports TensorFlow (3-4 s of a stage's start on 2 cores).
+Records are checked against both CRCs, as TensorFlow's reader does, and decoded to
+what ``tf.io.parse_single_example`` gives for the same features; tests compare the
+two on every feature kind.
 """
 
 from __future__ import annotations
@@ -103,6 +104,15 @@ def read_records(path: str) -> Iterator[bytes]:
                 )
             offset += 12 + length + 4
             yield body[:length]
+
+
+def read_examples(
+    files: Collection[str], names: Collection[str] | None = None
+) -> Iterator[dict[str, np.ndarray | list[bytes]]]:
+    """The decoded examples of ``files`` in order (only ``names``, when given)."""
+    for path in files:
+        for record in read_records(path):
+            yield decode_example(record, names)
 
 
 def _read_varint(data: bytes, pos: int) -> tuple[int, int]:
