@@ -419,6 +419,12 @@ def test_left_pad_truncation_keeps_bos():
     tokens, mask = left_pad(np.array([BOS, 5, 6, 7, 8]), 3, PAD, BOS)
     np.testing.assert_array_equal(tokens, [BOS, 7, 8])
     assert mask.all()
+    # Room for the bos alone (once a ValueError: the cut kept the whole prompt after it).
+    np.testing.assert_array_equal(left_pad(np.array([BOS, 5, 6]), 1, PAD, BOS)[0], [BOS])
+    np.testing.assert_array_equal(left_pad(np.array([7, 5, 6]), 2, PAD, BOS)[0], [5, 6])
+    tokens, mask = left_pad(np.array([BOS, 5]), 4, PAD, BOS)
+    np.testing.assert_array_equal(tokens, [PAD, PAD, BOS, 5])
+    np.testing.assert_array_equal(mask, [0, 0, 1, 1])
 
 
 def test_streams_resume_on_another_host_layout(shards):

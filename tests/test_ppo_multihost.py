@@ -102,13 +102,11 @@ def _launch(module: str, args: list[str], hosts: int, port: int) -> list[subproc
             env[distributed.ENV_NUM_PROCESSES] = str(hosts)
             env[distributed.ENV_PROCESS_ID] = str(index)
         command = ["timeout", "-k", "5", str(LIMIT_S), sys.executable, "-m", module, *args]
-        # stderr to a file, not a pipe: a pipe nobody drains yet (the other host's, while
-        # this one is waited for) fills up with the import lines and stalls its collectives.
-        errors = tempfile.TemporaryFile()
-        process = subprocess.Popen(
-            command, env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=errors
-        )
-        process.errors = errors
+        # Output to files, not pipes: a pipe nobody drains yet (the other host's, while this
+        # one is waited for) fills up, with the import lines say, and stalls the collectives.
+        out, err = tempfile.TemporaryFile(), tempfile.TemporaryFile()
+        process = subprocess.Popen(command, env=env, cwd=REPO, stdout=out, stderr=err)
+        process.outputs = (out, err)
         processes.append(process)
     return processes
 
@@ -117,21 +115,27 @@ def _summaries(processes: list[subprocess.Popen], stderr: list[str] | None = Non
     """Wait for every process; each one's summary (the JSON line a stage prints last). Their
     stderr is appended to ``stderr`` when given."""
     try:
-        outputs = [p.communicate(timeout=LIMIT_S + 30)[0] for p in processes]
+        for p in processes:
+            p.wait(timeout=LIMIT_S + 30)
     finally:
         for p in processes:
             if p.poll() is None:
                 p.kill()
     summaries = []
-    for p, out in zip(processes, outputs, strict=True):
-        p.errors.seek(0)
-        err = p.errors.read()
-        p.errors.close()
-        assert p.returncode == 0, f"exit {p.returncode}\n{err.decode()[-4000:]}"
-        summaries.append(json.loads(out.decode().strip().splitlines()[-1]))
+    for p in processes:
+        out, err = (_read_back(file) for file in p.outputs)
+        assert p.returncode == 0, f"exit {p.returncode}\n{err[-4000:]}"
+        summaries.append(json.loads(out.strip().splitlines()[-1]))
         if stderr is not None:
-            stderr.append(err.decode())
+            stderr.append(err)
     return summaries
+
+
+def _read_back(file) -> str:
+    """What a process wrote to ``file`` (a temporary file), which is then closed."""
+    with file:
+        file.seek(0)
+        return file.read().decode()
 
 
 def _run_both(

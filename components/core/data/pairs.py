@@ -6,7 +6,8 @@ TFRecord reader (:mod:`components.core.data.tfrecord`) gives the records, and
 (:func:`components.core.data.input_pipeline._pair_fn`) builds with tf.data, so an evaluate
 stage never imports TensorFlow (3-4 s of a stage's start on 2 cores, and 0.3 s tracing the
 reader's functions). tests/test_input_pipeline.py checks the two on cut prompts, with and
-without a bos, and on responses longer than ``max_len``.
+without a bos, and on responses longer than ``max_len``. The prompt reader cuts its prompts
+with :func:`cut_prompt` too.
 """
 
 from __future__ import annotations

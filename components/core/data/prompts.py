@@ -17,6 +17,7 @@ from components.core.data.input_pipeline import (
     epoch_seed,
     host_reader,
 )
+from components.core.data.pairs import cut_prompt
 
 _NO_TOKENS = np.zeros(0, np.int64)
 _PROMPT_FEATURES = frozenset({"prompt_ids", "prompt_hash"})
@@ -40,13 +41,7 @@ def unique_prompts(files: list[str]) -> list[np.ndarray]:
 
 def left_pad(prompt: np.ndarray, prompt_len: int, pad_id: int, bos_id: int | None):
     """``prompt`` cut to its last ``prompt_len`` tokens (keeping bos), padded on the left."""
-    if len(prompt) > prompt_len:
-        keep_bos = bos_id is not None and prompt[0] == bos_id
-        prompt = (
-            np.concatenate([prompt[:1], prompt[-(prompt_len - 1) :]])
-            if keep_bos
-            else (prompt[-prompt_len:])
-        )
+    prompt = cut_prompt(prompt, prompt_len, bos_id)
     tokens = np.full(prompt_len, pad_id, np.int32)
     mask = np.zeros(prompt_len, bool)
     if len(prompt):
