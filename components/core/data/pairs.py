@@ -12,6 +12,8 @@ with :func:`cut_prompt` too.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import numpy as np
 
 from components.core.data import tfrecord
@@ -19,6 +21,15 @@ from components.core.data.input_pipeline import DataError, host_reader
 
 _PAIR_FEATURES = frozenset({"prompt_ids", "chosen_ids", "rejected_ids", "margin"})
 _NO_TOKENS = np.zeros(0, np.int32)
+
+
+def shard_examples(files: list[str], names: frozenset[str]) -> Iterator[dict[str, np.ndarray]]:
+    """The decoded examples of ``files`` in order (``names`` only); damage is a DataError
+    naming the file and byte."""
+    try:
+        yield from tfrecord.read_examples(files, names)
+    except tfrecord.CorruptRecordError as error:
+        raise DataError(str(error)) from error
 
 
 def cut_prompt(prompt: np.ndarray, keep: int, bos_id: int | None) -> np.ndarray:
@@ -67,13 +78,10 @@ def read_pairs(shards_dir: str, split: str, *, max_len: int) -> dict[str, np.nda
     if max_len < 2:
         raise ValueError(f"need max_len >= 2, got {max_len}")
     files, common, listed = host_reader(shards_dir, split, 0, 1, seed=0)
-    try:
-        pairs = [
-            pair_arrays(example, max_len, common["pad_id"], common["bos_id"])
-            for example in tfrecord.read_examples(files, _PAIR_FEATURES)
-        ]
-    except tfrecord.CorruptRecordError as error:
-        raise DataError(str(error)) from error
+    pairs = [
+        pair_arrays(example, max_len, common["pad_id"], common["bos_id"])
+        for example in shard_examples(files, _PAIR_FEATURES)
+    ]
     if listed is not None and len(pairs) != listed:
         raise DataError(
             f"the {split} shards of {shards_dir} hold {len(pairs)} pairs where the manifest "

@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from components.core.data import tfrecord
 from components.core.data.input_pipeline import (
     DataError,
     PositionedBatches,
     epoch_seed,
     host_reader,
 )
-from components.core.data.pairs import cut_prompt
+from components.core.data.pairs import cut_prompt, shard_examples
 
 _NO_TOKENS = np.zeros(0, np.int64)
 _PROMPT_FEATURES = frozenset({"prompt_ids", "prompt_hash"})
@@ -27,15 +26,12 @@ def unique_prompts(files: list[str]) -> list[np.ndarray]:
     """The distinct prompts of ``files`` (by ``prompt_hash``), in file order."""
     seen: set[int] = set()
     prompts = []
-    try:
-        for example in tfrecord.read_examples(files, _PROMPT_FEATURES):
-            hashes = example.get("prompt_hash", ())
-            prompt_hash = int(hashes[0]) if len(hashes) else 0
-            if prompt_hash not in seen:
-                seen.add(prompt_hash)
-                prompts.append(example.get("prompt_ids", _NO_TOKENS).astype(np.int32))
-    except tfrecord.CorruptRecordError as error:
-        raise DataError(str(error)) from error
+    for example in shard_examples(files, _PROMPT_FEATURES):
+        hashes = example.get("prompt_hash", ())
+        prompt_hash = int(hashes[0]) if len(hashes) else 0
+        if prompt_hash not in seen:
+            seen.add(prompt_hash)
+            prompts.append(example.get("prompt_ids", _NO_TOKENS).astype(np.int32))
     return prompts
 
 
