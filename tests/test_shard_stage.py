@@ -219,6 +219,15 @@ def test_nothing_valid_is_an_error(tmp_path):
 def test_unmatched_input_is_an_error(tmp_path):
     with pytest.raises(InputError, match="matches no file"):
         run(ShardConfig(), [str(tmp_path / "missing-*.jsonl")], str(tmp_path / "o"))
+    (tmp_path / "data").mkdir()
+    (tmp_path / "o").mkdir()
+    (tmp_path / "o" / "kept").write_text("")
+    # A folder is refused before anything runs: the output folder keeps what it held.
+    with pytest.raises(
+        InputError, match=r"is a folder; pass its files, e\.g\. --input '.*/data/\*"
+    ):
+        run(ShardConfig(), [str(tmp_path / "data")], str(tmp_path / "o"))
+    assert os.listdir(tmp_path / "o") == ["kept"]
 
 
 def test_builtin_task_declares_its_gold_reward(tmp_path):
@@ -270,3 +279,27 @@ def test_too_little_data_for_any_eval_fraction_says_add_prompts(tmp_path):
     config = ShardConfig(num_shards=1, min_eval_pairs=0)  # 0: no minimum
     counts = run(config, [str(tmp_path / "p.jsonl")], str(tmp_path / "o"))["counts"]
     assert counts["train"] + counts["eval"] == 5
+
+
+def test_records_python_cannot_read_or_encode_are_rejected_not_fatal(tmp_path):
+    """Each of these once stopped the Beam job (an unpicklable rejection, an exception no
+    check caught) instead of going to the rejected file with its reason."""
+    good = [json.dumps(p).encode() for p in generate_pairs(60, seed=5)]
+    bad = {
+        b'{"prompt": "caf\xe9", "chosen": "a", "rejected": "b"}': "not_json",  # not UTF-8
+        b'{"prompt": "p", "chosen": "a", "rejected": "b", "n": ' + b"7" * 5000 + b"}": "not_json",
+        b'{"prompt": "p \\ud800", "chosen": "a", "rejected": "b"}': "not_json",  # lone surrogate
+        b'{"prompt": "p", "chosen": "a", "rejected": "b", "margin": ' + b"9" * 400 + b"}": (
+            "non_finite_margin"
+        ),
+        b'{"prompt": "p", "chosen": "a", "rejected": "b", "margin": 1e39}': "non_finite_margin",
+    }
+    (tmp_path / "in.jsonl").write_bytes(b"\n".join(good + list(bad)) + b"\n")
+    config = ShardConfig(num_shards=2, max_invalid_fraction=0.1, min_eval_pairs=0)
+    manifest = run(config, [str(tmp_path / "in.jsonl")], str(tmp_path / "o"))
+    assert manifest["counts"]["rejected"] == len(bad)
+    rows = [json.loads(line) for line in open(tmp_path / "o" / "rejected" / "rejected.jsonl")]
+    assert [r["line"] for r in rows] == list(range(61, 61 + len(bad)))
+    assert [r["reason"] for r in rows] == list(bad.values())
+    assert "UTF-8" in rows[0]["detail"] and "Unicode" in rows[2]["detail"]
+    assert "float32" in rows[4]["detail"] and "400 digits" in rows[3]["detail"]

@@ -10,7 +10,7 @@ import argparse
 import json
 import sys
 
-from components.core.entry import configure_logging
+from components.core.entry import USER_ERRORS, configure_logging
 from components.core.flags import add_config_flags, config_from_flags
 from components.shard.config import ShardConfig
 
@@ -38,7 +38,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m components.shard"
     try:
         config = config_from_flags(ShardConfig, args)
         manifest = run(config, args.input, args.output, beam_args)
-    except (ShardError, InputError, TokenizerError, ValueError) as error:
+    except (ShardError, InputError, TokenizerError, *USER_ERRORS) as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
     print(json.dumps({"output": args.output, **manifest["counts"]}))

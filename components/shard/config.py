@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Literal
 
+from components.core.config import check_finite
 from components.core.flags import field
 
 FORMATS = ("auto", "explicit", "implicit", "conversational", "vertex")
@@ -48,6 +49,7 @@ class ShardConfig:
     )
 
     def __post_init__(self) -> None:
+        check_finite(self)
         if self.format not in FORMATS:
             raise ValueError(f"format: {self.format!r} is not one of {FORMATS}")
         if self.too_long not in ("truncate", "reject"):

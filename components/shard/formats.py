@@ -18,6 +18,7 @@ from typing import Any
 from components.core.data.tokenizers import Tokenizer
 
 HH_ASSISTANT = "\n\nAssistant:"
+FLOAT32_MAX = 3.4028234663852886e38  # shards store the margin as a float32
 
 
 class Invalid(Exception):
@@ -27,6 +28,11 @@ class Invalid(Exception):
         super().__init__(f"{reason}: {detail}")
         self.reason = reason
         self.detail = detail
+
+    def __reduce__(self) -> tuple:
+        # Beam pickles the items that carry one (an undecodable line) between its stages;
+        # the default would call __init__ with the message alone.
+        return Invalid, (self.reason, self.detail)
 
 
 REASONS = (
@@ -83,9 +89,18 @@ def _margin(obj: dict[str, Any]) -> float:
     if obj.get("margin") is None:
         return 0.0
     margin = _require(obj, "margin", (int, float))
-    if not math.isfinite(margin):
-        raise Invalid("non_finite_margin", f"margin must be finite, got {margin!r}")
-    return float(margin)
+    try:
+        value = float(margin)
+    except OverflowError:  # an integer beyond any float
+        value = math.inf
+    if not math.isfinite(value) or abs(value) > FLOAT32_MAX:
+        shown = (
+            f"{margin!r}"
+            if isinstance(margin, float)
+            else f"an integer of {len(str(margin))} digits"
+        )
+        raise Invalid("non_finite_margin", f"margin must be a finite float32, got {shown}")
+    return value
 
 
 def _gold(obj: dict[str, Any]) -> str | None:
@@ -191,4 +206,9 @@ def to_text_pair(obj: Any, fmt: str | None, tokenizer: Tokenizer) -> TextPair:
         raise Invalid("empty_response", "chosen or rejected response is empty")
     if pair.chosen == pair.rejected:
         raise Invalid("identical_responses", "chosen and rejected are identical")
+    for name in ("prompt", "chosen", "rejected"):
+        try:
+            getattr(pair, name).encode("utf-8")
+        except UnicodeEncodeError as error:  # a lone surrogate escape such as "\ud800"
+            raise Invalid("not_json", f"{name} is not valid Unicode: {error}") from None
     return pair

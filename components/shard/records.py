@@ -134,7 +134,8 @@ def parse_json(raw: str) -> Any:
     """The JSON value of one line, or Invalid('not_json')."""
     try:
         return json.loads(raw)
-    except (json.JSONDecodeError, RecursionError) as error:
+    except (ValueError, RecursionError) as error:  # ValueError: JSONDecodeError, or an
+        # integer longer than Python converts (4300 digits)
         raise Invalid("not_json", f"not valid JSON: {error}") from None
 
 

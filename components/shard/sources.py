@@ -13,6 +13,7 @@ import dataclasses
 import hashlib
 import io
 import json
+import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -51,6 +52,12 @@ def expand_patterns(patterns: list[str]) -> list[str]:
         matches = FileSystems.match([pattern])[0].metadata_list
         if not matches:
             raise InputError(f"input: {pattern!r} matches no file; check the path or glob")
+        folders = [m.path for m in matches if "://" not in m.path and os.path.isdir(m.path)]
+        if folders:
+            raise InputError(
+                f"input: {folders[0]!r} is a folder; pass its files, e.g. "
+                f"--input '{folders[0].rstrip('/')}/*.jsonl'"
+            )
         files.update(m.path for m in matches)
     return sorted(files)
 
