@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 
 from components.core.flags import add_config_flags, config_from_flags
@@ -48,7 +49,15 @@ def _generate(args: argparse.Namespace, rest: list[str]) -> int:
     if args.pairs < 1:
         print("error: --pairs must be at least 1", file=sys.stderr)
         return 2
-    count = write_jsonl(args.out, args.pairs, seed=args.seed, beta=args.beta)
+    if not args.beta > 0 or math.isinf(args.beta):  # nan fails the first test
+        # beta < 0 labels the worse response chosen, 0 (or nan) labels at random.
+        print(f"error: --beta must be a finite number > 0, got {args.beta}", file=sys.stderr)
+        return 2
+    try:
+        count = write_jsonl(args.out, args.pairs, seed=args.seed, beta=args.beta)
+    except OSError as error:
+        print(f"error: --out {args.out}: {error.strerror or error}", file=sys.stderr)
+        return 2
     print(f"wrote {count} pairs to {args.out} (gold reward: {GOLD_REWARD_NAME})")
     return 0
 

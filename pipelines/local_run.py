@@ -198,9 +198,16 @@ def run_local(
     """
     from kfp import local
 
+    from components.core.entry import CPU_DEVICES_ENV, cpu_device_count
+
     if cpu_devices is not None:
-        os.environ["ALIGNPIPE_CPU_DEVICES"] = str(cpu_devices)
-    devices = int(os.environ.get("ALIGNPIPE_CPU_DEVICES", "8"))
+        if cpu_devices < 1:
+            raise params.ParamError(f"--cpu-devices: {cpu_devices} must be at least 1")
+        os.environ[CPU_DEVICES_ENV] = str(cpu_devices)
+    try:
+        devices = cpu_device_count()
+    except ValueError as error:
+        raise params.ParamError(str(error)) from None
     root = Path(runs_dir).resolve()
     values = {"promoted_policy_uri": str(root / PROMOTED_DIR), **values}
     preflight.check(params.validate(values, Placement(target="local", cpu_devices=devices).chips))

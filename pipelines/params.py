@@ -9,6 +9,7 @@ here. ``validate`` runs at compile (and local run) time, before anything is subm
 from __future__ import annotations
 
 import dataclasses
+import math
 import typing
 from typing import Any
 
@@ -374,6 +375,10 @@ def _check_type(name: str, value: Any) -> None:
         ok = True
     if not ok:
         raise ParamError(f"{name}: expected {kind.__name__}, got {value!r}")
+    if kind is float and not math.isfinite(value):
+        # Pipeline specs carry parameters as JSON numbers, which have no inf or nan.
+        off = " (to turn the check off, pass a large value such as 1e9)" if value > 0 else ""
+        raise ParamError(f"{name}: {value!r}: pipeline parameters must be finite numbers{off}")
 
 
 def _check_batches(values: dict[str, Any], chips: int) -> None:

@@ -79,6 +79,29 @@ def test_validate_missing_file_is_a_clear_error(tmp_path, capsys):
     assert "matches no file" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        # beta < 0 would label the worse response chosen (5.6% right at -10), nan at random.
+        (["--beta", "-10"], "--beta must be a finite number > 0, got -10.0"),
+        (["--beta", "nan"], "--beta must be a finite number > 0, got nan"),
+        (["--out", "."], "--out .: Is a directory"),
+    ],
+)
+def test_generate_refuses_what_would_write_wrong_labels_or_nothing(flags, message, capsys):
+    assert main(["data", "generate", "--out", "unused.jsonl", "--pairs", "5", *flags]) == 2
+    assert capsys.readouterr().err.strip() == f"error: {message}"
+    assert not os.path.exists("unused.jsonl")
+
+
+def test_shard_output_that_is_a_file_is_a_one_line_error(tmp_path, capsys):
+    data, taken = tmp_path / "p.jsonl", tmp_path / "taken"
+    assert main(["data", "generate", "--out", str(data), "--pairs", "50"]) == 0
+    taken.write_text("")
+    assert main(["data", "shard", "--input", str(data), "--output", str(taken)]) == 1
+    assert capsys.readouterr().err.strip().endswith(f"Not a directory: '{taken}/tokenizer'")
+
+
 def test_help_describes_shard_flags(capsys):
     with pytest.raises(SystemExit) as done:
         main(["data", "shard", "--help"])

@@ -85,3 +85,27 @@ def test_configs_keep_slots(config_cls):
     assert not hasattr(config, "__dict__")
     with pytest.raises(AttributeError):
         config.not_a_field = 1
+
+
+@pytest.mark.parametrize(
+    ("make", "name", "value"),
+    [
+        # Each passed its `< 0` check before: nan compares false with everything.
+        (PPOConfig, "kl_coef", float("nan")),
+        (PPOConfig, "vf_coef", float("nan")),
+        (PPOConfig, "learning_rate", float("inf")),
+        (SFTConfig, "weight_decay", float("nan")),
+        (DPOConfig, "lora_alpha", float("inf")),
+    ],
+)
+def test_nan_and_inf_are_refused_naming_the_field(make, name, value):
+    with pytest.raises(ValueError, match=f"^{name}: {value} must be a finite number$"):
+        make(**{name: value})
+
+
+def test_inf_turns_off_the_evaluate_limits_that_say_so():
+    from components.evaluate.config import EvalConfig
+
+    assert EvalConfig(max_kl=float("inf"), max_anchor_kl=float("inf")).max_kl == float("inf")
+    with pytest.raises(ValueError, match="^max_kl: nan must be a finite number$"):
+        EvalConfig(max_kl=float("nan"))

@@ -268,6 +268,13 @@ def test_compile_time_values_become_defaults(tmp_path):
         ({"sft_steps": -5}, {}, "steps: -5 must be at least 1"),
         ({"ppo_iterations": 0}, {}, "iterations: 0 must be at least 1"),
         ({"kl_coef": "x"}, {}, "kl_coef: expected float"),
+        # JSON has no inf: the spec would not serialize (the stage itself takes inf).
+        ({"max_kl": float("inf")}, {}, r"max_kl: inf: .* finite numbers \(to turn the check off"),
+        (
+            {"kl_coef": float("nan")},
+            {},
+            r"kl_coef: nan: pipeline parameters must be finite numbers$",
+        ),
         ({"no_such": 1}, {}, "unknown parameter"),
         ({"reward_batch_size": 128}, {}, "min_eval_pairs: 64 is below reward_batch_size 128"),
         ({"min_eval_pairs": -1}, {}, "min_eval_pairs: -1 must be >= 0"),

@@ -25,7 +25,7 @@ import components.sft as sft
 from components.core.data.builtin_task import write_jsonl
 from components.core.data.input_pipeline import read_manifest
 from components.core.data.tokenizers import BUILTIN_WORDS
-from components.core.model.artifact import load_model
+from components.core.model.artifact import ModelMismatchError, load_model
 from components.core.training.checkpoint import read_model_config
 from components.core.training.metrics import read_events, read_metrics
 from components.ppo import PPOConfig, run
@@ -127,6 +127,15 @@ def test_ppo_raises_gold_reward_within_kl_stop(aligned) -> None:
     assert metrics["gold/final"] == pytest.approx(gold["final"])
     # Rollout and update score with one function: the first minibatch's ratio is 1.
     assert max(r["policy/logprob_mismatch"] for r in read_metrics(output)) < 1e-4
+
+
+def test_a_policy_and_a_reward_model_swapped_are_refused(artifacts) -> None:
+    manifest = read_manifest(artifacts["shards"])
+    reward_model, policy = artifacts["reward"], artifacts["sft"]
+    with pytest.raises(ModelMismatchError, match="is a reward model .* pass a policy as --policy"):
+        build_networks(PPOConfig(), manifest, reward_model, reward_model)
+    with pytest.raises(ModelMismatchError, match="it is a policy, not a reward model"):
+        build_networks(PPOConfig(), manifest, policy, policy)
 
 
 def test_output_is_a_ppo_model_artifact(aligned) -> None:

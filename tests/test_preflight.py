@@ -51,6 +51,19 @@ def test_bad_local_inputs_are_refused_before_any_task_naming_the_flag(tmp_path):
     assert message.startswith("--tokenizer: ") and "no such file or folder" in message
 
 
+def test_a_device_count_below_one_or_not_a_number_is_refused_naming_where_it_came_from(
+    tmp_path, monkeypatch
+):
+    runs = tmp_path / "runs"
+    with pytest.raises(params.ParamError, match="^--cpu-devices: 0 must be at least 1$"):
+        run_local({}, runs_dir=runs, cpu_devices=0, echo=False)
+    for raw in ("eight", "0", "-2", ""):
+        monkeypatch.setenv("ALIGNPIPE_CPU_DEVICES", raw)
+        with pytest.raises(params.ParamError, match=f"^ALIGNPIPE_CPU_DEVICES='{raw}': .* whole"):
+            run_local({}, runs_dir=runs, echo=False)
+    assert not runs.exists()
+
+
 def test_other_local_paths_are_checked_only_where_the_run_reads_them(tmp_path):
     runs = tmp_path / "runs"
     missing = str(tmp_path / "missing")

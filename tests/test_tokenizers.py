@@ -5,6 +5,7 @@ import json
 import pytest
 
 from components.core.data.tokenizers import (
+    INFO_FILE,
     ByteTokenizer,
     HFTokenizer,
     TokenizerError,
@@ -81,6 +82,18 @@ def test_bad_tokenizer_inputs_name_the_fix(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(TokenizerError, match="holds no tokenizer.json"):
         load_tokenizer(str(tmp_path / "empty"))
+    # Damaged files: each library's own error, named with the file and what to pass.
+    (tmp_path / "tokenizer.json").write_text("{}")
+    (tmp_path / "sp.model").write_bytes(b"not a model")
+    (tmp_path / "saved").mkdir()
+    (tmp_path / "saved" / INFO_FILE).write_text('{"schema_version": 1}')
+    for damaged, error in [("tokenizer.json", "Model missing"), ("sp.model", "RuntimeError")]:
+        with pytest.raises(
+            TokenizerError, match=f"{damaged}: cannot be read .*{error}.* or 'byte'"
+        ):
+            load_tokenizer(str(tmp_path / damaged))
+    with pytest.raises(TokenizerError, match="saved: cannot be read .KeyError: 'kind'"):
+        load_tokenizer(str(tmp_path / "saved"))
 
 
 def test_builtin_word_tokenizer_covers_the_task_one_token_per_word():

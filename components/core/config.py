@@ -13,6 +13,7 @@ Each group's ``__post_init__`` checks its fields; a stage's ``__post_init__`` ca
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any, Literal
 
 from components.core.flags import field
@@ -86,6 +87,18 @@ def learning_rate_field(auto: str, *, of: str = "") -> Any:
         help=f"peak {of}learning rate; 0 = auto: {auto} (times {LORA_LEARNING_RATE_FACTOR:g} "
         "when training LoRA adapters on a base)",
     )
+
+
+def check_finite(config: Any, allow_inf: tuple[str, ...] = ()) -> None:
+    """Refuse nan in any float field of ``config``, and inf outside ``allow_inf`` (fields whose
+    help says inf turns a check off): a range check written ``value < 0`` lets both through,
+    to fail, or train on nan, much later."""
+    for spec in dataclasses.fields(config):
+        value = getattr(config, spec.name)
+        if isinstance(value, float) and not math.isfinite(value):
+            if value == math.inf and spec.name in allow_inf:
+                continue
+            raise ValueError(f"{spec.name}: {value} must be a finite number")
 
 
 def check_learning_rate(name: str, value: float) -> None:

@@ -17,6 +17,10 @@ USER_ERRORS: tuple[type[BaseException], ...] = (
     ValueError,
     FileNotFoundError,
     FloatingPointError,
+    # A file where a folder goes (--output one.jsonl) or the reverse, or no right to write.
+    NotADirectoryError,
+    IsADirectoryError,
+    PermissionError,
 )
 
 
@@ -32,8 +36,19 @@ def configure_cpu_devices() -> None:
     """
     import jax
 
-    count = int(os.environ.get(CPU_DEVICES_ENV, DEFAULT_CPU_DEVICES))
-    jax.config.update("jax_num_cpu_devices", count)
+    jax.config.update("jax_num_cpu_devices", cpu_device_count())
+
+
+def cpu_device_count() -> int:
+    """``$ALIGNPIPE_CPU_DEVICES`` (default 8), refused unless a whole number of at least 1."""
+    raw = os.environ.get(CPU_DEVICES_ENV, str(DEFAULT_CPU_DEVICES))
+    count = int(raw) if raw.strip().isdigit() else 0
+    if count < 1:
+        raise ValueError(
+            f"{CPU_DEVICES_ENV}={raw!r}: the virtual CPU devices per process must be a whole "
+            f"number of at least 1 (unset: {DEFAULT_CPU_DEVICES})"
+        )
+    return count
 
 
 class _DropImportNoise(logging.Filter):
@@ -89,9 +104,9 @@ def start_process() -> None:
 
 def run_stage(body: Callable[[], dict[str, Any]]) -> int:
     """Run a stage body; print its summary as JSON, or a one-line error and return 1."""
-    start_process()
-    configure_logging()
     try:
+        start_process()
+        configure_logging()
         summary = body()
     except USER_ERRORS as error:
         print(f"error: {error}", file=sys.stderr)

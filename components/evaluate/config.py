@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
+from components.core.config import check_finite
 from components.core.data import builtin_task
 from components.core.data.gold import validate_gold_reward
 from components.core.flags import field
@@ -81,6 +82,7 @@ class EvalConfig:
     )
 
     def __post_init__(self) -> None:
+        check_finite(self, allow_inf=("max_kl", "max_anchor_kl"))
         if self.max_new_tokens < 0:
             raise ValueError(
                 f"max_new_tokens: {self.max_new_tokens} must be >= 0 (0 = from the data)"

@@ -26,6 +26,7 @@ from components.core.config import (
     NumericsSettings,
     OptimizerSettings,
     ReproducibilitySettings,
+    check_finite,
     check_learning_rate,
     group_field,
     learning_rate_field,
@@ -162,6 +163,7 @@ class PPOConfig(
     save_every: int = group_field(CheckpointSettings, "save_every", 5)
 
     def __post_init__(self) -> None:
+        check_finite(self)
         LoRASettings.__post_init__(self)
         OptimizerSettings.__post_init__(self)
         CheckpointSettings.__post_init__(self)

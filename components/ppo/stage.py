@@ -88,7 +88,13 @@ def build_networks(
     the critic get fresh adapters, and the bases are frozen, one copy each: the policy's
     (the reference's too) and the reward model's (the critic's too).
     """
-    policy, _ = _load(policy_dir, manifest, config, scalar_head=False)
+    policy, policy_info = _load(policy_dir, manifest, config, scalar_head=False)
+    if policy_info.get("scalar_head"):
+        raise ModelMismatchError(
+            f"{policy_dir} is a reward model (stage {policy_info.get('stage')!r}, with a scalar "
+            "head), not a policy; pass a policy as --policy (the output of the sft stage, or of "
+            "ppo or dpo) and the reward model as --reward"
+        )
     policy = with_adapters(policy, config, config.seed)
     reward, reward_info = _load(reward_dir, manifest, config, scalar_head=None)
     if reward.scalar_head is None:

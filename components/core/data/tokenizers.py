@@ -273,7 +273,23 @@ BUILTIN_WORDS = "builtin-words"
 
 def load_tokenizer(spec: str) -> Tokenizer:
     """Load a tokenizer from ``"byte"``, ``"builtin-words"`` (the built-in task's word-level
-    tokenizer), a saved folder, a HF folder or ``tokenizer.json``, or a SentencePiece ``.model``."""
+    tokenizer), a saved folder, a HF folder or ``tokenizer.json``, or a SentencePiece ``.model``.
+
+    A file the libraries cannot parse is a :class:`TokenizerError` naming it: ``tokenizers``
+    raises a bare ``Exception`` ("Model missing"), SentencePiece a ``RuntimeError``.
+    """
+    try:
+        return _load_tokenizer(spec)
+    except TokenizerError:
+        raise
+    except Exception as error:  # noqa: BLE001 - see the docstring
+        raise TokenizerError(
+            f"tokenizer {spec}: cannot be read ({type(error).__name__}: {error}); pass a "
+            "Hugging Face tokenizer.json, a SentencePiece .model, a folder holding one, or 'byte'"
+        ) from error
+
+
+def _load_tokenizer(spec: str) -> Tokenizer:
     if spec in ("", "byte"):
         return ByteTokenizer()
     if spec == BUILTIN_WORDS:

@@ -15,6 +15,7 @@ from components.core.config import (
     NumericsSettings,
     OptimizerSettings,
     ReproducibilitySettings,
+    check_finite,
     learning_rate_field,
 )
 from components.core.flags import field
@@ -64,6 +65,7 @@ class TrainConfig(
     max_nonfinite_steps: int = field(5, help="abort after this many non-finite steps in a row")
 
     def __post_init__(self) -> None:
+        check_finite(self)
         LoRASettings.__post_init__(self)
         OptimizerSettings.__post_init__(self)
         CheckpointSettings.__post_init__(self)
