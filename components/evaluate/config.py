@@ -57,7 +57,8 @@ class EvalConfig:
     max_kl: float = field(
         0.5,
         help="blessing requires KL(aligned || reference) <= this, in nats per response token "
-        "(k1 estimate on aligned samples); inf disables the check",
+        "(k1 estimate on aligned samples); inf disables the check (a pipeline parameter "
+        "must be finite: 1e9)",
     )
     # Finite by default: a chain of runs may drift further than one run (max_kl each), but
     # not without bound. Twice the per-run limit lets a few full-budget runs through; past
@@ -66,7 +67,8 @@ class EvalConfig:
     max_anchor_kl: float = field(
         1.0,
         help="blessing requires KL(aligned || anchor) <= this, in nats per response token: "
-        "drift from the anchor (the first promoted policy) across runs; inf disables the check",
+        "drift from the anchor (the first promoted policy) across runs; inf disables the check "
+        "(a pipeline parameter must be finite: 1e9)",
     )
     num_report_samples: int = field(20, help="prompts shown with both responses in the report")
     gold_reward: str = field(

@@ -1,4 +1,8 @@
-"""Pure PPO math on per-token [B, T] arrays with a response mask, as TRL's PPOTrainer computes it.
+"""Pure PPO math on per-token [B, T] arrays with a response mask, as TRL's PPOTrainer computes it
+but for where the score goes: on the last real token (EOS), with the value after it 0, as
+OpenRLHF does. TRL adds it one position later, on the first pad, and bootstraps and trains a
+value there; with a critic started from the reward model that value is close to the score,
+so the advantages differ little.
 
 Conventions shared by every function here:
 

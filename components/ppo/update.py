@@ -6,6 +6,13 @@ the GLOBAL minibatch: each device weights its
 local mean by its share of the real tokens, so the ``lax.pmean`` of the
 gradients is the gradient of the global mean whatever the device count.
 
+All three algorithms clip the ratio per token. TRL's RLOOTrainer clips the
+sequence's ratio exp(Σ new − Σ old) and averages over sequences instead;
+OpenRLHF's PolicyLoss, like this one, clips per token. Per token keeps one
+surrogate for ppo, grpo and rloo; it clips less than per sequence does as the
+per-token ratios drift (a sequence's log-ratio is their sum), so rloo here is
+less constrained than TRL's RLOO across the epochs of one update.
+
 Every epoch draws new minibatches: each block of M consecutive rows of the global
 batch sends one row to each of the M minibatches, in an order drawn from a key
 shared by all devices and the block's global index (``shuffled_minibatches``).
