@@ -234,6 +234,21 @@ def _summary(figures: StepFigures) -> dict[str, jax.Array]:
     return summary
 
 
+def _with_rotary(minibatches: dict, state: PPOState, frozen: Frozen | None, models: Models):
+    """Every minibatch's rotary tables for the policy and the critic, computed here, before
+    the loop over the steps (``scoring.with_rotary``): in the loop XLA:CPU would evaluate
+    sin and cos for every element of every layer's q and k, every step, and their
+    backward too. Same values as computed in the passes, so the same update."""
+    policy = state.policy.params
+    policy = policy if frozen is None else lora.join(policy, frozen.policy)
+    minibatches = scoring.with_rotary(models.policy, policy, minibatches)
+    if state.critic is not None:
+        critic = state.critic.params
+        critic = critic if frozen is None else lora.join(critic, frozen.shared)
+        minibatches = scoring.with_rotary(models.critic, critic, minibatches)
+    return minibatches
+
+
 def shuffled_minibatches(batch: dict, key: jax.Array, count: int) -> dict:
     """[b, ...] → [count, b / count, ...]: each block of ``count`` consecutive rows gives one
     row to every minibatch, in an order drawn from ``key`` and the block's GLOBAL index.
@@ -274,6 +289,7 @@ def update_step(
     keys = jax.random.split(rng, config.ppo_epochs)
     minibatches = jax.vmap(lambda key: shuffled_minibatches(fields, key, config.minibatches))(keys)
     minibatches["weight"] = _token_weights(minibatches)
+    minibatches = _with_rotary(minibatches, state, frozen, models)
 
     def one_step(carry: PPOState, minibatch: dict):
         return minibatch_step(carry, minibatch, lr_scale, kl_coef, models, config, frozen)

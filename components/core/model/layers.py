@@ -134,11 +134,29 @@ def rope_inv_freq(config: ModelConfig) -> np.ndarray:
     return np.where(medium, blended, scaled).astype(np.float32)
 
 
-def apply_rope(x: jax.Array, positions: jax.Array, inv_freq: np.ndarray) -> jax.Array:
-    """Rotate ``x`` [B, T, N, Hd] by its ``positions`` [B, T] (HF "rotate half" layout)."""
-    angles = positions[..., None].astype(jnp.float32) * jnp.asarray(inv_freq)  # [B, T, half]
-    sin = jnp.sin(angles)[:, :, None, :]
-    cos = jnp.cos(angles)[:, :, None, :]
+Rotary = tuple[jax.Array, jax.Array]  # (sin, cos) [B, T, head_dim / 2] float32
+
+
+def rope_tables(positions: jax.Array, config: ModelConfig) -> Rotary:
+    """sin and cos of ``positions`` [B, T] times the rotary frequencies, [B, T, half] each.
+
+    Computed once per pass and given to every layer. A caller that runs many passes over
+    the same rows (PPO's update: every epoch and minibatch) computes them once for all:
+    XLA:CPU fuses them into each layer's rotation and evaluates sin and cos for every
+    element of q and k (every head), which at the demo shape cost ~12% of the update.
+    """
+    angles = positions[..., None].astype(jnp.float32) * jnp.asarray(rope_inv_freq(config))
+    return jnp.sin(angles), jnp.cos(angles)
+
+
+def rotary_key(config: ModelConfig) -> str:
+    """Names ``config``'s rotary frequencies: networks whose keys match share tables."""
+    return "rotary-" + rope_inv_freq(config).tobytes().hex()
+
+
+def apply_rope(x: jax.Array, rotary: Rotary) -> jax.Array:
+    """Rotate ``x`` [B, T, N, Hd] by its positions' ``rotary`` tables (HF "rotate half")."""
+    sin, cos = (table[:, :, None, :] for table in rotary)
     x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
     rotated = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
     return rotated.astype(x.dtype)
@@ -209,12 +227,13 @@ class Attention(nnx.Module):
     def __call__(
         self,
         x: jax.Array,
-        positions: jax.Array,
+        rotary: Rotary,
         allowed: jax.Array,
         cache_kv: tuple[jax.Array, jax.Array] | None = None,
         cache_index: jax.Array | None = None,
     ) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
-        """Attend from ``x`` [B,T,D]; returns the output and this call's (k, v) [B,T,Kv,Hd].
+        """Attend from ``x`` [B,T,D] at the positions of ``rotary`` (:func:`rope_tables`);
+        returns the output and this call's (k, v) [B,T,Kv,Hd].
 
         With ``cache_kv`` (k [B,Kv,Hd,S], v [B,Kv,S,Hd]: :class:`KVCache`'s layout), the
         new keys are written at ``cache_index``, the queries attend over the whole cache
@@ -224,9 +243,8 @@ class Attention(nnx.Module):
         q = on_rows(self.wq, x).reshape(batch, length, self.n_heads, self.head_dim)
         k = on_rows(self.wk, x).reshape(batch, length, self.n_kv_heads, self.head_dim)
         v = on_rows(self.wv, x).reshape(batch, length, self.n_kv_heads, self.head_dim)
-        inv_freq = rope_inv_freq(self.config)
-        q = apply_rope(q, positions, inv_freq)
-        k = apply_rope(k, positions, inv_freq)
+        q = apply_rope(q, rotary)
+        k = apply_rope(k, rotary)
         softcap = self.config.attn_logit_softcap
         if cache_kv is None:
             out = attend(q, k, v, allowed, self.scale, softcap)
@@ -276,14 +294,14 @@ class Block(nnx.Module):
     def __call__(
         self,
         x: jax.Array,
-        positions: jax.Array,
+        rotary: Rotary,
         allowed: jax.Array,
         cache_kv: tuple[jax.Array, jax.Array] | None = None,
         cache_index: jax.Array | None = None,
     ) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
         """Run the layer; returns the new residual stream and this call's (k, v), or with
         ``cache_kv`` the cache with them written (:meth:`Attention.__call__`)."""
-        attn_out, kv = self.attn(self.attn_norm(x), positions, allowed, cache_kv, cache_index)
+        attn_out, kv = self.attn(self.attn_norm(x), rotary, allowed, cache_kv, cache_index)
         if self.post_attn_norm is not None:
             attn_out = self.post_attn_norm(attn_out)
         x = x + attn_out

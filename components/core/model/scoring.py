@@ -30,16 +30,19 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from components.core.model.layers import rope_tables, rotary_key
+from components.core.model.transformer import positions_from_mask
 from components.core.training import fsdp
 
 PyTree = Any
 
 
 def sequence(batch: dict[str, jax.Array]) -> tuple[jax.Array, jax.Array]:
-    """Tokens and mask [B, P + N] of prompt followed by response."""
-    tokens = jnp.concatenate([batch["prompt_tokens"], batch["response_tokens"]], axis=1)
+    """Tokens and mask [..., P + N] of prompt followed by response."""
+    tokens = jnp.concatenate([batch["prompt_tokens"], batch["response_tokens"]], axis=-1)
     mask = jnp.concatenate(
-        [batch["prompt_mask"].astype(jnp.int32), batch["response_mask"].astype(jnp.int32)], axis=1
+        [batch["prompt_mask"].astype(jnp.int32), batch["response_mask"].astype(jnp.int32)],
+        axis=-1,
     )
     return tokens, mask
 
@@ -51,8 +54,21 @@ def _response_hidden(
     model = nnx.merge(graphdef, fsdp.gather_outer(params))
     tokens, mask = sequence(batch)
     prompt_len = batch["prompt_tokens"].shape[1]
-    hidden = model(tokens, mask)
+    hidden = model(tokens, mask, batch.get(rotary_key(model.config)))
     return model, hidden[:, prompt_len - 1 : -1]
+
+
+def with_rotary(graphdef: nnx.GraphDef, params: PyTree, batch: dict[str, jax.Array]) -> dict:
+    """``batch`` with the network's rotary tables of its rows (any leading axes) under the
+    network's :func:`layers.rotary_key`: the passes over it read them instead of computing
+    them (networks with the same frequencies share one entry). For a batch passed over many
+    times, such as PPO's minibatches, computed before the loop over them."""
+    config = nnx.merge(graphdef, params).config  # static: the merge adds no computation
+    key = rotary_key(config)
+    if key in batch:
+        return batch
+    _, mask = sequence(batch)
+    return {**batch, key: rope_tables(positions_from_mask(mask), config)}
 
 
 def response_logits(

@@ -31,7 +31,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from components.core.model.config import PRESETS, REMAT_POLICIES, ModelConfig, model_config
-from components.core.model.layers import INIT_STD, Block, RMSNorm
+from components.core.model.layers import INIT_STD, Block, RMSNorm, Rotary, rope_tables
 from components.core.training import fsdp
 
 __all__ = ["PRESETS", "KVCache", "ModelConfig", "Transformer", "model_config"]
@@ -140,13 +140,17 @@ class Transformer(nnx.Module):
         """[L] bool: which scanned layers use the sliding window."""
         return jnp.asarray(self.config.sliding_layers(), dtype=bool)
 
-    def __call__(self, tokens: jax.Array, mask: jax.Array) -> jax.Array:
+    def __call__(
+        self, tokens: jax.Array, mask: jax.Array, rotary: Rotary | None = None
+    ) -> jax.Array:
         """Final-norm hidden states [B,T,D] (compute dtype) of ``tokens`` [B,T] under ``mask``.
 
         ``mask`` is 1 for real tokens and 0 for pads (left or right). Positions are
-        cumsum(mask) - 1; attention is causal and never attends to pad keys.
+        cumsum(mask) - 1; attention is causal and never attends to pad keys. ``rotary``:
+        :meth:`rotary` of this ``mask``, computed before (once for many passes), else here.
         """
         positions = positions_from_mask(mask)
+        rotary = self.rotary(mask) if rotary is None else rotary
         allowed = causal_allowed(mask)
         window = sliding_allowed(self.config, allowed, positions, positions)
         graphdef, layers = nnx.split(self.blocks)
@@ -154,7 +158,7 @@ class Transformer(nnx.Module):
         def layer(x: jax.Array, inputs: tuple[nnx.State, jax.Array]) -> tuple[jax.Array, None]:
             layer_params, is_sliding = inputs
             block = nnx.merge(graphdef, fsdp.gather(layer_params))
-            x, _ = block(x, positions, layer_allowed(allowed, window, is_sliding))
+            x, _ = block(x, rotary, layer_allowed(allowed, window, is_sliding))
             return x, None
 
         # See the module's docstring. Sharded layers stay scanned: one whole at a time.
@@ -168,6 +172,10 @@ class Transformer(nnx.Module):
             layer, self._embed(tokens), (layers, self._sliding_flags()), unroll=unroll
         )
         return self.final_norm(x)
+
+    def rotary(self, mask: jax.Array) -> Rotary:
+        """The rotary tables (:func:`layers.rope_tables`) of the positions of ``mask`` [B,T]."""
+        return rope_tables(positions_from_mask(mask), self.config)
 
     def lm_logits(self, hidden: jax.Array) -> jax.Array:
         """Next-token logits [..., V] in float32 (fp32 accumulation of a compute-dtype matmul)."""
@@ -204,6 +212,7 @@ class Transformer(nnx.Module):
         if cache_size < length:
             raise ValueError(f"cache_size ({cache_size}) must be >= prompt length ({length})")
         positions = positions_from_mask(mask)
+        rotary = rope_tables(positions, self.config)
         allowed = causal_allowed(mask)
         window = sliding_allowed(self.config, allowed, positions, positions)
         graphdef, layers = nnx.split(self.blocks)
@@ -211,7 +220,7 @@ class Transformer(nnx.Module):
         def layer(x: jax.Array, inputs: tuple[nnx.State, jax.Array]):
             layer_params, is_sliding = inputs
             block = nnx.merge(graphdef, fsdp.gather(layer_params))
-            return block(x, positions, layer_allowed(allowed, window, is_sliding))
+            return block(x, rotary, layer_allowed(allowed, window, is_sliding))
 
         x, (k, v) = jax.lax.scan(layer, self._embed(tokens), (layers, self._sliding_flags()))
         grow = cache_size - length
@@ -255,6 +264,7 @@ class Transformer(nnx.Module):
             cache.key_mask, jnp.ones((tokens.shape[0], 1), bool), cache.length, axis=1
         )
         positions = cache.next_position[:, None]
+        rotary = rope_tables(positions, self.config)
         allowed = key_mask[:, None, :]
         # Filled slots hold consecutive positions of real tokens, so cumsum recovers them.
         window = sliding_allowed(self.config, allowed, positions, positions_from_mask(key_mask))
@@ -267,7 +277,7 @@ class Transformer(nnx.Module):
             # Sharded (fsdp): a layer is gathered after the last one ran, one whole at a time.
             block = nnx.merge(graphdef, fsdp.gather(fsdp.after(params, x)))
             layer_mask = layer_allowed(allowed, window, sliding)
-            x, (k, v) = block(x, positions, layer_mask, (k, v), cache.length)
+            x, (k, v) = block(x, rotary, layer_mask, (k, v), cache.length)
             keys.append(k)
             values.append(v)
         cache = KVCache(
