@@ -49,7 +49,7 @@ def _generate(args: argparse.Namespace, rest: list[str]) -> int:
     if args.pairs < 1:
         print("error: --pairs must be at least 1", file=sys.stderr)
         return 2
-    if not args.beta > 0 or math.isinf(args.beta):  # nan fails the first test
+    if not 0 < args.beta < math.inf:  # nan too
         # beta < 0 labels the worse response chosen, 0 (or nan) labels at random.
         print(f"error: --beta must be a finite number > 0, got {args.beta}", file=sys.stderr)
         return 2

@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 from typing import Any, TextIO
 
+from components.core.entry import CPU_DEVICES_ENV, cpu_device_count
 from pipelines import params, preflight, run_log, stage_io
 from pipelines.pipeline import PIPELINE_NAME, RESULT, STAGE_TASKS, STAGES, build_pipeline
 from pipelines.realign import NO_NEW_DATA
@@ -197,8 +198,6 @@ def run_local(
     terminal gets progress lines (``echo``); the tasks' output goes to the run's log.
     """
     from kfp import local
-
-    from components.core.entry import CPU_DEVICES_ENV, cpu_device_count
 
     if cpu_devices is not None:
         if cpu_devices < 1:

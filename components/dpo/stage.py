@@ -24,7 +24,7 @@ import numpy as np
 from flax import nnx
 
 from components.core import fileio
-from components.core.model.artifact import ModelMismatchError
+from components.core.model.artifact import require_policy
 from components.core.training import parallel
 from components.core.training.checkpoint import read_model_config
 from components.core.training.trainer import BatchWrapper, StreamBatches, train_on_preferences
@@ -63,12 +63,7 @@ def run(config: DPOConfig, shards_dir: str, policy_dir: str, output: str) -> dic
 def check_policy(policy_dir: str) -> dict[str, Any]:
     """The policy artifact's ``config.json``; a reward model (scalar head) is refused."""
     info = read_model_config(policy_dir)
-    if info.get("scalar_head"):
-        raise ModelMismatchError(
-            f"{policy_dir} is a reward model (stage {info.get('stage')!r}, with a scalar head), "
-            "not a policy: DPO needs no reward model; pass a policy as --policy (the output "
-            "of the sft stage, or of ppo or dpo)"
-        )
+    require_policy(info, policy_dir, "--policy", ": DPO needs no reward model")
     return info
 
 

@@ -44,7 +44,12 @@ from components.core.data.input_pipeline import (
 )
 from components.core.data.tokenizers import Tokenizer, load_tokenizer
 from components.core.model import eval_sampling
-from components.core.model.artifact import ModelMismatchError, check_tokenizer, load_model
+from components.core.model.artifact import (
+    ModelMismatchError,
+    check_tokenizer,
+    load_model,
+    require_policy,
+)
 from components.core.training.checkpoint import read_model_config
 from components.core.training.distributed import maybe_initialize
 from components.evaluate import anchor, generation
@@ -143,10 +148,8 @@ def check_inputs(config: EvalConfig, shards_dir: str, dirs: dict[str, str]) -> I
             "pass the reward stage's model as --reward"
         )
     for role in ("policy", "reference", "anchor"):
-        if role in infos and infos[role].get("stage") == "reward":
-            raise ModelMismatchError(
-                f"{dirs[role]} is a reward model; pass a policy (sft or ppo output) as --{role}"
-            )
+        if role in infos:
+            require_policy(infos[role], dirs[role], f"--{role}")
     return Inputs(manifest, gold_name)
 
 

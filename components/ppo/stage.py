@@ -29,6 +29,7 @@ from components.core.model.artifact import (
     check_tokenizer,
     is_pretrained,
     load_model,
+    require_policy,
     save_model,
     with_adapters,
 )
@@ -89,12 +90,7 @@ def build_networks(
     (the reference's too) and the reward model's (the critic's too).
     """
     policy, policy_info = _load(policy_dir, manifest, config, scalar_head=False)
-    if policy_info.get("scalar_head"):
-        raise ModelMismatchError(
-            f"{policy_dir} is a reward model (stage {policy_info.get('stage')!r}, with a scalar "
-            "head), not a policy; pass a policy as --policy (the output of the sft stage, or of "
-            "ppo or dpo) and the reward model as --reward"
-        )
+    require_policy(policy_info, policy_dir, "--policy", " (the reward model goes as --reward)")
     policy = with_adapters(policy, config, config.seed)
     reward, reward_info = _load(reward_dir, manifest, config, scalar_head=None)
     if reward.scalar_head is None:

@@ -90,6 +90,16 @@ def check_tokenizer(info: dict[str, Any], manifest: dict[str, Any], model_dir: s
         )
 
 
+def require_policy(info: dict[str, Any], model_dir: str, flag: str, note: str = "") -> None:
+    """Refuse a reward model (an artifact with a scalar head) given where a policy goes."""
+    if info.get("scalar_head"):
+        raise ModelMismatchError(
+            f"{model_dir} is a reward model (stage {info.get('stage')!r}, with a scalar head), "
+            f"not a policy{note}; pass a policy as {flag} (the output of the sft stage, or of "
+            "ppo or dpo)"
+        )
+
+
 def save_model(
     output: str,
     model: Transformer,
