@@ -30,8 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from components.core.model.layers import rope_tables, rotary_key
-from components.core.model.transformer import positions_from_mask
+from components.core.model.layers import rotary_key
 from components.core.training import fsdp
 
 PyTree = Any
@@ -63,12 +62,12 @@ def with_rotary(graphdef: nnx.GraphDef, params: PyTree, batch: dict[str, jax.Arr
     network's :func:`layers.rotary_key`: the passes over it read them instead of computing
     them (networks with the same frequencies share one entry). For a batch passed over many
     times, such as PPO's minibatches, computed before the loop over them."""
-    config = nnx.merge(graphdef, params).config  # static: the merge adds no computation
-    key = rotary_key(config)
+    model = nnx.merge(graphdef, params)  # for its config and tables: adds no computation
+    key = rotary_key(model.config)
     if key in batch:
         return batch
     _, mask = sequence(batch)
-    return {**batch, key: rope_tables(positions_from_mask(mask), config)}
+    return {**batch, key: model.rotary(mask)}
 
 
 def response_logits(

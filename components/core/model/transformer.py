@@ -174,7 +174,7 @@ class Transformer(nnx.Module):
         return self.final_norm(x)
 
     def rotary(self, mask: jax.Array) -> Rotary:
-        """The rotary tables (:func:`layers.rope_tables`) of the positions of ``mask`` [B,T]."""
+        """The rotary tables (:func:`layers.rope_tables`) of the positions of ``mask`` [..., T]."""
         return rope_tables(positions_from_mask(mask), self.config)
 
     def lm_logits(self, hidden: jax.Array) -> jax.Array:
