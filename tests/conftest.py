@@ -10,14 +10,17 @@ about 2.5 s of compiling in all on 2 cores, read back in about 0.5 s.
 """
 
 import os
+import shutil
 import tempfile
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
-_SESSION = os.environ.get("PYTEST_XDIST_TESTRUNUID") or f"pid{os.getpid()}"
-os.environ.setdefault(
-    "JAX_COMPILATION_CACHE_DIR", os.path.join(tempfile.gettempdir(), f"alignpipe-xla-{_SESSION}")
-)
+# Made by the first process of the session (pytest-xdist's controller, or a plain pytest),
+# which removes it at the end; workers inherit the variable. A folder the user named is kept.
+_OWN_CACHE = None
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+    _OWN_CACHE = tempfile.mkdtemp(prefix="alignpipe-xla-")
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = _OWN_CACHE
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 
 import jax  # noqa: E402
@@ -62,6 +65,12 @@ LONG_MODULES = (
     "test_dpo.py",
     "test_eval_stage.py",
 )
+
+
+def pytest_unconfigure(config):
+    """The session's compilation cache goes with it (tens of MB a run, left in /tmp before)."""
+    if _OWN_CACHE is not None:
+        shutil.rmtree(_OWN_CACHE, ignore_errors=True)
 
 
 def pytest_collection_modifyitems(config, items):
