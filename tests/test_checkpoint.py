@@ -150,3 +150,25 @@ def test_training_state_dir_is_the_durable_folder_when_set(tmp_path, monkeypatch
 def test_keyed_state_dir_refuses_what_is_no_folder(root, stage, key, message):
     with pytest.raises(ValueError, match=message):
         ckpt.keyed_state_dir(root, stage, key)
+
+
+def test_a_checkpoint_of_another_model_or_with_damaged_files_is_refused_by_name(tmp_path):
+    """Orbax's own errors (a shape that differs, a file gone) become one that names the step
+    and the ways on; a checkpoint saved without an identity restores as before."""
+    config = ckpt.CheckpointConfig()
+    with ckpt.TrainCheckpointer(str(tmp_path), config, {"stage": "sft"}) as checkpointer:
+        checkpointer.save(2, state=_tree(2), rng=np.zeros(2, np.uint32), data_position={})
+    with ckpt.TrainCheckpointer(str(tmp_path), config) as plain:
+        assert plain.restore_latest(_tree(0), np.zeros(2, np.uint32)).step == 2
+    wider = {**_tree(0), "bias": np.zeros(5, np.float32)}  # another model: a tree that differs
+    with ckpt.TrainCheckpointer(str(tmp_path), config, {"stage": "sft"}) as other:
+        refused = "checkpoint of step 2 in .* cannot be restored into this run .*step folder 2"
+        with pytest.raises(ckpt.CheckpointRestoreError, match=refused):
+            other.restore_latest(wider, np.zeros(2, np.uint32))
+    for folder, _, names in os.walk(tmp_path / "2" / "state"):
+        for name in names:
+            if os.path.basename(folder) == "d":
+                os.remove(os.path.join(folder, name))
+    with ckpt.TrainCheckpointer(str(tmp_path), config, {"stage": "sft"}) as damaged:
+        with pytest.raises(ckpt.CheckpointRestoreError, match="cannot be restored into this run"):
+            damaged.restore_latest(_tree(0), np.zeros(2, np.uint32))

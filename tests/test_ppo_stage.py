@@ -213,6 +213,16 @@ def test_sharded_resume_of_a_replicated_checkpoint_ends_alike(
     assert metrics["gold/final"] == pytest.approx(_status(uninterrupted)["gold_reward"]["final"])
 
 
+def test_resuming_past_iterations_is_refused(artifacts, aligned, tmp_path) -> None:
+    """A checkpoint at iteration 20 is not silently trained on (and on) to --iterations 10."""
+    output = str(tmp_path / "policy")
+    shutil.copytree(os.path.join(aligned[1], "work"), os.path.join(output, "work"))
+    with pytest.raises(ValueError, match="iterations: 10, but the checkpoint in .* is at "
+                       "iteration 20; pass --iterations 20 or more"):  # fmt: skip
+        _run(artifacts, output, iterations=10)
+    assert not os.path.exists(os.path.join(output, "config.json"))
+
+
 def test_learning_rate_blowup_trips_the_guard(artifacts, tmp_path) -> None:
     """Restorations raise kl_coef, show as events, and never send the steps backwards."""
     output = str(tmp_path / "policy")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shutil
 
 import jax
 import numpy as np
@@ -16,7 +17,11 @@ from components.core.data.builtin_task import write_jsonl
 from components.core.data.input_pipeline import DataError
 from components.core.model.artifact import ModelMismatchError, is_pretrained, load_model
 from components.core.training import parallel
-from components.core.training.checkpoint import ModelArtifactError, read_model_config
+from components.core.training.checkpoint import (
+    CheckpointRestoreError,
+    ModelArtifactError,
+    read_model_config,
+)
 from components.core.training.config import FROM_SCRATCH_LEARNING_RATE, PRETRAINED_LEARNING_RATE
 from components.core.training.metrics import read_metrics
 from components.reward import RewardConfig
@@ -222,6 +227,23 @@ def test_bad_inputs_get_clear_errors(shards, tmp_path):
     (old / "manifest.json").write_text(json.dumps({**manifest, "schema_version": 99}))
     with pytest.raises(DataError, match="schema_version 99"):
         run_sft(SFTConfig(**SMALL, steps=1), str(old), str(tmp_path / "d"))
+
+
+def test_resuming_with_fewer_steps_another_stage_or_batch_is_refused(sft_model, shards, tmp_path):
+    """An --output holding a finished 40-step sft run: continued only as what it is."""
+    output = str(tmp_path / "sft")
+    shutil.copytree(sft_model[0], output)
+    with pytest.raises(ValueError, match="steps: 10, but the checkpoint in .* is at step 40; "
+                       "pass --steps 40 or more"):  # fmt: skip
+        run_sft(SFTConfig(**SMALL, steps=10), shards, output)
+    with pytest.raises(CheckpointRestoreError, match=r"holds the sft stage's checkpoint \(step "
+                       r"40\), not the reward stage's"):  # fmt: skip
+        run_reward(RewardConfig(**SMALL, steps=41), shards, output)
+    with pytest.raises(CheckpointRestoreError, match=r"written with batch_size 32 \(now 16\), "
+                       r"seed 0 \(now 3\)"):  # fmt: skip
+        run_sft(SFTConfig(**{**SMALL, "batch_size": 16, "seed": 3}, steps=41), shards, output)
+    # Nothing was lost: the sft artifact is as it was.
+    assert read_model_config(output)["stage"] == "sft" and read_model_config(output)["step"] == 40
 
 
 def test_non_finite_loss_aborts_after_limit_and_keeps_last_good_checkpoint(shards, tmp_path):

@@ -118,6 +118,12 @@ class PPOLoop:
         self.checkpointer = TrainCheckpointer(
             training_state_dir(output),
             CheckpointConfig(save_every=config.save_every, keep=config.keep_checkpoints),
+            {
+                "stage": "ppo",
+                "algorithm": config.algorithm,
+                "rollout_batch_size": config.rollout_batch_size,
+                "seed": config.seed,
+            },
         )
         self.guard = KLGuard(
             kl_stop=config.kl_stop,
@@ -166,6 +172,12 @@ class PPOLoop:
         restored = self._latest()
         if restored is None:
             return None
+        if restored.step > self.config.iterations:
+            raise ValueError(
+                f"iterations: {self.config.iterations}, but the checkpoint in "
+                f"{self.checkpointer.directory} is at iteration {restored.step}; pass "
+                f"--iterations {restored.step} or more to continue it, or a new --output"
+            )
         reference = restored.extra_trees["reference"] if self.ema else self.nets.reference
         meta = restored.extra_json
         ctrl = KLControllerState.from_json_dict(meta["kl_controller"])

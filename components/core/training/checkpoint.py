@@ -139,6 +139,10 @@ class CheckpointConfig:
             raise ValueError(f"keep must be at least 1, got {self.keep}")
 
 
+class CheckpointRestoreError(ValueError):
+    """A training checkpoint this run cannot continue (another stage, settings or model)."""
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class Restored:
     """One restored training checkpoint."""
@@ -158,7 +162,15 @@ class TrainCheckpointer:
     coordinates them); the JSON items are written by process 0.
     """
 
-    def __init__(self, directory: str, config: CheckpointConfig) -> None:
+    def __init__(
+        self, directory: str, config: CheckpointConfig, identity: dict[str, Any] | None = None
+    ) -> None:
+        """``identity``: what a checkpoint must match to be resumed (the stage, and settings
+        its saved state and data position depend on, e.g. the batch size and seed), saved
+        with every step and compared on restore: a checkpoint that differs is refused, naming
+        the settings, instead of being continued with another stage's state or skipping
+        and repeating data. Checkpoints saved without one are restored as they are."""
+        self.identity = dict(identity or {})
         options = ocp.CheckpointManagerOptions(
             save_interval_steps=config.save_every,
             max_to_keep=config.keep,
@@ -190,6 +202,7 @@ class TrainCheckpointer:
         tree = {"state": state, "rng": np.asarray(rng), "extra": dict(extra_trees or {})}
         tree = _scalars_as_arrays(tree)
         meta = {"data_position": data_position, "extra": dict(extra_json or {}), "chunks": chunks}
+        meta["identity"] = self.identity
         return self._manager.save(
             step,
             args=ocp.args.Composite(
@@ -217,17 +230,27 @@ class TrainCheckpointer:
         if step is None:
             return None
         meta = self._manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
+        self._check_identity(step, meta["meta"].get("identity", {}))
         chunks = int(meta["meta"].get("chunks", 0))
         whole = {"state": state_template, "extra": dict(extra_templates or {})}
         # A sharded run's checkpoint holds each tensor as its devices' chunks.
         stored = fsdp.chunk_template(whole, chunks) if chunks else whole
         template = _scalars_as_arrays({**stored, "rng": np.asarray(rng_template)})
-        restored = self._manager.restore(
-            step,
-            args=ocp.args.Composite(
-                state=ocp.args.StandardRestore(template), meta=ocp.args.JsonRestore()
-            ),
-        )
+        try:
+            restored = self._manager.restore(
+                step,
+                args=ocp.args.Composite(
+                    state=ocp.args.StandardRestore(template), meta=ocp.args.JsonRestore()
+                ),
+            )
+        except Exception as error:  # Orbax: shapes or trees that differ, damaged files
+            raise CheckpointRestoreError(
+                f"the checkpoint of step {step} in {self.directory} cannot be restored into "
+                f"this run ({str(error).splitlines()[0][:300]}): it was written with another "
+                "model (preset, tokenizer, algorithm, lora_rank, reference) or its files are "
+                "damaged; pass the settings it was written with, a new --output to start "
+                f"over, or remove the damaged step folder {step} to resume from the one before"
+            ) from error
         tree, meta = restored["state"], restored["meta"]
         if chunks:
             joined = fsdp.join_like({"state": tree["state"], "extra": tree["extra"]}, whole)
@@ -239,6 +262,28 @@ class TrainCheckpointer:
             data_position=meta["data_position"],
             extra_trees=dict(tree["extra"]),
             extra_json=dict(meta["extra"]),
+        )
+
+    def _check_identity(self, step: int, saved: dict[str, Any]) -> None:
+        """Refuse a checkpoint saved with another stage or settings (see ``__init__``)."""
+        changed = {
+            name: (saved[name], value)
+            for name, value in self.identity.items()
+            if name in saved and saved[name] != value
+        }
+        if not changed:
+            return
+        if "stage" in changed:
+            was, now = changed["stage"]
+            raise CheckpointRestoreError(
+                f"{self.directory} holds the {was} stage's checkpoint (step {step}), not the "
+                f"{now} stage's: its --output is another stage's; pass a new --output"
+            )
+        listed = ", ".join(f"{name} {was} (now {now})" for name, (was, now) in changed.items())
+        raise CheckpointRestoreError(
+            f"the checkpoint of step {step} in {self.directory} was written with {listed}: "
+            "resuming would continue it on other data; pass the same values to resume it, "
+            "or a new --output to start over"
         )
 
     def wait(self) -> None:
@@ -293,8 +338,14 @@ def read_model_config(model_dir: str) -> dict[str, Any]:
             f"{path} not found: {model_dir!r} is not a complete model artifact; "
             "pass the model output of the sft, reward or ppo stage"
         )
-    config = json.loads(fileio.read_text(path))
-    version = config.get("schema_version")
+    try:
+        config = json.loads(fileio.read_text(path))
+        version = config.get("schema_version")
+    except (ValueError, AttributeError) as error:  # not JSON, or not an object
+        raise ModelArtifactError(
+            f"{path} is not a model artifact's config ({error}); pass the model output of "
+            "the sft, reward or ppo stage"
+        ) from None
     if version != MODEL_SCHEMA_VERSION:
         raise ModelArtifactError(
             f"{path} has schema_version {version!r}; this version reads "

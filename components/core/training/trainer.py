@@ -61,11 +61,18 @@ def fit(
     schedule = make_schedule(optimizer)  # built once: the loop logs its value per step
     state = parallel.TrainState.create(params, optimizer)
     rng = np.asarray(jax.random.PRNGKey(config.seed))
-    checkpointer = TrainCheckpointer(training_state_dir(output), config.checkpoint())
+    identity = {"stage": stage, "batch_size": config.batch_size, "seed": config.seed}
+    checkpointer = TrainCheckpointer(training_state_dir(output), config.checkpoint(), identity)
     restored = checkpointer.restore_latest(state, rng)
     start = 0
     if restored is not None:
         state, rng, start = restored.state, restored.rng, restored.step
+        if start > config.steps:
+            raise ValueError(
+                f"steps: {config.steps}, but the checkpoint in {checkpointer.directory} is "
+                f"at step {start}; pass --steps {start} or more to continue it, or a new "
+                "--output to start over"
+            )
         train_data.restore(restored.data_position)
         log.info("%s: resuming from step %d of %s", stage, start, checkpointer.directory)
     step_fn = parallel.make_train_step(loss_fn, optimizer)
