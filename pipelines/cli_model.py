@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
+import os
 import sys
 
 from components.core.model.config import DTYPES, REMAT_POLICIES
@@ -86,14 +88,43 @@ def _errors() -> tuple[type[Exception], ...]:
     return HFImportError, CheckpointFileError, ExportError, ModelArtifactError, TokenizerError
 
 
+def _unwritable(out: str, source: str, name: str) -> str | None:
+    """Why the local folder ``out`` must not be written from ``source``, or None.
+
+    Import and export write their files into ``out`` by name: into a folder that holds
+    another model they would replace its config.json and leave the rest (an artifact that
+    no longer loads, or old safetensors shards that the index still names), so only a new
+    or empty folder outside ``source`` is taken.
+    """
+    if "://" in out:
+        return None
+    if os.path.isfile(out):
+        return f"{name} {out} is a file; pass a new or empty folder"
+    where, inside = os.path.realpath(out), os.path.realpath(source)
+    if where == inside or where.startswith(inside + os.sep):
+        return f"{name} {out} is {source} or inside it, which is read from; pass another folder"
+    if os.path.isdir(out) and os.listdir(out):
+        return (
+            f"{name} {out} already holds files, which this would mix with the new model's "
+            "(nothing was written); pass a new or empty folder, or remove it first"
+        )
+    return None
+
+
+def _refuse(message: str) -> int:
+    print(f"error: {message}", file=sys.stderr)
+    return 2
+
+
 def _import(args: argparse.Namespace, rest: list[str]) -> int:
     from components.hf.importer import import_hf
 
+    if problem := _unwritable(args.out, args.hf_dir, "OUT"):
+        return _refuse(problem)
     try:
         summary = import_hf(args.hf_dir, args.out, dtype=args.dtype, remat=args.remat)
     except _errors() as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
+        return _refuse(str(error))
     print(json.dumps(summary))
     return 0
 
@@ -102,21 +133,23 @@ def _export(args: argparse.Namespace, rest: list[str]) -> int:
     from components.hf.export import export_hf
     from components.hf.peft import export_peft
 
+    if not (math.isfinite(args.max_shard_gb) and args.max_shard_gb > 0):
+        return _refuse(f"--max-shard-gb {args.max_shard_gb}: pass a size in GiB above 0 (5)")
+    if problem := _unwritable(args.out, args.model_dir, "HF_OUT"):
+        return _refuse(problem)
     options = dict(
         tokenizer_dir=args.tokenizer,
         dtype=args.dtype,
         max_shard_bytes=int(args.max_shard_gb * 2**30),
     )
     if args.base_model and not args.adapter:
-        print("error: --base-model names the adapter's base; add --adapter", file=sys.stderr)
-        return 2
+        return _refuse("--base-model names the adapter's base; add --adapter")
     try:
         if args.adapter:
             summary = export_peft(args.model_dir, args.out, base_model=args.base_model, **options)
         else:
             summary = export_hf(args.model_dir, args.out, **options)
     except _errors() as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
+        return _refuse(str(error))
     print(json.dumps(summary))
     return 0

@@ -105,17 +105,22 @@ def require(target: str, settings: CloudSettings, needed: tuple[str, ...], what:
         raise CloudError(f"{what} needs {flags}{hint}")
 
 
+def require_token(settings: CloudSettings) -> None:
+    """Refuse a ``--token-env`` naming an unset or empty environment variable."""
+    if settings.token_env and not os.environ.get(settings.token_env):
+        raise CloudError(
+            f"--token-env {settings.token_env}: that environment variable is unset or empty; "
+            "export the bearer token in it (the token itself is never a flag)"
+        )
+
+
 def check_settings(target: str, settings: CloudSettings) -> None:
     """Refuse settings a submission to ``target`` would fail on, naming the missing flag."""
     needed = {"vertex": ("project", "region", "pipeline_root"), "gke": ("host", "pipeline_root")}
     if target not in needed:
         raise CloudError(f"target: {target!r} cannot be submitted; use vertex or gke")
     require(target, settings, needed[target], f"the {target} target")
-    if settings.token_env and not os.environ.get(settings.token_env):
-        raise CloudError(
-            f"--token-env {settings.token_env}: that environment variable is unset or empty; "
-            "export the bearer token in it (the token itself is never a flag)"
-        )
+    require_token(settings)
     if not settings.pipeline_root.startswith("gs://"):
         raise CloudError(
             f"--pipeline-root {settings.pipeline_root!r} must be a gs:// folder: the stages "

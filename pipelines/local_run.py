@@ -208,6 +208,8 @@ def run_local(
     except ValueError as error:
         raise params.ParamError(str(error)) from None
     root = Path(runs_dir).resolve()
+    if root.exists() and not root.is_dir():
+        raise params.ParamError(f"--runs-dir {runs_dir} is a file; pass a folder for the runs")
     values = {"promoted_policy_uri": str(root / PROMOTED_DIR), **values}
     preflight.check(params.validate(values, Placement(target="local", cpu_devices=devices).chips))
     pipeline = build_pipeline(Placement(target="local", cpu_devices=devices), fresh_from)
@@ -290,7 +292,16 @@ def last_values(runs_dir: str | os.PathLike = "runs") -> dict[str, Any]:
     path = Path(runs_dir) / LAST_RUN_FILE
     if not path.exists():
         raise FileNotFoundError(f"no earlier run under {runs_dir}: start one with `alignpipe run`")
-    return json.loads(path.read_text())
+    try:
+        values = json.loads(path.read_text())
+    except ValueError as error:  # JSONDecodeError, or bytes that are not UTF-8
+        values = error
+    if not isinstance(values, dict):
+        raise ValueError(
+            f"{path} does not hold a run's parameters ({values}); start a new run with "
+            "`alignpipe run`"
+        )
+    return values
 
 
 def format_summary(result: RunResult) -> str:

@@ -108,6 +108,7 @@ def _eval_reward_model(path: str, values: dict[str, Any]) -> None:
     for name in promotion.POLICY_FILES:
         if not fileio.exists(fileio.join(path, name)):
             raise FileNotFoundError(f"{path!r} has no {name}; pass {expected}")
+    stage_io.require_head(path, scalar=True, flag="eval_reward_model")
 
 
 def _anchor(path: str, values: dict[str, Any]) -> None:

@@ -88,8 +88,32 @@ def current_version(root: str) -> int | None:
 
 
 def is_legacy(root: str) -> bool:
-    """Whether ``root`` holds a policy copied straight into it (the layout before versions)."""
-    return bool(root) and fileio.exists(fileio.join(root, "config.json"))
+    """Whether ``root`` holds a policy promoted straight into it (the layout before versions:
+    its files and PROMOTED.json); a plain policy folder is not one."""
+    return bool(root) and all(
+        fileio.exists(fileio.join(root, name)) for name in ("config.json", COMPLETE)
+    )
+
+
+def check_promotion(root: str, policy_dir: str) -> None:
+    """Refuse what a promotion must not do: promote a reward model, write into a file, into
+    a model folder that is no promotion root (it would turn into one and resolve to the new
+    version), or into ``policy_dir`` itself (the copy would copy itself)."""
+    for name in POLICY_FILES:
+        if not fileio.exists(fileio.join(policy_dir, name)):
+            raise FileNotFoundError(f"cannot promote {policy_dir!r}: it has no {name}")
+    stage_io.require_head(policy_dir, scalar=False, flag="the promoted policy")
+    if fileio.exists(root) and not fileio.isdir(root):
+        raise ValueError(f"{root!r} is a file; pass a folder for the promoted versions")
+    if fileio.exists(fileio.join(root, "config.json")) and not is_legacy(root):
+        raise ValueError(
+            f"{root!r} holds a model that was never promoted (config.json, no {COMPLETE}); "
+            "pass a new folder or a promoted_policy_uri as the root (were the two swapped?)"
+        )
+    local = "://" not in root + policy_dir
+    inside, source = (os.path.realpath(p) if local else p.rstrip("/") for p in (root, policy_dir))
+    if inside == source or inside.startswith(source + "/"):
+        raise ValueError(f"{root!r} is {policy_dir!r} or inside it; pass a root outside the policy")
 
 
 def resolve_policy(uri: str) -> str:
@@ -127,9 +151,7 @@ def promote(
     is marked complete, registers it elsewhere (model_registry.py); what it returns is the
     line's ``registry``. When it raises, the version stays incomplete and CURRENT unchanged.
     """
-    for name in POLICY_FILES:
-        if not fileio.exists(fileio.join(policy_dir, name)):
-            raise FileNotFoundError(f"cannot promote {policy_dir!r}: it has no {name}")
+    check_promotion(root, policy_dir)
     _adopt_legacy(root)
     version = _claim_next(root)
     _copy_policy(policy_dir, version_folder(root, version))

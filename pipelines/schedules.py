@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-from pipelines.cloud import CloudError, CloudSettings, require
+from pipelines.cloud import CloudError, CloudSettings, require, require_token
 
 ACTIONS = ("pause", "resume", "delete")
 _KFP_PAGE = 100
@@ -35,6 +35,7 @@ def check_settings(target: str, s: CloudSettings) -> None:
     if target not in needed:
         raise CloudError(f"target: {target!r} has no schedules; use vertex or gke")
     require(target, s, needed[target], f"managing schedules on {target}")
+    require_token(s)
 
 
 def list_schedules(target: str, s: CloudSettings) -> list[ScheduleRow]:

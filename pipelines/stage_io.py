@@ -242,7 +242,33 @@ def check_policy(base_policy: str) -> str:
                 f"base_policy {shown!r} has no {name}; pass a model folder written by "
                 "the sft, ppo or promote stage (config.json + params/), or '' to train one"
             )
+    require_head(policy, scalar=False, flag="base_policy", shown=shown)
     return reference(policy, fingerprint(policy))
+
+
+def require_head(model_dir: str, *, scalar: bool, flag: str, shown: str = "") -> None:
+    """Refuse a reward model (scalar head) where a policy goes, or the reverse, naming ``flag``.
+
+    Reads only config.json (no JAX): preflight and the pipeline's light tasks call it.
+    """
+    path = fileio.join(model_dir, "config.json")
+    try:
+        info = json.loads(fileio.read_text(path))
+        has_head = bool(info.get("scalar_head"))
+    except (ValueError, AttributeError) as error:  # not JSON, or not an object
+        raise ValueError(f"{path} is not a model's config ({error})") from None
+    if has_head == scalar:
+        return
+    shown = shown or model_dir
+    if has_head:
+        raise ValueError(
+            f"{flag} {shown!r} is a reward model (stage {info.get('stage')!r}, with a scalar "
+            "head), not a policy; pass a policy (the output of the sft, ppo or dpo stage)"
+        )
+    raise ValueError(
+        f"{flag} {shown!r} is a policy (stage {info.get('stage')!r}, no scalar head), not a "
+        "reward model; pass the reward stage's model folder (e.g. <run>/reward/model)"
+    )
 
 
 def copy_tree(source: str, destination: str) -> int:

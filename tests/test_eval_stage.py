@@ -5,6 +5,7 @@ import html.parser
 import json
 import logging
 import shutil
+import time
 
 import jax
 import jax.numpy as jnp
@@ -357,6 +358,12 @@ def test_missing_or_misplaced_inputs_are_clear_errors(artifacts, tmp_path):
         run(CONFIG, a["shards"], a["rm"], a["reference"], a["rm"], out)
     with pytest.raises(ValueError, match="max_new_tokens: 200 leaves no room"):
         run(EvalConfig(max_new_tokens=200), a["shards"], a["aligned"], a["reference"], a["rm"], out)
+    # An --output that is a file: refused before any model loads, not after the sampling.
+    (tmp_path / "file").write_text("x")
+    started = time.monotonic()
+    with pytest.raises(NotADirectoryError, match="--output .*file is a file; pass a folder"):
+        run(CONFIG, a["shards"], a["aligned"], a["reference"], a["rm"], str(tmp_path / "file"))
+    assert time.monotonic() - started < 5.0
 
 
 def test_gold_reward_comes_from_the_config_else_a_known_manifest_name(caplog):

@@ -7,6 +7,7 @@ is checked by hand with ``tests/make_hf_fixtures.py --verify-export``.
 from __future__ import annotations
 
 import json
+import os
 import pathlib
 
 import jax
@@ -179,3 +180,19 @@ def test_cli_export(round_trips, tmp_path, capsys):
     assert read_model_config(artifact)["hf"]["dtype"] == "bfloat16"
     assert main(["model", "export", str(tmp_path / "missing"), str(tmp_path / "x")]) == 2
     assert "not a complete model artifact" in capsys.readouterr().err
+    # Into a folder that holds files (an earlier export: its shards would stay), a file, the
+    # artifact itself, or with a shard size that is no size: refused, nothing written.
+    (tmp_path / "file").write_text("x")
+    hf_files = sorted(os.listdir(tmp_path / "hf"))
+    refusals = {
+        (str(tmp_path / "hf"),): "already holds files",
+        (str(tmp_path / "file"),): "is a file",
+        (artifact,): "or inside it",
+        (str(tmp_path / "new"), "--max-shard-gb", "nan"): "--max-shard-gb nan: pass a size",
+        (str(tmp_path / "new"), "--max-shard-gb", "0"): "--max-shard-gb 0.0: pass a size",
+    }
+    for args, message in refusals.items():
+        assert main(["model", "export", artifact, *args]) == 2
+        assert message in capsys.readouterr().err, message
+    assert sorted(os.listdir(tmp_path / "hf")) == hf_files and not (tmp_path / "new").exists()
+    assert read_model_config(artifact)["stage"] == "import"

@@ -254,6 +254,31 @@ def test_cli_import_prints_a_summary_and_reports_errors(tmp_path, capsys):
     assert summary["family"] == "gemma2" and summary["params"] == 34464
     assert main(["model", "import", str(tmp_path / "nowhere"), str(tmp_path / "x")]) == 2
     assert "has no config.json" in capsys.readouterr().err
+    # Over an existing artifact, or into the HF folder itself: refused, nothing replaced.
+    assert main(["model", "import", str(FIXTURES / "llama"), str(tmp_path / "m")]) == 2
+    assert "already holds files" in capsys.readouterr().err
+    assert json.loads((tmp_path / "m" / "config.json").read_text())["hf"]["family"] == "gemma2"
+    assert main(["model", "import", str(FIXTURES / "llama"), str(FIXTURES / "llama")]) == 2
+    assert "or inside it" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "name, damage, message",
+    [
+        ("config.json", b"{bad", "config.json is not valid JSON"),
+        ("model.safetensors.index.json", b"{bad", "is not a safetensors index"),
+        ("model-00001-of-00002.safetensors", b"junk", "is not a readable safetensors file"),
+        ("tokenizer.json", b"{bad", "tokenizer.json or tokenizer_config.json cannot be read"),
+        ("tokenizer_config.json", b"{bad", "tokenizer.json or tokenizer_config.json cannot"),
+    ],
+)
+def test_damaged_checkpoint_files_are_named(tmp_path, capsys, name, damage, message):
+    folder = tmp_path / "llama"
+    shutil.copytree(FIXTURES / "llama", folder)
+    (folder / name).write_bytes(damage)
+    assert main(["model", "import", str(folder), str(tmp_path / "out")]) == 2
+    error = capsys.readouterr().err
+    assert error.startswith("error: ") and message in error and "Traceback" not in error
 
 
 # config.json of released checkpoints (transcribed; keys that do not affect the model dropped).

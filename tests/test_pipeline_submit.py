@@ -185,6 +185,12 @@ def test_gke_token_env_must_be_set(capsys, monkeypatch):
         capsys.readouterr().err
     )
     client_cls.assert_not_called()
+    for action in (["list"], ["pause", "some-id"]):
+        with mock.patch("kfp.Client") as client_cls:
+            argv = ["schedule", *action, "--target", "gke", "--host", "http://kfp:8888"]
+            assert main([*argv, "--token-env", "NO_SUCH_TOKEN"]) == 2
+        assert "--token-env NO_SUCH_TOKEN: that environment variable" in capsys.readouterr().err
+        client_cls.assert_not_called()
 
 
 @pytest.mark.parametrize(

@@ -3,6 +3,7 @@ are read back from the run's log."""
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
@@ -79,6 +80,23 @@ def test_other_local_paths_are_checked_only_where_the_run_reads_them(tmp_path):
     preflight.check(params.validate({"algorithm": "dpo", "reward_base_policy": missing}, 8))
     # gs:// is the tasks' to read (credentials, network): not checked here.
     preflight.check(params.validate({"base_policy": "gs://bucket/policy"}, 8))
+
+
+def test_a_model_of_the_wrong_kind_a_file_as_runs_dir_and_a_negative_seed(tmp_path):
+    policy = _policy(tmp_path / "policy")
+    reward = _policy(tmp_path / "reward")
+    info = json.loads((reward / "config.json").read_text())
+    (reward / "config.json").write_text(json.dumps({**info, "scalar_head": True}))
+    runs = tmp_path / "runs"
+    message = _refused({"base_policy": str(reward)}, runs)
+    assert message.startswith("--base-policy: base_policy") and "is a reward model" in message
+    judge = {"algorithm": "dpo", "eval_reward_model": str(policy)}
+    assert "is a policy (stage None, no scalar head), not a reward model" in _refused(judge, runs)
+    with pytest.raises(params.ParamError, match="^sft parameters: seed: -1 must be >= 0$"):
+        run_local({"seed": -1}, runs_dir=runs, echo=False)
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(params.ParamError, match="^--runs-dir .*file is a file; pass a folder"):
+        run_local({}, runs_dir=tmp_path / "file", echo=False)
 
 
 def test_good_local_inputs_pass(tmp_path):

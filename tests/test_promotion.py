@@ -136,6 +136,27 @@ def test_history_and_rollback_refuse_what_they_cannot_use(tmp_path, capsys):
         main(["rollback", str(root)])
 
 
+def test_promote_refuses_a_reward_model_a_plain_model_a_file_and_its_own_folder(tmp_path, capsys):
+    policy = _policy(tmp_path / "policy", "p")
+    reward = _policy(tmp_path / "reward", "r")
+    (tmp_path / "reward" / "config.json").write_text(json.dumps({"scalar_head": True}))
+    (tmp_path / "file").write_text("x")
+    refusals = {
+        (reward, tmp_path / "root"): "is a reward model",
+        (policy, tmp_path / "reward"): "holds a model that was never promoted",  # swapped
+        (policy, tmp_path / "file"): "is a file; pass a folder",
+        (policy, tmp_path / "policy" / "promoted"): "or inside it; pass a root outside",
+    }
+    for (source, root), message in refusals.items():
+        assert main(["promote", str(source), "--to", str(root)]) == 1
+        assert message in capsys.readouterr().err, message
+    # Nothing was written: no root, the swapped policy and the source as they were.
+    assert not (tmp_path / "root").exists() and not (tmp_path / "policy" / "promoted").exists()
+    assert sorted(p.name for p in (tmp_path / "reward").iterdir()) == ["config.json", "params"]
+    # A plain policy is no promotion root: history says so, not "promoted before versions".
+    assert main(["history", policy]) == 1
+
+
 def test_a_crash_mid_copy_is_never_current_and_the_next_promotion_moves_on(tmp_path, monkeypatch):
     root = _promote_three(tmp_path)
     copy_tree = stage_io.copy_tree

@@ -181,5 +181,7 @@ class ReproducibilitySettings:
     )
 
     def __post_init__(self) -> None:
+        if self.seed < 0:
+            raise ValueError(f"seed: {self.seed} must be >= 0")
         if self.data_streams < 0:
             raise ValueError(f"data_streams: {self.data_streams} must be >= 0 (0 = one per host)")

@@ -20,6 +20,7 @@ USER_ERRORS: tuple[type[BaseException], ...] = (
     # A file where a folder goes (--output one.jsonl) or the reverse, or no right to write.
     NotADirectoryError,
     IsADirectoryError,
+    FileExistsError,
     PermissionError,
 )
 

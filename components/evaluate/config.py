@@ -85,6 +85,8 @@ class EvalConfig:
 
     def __post_init__(self) -> None:
         check_finite(self, allow_inf=("max_kl", "max_anchor_kl"))
+        if self.seed < 0:
+            raise ValueError(f"seed: {self.seed} must be >= 0")
         if self.max_new_tokens < 0:
             raise ValueError(
                 f"max_new_tokens: {self.max_new_tokens} must be >= 0 (0 = from the data)"

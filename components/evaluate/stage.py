@@ -419,6 +419,11 @@ def run(
     maybe_initialize()
     dirs = model_dirs(policy_dir, reference_dir, reward_dir, anchor_dir)
     inputs = check_inputs(config, shards_dir, dirs)
+    # Made before any model loads: an output that cannot be written fails now, not after the
+    # sampling and scoring.
+    if fileio.exists(output) and not fileio.isdir(output):
+        raise NotADirectoryError(f"--output {output} is a file; pass a folder for the report")
+    fileio.makedirs(output)
     if not config.max_new_tokens:
         config = dataclasses.replace(config, max_new_tokens=longest_lengths(inputs.manifest)[1])
     tokenizer = load_tokenizer(fileio.join(shards_dir, "tokenizer"))

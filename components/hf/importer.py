@@ -54,8 +54,11 @@ def read_hf_config(hf_dir: str) -> dict[str, Any]:
             f"{hf_dir} has no config.json; pass a Hugging Face model folder "
             "(config.json, *.safetensors, tokenizer.json, tokenizer_config.json)"
         )
-    with open(path) as handle:
-        return json.load(handle)
+    try:
+        with open(path) as handle:
+            return json.load(handle)
+    except ValueError as error:  # JSONDecodeError, or bytes that are not UTF-8
+        raise HFImportError(f"{path} is not valid JSON ({error}); download it again") from None
 
 
 def import_tokenizer(hf_dir: str, embedding_rows: int) -> HFTokenizer:
@@ -71,7 +74,14 @@ def import_tokenizer(hf_dir: str, embedding_rows: int) -> HFTokenizer:
     tokenizer_json = fileio.read_bytes(json_path)
     config_path = os.path.join(hf_dir, "tokenizer_config.json")
     config_bytes = fileio.read_bytes(config_path) if os.path.exists(config_path) else None
-    vocab = RustTokenizer.from_str(tokenizer_json.decode()).get_vocab(with_added_tokens=True)
+    try:
+        vocab = RustTokenizer.from_str(tokenizer_json.decode()).get_vocab(with_added_tokens=True)
+        HFTokenizer(tokenizer_json, config_bytes)
+    except Exception as error:  # the tokenizers library raises bare Exceptions on bad files
+        raise HFImportError(
+            f"{hf_dir}: tokenizer.json or tokenizer_config.json cannot be read ({error}); "
+            "download the model's tokenizer files again"
+        ) from None
     token_rows = max(vocab.values()) + 1
     if token_rows > embedding_rows:
         raise HFImportError(

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 
 import ml_dtypes
 import numpy as np
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
@@ -45,8 +45,13 @@ def checkpoint_files(hf_dir: str) -> list[str]:
     """The safetensors files of a checkpoint folder (from its index when sharded)."""
     index = os.path.join(hf_dir, INDEX_FILE)
     if os.path.exists(index):
-        with open(index) as handle:
-            weight_map = json.load(handle).get("weight_map", {})
+        try:
+            with open(index) as handle:
+                weight_map = json.load(handle).get("weight_map", {})
+        except (ValueError, AttributeError) as error:  # not JSON, or not an object
+            raise CheckpointFileError(
+                f"{index} is not a safetensors index ({error}); download it again"
+            ) from None
         files = sorted(set(weight_map.values()))
         missing = [name for name in files if not os.path.exists(os.path.join(hf_dir, name))]
         if missing:
@@ -72,10 +77,15 @@ def tensor_infos(files: list[str]) -> dict[str, TensorInfo]:
     """Name -> (file, dtype, shape) for every tensor of ``files``, reading headers only."""
     infos: dict[str, TensorInfo] = {}
     for path in files:
-        with safe_open(path, framework="np") as handle:
-            for name in handle.keys():
-                view = handle.get_slice(name)
-                infos[name] = TensorInfo(path, view.get_dtype(), tuple(view.get_shape()))
+        try:
+            with safe_open(path, framework="np") as handle:
+                for name in handle.keys():
+                    view = handle.get_slice(name)
+                    infos[name] = TensorInfo(path, view.get_dtype(), tuple(view.get_shape()))
+        except SafetensorError as error:
+            raise CheckpointFileError(
+                f"{path} is not a readable safetensors file ({error}); download it again"
+            ) from None
     return infos
 
 
