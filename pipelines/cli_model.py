@@ -8,6 +8,7 @@ import math
 import os
 import sys
 
+from components.core import fileio
 from components.core.model.config import DTYPES, REMAT_POLICIES
 
 
@@ -100,8 +101,7 @@ def _unwritable(out: str, source: str, name: str) -> str | None:
         return None
     if os.path.isfile(out):
         return f"{name} {out} is a file; pass a new or empty folder"
-    where, inside = os.path.realpath(out), os.path.realpath(source)
-    if where == inside or where.startswith(inside + os.sep):
+    if fileio.is_within(out, source):
         return f"{name} {out} is {source} or inside it, which is read from; pass another folder"
     if os.path.isdir(out) and os.listdir(out):
         return (

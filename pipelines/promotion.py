@@ -110,9 +110,7 @@ def check_promotion(root: str, policy_dir: str) -> None:
             f"{root!r} holds a model that was never promoted (config.json, no {COMPLETE}); "
             "pass a new folder or a promoted_policy_uri as the root (were the two swapped?)"
         )
-    local = "://" not in root + policy_dir
-    inside, source = (os.path.realpath(p) if local else p.rstrip("/") for p in (root, policy_dir))
-    if inside == source or inside.startswith(source + "/"):
+    if fileio.is_within(root, policy_dir):
         raise ValueError(f"{root!r} is {policy_dir!r} or inside it; pass a root outside the policy")
 
 

@@ -79,6 +79,15 @@ def join(*parts: str) -> str:
     return os.path.join(*parts)
 
 
+def is_within(path: str, folder: str) -> bool:
+    """Whether ``path`` is ``folder`` or lies inside it (local paths with links resolved)."""
+    if _is_remote(path) or _is_remote(folder):
+        path, folder = path.rstrip("/"), folder.rstrip("/")
+        return path == folder or path.startswith(folder + "/")
+    path, folder = os.path.realpath(path), os.path.realpath(folder)
+    return path == folder or path.startswith(folder + os.sep)
+
+
 def remove_tree(path: str) -> None:
     if _is_remote(path):
         if _gfile().exists(path):
