@@ -35,11 +35,12 @@ def _evaluate(args: argparse.Namespace, rest: list[str]) -> int:
 
 
 def find_reports(run_dir: str) -> list[str]:
-    """Every report.html under ``run_dir``, newest first."""
+    """Every report.html under ``run_dir``, newest first (a link to a file that is gone is
+    no report)."""
     found = [
         os.path.join(folder, REPORT_FILE)
         for folder, _, files in os.walk(run_dir)
-        if REPORT_FILE in files
+        if REPORT_FILE in files and os.path.isfile(os.path.join(folder, REPORT_FILE))
     ]
     return sorted(found, key=lambda path: (os.path.getmtime(path), path), reverse=True)
 

@@ -94,6 +94,7 @@ def _history(args: argparse.Namespace, rest: list[str]) -> int:
     try:
         root = _existing(args.uri)
         events = promotion.read_history(root)
+        current = promotion.current_version(root)
     except (ValueError, FileNotFoundError) as error:
         return _error(error)
     if args.json:
@@ -107,10 +108,14 @@ def _history(args: argparse.Namespace, rest: list[str]) -> int:
             return 0
         return _error(f"{root} holds no promoted versions; pass the promoted_policy_uri of "
                       "runs whose evaluation blessed a policy")  # fmt: skip
-    current = promotion.current_version(root)
     print(format_history(events, current))
-    if current is not None:
-        print(f"* current: version {current} ({promotion.version_folder(root, current)})")
+    if current is None:
+        return 0
+    if current not in promotion.complete_versions(root):
+        return _error(f"{root}'s {promotion.CURRENT} names version {current}, which is not a "
+                      f"complete version; runs that read {root} fail until `alignpipe "
+                      f"rollback {root} --to VERSION` names one")  # fmt: skip
+    print(f"* current: version {current} ({promotion.version_folder(root, current)})")
     return 0
 
 

@@ -111,6 +111,16 @@ def _unwritable(out: str, source: str, name: str) -> str | None:
     return None
 
 
+def _promoted_version(model_dir: str) -> str:
+    """``model_dir``, or the version its CURRENT names when it is a promotion root."""
+    from pipelines import promotion
+
+    folder = promotion.resolve_policy(model_dir)
+    if folder != model_dir:
+        print(f"exporting {folder}: the current version of {model_dir}", file=sys.stderr)
+    return folder
+
+
 def _refuse(message: str) -> int:
     print(f"error: {message}", file=sys.stderr)
     return 2
@@ -137,6 +147,10 @@ def _export(args: argparse.Namespace, rest: list[str]) -> int:
         return _refuse(f"--max-shard-gb {args.max_shard_gb}: pass a size in GiB above 0 (5)")
     if problem := _unwritable(args.out, args.model_dir, "HF_OUT"):
         return _refuse(problem)
+    try:
+        model_dir = _promoted_version(args.model_dir)
+    except (ValueError, FileNotFoundError) as error:  # a damaged promotion root
+        return _refuse(str(error))
     options = dict(
         tokenizer_dir=args.tokenizer,
         dtype=args.dtype,
@@ -146,9 +160,9 @@ def _export(args: argparse.Namespace, rest: list[str]) -> int:
         return _refuse("--base-model names the adapter's base; add --adapter")
     try:
         if args.adapter:
-            summary = export_peft(args.model_dir, args.out, base_model=args.base_model, **options)
+            summary = export_peft(model_dir, args.out, base_model=args.base_model, **options)
         else:
-            summary = export_hf(args.model_dir, args.out, **options)
+            summary = export_hf(model_dir, args.out, **options)
     except _errors() as error:
         return _refuse(str(error))
     print(json.dumps(summary))

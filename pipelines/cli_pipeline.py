@@ -336,17 +336,33 @@ def _submit(args: argparse.Namespace, rest: list[str]) -> int:
 def _schedule(args: argparse.Namespace, rest: list[str]) -> int:
     """alignpipe schedule [create|list|pause|resume|delete]."""
     if args.action == "create":
-        if not args.cron:
-            print("error: schedule create needs --cron, e.g. --cron '0 3 * * 1'", file=sys.stderr)
-            return EXIT_USAGE
-        return _guard(lambda: _cloud(args, "schedule"))
+        return _guard(lambda: _create_schedule(args))
     return _guard(lambda: _manage_schedules(args))
+
+
+def _create_schedule(args: argparse.Namespace) -> int:
+    """Check what only create reads (its cron, no SCHEDULE), then compile and schedule."""
+    from pipelines import cloud
+
+    if not args.cron:
+        raise ValueError("schedule create needs --cron, e.g. --cron '0 3 * * 1'")
+    if args.schedule_id:
+        raise ValueError(
+            f"schedule create takes no SCHEDULE ({args.schedule_id!r}); did you mean "
+            f"`schedule pause|resume|delete {args.schedule_id}`?"
+        )
+    cloud.check_cron(args.cron)  # before compiling
+    return _cloud(args, "schedule")
 
 
 def _manage_schedules(args: argparse.Namespace) -> int:
     """List the target's schedules, or pause, resume or delete one."""
     from pipelines import schedules
 
+    given = [flag for flag in vars(args) if flag.startswith("param_")]
+    if args.cron or given:
+        ignored = "--cron" if args.cron else "--" + given[0][len("param_") :].replace("_", "-")
+        raise ValueError(f"schedule {args.action} takes no {ignored}; only create reads it")
     settings = _settings(args)
     if args.action == "list":
         rows = schedules.list_schedules(args.target, settings)

@@ -202,6 +202,50 @@ def submit(
     )
 
 
+# The fields of a unix cron line: name, lowest and highest value, names allowed.
+CRON_FIELDS = (
+    ("minute", 0, 59, ()),
+    ("hour", 0, 23, ()),
+    ("day of month", 1, 31, ()),
+    ("month", 1, 12, ("jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct",
+                      "nov", "dec")),
+    ("weekday", 0, 7, ("sun", "mon", "tue", "wed", "thu", "fri", "sat")),
+)  # fmt: skip
+
+
+def check_cron(cron: str) -> None:
+    """Refuse a cron line that Vertex or KFP would refuse only at scheduling time: 5 fields
+    (UTC), each ``*``, a value, ``a-b``, any of them ``/step``, or a comma list of those."""
+    fields = cron.split()
+    if len(fields) != len(CRON_FIELDS):
+        raise CloudError(
+            f"--cron {cron!r} must have 5 fields (minute hour day month weekday), "
+            "e.g. '0 3 * * 1' (Mondays 03:00 UTC)"
+        )
+    for text, (name, low, high, names) in zip(fields, CRON_FIELDS, strict=True):
+        for item in text.split(","):
+            span, _, step = item.partition("/")
+            bounds = [] if span == "*" else span.split("-")
+            values = [_cron_value(v, low, names) for v in bounds]
+            ok = len(bounds) <= 2 and all(v is not None and low <= v <= high for v in values)
+            ok = ok and (not step or (step.isdigit() and int(step) > 0))
+            ok = ok and values == sorted(values)
+            if not ok:
+                raise CloudError(
+                    f"--cron {cron!r}: {text!r} is not a valid {name} ({low}-{high}, *, "
+                    f"a-b, */n or a list of them)"
+                )
+
+
+def _cron_value(text: str, low: int, names: tuple[str, ...]) -> int | None:
+    """A cron value as a number (``jan`` → 1, ``sun`` → 0); None when it is neither."""
+    if text.isdigit():
+        return int(text)
+    if text.lower() in names:
+        return names.index(text.lower()) + low
+    return None
+
+
 def schedule(
     target: str,
     package: str,
@@ -212,9 +256,7 @@ def schedule(
 ) -> Any:
     """Run the compiled ``package`` on ``cron`` (5 fields, UTC), one run at a time."""
     check_settings(target, s)
-    fields = cron.split()
-    if len(fields) != 5:
-        raise CloudError(f"--cron {cron!r} must have 5 fields (minute hour day month weekday)")
+    check_cron(cron)
     if target == "vertex":
         from google.cloud import aiplatform
 

@@ -63,6 +63,11 @@ POLICY_FILES = ("config.json", "params")
 ROOT_ENTRIES = frozenset({CURRENT, HISTORY, VERSIONS, ROLLBACKS, COMPLETE})
 
 
+class PromotionRecordError(ValueError):
+    """A record under a promotion root (CURRENT, a PROMOTED.json, a rollback's file) that does
+    not read as one; the message names the file and how to mend it."""
+
+
 def version_folder(root: str, version: int) -> str:
     """The folder of a version: ``ROOT/versions/000042``."""
     return fileio.join(root, VERSIONS, f"{version:06d}")
@@ -84,7 +89,14 @@ def current_version(root: str) -> int | None:
     path = fileio.join(root, CURRENT)
     if not root or not fileio.exists(path):
         return None
-    return int(json.loads(fileio.read_text(path))["version"])
+    pointer = _load_json(path, f"rewrite it with `alignpipe rollback {root} --to VERSION`")
+    version = pointer.get("version") if isinstance(pointer, dict) else None
+    if type(version) is not int or version < 1:
+        raise PromotionRecordError(
+            f"{path} names no version (it holds {_clip(pointer)}); rewrite it with "
+            f"`alignpipe rollback {root} --to VERSION`"
+        )
+    return version
 
 
 def is_legacy(root: str) -> bool:
@@ -150,10 +162,12 @@ def promote(
     line's ``registry``. When it raises, the version stays incomplete and CURRENT unchanged.
     """
     check_promotion(root, policy_dir)
+    read_history(root)  # a damaged record is refused before anything changes
     _adopt_legacy(root)
     version = _claim_next(root)
     _copy_policy(policy_dir, version_folder(root, version))
-    entry = _promotion_entry(version, policy_dir, record or {})
+    source = policy_dir if "://" in policy_dir else os.path.abspath(policy_dir)  # as found later
+    entry = _promotion_entry(version, source, record or {})
     if register is not None:
         entry["registry"] = register(version, version_folder(root, version))
     _write_atomic(fileio.join(version_folder(root, version), COMPLETE), json.dumps(entry))
@@ -174,7 +188,11 @@ def rollback(root: str, to: int, reason: str = "") -> dict[str, Any] | None:
         state = "never finished copying" if to in claimed_versions(root) else "does not exist"
         listed = ", ".join(str(v) for v in complete)
         raise ValueError(f"version {to} of {root} {state}; complete versions: {listed}")
-    previous = current_version(root)
+    read_history(root)  # a damaged record is refused before anything changes
+    try:
+        previous = current_version(root)
+    except PromotionRecordError:
+        previous = None  # a damaged CURRENT is what a rollback mends
     if previous == to:
         return None
     _switch_current(root, to)
@@ -186,7 +204,8 @@ def rollback(root: str, to: int, reason: str = "") -> dict[str, Any] | None:
 
 
 def read_history(root: str) -> list[dict[str, Any]]:
-    """Every promotion and rollback recorded under ``root``, oldest first."""
+    """Every promotion and rollback recorded under ``root``, oldest first; a record that
+    does not read as one raises :class:`PromotionRecordError` naming its file."""
     return _read_events(_record_paths(root))
 
 
@@ -235,7 +254,8 @@ def _adopt_legacy(root: str) -> None:
     if not claim_folder(version_folder(root, 1)):
         return
     marker = fileio.join(root, COMPLETE)
-    legacy = json.loads(fileio.read_text(marker)) if fileio.exists(marker) else {}
+    legacy = _load_json(marker, "fix it or remove it") if fileio.exists(marker) else {}
+    legacy = legacy if isinstance(legacy, dict) else {}
     _copy_policy(root, version_folder(root, 1))
     entry = {
         "event": "promotion",
@@ -293,8 +313,51 @@ def _record_paths(root: str) -> list[str]:
 
 
 def _read_events(paths: list[str]) -> list[dict[str, Any]]:
-    events = [json.loads(fileio.read_text(path)) for path in paths]
+    events = [_read_record(path) for path in paths]
     return sorted(events, key=_event_order)
+
+
+def _read_record(path: str) -> dict[str, Any]:
+    """One event's record, checked for what the history needs: its event, its time (UTC,
+    as written), and the version it made current (a promotion's ``version``, a rollback's
+    ``to``)."""
+    mend = f"fix it or remove it (the root's {HISTORY} holds every record as last read)"
+    record = _load_json(path, mend)
+    kind = "rollback" if os.path.basename(os.path.dirname(path)) == ROLLBACKS else "promotion"
+    key = "to" if kind == "rollback" else "version"
+    problem = ""
+    if not isinstance(record, dict):
+        problem = f"it holds {_clip(record)}, not an object"
+    elif record.get("event") != kind:
+        problem = f"its event is {record.get('event')!r}"
+    elif type(record.get(key)) is not int:
+        problem = f"its {key!r} is {record.get(key)!r}, not a version number"
+    elif not _aware_time(record.get("time")):
+        problem = f"its time is {record.get('time')!r}, not an ISO time with a time zone"
+    if problem:
+        raise PromotionRecordError(f"{path} is not a {kind} record: {problem}; {mend}")
+    return record
+
+
+def _aware_time(text: Any) -> bool:
+    try:
+        return datetime.datetime.fromisoformat(text).tzinfo is not None
+    except (TypeError, ValueError):
+        return False
+
+
+def _load_json(path: str, mend: str) -> Any:
+    """The JSON in ``path``; a damaged file is named, with ``mend``."""
+    try:
+        return json.loads(fileio.read_text(path))
+    except (ValueError, UnicodeDecodeError) as error:
+        raise PromotionRecordError(f"{path} is not valid JSON ({error}); {mend}") from None
+
+
+def _clip(value: Any) -> str:
+    """A short rendering of a record's value for a message."""
+    text = json.dumps(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def _event_order(event: dict[str, Any]) -> tuple[datetime.datetime, int]:

@@ -117,6 +117,8 @@ def _report_at(folder, mtime):
 def test_report_lists_newest_first_and_opens_the_newest(tmp_path, capsys, monkeypatch):
     old = _report_at(tmp_path / "a" / "evaluate", 1_000_000)
     new = _report_at(tmp_path / "b" / "deep" / "evaluate", 2_000_000)
+    (tmp_path / "c").mkdir()  # a link to a report since deleted is skipped, not a traceback
+    (tmp_path / "c" / "report.html").symlink_to(tmp_path / "gone.html")
     assert cli_eval.find_reports(str(tmp_path)) == [new, old]
     opened = []
     monkeypatch.setattr(cli_eval.webbrowser, "open", opened.append)

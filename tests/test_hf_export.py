@@ -196,3 +196,9 @@ def test_cli_export(round_trips, tmp_path, capsys):
         assert message in capsys.readouterr().err, message
     assert sorted(os.listdir(tmp_path / "hf")) == hf_files and not (tmp_path / "new").exists()
     assert read_model_config(artifact)["stage"] == "import"
+    # A promotion root exports its current version.
+    root = tmp_path / "promoted"
+    assert main(["promote", artifact, "--to", str(root)]) == 0
+    assert main(["model", "export", str(root), str(tmp_path / "hf2"), "--dtype", "float32"]) == 0
+    assert "the current version of" in capsys.readouterr().err
+    assert sorted(os.listdir(tmp_path / "hf2")) == hf_files

@@ -260,6 +260,9 @@ def test_cli_import_prints_a_summary_and_reports_errors(tmp_path, capsys):
     assert json.loads((tmp_path / "m" / "config.json").read_text())["hf"]["family"] == "gemma2"
     assert main(["model", "import", str(FIXTURES / "llama"), str(FIXTURES / "llama")]) == 2
     assert "or inside it" in capsys.readouterr().err
+    # An alignpipe artifact is no Hugging Face folder: said so, not "unsupported None".
+    assert main(["model", "import", str(tmp_path / "m"), str(tmp_path / "again")]) == 2
+    assert "is an alignpipe model already" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(

@@ -227,6 +227,34 @@ def test_refusals_before_any_client_call(vertex_job, capsys, argv, message):
     client_cls.assert_not_called()
 
 
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--cron", "0 24 * * *"], "'24' is not a valid hour (0-23"),
+        (["--cron", "0 3 * * 1-8"], "'1-8' is not a valid weekday"),
+        (["--cron", "*/0 3 * * *"], "'*/0' is not a valid minute"),
+        (["--cron", "0 3 31-1 * *"], "'31-1' is not a valid day of month"),
+        (["--cron", "0 3 * smarch *"], "'smarch' is not a valid month"),
+        (["create", "4242", "--cron", "0 3 * * *"], "takes no SCHEDULE ('4242')"),
+    ],
+)
+def test_schedule_create_refuses_its_cron_and_arguments_before_compiling(
+    vertex_job, capsys, argv, message
+):
+    with mock.patch("pipelines.cloud.compile_pipeline") as compiled:
+        assert main(["schedule", *argv, *VERTEX]) == 2
+    assert message in capsys.readouterr().err
+    compiled.assert_not_called()
+    vertex_job.assert_not_called()
+
+
+def test_cron_lines_vertex_and_kfp_accept_pass():
+    from pipelines import cloud
+
+    for cron in ("0 3 * * 1", "*/15 0-6/2 1,15 jan-mar mon-fri", "30 2 * * 7", "0 0 1 */3 SUN"):
+        cloud.check_cron(cron)
+
+
 VERTEX_WHERE = ["--target", "vertex", "--project", "proj", "--region", "us-central1"]
 GKE_WHERE = ["--target", "gke", "--host", "https://kfp.example.com"]
 
@@ -313,6 +341,9 @@ def test_schedule_list_pause_resume_delete_on_gke(capsys):
         (["schedule", "list", "--target", "gke"],
          "schedules on gke needs --host (or --kube-context)"),
         (["schedule", *VERTEX], "needs --cron"),
+        (["schedule", "list", *VERTEX_WHERE, "--cron", "0 3 * * *"], "list takes no --cron"),
+        (["schedule", "pause", "4242", *VERTEX_WHERE, "--data-uri", "gs://b/p.jsonl"],
+         "pause takes no --data-uri; only create reads it"),
     ],
 )  # fmt: skip
 def test_schedule_management_refuses_missing_settings(argv, message, capsys):

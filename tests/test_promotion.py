@@ -157,6 +157,52 @@ def test_promote_refuses_a_reward_model_a_plain_model_a_file_and_its_own_folder(
     assert main(["history", policy]) == 1
 
 
+def _snapshot(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in root.rglob("*") if p.is_file()}
+
+
+def test_a_damaged_record_is_named_and_nothing_changes_until_it_is_mended(tmp_path, capsys):
+    root = _promote_three(tmp_path)
+    policy = _policy(tmp_path / "ppo-4", "v4")
+    marker = root / "versions" / "000001" / promotion.COMPLETE
+    good = marker.read_text()
+    damages = {
+        "": "is not valid JSON",
+        '{"event": "promotion", "version": 1}': "its time is None, not an ISO time",
+        '{"event": "promotion", "version": "1", "time": "2026-12-01T00:00:00+00:00"}':
+            "its 'version' is '1', not a version number",
+        "[]": "it holds [], not an object",
+    }  # fmt: skip
+    for text, problem in damages.items():
+        marker.write_text(text)
+        before = _snapshot(root)
+        for command in (["rollback", str(root), "--to", "1"], ["history", str(root)],
+                        ["promote", policy, "--to", str(root)]):  # fmt: skip
+            assert main(command) == 1, (text, command)
+            err = capsys.readouterr().err
+            assert f"{marker} is not" in err and problem in err and "fix it or remove it" in err
+        assert _snapshot(root) == before, text  # CURRENT, the records, no new version
+    marker.write_text(good)
+
+    # A damaged CURRENT: history and a run's policy name it; a rollback mends it.
+    current = root / promotion.CURRENT
+    for text in ("{bad", "[]", '{"version": 0}'):
+        current.write_text(text)
+        assert main(["history", str(root)]) == 1
+        assert f"{current}" in capsys.readouterr().err
+        with pytest.raises(promotion.PromotionRecordError, match="alignpipe rollback"):
+            stage_io.check_policy(str(root))
+    assert main(["rollback", str(root), "--to", "2"]) == 0
+    assert "was None" in capsys.readouterr().out
+    assert _weights(stage_io.check_policy(str(root))) == "v2"
+    assert _history_lines(root)[-1]["from"] is None
+
+    # CURRENT naming a version that is not complete: history says runs will fail, and why.
+    current.write_text(json.dumps({"version": 9}))
+    assert main(["history", str(root)]) == 1
+    assert "names version 9, which is not a complete version" in capsys.readouterr().err
+
+
 def test_a_crash_mid_copy_is_never_current_and_the_next_promotion_moves_on(tmp_path, monkeypatch):
     root = _promote_three(tmp_path)
     copy_tree = stage_io.copy_tree
@@ -267,12 +313,15 @@ def test_check_policy_on_plain_folders_and_roots_without_a_current_version(tmp_p
         promotion.promote(str(root), str(tmp_path / "nothing"))
 
 
-def test_promote_by_hand_seeds_a_root_with_the_original_policy(tmp_path, capsys):
+def test_promote_by_hand_seeds_a_root_with_the_original_policy(tmp_path, capsys, monkeypatch):
     root = tmp_path / "promoted"
     sft = _policy(tmp_path / "sft", "original")
     assert main(["promote", sft, "--to", str(root), "--note", "the sft policy"]) == 0
     assert "version 1 is current" in capsys.readouterr().out
     assert _weights(stage_io.check_policy(str(root))) == "original"
     assert promotion.read_history(str(root))[0]["note"] == "the sft policy"
+    monkeypatch.chdir(tmp_path)  # a relative POLICY is recorded as the folder it names
+    assert main(["promote", "sft", "--to", str(root)]) == 0
+    assert promotion.read_history(str(root))[1]["source"] == sft
     assert main(["promote", str(tmp_path / "none"), "--to", str(root)]) == 1
     assert "has no config.json" in capsys.readouterr().err

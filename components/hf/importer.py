@@ -56,9 +56,15 @@ def read_hf_config(hf_dir: str) -> dict[str, Any]:
         )
     try:
         with open(path) as handle:
-            return json.load(handle)
+            hf = json.load(handle)
     except ValueError as error:  # JSONDecodeError, or bytes that are not UTF-8
         raise HFImportError(f"{path} is not valid JSON ({error}); download it again") from None
+    if isinstance(hf, dict) and "schema_version" in hf and "architectures" not in hf:
+        raise HFImportError(
+            f"{hf_dir} is an alignpipe model already (its config.json has a schema_version); "
+            "pass it to the stages as it is, or `alignpipe model export` it to Hugging Face"
+        )
+    return hf
 
 
 def import_tokenizer(hf_dir: str, embedding_rows: int) -> HFTokenizer:
