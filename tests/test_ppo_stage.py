@@ -26,7 +26,7 @@ from components.core.data.builtin_task import write_jsonl
 from components.core.data.input_pipeline import read_manifest
 from components.core.data.tokenizers import BUILTIN_WORDS
 from components.core.model.artifact import ModelMismatchError, load_model
-from components.core.training.checkpoint import read_model_config
+from components.core.training.checkpoint import CheckpointRestoreError, read_model_config
 from components.core.training.metrics import read_events, read_metrics
 from components.ppo import PPOConfig, run
 from components.ppo.__main__ import main as ppo_main
@@ -220,6 +220,15 @@ def test_resuming_past_iterations_is_refused(artifacts, aligned, tmp_path) -> No
     with pytest.raises(ValueError, match="iterations: 10, but the checkpoint in .* is at "
                        "iteration 20; pass --iterations 20 or more"):  # fmt: skip
         _run(artifacts, output, iterations=10)
+    # Shards of other data (here: their manifest's source digest) continue no checkpoint.
+    shards = str(tmp_path / "shards")
+    shutil.copytree(artifacts["shards"], shards)
+    manifest = json.loads(open(os.path.join(shards, "manifest.json")).read())
+    manifest["sources"][0]["sha256"] = "0" * 64
+    with open(os.path.join(shards, "manifest.json"), "w") as handle:
+        json.dump(manifest, handle)
+    with pytest.raises(CheckpointRestoreError, match="written with another --shards than now"):
+        run(PPOConfig(**RUN), shards, artifacts["sft"], artifacts["reward"], output)
     assert not os.path.exists(os.path.join(output, "config.json"))
 
 

@@ -242,6 +242,10 @@ def test_resuming_with_fewer_steps_another_stage_or_batch_is_refused(sft_model, 
     with pytest.raises(CheckpointRestoreError, match=r"written with batch_size 32 \(now 16\), "
                        r"seed 0 \(now 3\)"):  # fmt: skip
         run_sft(SFTConfig(**{**SMALL, "batch_size": 16, "seed": 3}, steps=41), shards, output)
+    # Another base model than the one it started from (none): refused, naming the flag.
+    with pytest.raises(CheckpointRestoreError, match="written with another --base-policy than "
+                       r"now \(then none; now files with fingerprint [0-9a-f]{16}\)"):  # fmt: skip
+        run_sft(SFTConfig(**SMALL, steps=41, base_policy=sft_model[0]), shards, output)
     # Nothing was lost: the sft artifact is as it was.
     assert read_model_config(output)["stage"] == "sft" and read_model_config(output)["step"] == 40
 

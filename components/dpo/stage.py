@@ -55,6 +55,7 @@ def run(config: DPOConfig, shards_dir: str, policy_dir: str, output: str) -> dic
         make_loss=lambda graphdef: make_dpo_loss(graphdef, **loss),
         make_eval_sums=lambda graphdef: make_dpo_eval_sums(graphdef, **loss),
         summarize_eval=summarize_eval, wrap_batches=reference_scoring(config),
+        inputs={"--policy": policy_dir},  # as given: an HF import is redone in a new output
     )  # fmt: skip
     trained.save(output, "dpo")
     return trained.summary()

@@ -33,6 +33,7 @@ from components.core.training import parallel
 from components.core.training.checkpoint import (
     CheckpointConfig,
     TrainCheckpointer,
+    input_fingerprint,
     training_state_dir,
 )
 from components.core.training.metrics import MetricsLogger
@@ -112,18 +113,29 @@ def host_floats(metrics: dict[str, jax.Array]) -> dict[str, float]:
 class PPOLoop:
     """One PPO run's mutable state and its phases."""
 
-    def __init__(self, config: PPOConfig, nets: Networks, prompts: Any, output: str) -> None:
+    def __init__(
+        self,
+        config: PPOConfig,
+        nets: Networks,
+        prompts: Any,
+        output: str,
+        inputs: dict[str, str] | None = None,
+    ) -> None:
+        """``inputs`` (flag → folder: shards, policy, reward) are fingerprinted into the
+        checkpoints' identity, so a resume with other ones is refused."""
         self.config, self.nets, self.prompts, self.output = config, nets, prompts, output
         self.rollout, self.update, self.ema = compiled_phases(config, nets)
+        identity = {
+            "stage": "ppo",
+            "algorithm": config.algorithm,
+            "rollout_batch_size": config.rollout_batch_size,
+            "seed": config.seed,
+        }
+        identity.update({flag: input_fingerprint(path) for flag, path in (inputs or {}).items()})
         self.checkpointer = TrainCheckpointer(
             training_state_dir(output),
             CheckpointConfig(save_every=config.save_every, keep=config.keep_checkpoints),
-            {
-                "stage": "ppo",
-                "algorithm": config.algorithm,
-                "rollout_batch_size": config.rollout_batch_size,
-                "seed": config.seed,
-            },
+            identity,
         )
         self.guard = KLGuard(
             kl_stop=config.kl_stop,

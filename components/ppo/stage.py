@@ -188,7 +188,8 @@ def run(
     policy, nets = build_networks(config, manifest, policy_dir, reward_dir)
     prompts = prompt_streams(config, shards_dir)
     gold_before = _gold(nets, nets.whole_policy(nets.policy), shards_dir, manifest, config)
-    result = PPOLoop(config, nets, prompts, output).run(nets.reward)
+    inputs = {"--shards": shards_dir, "--policy": policy_dir, "--reward": reward_dir}
+    result = PPOLoop(config, nets, prompts, output, inputs).run(nets.reward)
     gold_after = _gold(nets, result.policy, shards_dir, manifest, config)
     status = {
         "status": result.status,

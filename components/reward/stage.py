@@ -37,6 +37,8 @@ def run(config: RewardConfig, shards_dir: str, output: str) -> dict[str, Any]:
         make_loss=lambda graphdef: make_reward_loss(graphdef, **loss_terms),
         make_eval_sums=lambda graphdef: make_reward_eval_sums(graphdef, **loss_terms),
         summarize_eval=summarize_eval,
+        # Fingerprinted as given: an HF folder's import is redone in a new output.
+        inputs={"--base-policy": config.base_policy},
     )
     final = trained.final_eval
     # PPO normalizes rewards with these; the accuracy is the reward model's on held-out pairs.

@@ -24,6 +24,8 @@ def run(config: SFTConfig, shards_dir: str, output: str) -> dict[str, Any]:
         make_loss=make_sft_loss,
         make_eval_sums=make_sft_eval_sums,
         summarize_eval=summarize_eval,
+        # Fingerprinted as given: an HF folder's import is redone in a new output.
+        inputs={"--base-policy": config.base_policy},
     )
     trained.save(output, "sft")
     return trained.summary()

@@ -31,6 +31,7 @@ parameters only. ``config.json`` is written last: its presence marks a whole exp
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import os
 import re
@@ -279,11 +280,11 @@ class TrainCheckpointer:
                 f"{self.directory} holds the {was} stage's checkpoint (step {step}), not the "
                 f"{now} stage's: its --output is another stage's; pass a new --output"
             )
-        listed = ", ".join(f"{name} {was} (now {now})" for name, (was, now) in changed.items())
+        listed = ", ".join(_changed(name, was, now) for name, (was, now) in changed.items())
         raise CheckpointRestoreError(
             f"the checkpoint of step {step} in {self.directory} was written with {listed}: "
-            "resuming would continue it on other data; pass the same values to resume it, "
-            "or a new --output to start over"
+            "resuming would continue it with other inputs or data; pass the ones it was "
+            "written with to resume it, or a new --output to start over"
         )
 
     def wait(self) -> None:
@@ -300,6 +301,15 @@ class TrainCheckpointer:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _changed(name: str, was: Any, now: Any) -> str:
+    """One changed identity entry for a message: an input folder (named by its flag, valued
+    by :func:`input_fingerprint`) or a setting."""
+    if name.startswith("--"):
+        was, now = (f"files with fingerprint {v}" if v else "none" for v in (was, now))
+        return f"another {name} than now (then {was}; now {now})"
+    return f"{name} {was} (now {now})"
 
 
 def export_model(
@@ -328,6 +338,24 @@ def _json_default(value: Any) -> Any:
     if isinstance(value, np.generic):
         return value.item()
     raise TypeError(f"{type(value).__name__} is not JSON serializable")
+
+
+def input_fingerprint(folder: str) -> str:
+    """A short digest of a stage's input folder as it was saved, '' for none given: a model
+    artifact's config.json and its params' Orbax metadata (which holds the save's time, so
+    two saves differ even with one config), a shards folder's manifest.json, a Hugging Face
+    folder's config.json and safetensors index. A copy of the folder keeps it; another
+    training, import or sharding changes it. Reads no weights."""
+    if not folder:
+        return ""
+    digest = hashlib.sha256()
+    names = (CONFIG_FILE, "manifest.json", "params/_CHECKPOINT_METADATA",
+             "model.safetensors.index.json")  # fmt: skip
+    for name in names:
+        path = fileio.join(folder, name)
+        if fileio.exists(path):
+            digest.update(name.encode() + b"\0" + fileio.read_bytes(path))
+    return digest.hexdigest()[:16]
 
 
 def read_model_config(model_dir: str) -> dict[str, Any]:

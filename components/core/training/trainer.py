@@ -20,7 +20,11 @@ import numpy as np
 
 from components.core.model import lora
 from components.core.training import fsdp, parallel
-from components.core.training.checkpoint import TrainCheckpointer, training_state_dir
+from components.core.training.checkpoint import (
+    TrainCheckpointer,
+    input_fingerprint,
+    training_state_dir,
+)
 from components.core.training.config import TrainConfig
 from components.core.training.metrics import MetricsLogger
 from components.core.training.optim import make_schedule
@@ -50,18 +54,22 @@ def fit(
     train_data: Iterator[dict[str, np.ndarray]],
     evaluate: EvalFn | None = None,
     frozen: PyTree | None = None,
+    inputs: dict[str, str] | None = None,
 ) -> FitResult:
     """Train ``params`` with ``loss_fn`` on ``train_data``; resume from the latest checkpoint
     in ``training_state_dir(output)``.
 
     ``frozen`` (LoRA's base, lora.split) is read by the loss and never trained, saved in a
     checkpoint or placed twice; the loss, ``evaluate`` and the result see it joined back.
+    ``inputs`` (flag → folder: the shards, the base model) are fingerprinted into the
+    checkpoints' identity, so a resume with other ones is refused.
     """
     optimizer = config.optim()  # AdamW, applied by optim.adamw_step
     schedule = make_schedule(optimizer)  # built once: the loop logs its value per step
     state = parallel.TrainState.create(params, optimizer)
     rng = np.asarray(jax.random.PRNGKey(config.seed))
     identity = {"stage": stage, "batch_size": config.batch_size, "seed": config.seed}
+    identity.update({flag: input_fingerprint(path) for flag, path in (inputs or {}).items()})
     checkpointer = TrainCheckpointer(training_state_dir(output), config.checkpoint(), identity)
     restored = checkpointer.restore_latest(state, rng)
     start = 0
@@ -283,11 +291,13 @@ def train_on_preferences(
     make_eval_sums: Callable[[Any], Callable],
     summarize_eval: Callable[[dict[str, float]], dict[str, float]],
     wrap_batches: Callable[[Any, PyTree], BatchWrapper] | None = None,
+    inputs: dict[str, str] | None = None,
 ) -> PreferenceTraining:
     """Build the stage's model, train it on the train split, evaluate it on the eval split.
 
     ``wrap_batches(graphdef, initial_params)``, when given, returns the wrapper every split's
-    batches pass through (train and eval alike).
+    batches pass through (train and eval alike). ``inputs``: the stage's model inputs as
+    given (flag → folder) for :func:`fit`, which adds ``--shards``.
     """
     from flax import nnx
 
@@ -332,6 +342,7 @@ def train_on_preferences(
     result = fit(
         config=config, output=output, stage=stage, params=trainable, loss_fn=make_loss(graphdef),
         train_data=batches("train", shuffle=True, repeat=True), evaluate=evaluate, frozen=frozen,
+        inputs={"--shards": shards_dir, **(inputs or {})},
     )  # fmt: skip
     final_eval = evaluate(parallel.place(result.params, sharded=config.fsdp))
     return PreferenceTraining(model, manifest, config, pretrained, result, final_eval)
