@@ -63,7 +63,8 @@ def format_history(events: list[dict[str, Any]], current: int | None) -> str:
     if any(event.get("registry") for event in events):
         header.insert(-1, "registry")
         for row, event in zip(rows[1:], events, strict=True):
-            row.insert(-1, event.get("registry", {}).get("version_id", ""))
+            registry = event.get("registry")
+            row.insert(-1, _text(registry.get("version_id")) if isinstance(registry, dict) else "")
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
     numeric = range(5, 5 + len(FIGURES))  # the figures line up on their right edge
     lines = []
@@ -77,15 +78,32 @@ def format_history(events: list[dict[str, Any]], current: int | None) -> str:
 
 
 def _row(event: dict[str, Any], current: int | None) -> list[str]:
+    """One event's cells; the records' optional fields are shown whatever their type."""
     when = event["time"][:19].replace("T", " ")
     if event["event"] == "rollback":
         moved = f"{event.get('from') or '-'} -> {event['to']}"
-        return ["", moved, "rollback", when, "", *("" for _ in FIGURES), event.get("reason", "")]
-    figures = event.get("figures", {})
-    shown = [fmt.format(figures[name]) if name in figures else "-" for _, name, fmt in FIGURES]
+        reason = _text(event.get("reason"))
+        return ["", moved, "rollback", when, "", *("" for _ in FIGURES), reason]
+    figures = event.get("figures")
+    figures = figures if isinstance(figures, dict) else {}
+    shown = [_figure(figures.get(name), fmt) for _, name, fmt in FIGURES]
     mark = "*" if event["version"] == current else ""
-    note = event.get("note", "")
-    return [mark, str(event["version"]), "promotion", when, event.get("run_id", ""), *shown, note]
+    run_id, note = _text(event.get("run_id")), _text(event.get("note"))
+    return [mark, str(event["version"]), "promotion", when, run_id, *shown, note]
+
+
+def _figure(value: Any, fmt: str) -> str:
+    """A figure in its column's format; '-' when missing, as written when not a number."""
+    if value is None:
+        return "-"
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return fmt.format(value)
+    return _text(value)
+
+
+def _text(value: Any) -> str:
+    """An optional field as one line of text ('' for none)."""
+    return "" if value is None else " ".join(str(value).split())
 
 
 def _history(args: argparse.Namespace, rest: list[str]) -> int:
@@ -95,7 +113,7 @@ def _history(args: argparse.Namespace, rest: list[str]) -> int:
         root = _existing(args.uri)
         events = promotion.read_history(root)
         current = promotion.current_version(root)
-    except (ValueError, FileNotFoundError) as error:
+    except (ValueError, OSError) as error:  # OSError: unwritable or odd files under URI
         return _error(error)
     if args.json:
         for event in events:
@@ -110,6 +128,9 @@ def _history(args: argparse.Namespace, rest: list[str]) -> int:
                       "runs whose evaluation blessed a policy")  # fmt: skip
     print(format_history(events, current))
     if current is None:
+        if not promotion.is_legacy(root):
+            return _error(f"{root} has no {promotion.CURRENT}; runs that read it fail until "
+                          f"`alignpipe rollback {root} --to VERSION` names a version")  # fmt: skip
         return 0
     if current not in promotion.complete_versions(root):
         return _error(f"{root}'s {promotion.CURRENT} names version {current}, which is not a "
@@ -125,12 +146,17 @@ def _rollback(args: argparse.Namespace, rest: list[str]) -> int:
     try:
         root = _existing(args.uri)
         entry = promotion.rollback(root, args.to, args.reason)
-    except (ValueError, FileNotFoundError) as error:
+    except (ValueError, OSError) as error:  # OSError: unwritable or odd files under URI
         return _error(error)
     if entry is None:
         print(f"version {args.to} is already current at {root}; nothing changed")
     else:
-        print(f"version {args.to} is current at {root} (was {entry['from']}); recorded in "
+        was = (
+            entry["from"]
+            if entry["from"] is not None
+            else f"none: {promotion.CURRENT} was unreadable or missing"
+        )
+        print(f"version {args.to} is current at {root} (was {was}); recorded in "
               f"{promotion.HISTORY}")  # fmt: skip
     return 0
 
@@ -143,7 +169,7 @@ def _promote(args: argparse.Namespace, rest: list[str]) -> int:
     record = {"run_id": "", "note": args.note or "promoted by hand"}
     try:
         version = promotion.promote(args.to, args.policy, record)
-    except (ValueError, FileNotFoundError) as error:
+    except (ValueError, OSError) as error:  # OSError: unwritable or odd files under URI
         return _error(error)
     print(f"version {version} is current at {args.to}")
     return 0

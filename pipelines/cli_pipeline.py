@@ -351,7 +351,7 @@ def _create_schedule(args: argparse.Namespace) -> int:
             f"schedule create takes no SCHEDULE ({args.schedule_id!r}); did you mean "
             f"`schedule pause|resume|delete {args.schedule_id}`?"
         )
-    cloud.check_cron(args.cron)  # before compiling
+    cloud.check_cron(args.cron, args.target)  # before compiling
     return _cloud(args, "schedule")
 
 
@@ -360,6 +360,8 @@ def _manage_schedules(args: argparse.Namespace) -> int:
     from pipelines import schedules
 
     given = [flag for flag in vars(args) if flag.startswith("param_")]
+    if args.action == "list" and args.schedule_id:
+        raise ValueError(f"schedule list takes no SCHEDULE ({args.schedule_id!r})")
     if args.cron or given:
         ignored = "--cron" if args.cron else "--" + given[0][len("param_") :].replace("_", "-")
         raise ValueError(f"schedule {args.action} takes no {ignored}; only create reads it")

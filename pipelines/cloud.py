@@ -202,6 +202,7 @@ def submit(
     )
 
 
+_NUMBER = re.compile("[0-9]+")  # ASCII digits: str.isdigit also takes "²" and "٣"
 # The fields of a unix cron line: name, lowest and highest value, names allowed.
 CRON_FIELDS = (
     ("minute", 0, 59, ()),
@@ -213,22 +214,24 @@ CRON_FIELDS = (
 )  # fmt: skip
 
 
-def check_cron(cron: str) -> None:
+def check_cron(cron: str, target: str = "vertex") -> None:
     """Refuse a cron line that Vertex or KFP would refuse only at scheduling time: 5 fields
-    (UTC), each ``*``, a value, ``a-b``, any of them ``/step``, or a comma list of those."""
+    (UTC), each ``*``, a value, ``a-b``, any of them ``/step``, or a comma list of those.
+    KFP (robfig/cron v1) takes weekdays 0-6 only; Vertex's unix-cron also 7 (Sunday)."""
     fields = cron.split()
     if len(fields) != len(CRON_FIELDS):
         raise CloudError(
-            f"--cron {cron!r} must have 5 fields (minute hour day month weekday), "
-            "e.g. '0 3 * * 1' (Mondays 03:00 UTC)"
+            f"--cron {cron!r} must have 5 fields (minute hour day month weekday) in UTC, "
+            "e.g. '0 3 * * 1' (Mondays 03:00 UTC); no TZ= prefix"
         )
     for text, (name, low, high, names) in zip(fields, CRON_FIELDS, strict=True):
+        high = 6 if name == "weekday" and target == "gke" else high
         for item in text.split(","):
-            span, _, step = item.partition("/")
+            span, slash, step = item.partition("/")
             bounds = [] if span == "*" else span.split("-")
             values = [_cron_value(v, low, names) for v in bounds]
             ok = len(bounds) <= 2 and all(v is not None and low <= v <= high for v in values)
-            ok = ok and (not step or (step.isdigit() and int(step) > 0))
+            ok = ok and (not slash or (_NUMBER.fullmatch(step) is not None and int(step) > 0))
             ok = ok and values == sorted(values)
             if not ok:
                 raise CloudError(
@@ -239,7 +242,7 @@ def check_cron(cron: str) -> None:
 
 def _cron_value(text: str, low: int, names: tuple[str, ...]) -> int | None:
     """A cron value as a number (``jan`` → 1, ``sun`` → 0); None when it is neither."""
-    if text.isdigit():
+    if _NUMBER.fullmatch(text):
         return int(text)
     if text.lower() in names:
         return names.index(text.lower()) + low
@@ -256,7 +259,7 @@ def schedule(
 ) -> Any:
     """Run the compiled ``package`` on ``cron`` (5 fields, UTC), one run at a time."""
     check_settings(target, s)
-    check_cron(cron)
+    check_cron(cron, target)
     if target == "vertex":
         from google.cloud import aiplatform
 

@@ -41,8 +41,10 @@ from __future__ import annotations
 
 import datetime
 import json
+import logging
 import os
 import random
+import re
 import tempfile
 import time
 import uuid
@@ -52,6 +54,7 @@ from typing import Any
 from components.core import fileio
 from pipelines import stage_io
 
+log = logging.getLogger(__name__)
 CURRENT = "CURRENT"
 HISTORY = "history.jsonl"
 VERSIONS = "versions"
@@ -76,7 +79,7 @@ def version_folder(root: str, version: int) -> str:
 def claimed_versions(root: str) -> list[int]:
     """Every version number claimed under ``root``, complete or not, ascending."""
     names = _listdir(fileio.join(root, VERSIONS))
-    return sorted(int(name) for name in names if name.isdigit())
+    return sorted(int(name) for name in names if re.fullmatch("[0-9]+", name))
 
 
 def complete_versions(root: str) -> list[int]:
@@ -140,6 +143,13 @@ def resolve_policy(uri: str) -> str:
             )
         return version_folder(uri, version)
     if uri and not is_legacy(uri) and claimed_versions(uri):
+        complete = complete_versions(uri)
+        if complete:
+            listed = ", ".join(str(v) for v in complete)
+            raise FileNotFoundError(
+                f"{uri} holds complete versions ({listed}) but no {CURRENT}; choose one with "
+                f"`alignpipe rollback {uri} --to VERSION`"
+            )
         raise FileNotFoundError(
             f"{uri} holds promotion versions but no {CURRENT}: no promotion there finished; "
             f"see `alignpipe history {uri}`, or pass a policy folder"
@@ -195,10 +205,15 @@ def rollback(root: str, to: int, reason: str = "") -> dict[str, Any] | None:
         previous = None  # a damaged CURRENT is what a rollback mends
     if previous == to:
         return None
-    _switch_current(root, to)
+    # The record first: a rollback that cannot be recorded does not happen.
     entry = {"event": "rollback", "from": previous, "to": to, "time": _now(), "reason": reason}
-    name = f"{time.time_ns():020d}-{uuid.uuid4().hex[:8]}.json"
-    _write_atomic(fileio.join(root, ROLLBACKS, name), json.dumps(entry))
+    record = fileio.join(root, ROLLBACKS, f"{time.time_ns():020d}-{uuid.uuid4().hex[:8]}.json")
+    _write_atomic(record, json.dumps(entry))
+    try:
+        _switch_current(root, to)
+    except OSError:
+        fileio.remove(record)
+        raise
     _rebuild_history(root)
     return entry
 
@@ -251,16 +266,17 @@ def _adopt_legacy(root: str) -> None:
     """
     if not is_legacy(root) or claimed_versions(root):
         return
+    # Read before claiming: a marker that does not parse stops here, with nothing claimed.
+    legacy = _load_json(fileio.join(root, COMPLETE), "fix it or remove it")
+    legacy = legacy if isinstance(legacy, dict) else {}
     if not claim_folder(version_folder(root, 1)):
         return
-    marker = fileio.join(root, COMPLETE)
-    legacy = _load_json(marker, "fix it or remove it") if fileio.exists(marker) else {}
-    legacy = legacy if isinstance(legacy, dict) else {}
     _copy_policy(root, version_folder(root, 1))
+    promoted_at = legacy.get("promoted_at")
     entry = {
         "event": "promotion",
         "version": 1,
-        "time": legacy.get("promoted_at") or _now(),
+        "time": promoted_at if _aware_time(promoted_at) else _now(),
         "source": legacy.get("source", root),
         "note": "adopted: promoted into the folder itself, before versions were kept",
     }
@@ -295,11 +311,19 @@ def _switch_current(root: str, version: int) -> None:
 
 
 def _rebuild_history(root: str) -> None:
-    """Rewrite history.jsonl from the records; again while a racing event lands meanwhile."""
+    """Rewrite history.jsonl from the records; again while a racing event lands meanwhile.
+
+    The records are the history: when history.jsonl cannot be written, the event stands
+    and a warning says so."""
     for _ in range(5):
         paths = _record_paths(root)
         lines = [json.dumps(event, sort_keys=True) + "\n" for event in _read_events(paths)]
-        _write_atomic(fileio.join(root, HISTORY), "".join(lines))
+        try:
+            _write_atomic(fileio.join(root, HISTORY), "".join(lines))
+        except OSError as error:
+            log.warning("%s was not rewritten (%s); `alignpipe history` reads the records",
+                        fileio.join(root, HISTORY), error)  # fmt: skip
+            return
         if _record_paths(root) == paths:
             return
 
@@ -332,6 +356,8 @@ def _read_record(path: str) -> dict[str, Any]:
         problem = f"its event is {record.get('event')!r}"
     elif type(record.get(key)) is not int:
         problem = f"its {key!r} is {record.get(key)!r}, not a version number"
+    elif kind == "promotion" and f"{record[key]:06d}" != os.path.basename(os.path.dirname(path)):
+        problem = f"its version {record[key]} is not its folder's"
     elif not _aware_time(record.get("time")):
         problem = f"its time is {record.get('time')!r}, not an ISO time with a time zone"
     if problem:
@@ -350,8 +376,10 @@ def _load_json(path: str, mend: str) -> Any:
     """The JSON in ``path``; a damaged file is named, with ``mend``."""
     try:
         return json.loads(fileio.read_text(path))
-    except (ValueError, UnicodeDecodeError) as error:
+    except ValueError as error:  # JSONDecodeError, UnicodeDecodeError
         raise PromotionRecordError(f"{path} is not valid JSON ({error}); {mend}") from None
+    except OSError as error:  # a folder where the file should be, no permission, ...
+        raise PromotionRecordError(f"{path} cannot be read ({error}); {mend}") from None
 
 
 def _clip(value: Any) -> str:
@@ -387,11 +415,15 @@ def _write_atomic(path: str, text: str) -> None:
     folder = os.path.dirname(os.path.abspath(path))
     os.makedirs(folder, exist_ok=True)
     handle, temporary = tempfile.mkstemp(dir=folder, prefix=f".{os.path.basename(path)}.")
-    with os.fdopen(handle, "w", encoding="utf-8") as stream:
-        stream.write(text)
-        stream.flush()
-        os.fsync(stream.fileno())
-    os.replace(temporary, path)
+    try:
+        with os.fdopen(handle, "w", encoding="utf-8") as stream:
+            stream.write(text)
+            stream.flush()
+            os.fsync(stream.fileno())
+        os.replace(temporary, path)
+    except OSError:
+        os.remove(temporary)
+        raise
 
 
 def _now() -> str:

@@ -236,6 +236,8 @@ def test_refusals_before_any_client_call(vertex_job, capsys, argv, message):
         (["--cron", "0 3 31-1 * *"], "'31-1' is not a valid day of month"),
         (["--cron", "0 3 * smarch *"], "'smarch' is not a valid month"),
         (["create", "4242", "--cron", "0 3 * * *"], "takes no SCHEDULE ('4242')"),
+        (["--cron", "*/ 3 * * *"], "'*/' is not a valid minute"),  # a step needs a number
+        (["--cron", "\u0663 3 * * 1"], "is not a valid minute"),  # ASCII digits only
     ],
 )
 def test_schedule_create_refuses_its_cron_and_arguments_before_compiling(
@@ -253,6 +255,9 @@ def test_cron_lines_vertex_and_kfp_accept_pass():
 
     for cron in ("0 3 * * 1", "*/15 0-6/2 1,15 jan-mar mon-fri", "30 2 * * 7", "0 0 1 */3 SUN"):
         cloud.check_cron(cron)
+    # KFP's robfig/cron v1 takes weekdays 0-6: Sunday as 7 is Vertex's only.
+    with pytest.raises(cloud.CloudError, match="'0-7' is not a valid weekday \\(0-6"):
+        cloud.check_cron("0 3 * * 0-7", "gke")
 
 
 VERTEX_WHERE = ["--target", "vertex", "--project", "proj", "--region", "us-central1"]
@@ -342,6 +347,7 @@ def test_schedule_list_pause_resume_delete_on_gke(capsys):
          "schedules on gke needs --host (or --kube-context)"),
         (["schedule", *VERTEX], "needs --cron"),
         (["schedule", "list", *VERTEX_WHERE, "--cron", "0 3 * * *"], "list takes no --cron"),
+        (["schedule", "list", "4242", *VERTEX_WHERE], "list takes no SCHEDULE ('4242')"),
         (["schedule", "pause", "4242", *VERTEX_WHERE, "--data-uri", "gs://b/p.jsonl"],
          "pause takes no --data-uri; only create reads it"),
     ],

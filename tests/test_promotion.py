@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import threading
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -193,14 +194,60 @@ def test_a_damaged_record_is_named_and_nothing_changes_until_it_is_mended(tmp_pa
         with pytest.raises(promotion.PromotionRecordError, match="alignpipe rollback"):
             stage_io.check_policy(str(root))
     assert main(["rollback", str(root), "--to", "2"]) == 0
-    assert "was None" in capsys.readouterr().out
+    assert "(was none: CURRENT was unreadable or missing)" in capsys.readouterr().out
     assert _weights(stage_io.check_policy(str(root))) == "v2"
     assert _history_lines(root)[-1]["from"] is None
 
-    # CURRENT naming a version that is not complete: history says runs will fail, and why.
+    # CURRENT naming a version that is not complete, or none: history says runs will fail.
     current.write_text(json.dumps({"version": 9}))
     assert main(["history", str(root)]) == 1
     assert "names version 9, which is not a complete version" in capsys.readouterr().err
+    current.unlink()
+    assert main(["history", str(root)]) == 1
+    assert "has no CURRENT; runs that read it fail until" in capsys.readouterr().err
+    with pytest.raises(FileNotFoundError, match=r"complete versions \(1, 2, 3\) but no CURRENT"):
+        promotion.resolve_policy(str(root))
+
+
+def test_odd_files_under_a_root_are_named_and_a_failed_rollback_changes_nothing(tmp_path, capsys):
+    root = _promote_three(tmp_path)
+    (root / "versions" / "\u00b2").mkdir()  # not a version number: ignored
+    marker = root / "versions" / "000002" / promotion.COMPLETE
+    good = marker.read_text()
+    marker.write_text(json.dumps({**json.loads(good), "version": 7}))
+    assert main(["history", str(root)]) == 1
+    assert "its version 7 is not its folder's" in capsys.readouterr().err
+    marker.unlink()
+    marker.mkdir()  # a folder where the record should be
+    assert main(["history", str(root)]) == 1
+    assert f"{marker} cannot be read" in capsys.readouterr().err
+    marker.rmdir()
+    marker.write_text(good)
+
+    # A rollback that cannot write its record does not switch CURRENT.
+    (root / "rollbacks").mkdir(exist_ok=True)
+    (root / "rollbacks").rmdir()
+    (root / "rollbacks").write_text("a file")
+    assert main(["rollback", str(root), "--to", "1"]) == 1
+    assert "error:" in capsys.readouterr().err
+    assert promotion.current_version(str(root)) == 3
+    (root / "rollbacks").unlink()
+
+    # history.jsonl is derived: when it cannot be rewritten the event stands, with a warning.
+    (root / promotion.HISTORY).unlink()
+    (root / promotion.HISTORY).mkdir()
+    assert main(["rollback", str(root), "--to", "1"]) == 0
+    assert promotion.current_version(str(root)) == 1
+    assert [e["event"] for e in promotion.read_history(str(root))][-1] == "rollback"
+
+    # Optional fields of any type show in the table instead of failing it.
+    record = json.loads(good)
+    record.update(note=5, run_id=None, registry="x", figures={"win_rate/value": "high"})
+    marker.write_text(json.dumps(record))
+    capsys.readouterr()
+    assert main(["history", str(root)]) == 0
+    row = capsys.readouterr().out.splitlines()[2]
+    assert row.split()[:2] == ["2", "promotion"] and "high" in row and row.endswith("5")
 
 
 def test_a_crash_mid_copy_is_never_current_and_the_next_promotion_moves_on(tmp_path, monkeypatch):
@@ -296,6 +343,20 @@ def test_the_layout_before_versions_still_reads_and_becomes_version_one(tmp_path
     assert _weights(stage_io.check_policy(str(root))) == "new"
     promotion.rollback(str(root), 1)
     assert _weights(stage_io.check_policy(str(root))) == "legacy"
+
+
+def test_a_damaged_legacy_marker_claims_nothing_and_a_naive_time_is_replaced(tmp_path, capsys):
+    root = tmp_path / "promoted"
+    _policy(root, "legacy")
+    (root / "PROMOTED.json").write_text("{oops")
+    policy = _policy(tmp_path / "ppo", "new")
+    assert main(["promote", policy, "--to", str(root)]) == 1
+    assert f"{root / 'PROMOTED.json'} is not valid JSON" in capsys.readouterr().err
+    assert not (root / "versions").exists()  # nothing claimed: version 1 is still the legacy's
+    (root / "PROMOTED.json").write_text(json.dumps({"promoted_at": "2025-01-06T03:00:00"}))
+    assert main(["promote", policy, "--to", str(root)]) == 0
+    first, second = promotion.read_history(str(root))  # the naive time is not written back
+    assert first["version"] == 1 and datetime.fromisoformat(first["time"]).tzinfo is not None
 
 
 def test_check_policy_on_plain_folders_and_roots_without_a_current_version(tmp_path):

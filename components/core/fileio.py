@@ -88,6 +88,14 @@ def is_within(path: str, folder: str) -> bool:
     return path == folder or path.startswith(folder + os.sep)
 
 
+def remove(path: str) -> None:
+    """Delete the file ``path``."""
+    if _is_remote(path):
+        _gfile().remove(path)
+    else:
+        os.remove(path)
+
+
 def remove_tree(path: str) -> None:
     if _is_remote(path):
         if _gfile().exists(path):
