@@ -387,9 +387,40 @@ def _rbac(args: argparse.Namespace, rest: list[str]) -> int:
 
 
 def _guard(body: Any) -> int:
-    """Run a command body; a user error prints one line and exits 2."""
+    """Run a command body; a user error prints one line and exits 2, a failure of the
+    service or its credentials prints one line and exits 1."""
     try:
         return int(body())
     except (ValueError, FileNotFoundError) as error:
         print(f"error: {error}", file=sys.stderr)
         return EXIT_USAGE
+    except _service_errors() as error:
+        print(f"error: {_service_message(error)}", file=sys.stderr)
+        return 1
+
+
+def _service_errors() -> tuple[type[Exception], ...]:
+    """What the clients raise when the service is unreachable, refuses, or no credentials
+    are found (each library installed with the cloud SDKs)."""
+    from google.api_core.exceptions import GoogleAPIError
+    from google.auth.exceptions import GoogleAuthError
+    from kfp_server_api.exceptions import OpenApiException
+    from urllib3.exceptions import HTTPError
+
+    return GoogleAPIError, GoogleAuthError, OpenApiException, HTTPError
+
+
+def _service_message(error: Exception) -> str:
+    """One line: what failed, and where to look."""
+    from google.auth.exceptions import GoogleAuthError
+    from urllib3.exceptions import HTTPError
+
+    text = " ".join(str(error).split())
+    text = text if len(text) <= 300 else text[:297] + "..."
+    if isinstance(error, GoogleAuthError):
+        hint = "run `gcloud auth application-default login`, or set GOOGLE_APPLICATION_CREDENTIALS"
+    elif isinstance(error, HTTPError):
+        hint = "check --host (or --kube-context) and that the endpoint is reachable from here"
+    else:
+        hint = "the service refused the request; check the settings it names"
+    return f"{type(error).__name__}: {text} ({hint})"

@@ -355,3 +355,20 @@ def test_schedule_list_pause_resume_delete_on_gke(capsys):
 def test_schedule_management_refuses_missing_settings(argv, message, capsys):
     assert main(argv) == 2
     assert message in capsys.readouterr().err
+
+
+def test_an_unreachable_service_or_missing_credentials_is_one_line(capsys):
+    from google.auth.exceptions import DefaultCredentialsError
+    from google.cloud import aiplatform
+    from urllib3.exceptions import MaxRetryError
+
+    refused = MaxRetryError(None, "/apis/v2beta1/healthz", reason="Connection refused")
+    with mock.patch("kfp.Client", side_effect=refused):
+        assert main(["schedule", "list", *GKE_WHERE]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: MaxRetryError:") and "check --host" in err
+    assert len(err.strip().splitlines()) == 1
+    missing = DefaultCredentialsError("Your default credentials were not found.")
+    with mock.patch.object(aiplatform.PipelineJobSchedule, "list", side_effect=missing):
+        assert main(["schedule", "list", *VERTEX_WHERE]) == 1
+    assert "gcloud auth application-default login" in capsys.readouterr().err
