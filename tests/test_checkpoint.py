@@ -83,6 +83,14 @@ def test_export_and_load_model_with_nnx_params(tmp_path):
         ckpt.export_model(
             model_dir, model_config={}, params=params, extra_config={"schema_version": 3}
         )
+    # The same export again (a finished stage run again) leaves the artifact as it is, so its
+    # fingerprint, kept by the next stage's checkpoints, stays; another config rewrites it.
+    same = dict(model_config={"preset": "tiny", "vocab_size": 259}, params=params)
+    fingerprint = ckpt.input_fingerprint(model_dir)
+    ckpt.export_model(model_dir, **same, extra_config={"step": 12, "tokenizer": {"kind": "byte"}})
+    assert ckpt.input_fingerprint(model_dir) == fingerprint
+    ckpt.export_model(model_dir, **same, extra_config={"step": 13, "tokenizer": {"kind": "byte"}})
+    assert ckpt.input_fingerprint(model_dir) != fingerprint
 
 
 def _pure(model) -> dict:
@@ -172,3 +180,18 @@ def test_a_checkpoint_of_another_model_or_with_damaged_files_is_refused_by_name(
     with ckpt.TrainCheckpointer(str(tmp_path), config, {"stage": "sft"}) as damaged:
         with pytest.raises(ckpt.CheckpointRestoreError, match="cannot be restored into this run"):
             damaged.restore_latest(_tree(0), np.zeros(2, np.uint32))
+
+
+def test_a_refusal_in_the_durable_state_folder_says_to_remove_it(tmp_path, monkeypatch):
+    """Under $ALIGNPIPE_CHECKPOINT_DIR no --output starts over: the refusal names the folder."""
+    config = ckpt.CheckpointConfig()
+    with ckpt.TrainCheckpointer(str(tmp_path), config, {"--shards": "a"}) as checkpointer:
+        checkpointer.save(2, state=_tree(2), rng=np.zeros(2, np.uint32), data_position={})
+    other = ckpt.TrainCheckpointer(str(tmp_path), config, {"--shards": "b"})
+    refused = r"written with another --shards than now \(then files with fingerprint a; now"
+    with pytest.raises(ckpt.CheckpointRestoreError, match=refused + ".* or a new --output to"):
+        other.restore_latest(_tree(0), np.zeros(2, np.uint32))
+    monkeypatch.setenv(ckpt.CHECKPOINT_DIR_ENV, str(tmp_path))
+    with pytest.raises(ckpt.CheckpointRestoreError, match=f"or remove {tmp_path} \\(\\$ALIGNPIPE"):
+        other.restore_latest(_tree(0), np.zeros(2, np.uint32))
+    other.close()

@@ -20,6 +20,7 @@ from components.core.training import parallel
 from components.core.training.checkpoint import (
     CheckpointRestoreError,
     ModelArtifactError,
+    input_fingerprint,
     read_model_config,
 )
 from components.core.training.config import FROM_SCRATCH_LEARNING_RATE, PRETRAINED_LEARNING_RATE
@@ -248,6 +249,11 @@ def test_resuming_with_fewer_steps_another_stage_or_batch_is_refused(sft_model, 
         run_sft(SFTConfig(**SMALL, steps=41, base_policy=sft_model[0]), shards, output)
     # Nothing was lost: the sft artifact is as it was.
     assert read_model_config(output)["stage"] == "sft" and read_model_config(output)["step"] == 40
+    # Run again as it was run, it trains nothing and keeps its files: the fingerprint a next
+    # stage's checkpoints hold of it stays.
+    fingerprint = input_fingerprint(output)
+    run_sft(SFTConfig(**SMALL, steps=40, learning_rate=3e-3, warmup_steps=5), shards, output)
+    assert input_fingerprint(output) == fingerprint
 
 
 def test_non_finite_loss_aborts_after_limit_and_keeps_last_good_checkpoint(shards, tmp_path):

@@ -188,7 +188,8 @@ class PPOLoop:
             raise ValueError(
                 f"iterations: {self.config.iterations}, but the checkpoint in "
                 f"{self.checkpointer.directory} is at iteration {restored.step}; pass "
-                f"--iterations {restored.step} or more to continue it, or a new --output"
+                f"--iterations {restored.step} or more to continue it, or "
+                f"{self.checkpointer.start_over()}"
             )
         reference = restored.extra_trees["reference"] if self.ema else self.nets.reference
         meta = restored.extra_json

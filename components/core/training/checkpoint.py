@@ -33,6 +33,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import logging
 import os
 import re
 from typing import Any
@@ -46,6 +47,7 @@ from components.core.flags import field
 from components.core.training import fsdp
 from components.core.training.host import host_abstract
 
+log = logging.getLogger(__name__)
 PyTree = Any
 MODEL_SCHEMA_VERSION = 1
 CONFIG_FILE = "config.json"
@@ -249,8 +251,9 @@ class TrainCheckpointer:
                 f"the checkpoint of step {step} in {self.directory} cannot be restored into "
                 f"this run ({str(error).splitlines()[0][:300]}): it was written with another "
                 "model (preset, tokenizer, algorithm, lora_rank, reference) or its files are "
-                "damaged; pass the settings it was written with, a new --output to start "
-                f"over, or remove the damaged step folder {step} to resume from the one before"
+                f"damaged; pass the settings it was written with, {self.start_over()} to "
+                f"start over, or remove the damaged step folder {step} to resume from the one "
+                "before"
             ) from error
         tree, meta = restored["state"], restored["meta"]
         if chunks:
@@ -278,14 +281,21 @@ class TrainCheckpointer:
             was, now = changed["stage"]
             raise CheckpointRestoreError(
                 f"{self.directory} holds the {was} stage's checkpoint (step {step}), not the "
-                f"{now} stage's: its --output is another stage's; pass a new --output"
+                f"{now} stage's: its --output is another stage's; pass {self.start_over()}"
             )
         listed = ", ".join(_changed(name, was, now) for name, (was, now) in changed.items())
         raise CheckpointRestoreError(
             f"the checkpoint of step {step} in {self.directory} was written with {listed}: "
             "resuming would continue it with other inputs or data; pass the ones it was "
-            "written with to resume it, or a new --output to start over"
+            f"written with to resume it, or {self.start_over()} to start over"
         )
+
+    def start_over(self) -> str:
+        """What a refusal tells the user to pass to start over: a new --output, unless the
+        state folder is ``$ALIGNPIPE_CHECKPOINT_DIR``'s, which no --output changes."""
+        if os.environ.get(CHECKPOINT_DIR_ENV, "").strip():
+            return f"remove {self.directory} (${CHECKPOINT_DIR_ENV} names it, whatever --output)"
+        return "a new --output"
 
     def wait(self) -> None:
         """Block until background saves are on disk."""
@@ -319,18 +329,41 @@ def export_model(
 
     ``extra_config`` carries e.g. ``tokenizer``, ``training`` and ``step``; its keys
     sit next to ``schema_version`` and ``model`` in ``config.json``.
+
+    An artifact already complete with this very ``config.json`` (a finished stage run again
+    with the same arguments: it resumes at its last step and trains none) is left as it is,
+    so its :func:`input_fingerprint`, which the next stage's checkpoints keep, stays.
     """
     reserved = {"schema_version", "model"} & set(extra_config)
     if reserved:
         raise ValueError(f"extra_config may not set {sorted(reserved)}; they are written here")
+    config = {"schema_version": MODEL_SCHEMA_VERSION, "model": model_config, **extra_config}
+    text = json.dumps(config, indent=2, sort_keys=True, default=_json_default) + "\n"
+    if _already_exported(model_dir, text):
+        log.info("%s already holds this model (same config.json and step); kept", model_dir)
+        return
     fileio.makedirs(model_dir)
     with ocp.StandardCheckpointer() as checkpointer:
         checkpointer.save(_abs(fileio.join(model_dir, PARAMS_DIR)), params, force=True)
         checkpointer.wait_until_finished()
     if jax.process_index() == 0:
-        config = {"schema_version": MODEL_SCHEMA_VERSION, "model": model_config, **extra_config}
-        text = json.dumps(config, indent=2, sort_keys=True, default=_json_default)
-        fileio.write_text(fileio.join(model_dir, CONFIG_FILE), text + "\n")
+        fileio.write_text(fileio.join(model_dir, CONFIG_FILE), text)
+
+
+def _already_exported(model_dir: str, text: str) -> bool:
+    """Whether ``model_dir`` is complete with ``text`` as its config.json, as process 0 reads
+    it (every process takes its answer: the save is collective)."""
+    from jax.experimental import multihost_utils
+
+    path = fileio.join(model_dir, CONFIG_FILE)
+    same = (
+        fileio.exists(fileio.join(model_dir, PARAMS_DIR, "_CHECKPOINT_METADATA"))
+        and fileio.exists(path)
+        and fileio.read_text(path) == text
+    )
+    if jax.process_count() > 1:
+        same = bool(multihost_utils.broadcast_one_to_all(np.int32(same)))
+    return same
 
 
 def _json_default(value: Any) -> Any:

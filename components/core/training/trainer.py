@@ -78,8 +78,8 @@ def fit(
         if start > config.steps:
             raise ValueError(
                 f"steps: {config.steps}, but the checkpoint in {checkpointer.directory} is "
-                f"at step {start}; pass --steps {start} or more to continue it, or a new "
-                "--output to start over"
+                f"at step {start}; pass --steps {start} or more to continue it, or "
+                f"{checkpointer.start_over()} to start over"
             )
         train_data.restore(restored.data_position)
         log.info("%s: resuming from step %d of %s", stage, start, checkpointer.directory)
