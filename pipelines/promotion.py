@@ -92,13 +92,11 @@ def current_version(root: str) -> int | None:
     path = fileio.join(root, CURRENT)
     if not root or not fileio.exists(path):
         return None
-    pointer = _load_json(path, f"rewrite it with `alignpipe rollback {root} --to VERSION`")
+    mend = f"rewrite it with `alignpipe rollback {root} --to VERSION`"
+    pointer = _load_json(path, mend)
     version = pointer.get("version") if isinstance(pointer, dict) else None
     if type(version) is not int or version < 1:
-        raise PromotionRecordError(
-            f"{path} names no version (it holds {_clip(pointer)}); rewrite it with "
-            f"`alignpipe rollback {root} --to VERSION`"
-        )
+        raise PromotionRecordError(f"{path} names no version (it holds {_clip(pointer)}); {mend}")
     return version
 
 

@@ -33,7 +33,6 @@ from components.core.training import parallel
 from components.core.training.checkpoint import (
     CheckpointConfig,
     TrainCheckpointer,
-    input_fingerprint,
     training_state_dir,
 )
 from components.core.training.metrics import MetricsLogger
@@ -131,11 +130,11 @@ class PPOLoop:
             "rollout_batch_size": config.rollout_batch_size,
             "seed": config.seed,
         }
-        identity.update({flag: input_fingerprint(path) for flag, path in (inputs or {}).items()})
         self.checkpointer = TrainCheckpointer(
             training_state_dir(output),
             CheckpointConfig(save_every=config.save_every, keep=config.keep_checkpoints),
             identity,
+            inputs,
         )
         self.guard = KLGuard(
             kl_stop=config.kl_stop,

@@ -166,14 +166,21 @@ class TrainCheckpointer:
     """
 
     def __init__(
-        self, directory: str, config: CheckpointConfig, identity: dict[str, Any] | None = None
+        self,
+        directory: str,
+        config: CheckpointConfig,
+        identity: dict[str, Any] | None = None,
+        inputs: dict[str, str] | None = None,
     ) -> None:
         """``identity``: what a checkpoint must match to be resumed (the stage, and settings
         its saved state and data position depend on, e.g. the batch size and seed), saved
         with every step and compared on restore: a checkpoint that differs is refused, naming
         the settings, instead of being continued with another stage's state or skipping
-        and repeating data. Checkpoints saved without one are restored as they are."""
-        self.identity = dict(identity or {})
+        and repeating data. Checkpoints saved without one are restored as they are.
+        ``inputs`` (flag → folder: the shards, the models a stage starts from) join the
+        identity as their :func:`input_fingerprint`, so a resume from other ones is refused."""
+        fingerprints = {flag: input_fingerprint(path) for flag, path in (inputs or {}).items()}
+        self.identity = {**(identity or {}), **fingerprints}
         options = ocp.CheckpointManagerOptions(
             save_interval_steps=config.save_every,
             max_to_keep=config.keep,

@@ -20,11 +20,7 @@ import numpy as np
 
 from components.core.model import lora
 from components.core.training import fsdp, parallel
-from components.core.training.checkpoint import (
-    TrainCheckpointer,
-    input_fingerprint,
-    training_state_dir,
-)
+from components.core.training.checkpoint import TrainCheckpointer, training_state_dir
 from components.core.training.config import TrainConfig
 from components.core.training.metrics import MetricsLogger
 from components.core.training.optim import make_schedule
@@ -69,8 +65,8 @@ def fit(
     state = parallel.TrainState.create(params, optimizer)
     rng = np.asarray(jax.random.PRNGKey(config.seed))
     identity = {"stage": stage, "batch_size": config.batch_size, "seed": config.seed}
-    identity.update({flag: input_fingerprint(path) for flag, path in (inputs or {}).items()})
-    checkpointer = TrainCheckpointer(training_state_dir(output), config.checkpoint(), identity)
+    directory = training_state_dir(output)
+    checkpointer = TrainCheckpointer(directory, config.checkpoint(), identity, inputs)
     restored = checkpointer.restore_latest(state, rng)
     start = 0
     if restored is not None:
