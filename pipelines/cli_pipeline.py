@@ -358,12 +358,13 @@ def _create_schedule(args: argparse.Namespace) -> int:
 def _manage_schedules(args: argparse.Namespace) -> int:
     """List the target's schedules, or pause, resume or delete one."""
     from pipelines import schedules
+    from pipelines.preflight import flag
 
-    given = [flag for flag in vars(args) if flag.startswith("param_")]
+    given = [name for name in vars(args) if name.startswith("param_")]
     if args.action == "list" and args.schedule_id:
         raise ValueError(f"schedule list takes no SCHEDULE ({args.schedule_id!r})")
     if args.cron or given:
-        ignored = "--cron" if args.cron else "--" + given[0][len("param_") :].replace("_", "-")
+        ignored = "--cron" if args.cron else flag(given[0][len("param_") :])
         raise ValueError(f"schedule {args.action} takes no {ignored}; only create reads it")
     settings = _settings(args)
     if args.action == "list":
