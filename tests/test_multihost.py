@@ -140,9 +140,15 @@ def _check_sharded(state, initial) -> None:
 
 def clean_env() -> dict[str, str]:
     """This process's environment without its XLA/JAX settings (XLA_FLAGS forces 8 devices into
-    each process), but with the session's compilation cache (tests/conftest.py)."""
+    each process), but with the session's compilation cache and the XLA flags other than the
+    device count (tests/conftest.py)."""
     kept = ("JAX_COMPILATION_CACHE_DIR", "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS")
-    return {k: v for k, v in os.environ.items() if k in kept or not k.startswith(("XLA_", "JAX_"))}
+    env = {k: v for k, v in os.environ.items() if k in kept or not k.startswith(("XLA_", "JAX_"))}
+    flags = os.environ.get("XLA_FLAGS", "").split()
+    flags = [f for f in flags if not f.startswith("--xla_force_host_platform_device_count")]
+    if flags:
+        env["XLA_FLAGS"] = " ".join(flags)
+    return env
 
 
 def _free_port() -> int:
