@@ -143,15 +143,23 @@ def synthetic_batch(longest: int, seed: int = 0) -> dict[str, np.ndarray]:
     }
 
 
-def matmul_ceiling(config: ModelConfig, critic: bool) -> float:
+# with_backward's three products of each forward one, in its order.
+KINDS = ("forward", "input gradients", "weight gradients")
+
+
+def matmul_ceiling(config: ModelConfig, critic: bool) -> tuple[float, dict[str, float]]:
     """``_roofline.shape_ceiling`` of one device's minibatch step: its rows' tokens through
-    the policy (logits at the response positions) and the critic, forward and backward."""
+    the policy (logits at the response positions) and the critic, forward and backward; and
+    of each of ``KINDS`` alone (the weight gradients contract over the tokens)."""
     rows = BATCH // MINIBATCHES // jax.local_device_count()
     tokens = rows * (PROMPT + RESPONSE)
     shapes = _roofline.with_backward(_roofline.weight_matmuls(config, tokens, rows * RESPONSE))
     if critic:
         shapes += _roofline.with_backward(_roofline.weight_matmuls(config, tokens))
-    return _roofline.shape_ceiling(shapes)
+    by_kind = {
+        kind: _roofline.shape_ceiling(shapes[i :: len(KINDS)]) for i, kind in enumerate(KINDS)
+    }
+    return _roofline.shape_ceiling(shapes), by_kind
 
 
 def main() -> None:
@@ -213,12 +221,14 @@ def main() -> None:
         f"demo model, {jax.local_device_count()} CPU devices; {flops / 1e9:.1f} model GFLOP "
         f"({six_n / 1e9:.1f} as 6 x params x tokens)"
     )
-    ceiling = matmul_ceiling(model, critic_params is not None)
+    ceiling, by_kind = matmul_ceiling(model, critic_params is not None)
+    fp32 = peak.matmul["float32"]
     print(
         f"  ceiling at these shapes: one device's share of a minibatch step's weight matmuls "
         f"(policy{' and critic' if critic_params is not None else ''}, forward and backward), "
-        f"alone in one program: {ceiling / 1e9:.1f} GFLOP/s = "
-        f"{ceiling / peak.matmul['float32']:.1%} of the float32 peak"
+        f"alone in one program: {ceiling / 1e9:.1f} GFLOP/s = {ceiling / fp32:.1%} of the "
+        f"float32 peak; each kind alone: "
+        + ", ".join(f"{kind} {rate / fp32:.1%}" for kind, rate in by_kind.items())
     )
     for name, values in times.items():
         best, median = min(values), statistics.median(values)
