@@ -165,6 +165,10 @@ def weight_matmuls(config: ModelConfig, tokens: int, logits_tokens: int = 0) -> 
     return shapes + ([(logits_tokens, d, config.vocab_size)] if logits_tokens else [])
 
 
+# What with_backward's three products of each forward one are, in its order.
+PRODUCT_KINDS = ("forward", "input gradients", "weight gradients")
+
+
 def with_backward(forward: list[tuple]) -> list[tuple]:
     """A training step's matmuls: each forward [m, k] @ [k, n], the input's gradient
     [m, n] @ [n, k] and the weight's [k, m] @ [m, n], every operand laid out as it is used."""

@@ -143,21 +143,18 @@ def synthetic_batch(longest: int, seed: int = 0) -> dict[str, np.ndarray]:
     }
 
 
-# with_backward's three products of each forward one, in its order.
-KINDS = ("forward", "input gradients", "weight gradients")
-
-
 def matmul_ceiling(config: ModelConfig, critic: bool) -> tuple[float, dict[str, float]]:
     """``_roofline.shape_ceiling`` of one device's minibatch step: its rows' tokens through
     the policy (logits at the response positions) and the critic, forward and backward; and
-    of each of ``KINDS`` alone (the weight gradients contract over the tokens)."""
+    of each of ``_roofline.PRODUCT_KINDS`` alone (the weight gradients contract over the tokens)."""
     rows = BATCH // MINIBATCHES // jax.local_device_count()
     tokens = rows * (PROMPT + RESPONSE)
     shapes = _roofline.with_backward(_roofline.weight_matmuls(config, tokens, rows * RESPONSE))
     if critic:
         shapes += _roofline.with_backward(_roofline.weight_matmuls(config, tokens))
+    kinds = _roofline.PRODUCT_KINDS
     by_kind = {
-        kind: _roofline.shape_ceiling(shapes[i :: len(KINDS)]) for i, kind in enumerate(KINDS)
+        kind: _roofline.shape_ceiling(shapes[i :: len(kinds)]) for i, kind in enumerate(kinds)
     }
     return _roofline.shape_ceiling(shapes), by_kind
 
