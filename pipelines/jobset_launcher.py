@@ -19,6 +19,7 @@ import argparse
 import dataclasses
 import json
 import os
+import re
 import signal
 import sys
 import threading
@@ -69,7 +70,7 @@ def host_index(pod: Any) -> int:
     """The host (completion index) a JobSet pod runs; -1 when the pod does not say."""
     marks = {**(pod.metadata.labels or {}), **(pod.metadata.annotations or {})}
     text = marks.get(jobset.INDEX_ANNOTATION, "")
-    return int(text) if text.isdigit() else -1
+    return int(text) if re.fullmatch("[0-9]+", text) else -1  # ASCII: isdigit takes "²"
 
 
 def _host_problem(pod: Any, image: str) -> tuple[bool, str]:

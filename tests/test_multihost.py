@@ -263,8 +263,9 @@ def test_detect_cluster():
     vertex = distributed.detect_cluster({"ALIGNPIPE_TPU_HOSTS": "4"})
     assert (vertex.kind, vertex.num_processes) == ("tpu", 4)
     assert distributed.detect_cluster({"ALIGNPIPE_TPU_HOSTS": "1"}).kind == "single"
-    with pytest.raises(ValueError, match="ALIGNPIPE_TPU_HOSTS='four' must be"):
-        distributed.detect_cluster({"ALIGNPIPE_TPU_HOSTS": "four"})
+    for raw in ("four", "²"):
+        with pytest.raises(ValueError, match=f"ALIGNPIPE_TPU_HOSTS='{raw}' must be"):
+            distributed.detect_cluster({"ALIGNPIPE_TPU_HOSTS": raw})
     with pytest.raises(ValueError, match="JAX_NUM_PROCESSES"):
         distributed.detect_cluster({"JAX_COORDINATOR_ADDRESS": "h:1", "JAX_PROCESS_ID": "0"})
     with pytest.raises(ValueError, match="JAX_PROCESS_ID=3 must be in"):

@@ -58,7 +58,7 @@ def test_a_device_count_below_one_or_not_a_number_is_refused_naming_where_it_cam
     runs = tmp_path / "runs"
     with pytest.raises(params.ParamError, match="^--cpu-devices: 0 must be at least 1$"):
         run_local({}, runs_dir=runs, cpu_devices=0, echo=False)
-    for raw in ("eight", "0", "-2", ""):
+    for raw in ("eight", "0", "-2", "", "²"):
         monkeypatch.setenv("ALIGNPIPE_CPU_DEVICES", raw)
         with pytest.raises(params.ParamError, match=f"^ALIGNPIPE_CPU_DEVICES='{raw}': .* whole"):
             run_local({}, runs_dir=runs, echo=False)

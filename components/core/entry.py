@@ -8,6 +8,7 @@ import gc
 import json
 import logging
 import os
+import re
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -43,7 +44,8 @@ def configure_cpu_devices() -> None:
 def cpu_device_count() -> int:
     """``$ALIGNPIPE_CPU_DEVICES`` (default 8), refused unless a whole number of at least 1."""
     raw = os.environ.get(CPU_DEVICES_ENV, str(DEFAULT_CPU_DEVICES))
-    count = int(raw) if raw.strip().isdigit() else 0
+    # ASCII digits: str.isdigit also takes "²", which int() then refuses with its own message.
+    count = int(raw) if re.fullmatch("[0-9]+", raw.strip()) else 0
     if count < 1:
         raise ValueError(
             f"{CPU_DEVICES_ENV}={raw!r}: the virtual CPU devices per process must be a whole "

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 from collections.abc import Mapping
 
 import jax
@@ -73,7 +74,7 @@ def detect_cluster(env: Mapping[str, str] | None = None) -> Cluster:
         if len(hosts) > 1:
             return Cluster("tpu", num_processes=len(hosts))
     hosts = env.get(ENV_TPU_HOSTS, "").strip() or "1"
-    if not hosts.isdigit() or int(hosts) < 1:
+    if not re.fullmatch("[0-9]+", hosts) or int(hosts) < 1:  # ASCII: isdigit takes "²"
         raise ValueError(f"{ENV_TPU_HOSTS}={hosts!r} must be the slice's host count (1 or more)")
     if int(hosts) > 1:
         return Cluster("tpu", num_processes=int(hosts))
