@@ -22,6 +22,16 @@ buckets with Cloud Storage FUSE (the GKE CSI driver, as Vertex mounts ``/gcs``),
 host sees the same input and output folders (Orbax writes a sharded model from all hosts).
 Only host 0 writes the executor output (KFP's executor writes it on the chief of
 ``CLUSTER_SPEC`` alone), to a file next to the outputs that the launcher hands to KFP.
+
+The training image runs as UID/GID 10001 (``containers/Dockerfile.train``). The FUSE driver
+mounts a bucket as uid 0, gid 0 unless told otherwise, so a non-root host could read but
+not write ``/gcs``; the pods run as that user with ``fsGroup`` set, and the volumes carry
+the ``uid``, ``gid``, ``file-mode`` and ``dir-mode`` options the driver's docs ask for with
+a non-root image (gcs-fuse-csi-driver ``docs/authentication.md``; troubleshooting,
+"Permission denied"). A Kubeflow profile namespace is labelled ``istio-injection: enabled``;
+a classic Istio sidecar never exits, so a host's pod would never complete and the Job
+would hang: the host pods opt out with ``sidecar.istio.io/inject: "false"``, as KFP does for
+its own pods (``backend/src/apiserver/template/v2_template.go``).
 """
 
 from __future__ import annotations
@@ -51,6 +61,13 @@ GCSFUSE_DRIVER = "gcsfuse.csi.storage.gke.io"
 # TPU VMs talk on 8471; 8431 exports TPU runtime metrics (GKE's multi-host examples).
 TPU_PORTS = (8471, 8431)
 EXCLUSIVE_TOPOLOGY = "alpha.jobset.sigs.k8s.io/exclusive-topology"
+# The training image's user and group (containers/Dockerfile.train: USER 10001:10001).
+IMAGE_UID = IMAGE_GID = 10001
+# FUSE mount options of a non-root image: the files belong to it, group-writable.
+GCSFUSE_MOUNT_OPTIONS = f"implicit-dirs,uid={IMAGE_UID},gid={IMAGE_GID},file-mode=664,dir-mode=775"
+# Istio's injection switch: a label (Istio >= 1.10, wins over the annotation) and the
+# annotation KFP sets on its own pods (older Istio reads only this).
+ISTIO_INJECT = "sidecar.istio.io/inject"
 FINISHED_TTL_S = 24 * 3600  # a JobSet the launcher could not delete goes after a day
 
 
@@ -253,6 +270,13 @@ def _pod_template(
     }
     pod: dict[str, Any] = {
         "restartPolicy": "Never",  # the JobSet restarts the slice, never one host
+        # The image's user, stated: the FUSE mounts above give it the files. fsGroup too,
+        # so the driver's fsGroup delegation agrees (gid 10001, modes 664/775).
+        "securityContext": {
+            "runAsUser": IMAGE_UID,
+            "runAsGroup": IMAGE_GID,
+            "fsGroup": IMAGE_GID,
+        },
         "nodeSelector": {
             "cloud.google.com/gke-tpu-accelerator": spec.accelerator,
             "cloud.google.com/gke-tpu-topology": spec.topology,
@@ -264,7 +288,10 @@ def _pod_template(
                 "name": f"gcs-{i}",
                 "csi": {
                     "driver": GCSFUSE_DRIVER,
-                    "volumeAttributes": {"bucketName": bucket, "mountOptions": "implicit-dirs"},
+                    "volumeAttributes": {
+                        "bucketName": bucket,
+                        "mountOptions": GCSFUSE_MOUNT_OPTIONS,
+                    },
                 },
             }
             for i, bucket in enumerate(buckets)
@@ -272,8 +299,12 @@ def _pod_template(
     }
     if service_account:
         pod["serviceAccountName"] = service_account  # the task's: Workload Identity for GCS
+    # No Istio sidecar: a classic one never exits, so the host's Job would never complete.
     return {
-        "metadata": {"labels": dict(labels), "annotations": {"gke-gcsfuse/volumes": "true"}},
+        "metadata": {
+            "labels": {**labels, ISTIO_INJECT: "false"},
+            "annotations": {"gke-gcsfuse/volumes": "true", ISTIO_INJECT: "false"},
+        },
         "spec": pod,
     }
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 from pathlib import Path
 
 import jsonschema
@@ -147,7 +148,59 @@ def test_every_host_runs_the_stage_on_its_tpu_vm():
     assert mounts == {"/gcs/models-bucket", "/gcs/runs-bucket"}
     buckets = {v["csi"]["volumeAttributes"]["bucketName"] for v in pod["volumes"]}
     assert buckets == {"models-bucket", "runs-bucket"}
-    assert job["template"]["metadata"]["annotations"] == {"gke-gcsfuse/volumes": "true"}
+    assert job["template"]["metadata"]["annotations"]["gke-gcsfuse/volumes"] == "true"
+
+
+def _pod_template(manifest: dict) -> dict:
+    return manifest["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]
+
+
+def _check_hosts_write_gcs_without_istio(manifest: dict) -> None:
+    """Items 1 and 2 of issue 40 on one manifest (sources in the test docstrings)."""
+    template = _pod_template(manifest)
+    pod = template["spec"]
+    assert pod["securityContext"] == {"runAsUser": 10001, "runAsGroup": 10001, "fsGroup": 10001}
+    for volume in pod["volumes"]:
+        options = volume["csi"]["volumeAttributes"]["mountOptions"].split(",")
+        assert options == [
+            "implicit-dirs",
+            "uid=10001",
+            "gid=10001",
+            "file-mode=664",
+            "dir-mode=775",
+        ]
+    assert template["metadata"]["labels"]["sidecar.istio.io/inject"] == "false"
+    assert template["metadata"]["annotations"]["sidecar.istio.io/inject"] == "false"
+    # The JobSet itself is no pod: Istio reads the switch on pods only.
+    assert "sidecar.istio.io/inject" not in manifest["metadata"]["labels"]
+
+
+def test_non_root_hosts_write_gcs_and_get_no_istio_sidecar(crd_schema):
+    """The FUSE driver mounts as uid 0/gid 0 unless told (gcs-fuse-csi-driver
+    pkg/sidecar_mounter/sidecar_mounter_config.go); with a non-root image its docs ask for
+    uid, gid, file-mode, dir-mode, or fsGroup (docs/authentication.md, docs/troubleshooting.md
+    "Permission denied"). Kubeflow profile namespaces inject Istio; KFP opts its pods out with
+    sidecar.istio.io/inject: "false" (kubeflow/pipelines backend/src/apiserver/template)."""
+    for manifest in sample_manifests():
+        _check_hosts_write_gcs_without_istio(manifest)
+        jsonschema.validate(manifest, crd_schema)
+
+
+def test_the_mount_owner_is_the_training_images_user():
+    dockerfile = (FIXTURES.parent.parent / "containers" / "Dockerfile.train").read_text()
+    assert re.search(rf"^USER {jobset.IMAGE_UID}:{jobset.IMAGE_GID}$", dockerfile, re.M)
+    assert f"--uid {jobset.IMAGE_UID} --gid {jobset.IMAGE_GID}" in dockerfile
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("runAsUser", "10001"), ("fsGroupPolicy", "OnRootMismatch"), ("fsgroup", 10001)],
+)
+def test_a_wrong_security_context_fails_the_schema(crd_schema, field, value):
+    manifest = sample_manifests()[0]
+    _pod_template(manifest)["spec"]["securityContext"][field] = value
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(manifest, crd_schema)
 
 
 @pytest.mark.parametrize(("host", "writes"), [("0", True), ("1", False), ("3", False)])
@@ -205,9 +258,9 @@ def test_run_preset_v5p_32_7b_compiles_for_gke_as_jobset_launchers(gke_7b, crd_s
         spec = jobset.SliceSpec.from_json(args[args.index("--slice") + 1])
         assert (spec.stage, spec.hosts, spec.chips_per_host, spec.topology) == (task, 4, 4, "2x2x4")
         assert "{{$}}" not in json.dumps(spec.args)  # KFP would substitute it, unescaped
-        jsonschema.validate(
-            jobset.manifest(spec, name=f"ap-{task}-1", executor_input=EXECUTOR_INPUT), crd_schema
-        )
+        manifest = jobset.manifest(spec, name=f"ap-{task}-1", executor_input=EXECUTOR_INPUT)
+        jsonschema.validate(manifest, crd_schema)
+        _check_hosts_write_gcs_without_istio(manifest)
     assert executors["exec-shard"]["container"]["command"][-1] != jobset.LAUNCHER_MODULE
 
 
