@@ -87,7 +87,9 @@ def rewrite_training(
     if placement.target == "vertex":
         labels = {key.replace("-", "_"): value for key, value in placement.describe().items()}
         labels = {"pipeline": pipeline_name, **labels}
-        vertex_jobs.as_custom_jobs(spec, placement.machine, placement.topology, labels)
+        vertex_jobs.as_custom_jobs(
+            spec, placement.machine, placement.topology, labels, placement.train_timeout_h
+        )
     else:
         jobset.as_launchers(spec, placement)
     package.write_text(yaml.safe_dump_all([spec, *platform], sort_keys=False))

@@ -21,17 +21,34 @@ container says that the slice has several hosts, and how many.
 The spec is generated here rather than through GCPC's package: GCPC 2.22 (the newest)
 requires ``google-cloud-aiplatform<2`` and this project uses 2.x. GCPC 2.22 also has no
 ``tpu_topology`` argument; the worker pool here sets it in ``machine_spec``.
+
+Every job sets ``scheduling``: ``restart_job_on_worker_restart`` (one restarted VM of a
+multi-host slice restarts the whole job, from its checkpoints, instead of leaving the other
+hosts blocked in a collective) and a ``timeout`` per stage (``STAGE_TIMEOUT_H``) instead of
+Vertex's 7 days. The launcher starts through ``pipelines/custom_job_retry.py``, so that a
+retried task creates a new job rather than re-polling the one that failed.
 """
 
 from __future__ import annotations
 
+import inspect
 import json
 from typing import Any
 
+from pipelines import custom_job_retry
+
 # The launcher image of GCPC 2.22.0 (google_cloud_pipeline_components/_image.py). It only
-# creates and polls the job: the stage's code runs in the training image.
+# creates and polls the job: the stage's code runs in the training image. Bound by tag: GCPC
+# publishes no digest for it (not in _image.py, its release notes or its compiled samples),
+# and none is quoted here that could not be checked against a source.
 LAUNCHER_IMAGE = "gcr.io/ml-pipeline/google-cloud-pipeline-components:2.22.0"
-LAUNCHER_MODULE = "google_cloud_pipeline_components.container.v1.custom_job.launcher"
+LAUNCHER_MODULE = custom_job_retry.GCPC_LAUNCHER
+# Each training job's bound, in hours (Vertex's default is 7 days). Bounds, not measurements
+# (no TPU has run these stages): a hung slice costs at most this, and a healthy stage cut
+# short loses only the steps since its last checkpoint, which the retried task resumes from.
+# PPO, which also generates its rollouts, gets twice the others; evaluate only samples.
+STAGE_TIMEOUT_H = {"sft": 24.0, "reward": 24.0, "dpo": 24.0, "ppo": 48.0, "evaluate": 12.0}
+OTHER_TIMEOUT_H = 1.0  # any other task placed as training (the smoke check)
 # Vertex placeholders, resolved when the task starts (GCPC's _placeholders.py).
 PROJECT = "{{$.pipeline_google_cloud_project_id}}"
 LOCATION = "{{$.pipeline_google_cloud_location}}"
@@ -66,20 +83,29 @@ def _escaped(parts: list[str]) -> list[str]:
     return [EXECUTOR_INPUT_IN_JSON if part == EXECUTOR_INPUT else part for part in parts]
 
 
-def custom_job(name: str, pool: dict[str, Any], labels: dict[str, str]) -> dict[str, Any]:
+def scheduling(stage: str, timeout_h: float = 0.0) -> dict[str, Any]:
+    """The job's ``Scheduling``: restart the whole job when a worker restarts, and end it
+    after ``timeout_h`` hours (0: the stage's ``STAGE_TIMEOUT_H``)."""
+    hours = timeout_h or STAGE_TIMEOUT_H.get(stage, OTHER_TIMEOUT_H)
+    return {"restart_job_on_worker_restart": True, "timeout": f"{round(hours * 3600)}s"}
+
+
+def custom_job(
+    name: str, pool: dict[str, Any], labels: dict[str, str], schedule: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """The ``CustomJob`` payload of the launcher (fields as aiplatform_v1.types.CustomJob)."""
-    return {
-        "display_name": name,
-        "job_spec": {"worker_pool_specs": [pool], "service_account": SERVICE_ACCOUNT},
-        "labels": labels,
-    }
+    job_spec: dict[str, Any] = {"worker_pool_specs": [pool], "service_account": SERVICE_ACCOUNT}
+    if schedule:
+        job_spec["scheduling"] = schedule
+    return {"display_name": name, "job_spec": job_spec, "labels": labels}
 
 
 def launcher(payload: dict[str, Any]) -> dict[str, Any]:
-    """The executor container that creates the custom job and waits for it."""
+    """The executor container that creates the custom job and waits for it (through
+    ``custom_job_retry``, whose source is the command: GCPC's image has none of ours)."""
     return {
         "image": LAUNCHER_IMAGE,
-        "command": ["python3", "-u", "-m", LAUNCHER_MODULE],
+        "command": ["python3", "-u", "-c", inspect.getsource(custom_job_retry)],
         "args": [
             "--type", "CustomJob",
             "--payload", json.dumps(payload, sort_keys=True),
@@ -91,11 +117,16 @@ def launcher(payload: dict[str, Any]) -> dict[str, Any]:
 
 
 def as_custom_jobs(
-    spec: dict[str, Any], machine_type: str, tpu_topology: str, labels: dict[str, str]
+    spec: dict[str, Any],
+    machine_type: str,
+    tpu_topology: str,
+    labels: dict[str, str],
+    timeout_h: float = 0.0,
 ) -> list[str]:
     """Rewrite every training executor of the compiled ``spec`` in place; returns their names.
 
-    A training executor is one whose container sets ``ALIGNPIPE_ROLE=train``.
+    A training executor is one whose container sets ``ALIGNPIPE_ROLE=train``; ``timeout_h``
+    bounds each job (0: the stage's ``STAGE_TIMEOUT_H``).
     """
     executors = spec["deploymentSpec"]["executors"]
     rewritten = []
@@ -106,7 +137,8 @@ def as_custom_jobs(
             continue
         stage = label.removeprefix("exec-")
         pool = worker_pool(container, machine_type, tpu_topology)
-        job = custom_job(f"alignpipe-{stage}", pool, {**labels, "stage": stage})
+        schedule = scheduling(stage, timeout_h)
+        job = custom_job(f"alignpipe-{stage}", pool, {**labels, "stage": stage}, schedule)
         executor["container"] = launcher(job)
         rewritten.append(label)
     for component in spec["components"].values():

@@ -7,6 +7,8 @@ from each compiled payload here makes a wrong field name fail offline.
 
 from __future__ import annotations
 
+import datetime
+import inspect
 import json
 from pathlib import Path
 
@@ -14,7 +16,7 @@ import pytest
 import yaml
 from google.cloud.aiplatform_v1.types import CustomJob, CustomJobSpec
 
-from pipelines import vertex_jobs
+from pipelines import custom_job_retry, vertex_jobs
 from pipelines.cli import main
 from pipelines.cloud import compile_pipeline
 from pipelines.targets import HOSTS_ENV, Placement, PlacementError
@@ -66,7 +68,8 @@ def test_training_tasks_are_custom_jobs_with_the_tpu_worker_pool(tmp_path, tpu, 
     for task in TRAINING:
         container = _container(spec, task)
         assert container["image"] == vertex_jobs.LAUNCHER_IMAGE
-        assert container["command"][-1] == vertex_jobs.LAUNCHER_MODULE
+        assert container["command"][:3] == ["python3", "-u", "-c"]  # custom_job_retry, then
+        assert vertex_jobs.LAUNCHER_MODULE in container["command"][3]  # GCPC's launcher
         assert "resources" not in container  # the launcher is a small CPU task
         job = _job(container)
         assert job.display_name == f"alignpipe-{task}"
@@ -193,3 +196,72 @@ def test_tags_warn_and_digests_do_not(tmp_path, capsys):
     out = tmp_path / "t.yaml"
     assert main(["compile", "--target", "gke", "--image", "r/train:3f2a9c1", "-o", str(out)]) == 0
     assert "warning: --image r/train:3f2a9c1 is a tag" in capsys.readouterr().err
+
+
+# Issue 40, items 4, 5 and 6 on the compiled run presets.
+HOURS = datetime.timedelta(hours=1)
+PRESET_TIMEOUTS = {"sft": 24, "reward": 24, "dpo": 24, "ppo": 48, "evaluate": 12}
+
+
+@pytest.fixture(scope="module")
+def preset_specs(tmp_path_factory) -> dict[str, dict]:
+    """v5e-8-1b (one host) and v5p-32-7b (four hosts), compiled for vertex."""
+    specs = {}
+    for preset in ("v5e-8-1b", "v5p-32-7b"):
+        out = tmp_path_factory.mktemp("presets") / f"{preset}.yaml"
+        argv = ["compile", "--target", "vertex", "--image", TRAIN_IMAGE, "--run-preset", preset]
+        assert main([*argv, "-o", str(out)]) == 0
+        specs[preset] = yaml.safe_load(out.read_text())
+    return specs
+
+
+@pytest.mark.parametrize("preset", ["v5e-8-1b", "v5p-32-7b"])
+def test_a_restarted_worker_restarts_the_job_and_each_stage_has_a_bound(preset_specs, preset):
+    """aiplatform_v1 Scheduling: restart_job_on_worker_restart "restarts the entire CustomJob
+    if a worker gets restarted"; timeout "the maximum job running time. The default is 7
+    days." Both checked as the types Vertex's API takes."""
+    for task, hours in PRESET_TIMEOUTS.items():
+        container = _container(preset_specs[preset], task)
+        payload = vertex_jobs.payload_of(container)
+        assert payload["job_spec"]["scheduling"] == {
+            "restart_job_on_worker_restart": True,
+            "timeout": f"{hours * 3600}s",
+        }
+        job = _job(container)
+        scheduling = job.job_spec.scheduling
+        assert scheduling.restart_job_on_worker_restart is True
+        assert scheduling.timeout == hours * HOURS and not scheduling.disable_retries
+        CustomJobSpec(CustomJob.to_dict(job)["job_spec"])
+
+
+def test_train_timeout_overrides_every_stage_and_nonsense_is_refused(tmp_path):
+    spec = _spec(tmp_path / "t.yaml", train_timeout_h=6.5)
+    for task in TRAINING:
+        assert _job(_container(spec, task)).job_spec.scheduling.timeout == 6.5 * HOURS
+    assert vertex_jobs.scheduling("smoke-check")["timeout"] == "3600s"
+    with pytest.raises(PlacementError, match="train_timeout"):
+        Placement(target="vertex", image=TRAIN_IMAGE, train_timeout_h=-1)
+    with pytest.raises(ValueError, match="Unknown field for Scheduling"):
+        CustomJobSpec({"scheduling": {"restart_job_on_worker_restarts": True}})
+
+
+@pytest.mark.parametrize("preset", ["v5e-8-1b", "v5p-32-7b"])
+def test_a_retried_task_goes_through_custom_job_retry_to_gcpcs_launcher(preset_specs, preset):
+    """GCPC 2.22's launcher re-polls the job its gcp_resources file names and raises on a
+    FAILED one (container/v1/gcp_launcher/job_remote_runner.py): the command first clears
+    such a job (pipelines/custom_job_retry.py), then runs the launcher with the same args."""
+    for task in TRAINING:
+        container = _container(preset_specs[preset], task)
+        assert container["image"] == "gcr.io/ml-pipeline/google-cloud-pipeline-components:2.22.0"
+        assert container["command"] == ["python3", "-u", "-c", inspect.getsource(custom_job_retry)]
+        args = container["args"]
+        assert args[:2] == ["--type", "CustomJob"] and "--gcp_resources" in args
+        assert custom_job_retry.flag(args, "--location") == vertex_jobs.LOCATION
+
+
+def test_the_launcher_image_is_gcpc_2_22_by_tag():
+    """No digest of the image is published where it can be cited (GCPC's _image.py, its
+    RELEASE.md and compiled samples name the tag): the tag GCPC's own code uses is kept."""
+    assert (
+        vertex_jobs.LAUNCHER_IMAGE == "gcr.io/ml-pipeline/google-cloud-pipeline-components:2.22.0"
+    )
