@@ -154,6 +154,16 @@ def _placement_options(parser: argparse.ArgumentParser) -> None:
         "--train-retries", type=int, default=3, help="retries of a preempted training task (3)"
     )
     group.add_argument(
+        "--train-timeout", type=float, default=0.0, metavar="HOURS",
+        help="vertex: end a training task's custom job after HOURS (a retry resumes it from "
+        "its checkpoint); default: per stage, sft/reward/dpo 24, ppo 48, evaluate 12",
+    )  # fmt: skip
+    group.add_argument(
+        "--launcher-node-pool", default="", metavar="NAME",
+        help="gke, multi-host slices: the CPU node pool of the pods that launch the JobSets; "
+        "KFP downloads each task's input artifacts onto their boot disks",
+    )  # fmt: skip
+    group.add_argument(
         "--fresh-from", choices=STAGES, default=None, help="no caching from this stage on"
     )
 
@@ -241,6 +251,7 @@ def _placement(args: argparse.Namespace) -> Placement:
         target=args.target, image=args.image or DEFAULT_IMAGE, data_image=args.data_image,
         tpu=tpu, topology=topology, machine_type=args.machine_type,
         cpu_limit=args.cpu_limit, memory_limit=args.memory_limit, train_retries=args.train_retries,
+        train_timeout_h=args.train_timeout, launcher_node_pool=args.launcher_node_pool,
     )  # fmt: skip
     for warning in placement.warnings():
         print(f"warning: {warning}", file=sys.stderr)

@@ -15,7 +15,13 @@ accelerator, retried on preemption, resuming from their checkpoints), ``data``
   ``cloud.google.com/gke-tpu-accelerator`` and ``cloud.google.com/gke-tpu-topology``, a
   ``google.com/tpu`` limit and a toleration of the TPU node pool's taint (kfp-kubernetes).
 - gke, several hosts: the training task is a small CPU pod that launches the stage on
-  every host of the slice as a JobSet and waits for it (``pipelines/jobset.py``).
+  every host of the slice as a JobSet and waits for it (``pipelines/jobset.py``). KFP's
+  launcher still downloads every input artifact of that pod into its ``/gcs`` scratch
+  (an emptyDir on the node's boot disk; ``backend/src/v2/component/launcher_v2.go``,
+  ``downloadArtifacts``) before the JobSet starts, though only the hosts read them: a 7B
+  model is 27 GB of float32. KFP can request neither ephemeral storage nor an fsGroup for a
+  disk of its own, so ``launcher_node_pool`` pins these pods to a CPU node pool whose boot
+  disks hold the inputs; without it ``warnings`` says so.
 
 Multi-host slices are made of 4-chip hosts (v5e/v6e 4x4 and larger, v5p/v4 2x2x2 and
 larger); each training task is told the host count in ``ALIGNPIPE_TPU_HOSTS``.
@@ -45,6 +51,7 @@ TPU_RESOURCE = "google.com/tpu"
 # The number of TPU hosts a training task's slice has, set on its container.
 HOSTS_ENV = "ALIGNPIPE_TPU_HOSTS"
 CHIPS_PER_MULTI_HOST = 4  # every multi-host slice is made of 4-chip VMs (the "-4t" types)
+NODE_POOL_LABEL = "cloud.google.com/gke-nodepool"  # GKE's label of each node's pool
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -126,6 +133,11 @@ class Placement:
     train_retries: int = 3
     retry_backoff: str = "60s"
     cpu_devices: int = 8  # local: virtual CPU devices per training task
+    # vertex: each training job's timeout in hours; 0 = the stage's (vertex_jobs.STAGE_TIMEOUT_H)
+    train_timeout_h: float = 0.0
+    # gke, several hosts: the CPU node pool of the JobSet launcher pods, which download every
+    # input artifact onto their node's boot disk; '' = wherever KFP's CPU pods go
+    launcher_node_pool: str = ""
 
     def __post_init__(self) -> None:
         if self.target not in TARGETS:
@@ -147,6 +159,11 @@ class Placement:
         self._check_topology()
         if self.train_retries < 0:
             raise PlacementError(f"train_retries: {self.train_retries} must be >= 0")
+        if not math.isfinite(self.train_timeout_h) or self.train_timeout_h < 0:
+            raise PlacementError(
+                f"train_timeout: {self.train_timeout_h} hours must be a finite number >= 0 "
+                "(0: each stage's own bound)"
+            )
 
     def _check_topology(self) -> None:
         """The topology must be a slice of this TPU, and the machine type must match a host."""
@@ -213,6 +230,14 @@ class Placement:
             for flag, image in (("--image", self.image), ("--data-image", self.data_image))
             if image and not DIGEST.search(image)
         ]
+        if self.target == "gke" and self.hosts > 1 and not self.launcher_node_pool:
+            found.append(
+                f"{self.topology} spans {self.hosts} hosts: each training task's launcher pod "
+                "(CPU) first downloads all of the task's input artifacts to its node's boot "
+                "disk (KFP's launcher does, though only the TPU hosts read them; a 7B model "
+                "is 27 GB, evaluate reads up to four): pass --launcher-node-pool NAME, a CPU "
+                "node pool whose boot disks hold them (e.g. 500 GB for 7B models)"
+            )
         if self.target == "vertex" and self.tpu not in VERTEX_TPUS:
             found.append(
                 f"--tpu {self.tpu}: Vertex custom training documents TPU machine types of "
@@ -265,6 +290,8 @@ def place(task: Any, role: str, placement: Placement) -> Any:
         task.set_env_variable(ROLE_ENV, TRAIN)
     if placement.target == "gke" and placement.hosts > 1:
         task.set_cpu_limit(placement.cpu_limit).set_memory_limit(placement.memory_limit)
+        if placement.launcher_node_pool:  # boot disks that hold the downloaded inputs
+            kubernetes.add_node_selector(task, NODE_POOL_LABEL, placement.launcher_node_pool)
     elif placement.target == "gke":
         _on_tpu_node_pool(task, placement)
     # Preemption kills the pod or VM; the retried task resumes from its latest checkpoint.

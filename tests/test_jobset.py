@@ -264,6 +264,29 @@ def test_run_preset_v5p_32_7b_compiles_for_gke_as_jobset_launchers(gke_7b, crd_s
     assert executors["exec-shard"]["container"]["command"][-1] != jobset.LAUNCHER_MODULE
 
 
+def test_v5p_32_7b_launcher_pods_go_to_a_node_pool_that_holds_their_inputs(tmp_path, capsys):
+    """KFP's launcher downloads every input artifact of a task before its command runs
+    (kubeflow/pipelines backend/src/v2/component/launcher_v2.go, downloadArtifacts: "TODO:
+    Selectively copy artifacts") into the /gcs emptyDir its compiler mounts on every pod
+    (backend/src/v2/compiler/argocompiler/container.go, gcs-scratch): the launcher pod of a
+    7B slice needs a node whose boot disk holds the models. Said, or pinned by the flag."""
+    out = tmp_path / "p.yaml"
+    argv = ["compile", "--target", "gke", "--image", IMAGE, "--run-preset", "v5p-32-7b"]
+    assert main([*argv, "-o", str(out)]) == 0
+    assert "--launcher-node-pool NAME" in capsys.readouterr().err
+    assert main([*argv, "--launcher-node-pool", "cpu-500g", "-o", str(out)]) == 0
+    assert "--launcher-node-pool" not in capsys.readouterr().err
+    spec, platform = yaml.safe_load_all(out.read_text())
+    configs = platform["platforms"]["kubernetes"]["deploymentSpec"]["executors"]
+    for task in ("sft", "reward", "ppo", "dpo", "evaluate"):
+        assert configs[f"exec-{task}"]["nodeSelector"] == {
+            "labels": {"cloud.google.com/gke-nodepool": "cpu-500g"}
+        }
+        container = spec["deploymentSpec"]["executors"][f"exec-{task}"]["container"]
+        assert container["command"][-1] == jobset.LAUNCHER_MODULE
+    assert "exec-shard" not in configs  # the data and light tasks go where they went
+
+
 def _pod(index: int, *, waiting: str = "", exit_code: int | None = None, unschedulable: str = ""):
     state = V1ContainerState()
     if waiting:
