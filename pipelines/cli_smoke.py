@@ -3,7 +3,8 @@
 It takes the placement and cloud flags of ``alignpipe submit`` (the same helpers build
 them), compiles the smoke pipeline (``pipelines/smoke.py``) and submits it, or only writes
 it with ``--compile-only -o FILE``. The task's log lists the devices JAX sees; its output
-is a JSON summary (platform, devices, hosts, the pmap step's time).
+is a JSON summary (platform, devices, hosts, the pmap step's time). First it prints the
+grants each account of the run needs (``pipelines/iam.py``), which the run then exercises.
 """
 
 from __future__ import annotations
@@ -57,11 +58,12 @@ def _compile_or_submit(args: argparse.Namespace) -> int:
         raise ValueError("--compile-only needs -o FILE: the smoke pipeline spec to write")
     placement = cli_pipeline._placement(args)
     slice_ = ", ".join(f"{k} {v}" for k, v in placement.describe().items() if k != "target")
+    settings = cli_pipeline._settings(args)
+    _print_checklist(args.target, settings, placement)
     if args.compile_only:
         compile_smoke(placement, args.output)
         print(f"wrote {args.output} (smoke on {args.target}: {slice_})")
         return 0
-    settings = cli_pipeline._settings(args)
     # The run's labels say it was a smoke run (a --label pipeline=... still wins).
     settings = dataclasses.replace(settings, labels={"pipeline": SMOKE_PIPELINE, **settings.labels})
     cloud.check_settings(args.target, settings)  # before compiling: fail fast on settings
@@ -75,6 +77,15 @@ def _compile_or_submit(args: argparse.Namespace) -> int:
     print(f"submitted the smoke run to {args.target} ({slice_}): {name}")
     print("its task log lists the devices JAX sees; its output is a JSON summary")
     return _wait(args.target, run) if args.wait else 0
+
+
+def _print_checklist(target: str, settings: Any, placement: Any) -> None:
+    """The grants the run needs (docs/cloud-iam.md), which the smoke run then tries."""
+    from pipelines import iam
+
+    print(f"accounts and grants a {target} run needs (docs/cloud-iam.md):")
+    for line in iam.checklist(target, settings, placement):
+        print(f"  - {line}")
 
 
 def _wait(target: str, run: Any) -> int:

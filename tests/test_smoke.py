@@ -124,3 +124,39 @@ def test_submit_to_vertex_and_wait_for_a_failed_run(capsys):
     assert kwargs["labels"]["machine_type"] == "ct5lp-hightpu-4t"
     job.return_value.submit.assert_called_once_with(service_account=RUNNER)
     assert "smoke run failed: Job failed with: quota" in capsys.readouterr().err
+
+
+def test_smoke_prints_what_each_vertex_account_needs(tmp_path, capsys):
+    """CustomJobSpec.service_account (aiplatform_v1): "Users submitting jobs must have act-as
+    permission on this run-as account"; GCPC's launcher creates the job as the run's account,
+    so that account needs aiplatform.user and act-as on itself."""
+    _compile(tmp_path, *VERTEX, *CLOUD, "--service-account", RUNNER)
+    out = capsys.readouterr().out
+    assert f"{RUNNER}: roles/aiplatform.user on proj" in out
+    assert f"{RUNNER}: roles/iam.serviceAccountUser on itself" in out
+    assert (
+        f"you: roles/aiplatform.user on proj, and roles/iam.serviceAccountUser on {RUNNER}" in out
+    )
+    assert f"{RUNNER}: roles/storage.objectUser on gs://b " in out
+    _compile(tmp_path, *VERTEX, *CLOUD)
+    assert "the Compute Engine default service account" in capsys.readouterr().out
+
+
+def test_smoke_prints_workload_identity_and_the_jobset_role_for_a_gke_slice(tmp_path, capsys):
+    """gcs-fuse-csi-driver docs/authentication.md: the bucket role goes to the Kubernetes
+    ServiceAccount's Workload Identity principal; the hosts run as the launcher pod's KSA."""
+    flags = ["--target", "gke", "--image", TRAIN_IMAGE, "--tpu", "v5e", "--tpu-topology", "4x4"]
+    flags += ["--pipeline-root", "gs://runs-b/root", "--namespace", "team-a"]
+    _compile(tmp_path, *flags)
+    out = capsys.readouterr().out
+    member = (
+        "principal://iam.googleapis.com/projects/PROJECT_NUMBER/locations/global/"
+        "workloadIdentityPools/PROJECT_ID.svc.id.goog/subject/ns/team-a/sa/default-editor"
+    )
+    grant = "team-a/default-editor (the run's pods): roles/storage.objectUser on gs://runs-b"
+    assert f"{grant} for {member}" in out
+    assert "alignpipe rbac --namespace team-a --service-account default-editor" in out
+    assert "Workload Identity Federation on the cluster and on every node pool" in out
+    _compile(tmp_path, "--target", "gke", "--image", TRAIN_IMAGE, "--service-account", "runner")
+    out = capsys.readouterr().out
+    assert "NAMESPACE/runner (the run's pods)" in out and "alignpipe rbac" not in out
