@@ -288,7 +288,7 @@ def _copy_policy(policy_dir: str, folder: str) -> None:
             continue
         source, target = fileio.join(policy_dir, name), fileio.join(folder, name)
         if fileio.isdir(source):
-            stage_io.copy_tree(source, target)
+            fileio.copy_tree(source, target)
         else:
             fileio.write_bytes(target, fileio.read_bytes(source))
 

@@ -93,6 +93,34 @@ def test_export_and_load_model_with_nnx_params(tmp_path):
     assert ckpt.input_fingerprint(model_dir) != fingerprint
 
 
+def test_an_artifact_on_cloud_storage_gets_its_params_written_to_gs_directly(monkeypatch):
+    """KFP names a gs:// artifact by its /gcs/ path; Orbax saves params/ to the gs:// URI
+    (no rename through the FUSE mount), then config.json marks the export whole."""
+    saved, written = [], []
+
+    class Recorder:
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def save(self, path, params, force):
+            saved.append(path)
+
+        def wait_until_finished(self):
+            pass
+
+    monkeypatch.setattr(ckpt.ocp, "StandardCheckpointer", Recorder)
+    monkeypatch.setattr(ckpt.fileio, "makedirs", lambda path: None)
+    monkeypatch.setattr(ckpt.fileio, "write_text", lambda path, text: written.append(path))
+    monkeypatch.setattr(ckpt, "_already_exported", lambda model_dir, text: False)
+    ckpt.export_model("/gcs/bucket/run/ppo/model", model_config={}, params={}, extra_config={})
+    assert saved == ["gs://bucket/run/ppo/model/params"]
+    assert written == ["/gcs/bucket/run/ppo/model/config.json"]
+    assert ckpt.gcs_uri("/tmp/model") == "/tmp/model"
+
+
 def _pure(model) -> dict:
     return jax.tree.map(np.asarray, nnx.to_pure_dict(nnx.state(model, nnx.Param)))
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from components.core import fileio
 from pipelines import promotion, stage_io
 from pipelines.cli import main
 
@@ -252,13 +253,13 @@ def test_odd_files_under_a_root_are_named_and_a_failed_rollback_changes_nothing(
 
 def test_a_crash_mid_copy_is_never_current_and_the_next_promotion_moves_on(tmp_path, monkeypatch):
     root = _promote_three(tmp_path)
-    copy_tree = stage_io.copy_tree
+    copy_tree = fileio.copy_tree
 
     def copy_then_crash(source: str, destination: str) -> int:
         copy_tree(source, destination)
         raise OSError("the task was preempted")
 
-    monkeypatch.setattr(stage_io, "copy_tree", copy_then_crash)
+    monkeypatch.setattr(fileio, "copy_tree", copy_then_crash)
     with pytest.raises(OSError, match="preempted"):
         promotion.promote(str(root), _policy(tmp_path / "ppo-4", "v4"))
     monkeypatch.undo()

@@ -102,3 +102,21 @@ def remove_tree(path: str) -> None:
             _gfile().rmtree(path)
     else:
         shutil.rmtree(path, ignore_errors=True)
+
+
+def copy_tree(source: str, destination: str) -> int:
+    """Copy a folder (local or gs://) file by file, replacing ``destination``; returns the count."""
+    if exists(destination):
+        remove_tree(destination)
+    if not _is_remote(source) and not _is_remote(destination):
+        shutil.copytree(source, destination)
+        return sum(len(names) for _, _, names in os.walk(destination))
+    count = 0
+    for folder, _, names in _gfile().walk(source):
+        relative = os.path.relpath(folder, source) if folder != source else ""
+        target = join(destination, relative) if relative else destination
+        makedirs(target)
+        for name in names:
+            _gfile().copy(join(folder, name), join(target, name), overwrite=True)
+            count += 1
+    return count

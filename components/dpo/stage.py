@@ -38,7 +38,7 @@ from components.dpo.train import (
     make_reference_step,
     summarize_eval,
 )
-from components.hf.importer import resolve_base
+from components.hf.importer import remove_import, resolve_base
 
 PyTree = Any
 
@@ -58,6 +58,7 @@ def run(config: DPOConfig, shards_dir: str, policy_dir: str, output: str) -> dic
         inputs={"--policy": policy_dir},  # as given: an HF import is redone in a new output
     )  # fmt: skip
     trained.save(output, "dpo")
+    remove_import(fileio.join(output, "work"))
     return trained.summary()
 
 

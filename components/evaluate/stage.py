@@ -67,6 +67,7 @@ from components.evaluate.measures import (
 )
 from components.evaluate.outputs import sample_rows, write_outputs
 from components.evaluate.report import json_ready, select_samples
+from components.hf.importer import resolve_base
 
 log = logging.getLogger(__name__)
 
@@ -418,19 +419,24 @@ def run(
     """
     maybe_initialize()
     dirs = model_dirs(policy_dir, reference_dir, reward_dir, anchor_dir)
-    inputs = check_inputs(config, shards_dir, dirs)
     # Made before any model loads: an output that cannot be written fails now, not after the
     # sampling and scoring.
     if fileio.exists(output) and not fileio.isdir(output):
         raise NotADirectoryError(f"--output {output} is a file; pass a folder for the report")
     fileio.makedirs(output)
+    # A Hugging Face folder (the reference or anchor of a run that aligned one as given) is
+    # imported into the output's work folder for the evaluation and removed after it.
+    work = fileio.join(output, "work")
+    loaded = {role: resolve_base(d, fileio.join(work, role)) for role, d in dirs.items()}
+    inputs = check_inputs(config, shards_dir, loaded)
     if not config.max_new_tokens:
         config = dataclasses.replace(config, max_new_tokens=longest_lengths(inputs.manifest)[1])
     tokenizer = load_tokenizer(fileio.join(shards_dir, "tokenizer"))
     measured = measure(
-        config, shards_dir, inputs.manifest, load_models(dirs, config.seed, sharded=config.fsdp),
+        config, shards_dir, inputs.manifest, load_models(loaded, config.seed, sharded=config.fsdp),
         tokenizer=tokenizer, gold_name=inputs.gold_name,
     )  # fmt: skip
+    fileio.remove_tree(work)
     summary = measured.summary
     summary["anchor"].update(uri=anchor_dir or reference_dir, past=[dict(row) for row in past])
     gate = decide(summary, config)

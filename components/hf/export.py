@@ -21,13 +21,12 @@ import numpy as np
 from flax import nnx
 
 from components.core import fileio
-from components.core.data.tokenizers import TokenizerError, load_tokenizer
+from components.core.data.tokenizers import MODEL_TOKENIZER_DIR, TokenizerError, load_tokenizer
 from components.core.model import lora
 from components.core.model.transformer import ModelConfig, Transformer
 from components.core.training.checkpoint import load_model_params, read_model_config
 from components.hf import safetensors_io
 from components.hf.families import family_of_config, hf_config_from_model, tensor_specs
-from components.hf.importer import TOKENIZER_DIR
 
 EXPORT_DTYPES = {
     "float32": np.dtype(np.float32),
@@ -44,7 +43,7 @@ class ExportError(ValueError):
 
 def _tokenizer_dir(model_dir: str, info: dict[str, Any], tokenizer_dir: str) -> str:
     """The tokenizer folder to ship, checked against the model's recorded fingerprint."""
-    folder = tokenizer_dir or fileio.join(model_dir, TOKENIZER_DIR)
+    folder = tokenizer_dir or fileio.join(model_dir, MODEL_TOKENIZER_DIR)
     if not fileio.exists(fileio.join(folder, "tokenizer.json")):
         raise ExportError(
             f"no tokenizer.json in {folder}; pass --tokenizer with the tokenizer folder the "

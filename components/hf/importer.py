@@ -11,6 +11,7 @@ stays near one fp32 copy of the model. The artifact holds ``config.json``,
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from typing import Any
@@ -19,8 +20,13 @@ import numpy as np
 from flax import nnx
 
 from components.core import fileio
-from components.core.data.tokenizers import HFTokenizer
-from components.core.model.artifact import is_hf_dir
+from components.core.data.tokenizers import (
+    MODEL_TOKENIZER_DIR,
+    HFTokenizer,
+    TokenizerError,
+    fit_to_embedding,
+)
+from components.core.model.hf_folder import is_hf_dir
 from components.core.model.transformer import ModelConfig, Transformer
 from components.core.training.checkpoint import export_model, read_model_config
 from components.hf import safetensors_io
@@ -32,10 +38,6 @@ from components.hf.families import (
     tensor_specs,
 )
 
-TOKENIZER_DIR = "tokenizer"
-# Reserved tokens that serve as pad when the tokenizer names none apart from eos
-# (Llama 3.1+ ships <|finetune_right_pad_id|> for exactly this).
-PAD_CANDIDATES = ("<|finetune_right_pad_id|>", "<|reserved_special_token_0|>", "<pad>", "[PAD]")
 # Buffers some checkpoints carry that are not parameters.
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 SOURCE_DTYPES = {"BF16": "bfloat16", "F16": "float16", "F32": "float32", "F64": "float64"}
@@ -69,47 +71,18 @@ def read_hf_config(hf_dir: str) -> dict[str, Any]:
 
 def import_tokenizer(hf_dir: str, embedding_rows: int) -> HFTokenizer:
     """The folder's tokenizer, with a pad that fits the embedding, or a clear error."""
-    from tokenizers import Tokenizer as RustTokenizer
-
     json_path = os.path.join(hf_dir, "tokenizer.json")
     if not os.path.exists(json_path):
         raise HFImportError(
             f"{hf_dir} has no tokenizer.json; alignpipe reads fast tokenizers: save one with "
             "transformers (AutoTokenizer.from_pretrained(dir).save_pretrained(dir))"
         )
-    tokenizer_json = fileio.read_bytes(json_path)
     config_path = os.path.join(hf_dir, "tokenizer_config.json")
     config_bytes = fileio.read_bytes(config_path) if os.path.exists(config_path) else None
     try:
-        vocab = RustTokenizer.from_str(tokenizer_json.decode()).get_vocab(with_added_tokens=True)
-        HFTokenizer(tokenizer_json, config_bytes)
-    except Exception as error:  # the tokenizers library raises bare Exceptions on bad files
-        raise HFImportError(
-            f"{hf_dir}: tokenizer.json or tokenizer_config.json cannot be read ({error}); "
-            "download the model's tokenizer files again"
-        ) from None
-    token_rows = max(vocab.values()) + 1
-    if token_rows > embedding_rows:
-        raise HFImportError(
-            f"{hf_dir}: the tokenizer has ids up to {token_rows - 1} but the embedding has "
-            f"{embedding_rows} rows (config.json vocab_size); the tokenizer belongs to "
-            "another model: use the tokenizer files released with these weights"
-        )
-    tokenizer = HFTokenizer(tokenizer_json, config_bytes)
-    if tokenizer.vocab_size > embedding_rows:
-        # Its pad was added past the vocabulary: use a reserved token instead of a new row.
-        pad = next((name for name in PAD_CANDIDATES if name in vocab), None)
-        if pad is None:
-            raise HFImportError(
-                f"{hf_dir}: the tokenizer has no pad token apart from eos and the embedding "
-                f"({embedding_rows} rows) has no spare row for one; set 'pad_token' in "
-                "tokenizer_config.json to an unused special token"
-            )
-        config = json.loads(config_bytes) if config_bytes else {}
-        config["pad_token"] = pad
-        config_bytes = (json.dumps(config, indent=2, ensure_ascii=False) + "\n").encode()
-        tokenizer = HFTokenizer(tokenizer_json, config_bytes)
-    return tokenizer
+        return fit_to_embedding(fileio.read_bytes(json_path), config_bytes, embedding_rows, hf_dir)
+    except TokenizerError as error:
+        raise HFImportError(str(error)) from None
 
 
 def _expected_shapes(config: ModelConfig, specs: list[TensorSpec]) -> dict[str, tuple]:
@@ -215,12 +188,24 @@ def read_params(
     return nested
 
 
-def import_hf(hf_dir: str, out: str, *, dtype: str = "", remat: str = "full") -> dict[str, Any]:
-    """Write ``out`` (a model artifact) from the HF folder ``hf_dir``; returns a summary.
+@dataclasses.dataclass(frozen=True, slots=True)
+class Checked:
+    """A Hugging Face folder that passed every check of an import; no weight read yet."""
 
-    ``dtype`` is the compute dtype ('' = bfloat16 for 16-bit checkpoints, else float32);
-    parameters are float32 either way.
-    """
+    hf: dict[str, Any]
+    family: str
+    source_dtype: str
+    config: ModelConfig
+    tokenizer: HFTokenizer
+    infos: dict[str, safetensors_io.TensorInfo]
+    specs: list[TensorSpec]
+    expected: dict[str, tuple]
+
+
+def check_hf(hf_dir: str, *, dtype: str = "", remat: str = "full") -> Checked:
+    """Every check of an import, reading config.json, the tokenizer and the safetensors
+    headers only: the architecture and its options, the tokenizer against the embedding,
+    each tensor's name and shape (preflight runs it before any task)."""
     hf = read_hf_config(hf_dir)
     family = family_of_hf(hf)
     infos = safetensors_io.tensor_infos(safetensors_io.checkpoint_files(hf_dir))
@@ -236,6 +221,19 @@ def import_hf(hf_dir: str, out: str, *, dtype: str = "", remat: str = "full") ->
     specs = tensor_specs(config, family)
     expected = _expected_shapes(config, specs)
     check_tensors(infos, expected, config.tie_embeddings)
+    return Checked(hf, family, source_dtype, config, tokenizer, infos, specs, expected)
+
+
+def import_hf(hf_dir: str, out: str, *, dtype: str = "", remat: str = "full") -> dict[str, Any]:
+    """Write ``out`` (a model artifact) from the HF folder ``hf_dir``; returns a summary.
+
+    ``dtype`` is the compute dtype ('' = bfloat16 for 16-bit checkpoints, else float32);
+    parameters are float32 either way.
+    """
+    checked = check_hf(hf_dir, dtype=dtype, remat=remat)
+    hf, family, source_dtype = checked.hf, checked.family, checked.source_dtype
+    config, tokenizer, infos = checked.config, checked.tokenizer, checked.infos
+    specs, expected = checked.specs, checked.expected
     params = read_params(infos, specs, expected, config.n_layers)
     abstract = nnx.eval_shape(lambda: Transformer(config, rngs=nnx.Rngs(0)))
     state = nnx.state(abstract, nnx.Param)
@@ -254,19 +252,36 @@ def import_hf(hf_dir: str, out: str, *, dtype: str = "", remat: str = "full") ->
             "hf": source,
         },
     )
-    tokenizer.save(fileio.join(out, TOKENIZER_DIR))
+    tokenizer.save(fileio.join(out, MODEL_TOKENIZER_DIR))
     count = sum(int(np.prod(expected[spec.hf_name])) for spec in specs)
     return {**source, "params": count, "vocab_size": config.vocab_size, "out": out}
 
 
 def resolve_base(path: str, workdir: str) -> str:
-    """A model artifact for ``path``: itself, or its import into ``workdir`` if an HF folder."""
+    """A model artifact for ``path``: itself, or its import into ``workdir`` if an HF folder.
+
+    A remote (gs://) Hugging Face folder is copied into ``workdir`` first: the import reads
+    each safetensors file by memory map, which needs a local file.
+    """
     if not path or not is_hf_dir(path):
         return path
     out = fileio.join(workdir, "imported_base")
+    source = path
+    if "://" in path:
+        source = os.path.join(workdir, "hf_source")
     if fileio.exists(fileio.join(out, "config.json")):
-        source = read_model_config(out).get("training", {}).get("source")
-        if source == os.path.abspath(path):
+        imported = read_model_config(out).get("training", {}).get("source")
+        if imported == os.path.abspath(source) and "://" not in path:
             return out  # imported by an earlier attempt of this stage
-    import_hf(path, out)
+    if "://" in path:
+        fileio.copy_tree(path, source)
+    import_hf(source, out)
     return out
+
+
+def remove_import(workdir: str) -> None:
+    """Delete what :func:`resolve_base` wrote into ``workdir``, once the stage is done with
+    it: the stage's output artifact would otherwise carry a second copy of the base model
+    (and a promotion would copy it again)."""
+    for name in ("imported_base", "hf_source"):
+        fileio.remove_tree(fileio.join(workdir, name))

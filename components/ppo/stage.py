@@ -27,6 +27,7 @@ from components.core.model import lora
 from components.core.model.artifact import (
     ModelMismatchError,
     check_tokenizer,
+    hf_source,
     is_pretrained,
     load_model,
     require_policy,
@@ -35,6 +36,7 @@ from components.core.model.artifact import (
 )
 from components.core.training.distributed import is_primary, maybe_initialize
 from components.core.training.trainer import StreamBatches
+from components.hf.importer import remove_import, resolve_base
 from components.ppo.config import STATUS_STOPPED_KL_GUARD, PPOConfig
 from components.ppo.gold import mean_gold_reward
 from components.ppo.loop import Networks, PPOLoop
@@ -180,6 +182,9 @@ def run(
     manifest = read_manifest(shards_dir)
     prompt_max, response_max = longest_lengths(manifest)
     pretrained = is_pretrained(policy_dir)
+    given_policy = policy_dir  # fingerprinted as given: an HF folder's import is redone
+    # A Hugging Face folder is imported once into the task's work folder.
+    policy_dir = resolve_base(policy_dir, fileio.join(output, "work"))
     config = dataclasses.replace(
         config.resolved(pretrained=pretrained),
         prompt_len=config.prompt_len or prompt_max,
@@ -188,7 +193,7 @@ def run(
     policy, nets = build_networks(config, manifest, policy_dir, reward_dir)
     prompts = prompt_streams(config, shards_dir)
     gold_before = _gold(nets, nets.whole_policy(nets.policy), shards_dir, manifest, config)
-    inputs = {"--shards": shards_dir, "--policy": policy_dir, "--reward": reward_dir}
+    inputs = {"--shards": shards_dir, "--policy": given_policy, "--reward": reward_dir}
     result = PPOLoop(config, nets, prompts, output, inputs).run(nets.reward)
     gold_after = _gold(nets, result.policy, shards_dir, manifest, config)
     status = {
@@ -202,10 +207,13 @@ def run(
     save_model(
         output, policy, result.policy, tokenizer=manifest["tokenizer"], stage="ppo",
         training=dataclasses.asdict(config), step=result.iteration, status=result.status,
-        base_policy=policy_dir, reward_model=reward_dir, pretrained=pretrained,
+        base_policy=given_policy, reward_model=reward_dir, pretrained=pretrained,
+        tokenizer_dir=fileio.join(shards_dir, "tokenizer"),
+        **({"hf": hf} if (hf := hf_source(policy_dir)) else {}),
     )  # fmt: skip
     if is_primary():
         fileio.write_text(fileio.join(output, STATUS_FILE), json.dumps(status, indent=2) + "\n")
+    remove_import(fileio.join(output, "work"))
     metrics = dict(result.metrics)
     metrics["stopped_kl_guard"] = float(result.status == STATUS_STOPPED_KL_GUARD)
     if gold_before is not None:

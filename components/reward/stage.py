@@ -8,7 +8,7 @@ from typing import Any
 from components.core import fileio
 from components.core.training.distributed import is_primary
 from components.core.training.trainer import train_on_preferences
-from components.hf.importer import resolve_base
+from components.hf.importer import remove_import, resolve_base
 from components.reward.config import RewardConfig
 from components.reward.train import make_reward_eval_sums, make_reward_loss, summarize_eval
 
@@ -50,6 +50,7 @@ def run(config: RewardConfig, shards_dir: str, output: str) -> dict[str, Any]:
         "split": "eval",
     }
     trained.save(output, "reward", reward_stats=stats)
+    remove_import(fileio.join(output, "work"))
     if is_primary():
         fileio.write_text(fileio.join(output, REWARD_STATS_FILE), json.dumps(stats, indent=2))
     check_accuracy(config, stats, output)

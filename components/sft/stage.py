@@ -6,7 +6,7 @@ from typing import Any
 
 from components.core import fileio
 from components.core.training.trainer import train_on_preferences
-from components.hf.importer import resolve_base
+from components.hf.importer import remove_import, resolve_base
 from components.sft.config import SFTConfig
 from components.sft.train import make_sft_eval_sums, make_sft_loss, summarize_eval
 
@@ -28,4 +28,5 @@ def run(config: SFTConfig, shards_dir: str, output: str) -> dict[str, Any]:
         inputs={"--base-policy": config.base_policy},
     )
     trained.save(output, "sft")
+    remove_import(fileio.join(output, "work"))
     return trained.summary()

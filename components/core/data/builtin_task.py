@@ -165,10 +165,35 @@ def word_tokenizer_files() -> tuple[bytes, bytes]:
     return tokenizer.to_str().encode("utf-8"), json.dumps(config).encode("utf-8")
 
 
-def write_jsonl(path: str, num_pairs: int, seed: int = 0, beta: float = 10.0) -> int:
-    """Write ``num_pairs`` generated pairs to ``path`` as JSONL; returns the count."""
+def as_conversation(pair: dict, system: str = "") -> dict:
+    """A generated pair in the conversational format (TRL's): the prompt as a user message
+    after an optional system message, each response as one assistant message; the gold
+    fields stay. The shard stage renders it with the tokenizer's chat template."""
+    prompt = [{"role": "system", "content": system}] if system else []
+    prompt.append({"role": "user", "content": pair["prompt"]})
+    reply = lambda text: [{"role": "assistant", "content": text}]  # noqa: E731
+    return {**pair, "prompt": prompt, "chosen": reply(pair["chosen"]),
+            "rejected": reply(pair["rejected"])}  # fmt: skip
+
+
+def write_jsonl(
+    path: str,
+    num_pairs: int,
+    seed: int = 0,
+    beta: float = 10.0,
+    *,
+    conversational: bool = False,
+    system: str = "",
+) -> int:
+    """Write ``num_pairs`` generated pairs to ``path`` as JSONL; returns the count.
+
+    ``conversational``: as messages (:func:`as_conversation`, with ``system`` if given).
+    """
     from components.core import fileio
 
-    lines = [json.dumps(p, ensure_ascii=False) for p in generate_pairs(num_pairs, seed, beta)]
+    pairs = generate_pairs(num_pairs, seed, beta)
+    if conversational:
+        pairs = (as_conversation(pair, system) for pair in pairs)
+    lines = [json.dumps(p, ensure_ascii=False) for p in pairs]
     fileio.write_text(path, "\n".join(lines) + ("\n" if lines else ""))
     return len(lines)

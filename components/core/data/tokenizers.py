@@ -21,6 +21,11 @@ from components.core import fileio
 
 INFO_FILE = "alignpipe_tokenizer.json"
 SCHEMA_VERSION = 1
+# A model folder's tokenizer lives here (an imported or trained alignpipe model artifact).
+MODEL_TOKENIZER_DIR = "tokenizer"
+# Reserved tokens that serve as pad when the tokenizer names none apart from eos and the
+# embedding has no spare row (Llama 3.1+ ships <|finetune_right_pad_id|> for exactly this).
+PAD_CANDIDATES = ("<|finetune_right_pad_id|>", "<|reserved_special_token_0|>", "<pad>", "[PAD]")
 
 # The documented default chat template (Jinja, as Hugging Face applies it):
 # one block per message, then the assistant tag when a reply is to follow.
@@ -226,18 +231,91 @@ class SentencePieceTokenizer(Tokenizer):
 def render_chat_template(
     template: str, messages: list[dict[str, str]], add_generation_prompt: bool, **extra: Any
 ) -> str:
-    """Apply a Jinja chat template the way ``transformers`` does (sandboxed)."""
+    """Apply a Jinja chat template the way ``transformers`` does: a sandboxed environment
+    with its options, loop controls, ``tojson`` without HTML escaping, ``raise_exception``
+    and ``strftime_now`` (transformers' ``chat_template_utils``; tests compare the two)."""
+    import datetime
+
     from jinja2.exceptions import TemplateError
+    from jinja2.ext import loopcontrols
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 
     def raise_exception(message: str) -> None:
         raise TemplateError(message)
 
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    def tojson(value: Any, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+        return json.dumps(
+            value, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
+            sort_keys=sort_keys,
+        )  # fmt: skip
+
+    env = ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols]
+    )
+    env.filters["tojson"] = tojson
     env.globals["raise_exception"] = raise_exception
+    env.globals["strftime_now"] = lambda fmt: datetime.datetime.now().strftime(fmt)
     return env.from_string(template).render(
         messages=messages, add_generation_prompt=add_generation_prompt, **extra
     )
+
+
+def fit_to_embedding(
+    tokenizer_json: bytes, config_bytes: bytes | None, embedding_rows: int, where: str
+) -> HFTokenizer:
+    """A model's own tokenizer, with a pad id inside its ``embedding_rows``.
+
+    A tokenizer without a pad apart from eos gets one id past its vocabulary
+    (:class:`HFTokenizer`); a pretrained model has no row for it, so a reserved token
+    (``PAD_CANDIDATES``) serves instead, recorded in its tokenizer_config.json. ``where``
+    names the model folder in errors.
+    """
+    from tokenizers import Tokenizer as RustTokenizer
+
+    try:
+        vocab = RustTokenizer.from_str(tokenizer_json.decode()).get_vocab(with_added_tokens=True)
+        tokenizer = HFTokenizer(tokenizer_json, config_bytes)
+    except TokenizerError:
+        raise
+    except Exception as error:  # the tokenizers library raises bare Exceptions on bad files
+        raise TokenizerError(
+            f"{where}: tokenizer.json or tokenizer_config.json cannot be read ({error}); "
+            "download the model's tokenizer files again"
+        ) from None
+    token_rows = max(vocab.values()) + 1
+    if token_rows > embedding_rows:
+        raise TokenizerError(
+            f"{where}: the tokenizer has ids up to {token_rows - 1} but the embedding has "
+            f"{embedding_rows} rows (config.json vocab_size); the tokenizer belongs to "
+            "another model: use the tokenizer files released with these weights"
+        )
+    if tokenizer.vocab_size <= embedding_rows:
+        return tokenizer
+    pad = next((name for name in PAD_CANDIDATES if name in vocab), None)
+    if pad is None:
+        raise TokenizerError(
+            f"{where}: the tokenizer has no pad token apart from eos and the embedding "
+            f"({embedding_rows} rows) has no spare row for one; set 'pad_token' in "
+            "tokenizer_config.json to an unused special token"
+        )
+    config = json.loads(config_bytes) if config_bytes else {}
+    config["pad_token"] = pad
+    config_bytes = (json.dumps(config, indent=2, ensure_ascii=False) + "\n").encode()
+    return HFTokenizer(tokenizer_json, config_bytes)
+
+
+def model_embedding_rows(directory: str) -> int | None:
+    """The embedding rows of a Hugging Face model folder (config.json ``vocab_size``), or None
+    when ``directory`` holds no model config (a tokenizer-only folder)."""
+    path = fileio.join(directory, "config.json")
+    if not fileio.exists(path):
+        return None
+    try:
+        config = json.loads(fileio.read_text(path))
+    except ValueError as error:
+        raise TokenizerError(f"{path} is not valid JSON ({error}); download it again") from None
+    rows = config.get("vocab_size") if isinstance(config, dict) else None
+    return rows if isinstance(rows, int) and not isinstance(rows, bool) else None
 
 
 def _load_saved(directory: str) -> Tokenizer:
@@ -262,7 +340,12 @@ def _load_files(directory: str, kind: str) -> Tokenizer:
     if kind == "hf":
         config_path = fileio.join(directory, "tokenizer_config.json")
         config = fileio.read_bytes(config_path) if fileio.exists(config_path) else None
-        return HFTokenizer(fileio.read_bytes(fileio.join(directory, "tokenizer.json")), config)
+        tokenizer_json = fileio.read_bytes(fileio.join(directory, "tokenizer.json"))
+        rows = model_embedding_rows(directory)
+        if rows is None:
+            return HFTokenizer(tokenizer_json, config)
+        # A model folder: its tokenizer as the model uses it (a pad that fits the embedding).
+        return fit_to_embedding(tokenizer_json, config, rows, directory)
     if kind == "sentencepiece":
         return SentencePieceTokenizer(fileio.read_bytes(fileio.join(directory, "tokenizer.model")))
     raise TokenizerError(f"tokenizer {directory}: unknown kind {kind!r}")
@@ -273,7 +356,9 @@ BUILTIN_WORDS = "builtin-words"
 
 def load_tokenizer(spec: str) -> Tokenizer:
     """Load a tokenizer from ``"byte"``, ``"builtin-words"`` (the built-in task's word-level
-    tokenizer), a saved folder, a HF folder or ``tokenizer.json``, or a SentencePiece ``.model``.
+    tokenizer), a saved folder, an alignpipe model folder (its ``tokenizer/``), a HF folder
+    (a model folder's as :func:`fit_to_embedding` fits it) or ``tokenizer.json``, or a
+    SentencePiece ``.model``.
 
     A file the libraries cannot parse is a :class:`TokenizerError` naming it: ``tokenizers``
     raises a bare ``Exception`` ("Model missing"), SentencePiece a ``RuntimeError``.
@@ -299,6 +384,8 @@ def _load_tokenizer(spec: str) -> Tokenizer:
     if fileio.isdir(spec):
         if fileio.exists(fileio.join(spec, INFO_FILE)):
             return _load_saved(spec)
+        if fileio.exists(fileio.join(spec, MODEL_TOKENIZER_DIR, INFO_FILE)):
+            return _load_saved(fileio.join(spec, MODEL_TOKENIZER_DIR))  # an alignpipe model
         if fileio.exists(fileio.join(spec, "tokenizer.json")):
             return _load_files(spec, "hf")
         if fileio.exists(fileio.join(spec, "tokenizer.model")):

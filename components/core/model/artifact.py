@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import json
 import logging
-import os
 from typing import Any
 
 import jax
 from flax import nnx
 
 from components.core.config import LoRASettings
+from components.core.model.hf_folder import is_hf_dir
 from components.core.model.transformer import ModelConfig, Transformer, model_config
 from components.core.training.checkpoint import export_model, load_model_params, read_model_config
 from components.core.training.host import on_host
@@ -110,13 +109,20 @@ def save_model(
     training: dict[str, Any],
     step: int,
     pretrained: bool = False,
+    tokenizer_dir: str = "",
     **extra: Any,
 ) -> None:
     """Export a model artifact: ``config.json`` (model, tokenizer, training, step) + params.
 
     ``pretrained``: the model descends from pretrained weights (its start was one, see
     :func:`is_pretrained`); later stages read it to pick learning rates for such weights.
+    ``tokenizer_dir``: the tokenizer folder the model was trained with (the shards'
+    ``tokenizer/``), copied into the artifact's ``tokenizer/`` so the model travels with its
+    tokenizer: the next run's shards, a promotion and ``model export`` need nothing else.
     """
+    from components.core.data.tokenizers import MODEL_TOKENIZER_DIR
+    from components.core.fileio import copy_tree, join
+
     export_model(
         output,
         model_config=model.config.to_dict(),
@@ -131,16 +137,8 @@ def save_model(
             **extra,
         },
     )
-
-
-def is_hf_dir(path: str) -> bool:
-    """Whether ``path`` is a local HF model folder rather than an alignpipe artifact."""
-    config = os.path.join(path, "config.json")
-    if "://" in path or not os.path.exists(config):
-        return False
-    with open(config) as handle:
-        data = json.load(handle)
-    return "schema_version" not in data and ("architectures" in data or "model_type" in data)
+    if tokenizer_dir and jax.process_index() == 0:
+        copy_tree(tokenizer_dir, join(output, MODEL_TOKENIZER_DIR))
 
 
 def is_pretrained(model: str | dict[str, Any]) -> bool:
@@ -155,6 +153,16 @@ def is_pretrained(model: str | dict[str, Any]) -> bool:
             return True
         model = read_model_config(model)
     return bool(model.get("pretrained")) or model.get("stage") == "import"
+
+
+def hf_source(model_dir: str) -> dict[str, Any] | None:
+    """The Hugging Face checkpoint a model artifact descends from (``hf`` in its
+    config.json: family, architecture, dtype), as its import recorded it and every stage
+    after it carries on; None for a model trained from scratch or none given. ``model
+    export`` writes the weights in that checkpoint's dtype."""
+    if not model_dir:
+        return None
+    return read_model_config(model_dir).get("hf")
 
 
 def stage_model(

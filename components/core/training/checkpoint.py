@@ -43,6 +43,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from components.core import fileio
+from components.core.file_digest import weights_digest
 from components.core.flags import field
 from components.core.training import fsdp
 from components.core.training.host import host_abstract
@@ -66,6 +67,14 @@ class ModelArtifactError(ValueError):
 def _abs(path: str) -> str:
     # Orbax wants absolute local paths; gs:// URIs pass through.
     return path if "://" in path else os.path.abspath(path)
+
+
+def gcs_uri(path: str) -> str:
+    """The ``gs://`` URI of a path under ``/gcs/`` (KFP's local path of a Cloud Storage
+    artifact: Vertex's Cloud Storage FUSE mount, the JobSet hosts' CSI mount), else ``path``.
+    Orbax writes ``gs://`` itself; through FUSE its atomic rename is a copy and delete of
+    every object, neither fast nor atomic."""
+    return "gs://" + path.removeprefix("/gcs/") if path.startswith("/gcs/") else path
 
 
 def _scalars_as_arrays(tree: PyTree) -> PyTree:
@@ -102,7 +111,7 @@ def check_checkpoint_root(root: str, name: str = "checkpoint_root") -> None:
         raise ValueError(
             f"{name}: {root!r} is the Cloud Storage FUSE mount, where Orbax's atomic rename "
             "is a copy and delete of every object; use the gs:// URI of the same folder "
-            f"(gs://{root.removeprefix('/gcs/')}), which Orbax writes itself"
+            f"({gcs_uri(root)}), which Orbax writes itself"
         )
     if "://" in root:
         raise ValueError(
@@ -350,8 +359,10 @@ def export_model(
         log.info("%s already holds this model (same config.json and step); kept", model_dir)
         return
     fileio.makedirs(model_dir)
+    # params/ to gs:// directly when the artifact lies on Cloud Storage (gcs_uri); config.json,
+    # written last, marks the export whole.
     with ocp.StandardCheckpointer() as checkpointer:
-        checkpointer.save(_abs(fileio.join(model_dir, PARAMS_DIR)), params, force=True)
+        checkpointer.save(_abs(gcs_uri(fileio.join(model_dir, PARAMS_DIR))), params, force=True)
         checkpointer.wait_until_finished()
     if jax.process_index() == 0:
         fileio.write_text(fileio.join(model_dir, CONFIG_FILE), text)
@@ -384,8 +395,9 @@ def input_fingerprint(folder: str) -> str:
     """A short digest of a stage's input folder as it was saved, '' for none given: a model
     artifact's config.json and its params' Orbax metadata (which holds the save's time, so
     two saves differ even with one config), a shards folder's manifest.json, a Hugging Face
-    folder's config.json and safetensors index. A copy of the folder keeps it; another
-    training, import or sharding changes it. Reads no weights."""
+    folder's config.json, safetensors index and the content of its weight files
+    (``file_digest``: hashed once, then cached while the files stay). A copy of the folder
+    keeps it; another training, import, sharding or set of weights changes it."""
     if not folder:
         return ""
     digest = hashlib.sha256()
@@ -395,6 +407,9 @@ def input_fingerprint(folder: str) -> str:
         path = fileio.join(folder, name)
         if fileio.exists(path):
             digest.update(name.encode() + b"\0" + fileio.read_bytes(path))
+    weights = weights_digest(folder)
+    if weights:
+        digest.update(b"weights\0" + weights.encode())
     return digest.hexdigest()[:16]
 
 

@@ -18,6 +18,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from components.core import fileio
 from components.core.model import lora
 from components.core.training import fsdp, parallel
 from components.core.training.checkpoint import TrainCheckpointer, training_state_dir
@@ -252,8 +253,10 @@ class PreferenceTraining:
     manifest: dict[str, Any]
     config: TrainConfig  # as trained: lengths and learning rate resolved
     pretrained: bool  # whether the start held pretrained weights (model_io.is_pretrained)
+    hf: dict[str, Any] | None  # the Hugging Face checkpoint it descends from (hf_source)
     result: FitResult
     final_eval: dict[str, float]
+    shards_dir: str  # the shards it trained on: their tokenizer/ goes with the model
 
     def summary(self) -> dict[str, float]:
         """The last training metrics and the final evaluation, for the stage's caller."""
@@ -266,7 +269,8 @@ class PreferenceTraining:
         save_model(
             output, self.model, self.result.params, tokenizer=self.manifest["tokenizer"],
             stage=stage, training=dataclasses.asdict(self.config), step=self.result.step,
-            pretrained=self.pretrained, **extra,
+            pretrained=self.pretrained, tokenizer_dir=fileio.join(self.shards_dir, "tokenizer"),
+            **({"hf": self.hf} if self.hf else {}), **extra,
         )  # fmt: skip
 
 
@@ -298,7 +302,7 @@ def train_on_preferences(
     from flax import nnx
 
     from components.core.data.input_pipeline import longest_lengths, read_manifest
-    from components.core.model.artifact import is_pretrained, stage_model
+    from components.core.model.artifact import hf_source, is_pretrained, stage_model
     from components.core.training.distributed import maybe_initialize
 
     maybe_initialize()
@@ -341,4 +345,6 @@ def train_on_preferences(
         inputs={"--shards": shards_dir, **(inputs or {})},
     )  # fmt: skip
     final_eval = evaluate(parallel.place(result.params, sharded=config.fsdp))
-    return PreferenceTraining(model, manifest, config, pretrained, result, final_eval)
+    return PreferenceTraining(
+        model, manifest, config, pretrained, hf_source(base), result, final_eval, shards_dir
+    )
