@@ -24,6 +24,18 @@ def register(commands: argparse._SubParsersAction) -> None:
     generate.add_argument(
         "--beta", type=float, default=10.0, help="label sharpness of the Bradley-Terry draw"
     )
+    generate.add_argument(
+        "--conversational",
+        action="store_true",
+        help="write each pair as chat messages (prompt: [system,] user; chosen/rejected: "
+        "assistant), which the shard stage renders with the model's chat template",
+    )
+    generate.add_argument(
+        "--system",
+        default="",
+        help="with --conversational: a system message before each prompt (default none; "
+        "some templates, e.g. Gemma 2's, refuse a system role)",
+    )
     generate.set_defaults(handler=_generate)
 
     shard = sub.add_parser(
@@ -53,8 +65,14 @@ def _generate(args: argparse.Namespace, rest: list[str]) -> int:
         # beta < 0 labels the worse response chosen, 0 (or nan) labels at random.
         print(f"error: --beta must be a finite number > 0, got {args.beta}", file=sys.stderr)
         return 2
+    if args.system and not args.conversational:
+        print("error: --system applies to --conversational pairs only", file=sys.stderr)
+        return 2
     try:
-        count = write_jsonl(args.out, args.pairs, seed=args.seed, beta=args.beta)
+        count = write_jsonl(
+            args.out, args.pairs, seed=args.seed, beta=args.beta,
+            conversational=args.conversational, system=args.system,
+        )  # fmt: skip
     except OSError as error:
         print(f"error: --out {args.out}: {error.strerror or error}", file=sys.stderr)
         return 2

@@ -75,10 +75,13 @@ def shard(
     min_eval_pairs: int,
     max_invalid_fraction: float,
     beam_args: str,
+    base_policy: str,
+    reward_base_policy: str,
     shards: Output[Dataset],
     metrics: Output[Metrics],
 ):
-    """Validate, dedupe, tokenize and shard the sources (Beam; DirectRunner unless told)."""
+    """Validate, dedupe, tokenize and shard the sources (Beam; DirectRunner unless told);
+    ``tokenizer`` '' = the base policy's own (else the reward model base's, else the data's)."""
     import json
     import shlex
     import time
@@ -90,7 +93,7 @@ def shard(
     started = time.time()
     found = json.loads(sources)
     inputs = [source["uri"] for source in found]
-    tokenizer = tokenizer or stage_io.data_tokenizer(found)
+    tokenizer = stage_io.shards_tokenizer(tokenizer, found, base_policy, reward_base_policy)
     config = stage_io.config_from(ShardConfig, locals())
     # Dataflow workers write to the artifact's gs:// URI; they cannot see this task's files.
     output = shards.uri if "DataflowRunner" in beam_args else shards.path
@@ -119,7 +122,8 @@ def sft(
     metrics: Output[Metrics],
     checkpoint_root: str = "",
 ) -> str:
-    """Train the initial policy on the chosen responses; returns a reference to it."""
+    """Train the initial policy on the chosen responses, from ``base_policy`` (a reference
+    from check_policy, '' = a fresh model of the preset); returns a reference to it."""
     import time
 
     from pipelines import stage_io
@@ -128,8 +132,10 @@ def sft(
     stage_io.start_jax()
     from components.sft import SFTConfig, run
 
+    base = base_policy  # the reference: its fingerprint covers the base's weights
+    base_policy = stage_io.reference_uri(base) if base else ""
     config = stage_io.config_from(SFTConfig, locals())
-    inputs = {"shards": shards.uri}
+    inputs = {"shards": shards.uri, "base_policy": base}
     state = stage_io.training_state(checkpoint_root, "sft", config, inputs, model.uri)
     with stage_io.failure_reason(model.path), state:
         summary = run(config, shards.path, model.path)
@@ -137,11 +143,26 @@ def sft(
     return stage_io.reference(model.uri, stage_io.now())
 
 
-def check_policy(base_policy: str) -> str:
-    """Check the warm-start policy folder; returns a reference with its fingerprint."""
+def check_policy(base_policy: str, sft_on_base: bool) -> NamedTuple(
+    "Checked", [("Output", bool), ("reference", str)]
+):
+    """Whether sft trains the initial policy (``Output``: no base policy, or ``sft_on_base``)
+    and a reference to the base policy with its fingerprint ('' for none); never cached.
+
+    The verdict is named ``Output`` for kfp.local's conditions (see evaluate).
+    """
+    from collections import namedtuple
+
     from pipelines import stage_io
 
-    return stage_io.check_policy(base_policy)
+    train, reference = stage_io.initial_policy(base_policy, sft_on_base)
+    return namedtuple("Checked", ["Output", "reference"])(train, reference)
+
+
+def given_policy(reference: str) -> str:
+    """The initial policy when sft trains none: the base policy as checked (a Hugging Face
+    folder is imported inside each task that reads it)."""
+    return reference
 
 
 def reward(
@@ -396,6 +417,7 @@ class Components(NamedTuple):
     shard: Any
     sft: Any
     check_policy: Any
+    given_policy: Any
     reward: Any
     ppo: Any
     dpo: Any

@@ -318,6 +318,7 @@ def format_summary(result: RunResult) -> str:
     if f["status"] == NO_NEW_DATA:
         return "\n".join([*lines, _no_new_data(result.result()), f"log: {result.log}"])
     lines += [
+        f"initial policy         {initial_policy(result.values)}",
         f"reward-model accuracy  {_num(f['reward_accuracy'])}",
         f"{f['algorithm'] or 'aligned':<22} {_training_status(f)}",
         f"win rate vs reference  {_interval(f, 'win_rate')} (judged by the {f['judge']})",
@@ -337,6 +338,16 @@ def format_summary(result: RunResult) -> str:
         f"log                    {result.log}",
     ]
     return "\n".join(lines)
+
+
+def initial_policy(values: dict[str, Any]) -> str:
+    """Where the run's initial policy came from, in words (the parameters decide it)."""
+    base = values.get("base_policy", "")
+    if not base:
+        return f"sft from a fresh {values.get('preset') or params.defaults()['preset']} model"
+    if values.get("sft_on_base"):
+        return f"sft on {base}"
+    return f"{base}, as given (no sft)"
 
 
 def _failure(result: RunResult) -> list[str]:

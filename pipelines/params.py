@@ -108,8 +108,9 @@ PARAMS: tuple[Param, ...] = (
         (("shard", "tokenizer"),),
         default="",
         kind=str,
-        help="'' = the data's own (builtin-words for the built-in task, else byte), 'byte', "
-        "a Hugging Face tokenizer.json or folder, or a SentencePiece .model",
+        help="'' = base_policy's own (else reward_base_policy's, else the data's: "
+        "builtin-words for the built-in task, byte for files), 'byte', a Hugging Face "
+        "tokenizer.json or folder, or a SentencePiece .model",
     ),
     *_stage("shard", "max_prompt_tokens", "max_response_tokens", "num_shards"),
     *_stage("shard", "eval_fraction", "max_invalid_fraction"),
@@ -132,7 +133,16 @@ PARAMS: tuple[Param, ...] = (
     Param(
         "base_policy",
         (("sft", "base_policy"),),
-        help="policy model folder to warm-start PPO from (skips sft); '' = train one with sft",
+        help="the policy to align: a model folder (alignpipe, or Hugging Face with "
+        "safetensors and its tokenizer, local or gs://) or a promoted_policy_uri; its "
+        "tokenizer shards the data unless tokenizer is set; '' = train one with sft",
+    ),
+    Param(
+        "sft_on_base",
+        default=False,
+        kind=bool,
+        help="with base_policy: fine-tune it on the chosen responses (the sft stage) before "
+        "aligning it; false = align base_policy as it is",
     ),
     Param(
         "reward_base_policy",
@@ -299,9 +309,11 @@ def validate(values: dict[str, Any], chips: int) -> dict[str, Any]:
 
 
 def trained_stages(values: dict[str, Any]) -> tuple[str, ...]:
-    """The training stages a run with these parameters runs (sft only without base_policy)."""
+    """The training stages a run with these parameters runs (sft only without base_policy,
+    or with sft_on_base)."""
     stages = TRAINED_STAGES["dpo" if values["algorithm"] == "dpo" else "rl"]
-    return tuple(s for s in stages if s != "sft" or not values["base_policy"])
+    sft = not values["base_policy"] or values["sft_on_base"]
+    return tuple(s for s in stages if s != "sft" or sft)
 
 
 def _check_algorithm(values: dict[str, Any]) -> None:

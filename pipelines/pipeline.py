@@ -7,8 +7,9 @@ Steps:
              ends as "no new data" (unless ``force_run``); resolves the anchor policy
              that drift is measured from (``anchor_policy``, else the first promoted one)
 2. shard     validate, dedupe, tokenize and shard by prompt hash (Beam)
-3. sft       train the initial policy, only when no ``base_policy`` is given; otherwise
-             the given policy (e.g. the last promoted one) is checked and used
+3. sft       train the initial policy when no ``base_policy`` is given, or on it when
+             ``sft_on_base``; otherwise the given policy (an alignpipe or Hugging Face
+             folder, or the last promoted one) is checked and used as it is
 4. reward    train the Bradley-Terry reward model; below ``min_reward_accuracy`` the run
              stops here, the model kept for inspection
 5. ppo       align the policy against the reward model (PPO, GRPO or RLOO), KL to the
@@ -57,7 +58,8 @@ STAGE_TASKS = {
     # Never cached: whether the data is new, and the anchor, are read afresh each run.
     "plan": ("plan-run", "no-new-data"),
     "shard": ("shard",),
-    "sft": ("sft", "check-policy"),
+    # check-policy always runs (never cached); given-policy stands for sft on warm starts.
+    "sft": ("sft", "given-policy", "check-policy"),
     "reward": ("reward",),
     "ppo": ("ppo",),
     "dpo": ("dpo",),
@@ -110,6 +112,7 @@ def build_pipeline(placement: Placement, fresh_from: str | None = None) -> Any:
         max_invalid_fraction: float = D["max_invalid_fraction"],
         beam_args: str = D["beam_args"],
         base_policy: str = D["base_policy"],
+        sft_on_base: bool = D["sft_on_base"],
         reward_base_policy: str = D["reward_base_policy"],
         preset: str = D["preset"],
         max_len: int = D["max_len"],
@@ -192,19 +195,25 @@ def _train_and_evaluate(
 ) -> Any:
     """Shard, the initial policy, the aligning branch, evaluate and promote; returns the
     evaluation's result channel."""
-    shard = c.shard(sources=sources, beam_args=p["beam_args"], **params.stage_values("shard", p))
+    # The tokenizer is the data's own unless given, or a base model brings one.
+    models = {"base_policy": p["base_policy"], "reward_base_policy": p["reward_base_policy"]}
+    shard = c.shard(
+        sources=sources, beam_args=p["beam_args"], **models, **params.stage_values("shard", p)
+    )
     shards = configure(shard, "shard", DATA).outputs["shards"]
     # Each training task keeps its resumable state under checkpoint_root (stage_io.state_key).
     state = {"checkpoint_root": p["checkpoint_root"]}
 
-    with dsl.If(p["base_policy"] == "", name="train-policy"):
-        sft = configure(
-            c.sft(shards=shards, **params.stage_values("sft", p), **state), "sft", TRAIN
-        )
+    # Never cached: a policy promoted again to the same folder, or new weights behind the
+    # same path, must be re-read; its reference's fingerprint keys the tasks after it.
+    checked = c.check_policy(base_policy=p["base_policy"], sft_on_base=p["sft_on_base"])
+    configure(checked, "sft", LIGHT, cache=False)
+    base = checked.outputs["reference"]
+    with dsl.If(checked.outputs["Output"] == True, name="train-policy"):  # noqa: E712
+        sft_values = {**params.stage_values("sft", p), "base_policy": base}
+        sft = configure(c.sft(shards=shards, **sft_values, **state), "sft", TRAIN)
     with dsl.Else(name="warm-start"):
-        # Never cached: a policy promoted again to the same folder must be re-read.
-        given = c.check_policy(base_policy=p["base_policy"])
-        configure(given, "sft", LIGHT, cache=False)
+        given = configure(c.given_policy(reference=base), "sft", LIGHT)
     initial_policy = dsl.OneOf(sft.outputs["Output"], given.output)
 
     # The reward gate (min_reward_accuracy) is the reward task failing after it wrote its

@@ -42,6 +42,74 @@ def check(values: dict[str, Any]) -> None:
             checker(value, values)
         except (ValueError, FileNotFoundError) as error:  # TokenizerError is a ValueError
             raise PreflightError(f"{flag(name)}: {error}") from None
+    try:
+        check_tokenizers(values)
+    except (ValueError, FileNotFoundError) as error:
+        raise PreflightError(str(error)) from None
+
+
+# The models a run reads whose token ids must be the shards' (in the order the default
+# tokenizer is taken from: stage_io.shards_tokenizer).
+MODEL_PARAMS = ("base_policy", "reward_base_policy", "anchor_policy", "eval_reward_model")
+
+
+def check_tokenizers(values: dict[str, Any]) -> None:
+    """Every given model must use the tokenizer the shards will be made with: ``tokenizer``
+    when set, else the base policy's (else the reward model base's), else the data's.
+
+    A model trained on other token ids would fail only in its task, after sharding and the
+    training before it; here it fails at once, naming both sides. Remote inputs are left
+    to the tasks.
+    """
+    from components.core.data.tokenizers import load_tokenizer
+
+    given = [n for n in MODEL_PARAMS if values[n] and _applies(n, values)]
+    if any(not is_local(values[n]) for n in (*given, "tokenizer") if values[n]):
+        return  # the shards' tokenizer, or a model's, lies where only the tasks look
+    spec, origin = _shards_tokenizer(values)
+    if spec is None:
+        return
+    shards = load_tokenizer(spec).fingerprint
+    for name in given:
+        own = model_tokenizer_fingerprint(values[name], name)
+        if own != shards:
+            raise PreflightError(
+                f"{flag(name)}: {values[name]!r} uses tokenizer {own}, but the shards would use "
+                f"{shards} ({origin}); every model of a run must share the shards' tokenizer: "
+                f"pass models that share one, or --tokenizer with {flag(name)}'s own"
+            )
+
+
+def _shards_tokenizer(values: dict[str, Any]) -> tuple[str | None, str]:
+    """The tokenizer spec the shard stage will use and where it comes from, as words; None
+    when it depends on remote data (listed by the task)."""
+    if values["tokenizer"]:
+        return values["tokenizer"], f"{flag('tokenizer')} {values['tokenizer']}"
+    for name in ("base_policy", "reward_base_policy"):
+        if values[name] and _applies(name, values):
+            return stage_io.model_tokenizer(values[name], name), f"{flag(name)}'s own"
+    if not values["data_uri"]:
+        from components.core.data.tokenizers import BUILTIN_WORDS
+
+        return BUILTIN_WORDS, "the built-in task's"
+    if not _applies("data_uri", values):
+        return None, ""
+    return stage_io.data_tokenizer([]), "the data's default"
+
+
+def model_tokenizer_fingerprint(folder: str, name: str) -> str:
+    """The fingerprint of the tokenizer a model folder was made with: an alignpipe model's
+    config.json records it; a Hugging Face folder's is read (fitted to its embedding)."""
+    import json
+
+    from components.core.data.tokenizers import load_tokenizer
+    from components.core.model.hf_folder import is_hf_dir
+
+    folder = promotion.resolve_policy(folder)
+    if is_hf_dir(folder):
+        return load_tokenizer(folder).fingerprint
+    info = json.loads(fileio.read_text(fileio.join(folder, "config.json")))
+    return str(info.get("tokenizer", {}).get("fingerprint"))
 
 
 def _applies(name: str, values: dict[str, Any]) -> bool:
@@ -84,21 +152,37 @@ def _exists(path: str, expected: str) -> None:
 
 
 def _base_policy(path: str, values: dict[str, Any]) -> None:
-    """A policy folder or a promotion root (its current version), as check-policy sees it."""
+    """A policy folder, a Hugging Face folder or a promotion root (its current version), as
+    check-policy sees it; a Hugging Face folder passes every check of its import."""
     _exists(
         path,
         "a policy folder written by the sft, ppo, dpo or promote stage (config.json + params/), "
-        "a promoted_policy_uri (its current version), or '' to train one with sft",
+        "a Hugging Face model folder, a promoted_policy_uri (its current version), or '' to "
+        "train one with sft",
     )
     stage_io.check_policy(path)
+    _hf_folder(promotion.resolve_policy(path))
 
 
 def _reward_base(path: str, values: dict[str, Any]) -> None:
-    """A model artifact or a Hugging Face folder: either holds a config.json."""
+    """A model artifact or a Hugging Face folder: either holds a config.json; a Hugging Face
+    folder passes every check of its import."""
     expected = "a model folder (an alignpipe model or a Hugging Face checkpoint), or ''"
     _exists(path, expected)
     if not fileio.exists(fileio.join(path, "config.json")):
         raise FileNotFoundError(f"{path!r} has no config.json; pass {expected}")
+    _hf_folder(path)
+
+
+def _hf_folder(path: str) -> None:
+    """Run a Hugging Face folder's import checks (architecture and its options, tokenizer
+    against the embedding, every tensor's name and shape), reading no weight."""
+    from components.core.model.hf_folder import is_hf_dir
+
+    if is_hf_dir(path):
+        from components.hf.importer import check_hf
+
+        check_hf(path)
 
 
 def _eval_reward_model(path: str, values: dict[str, Any]) -> None:

@@ -19,6 +19,7 @@ import json
 from typing import Any
 
 from components.core import fileio
+from components.core.model.hf_folder import is_hf_dir
 from pipelines import promotion, stage_io
 
 NO_NEW_DATA = "no new data"
@@ -59,12 +60,14 @@ def anchor_folder(anchor_policy: str, root: str) -> str:
         return promotion.version_folder(given, complete[0])
     if not anchor_policy:
         return ""  # nothing promoted yet
+    if is_hf_dir(anchor_policy):
+        return anchor_policy  # imported by the evaluate task
     for name in promotion.POLICY_FILES:
         if not fileio.exists(fileio.join(anchor_policy, name)):
             raise FileNotFoundError(
                 f"anchor_policy {anchor_policy!r} has no {name}; pass a policy folder "
-                "(config.json + params/) or a promoted_policy_uri, or '' for the first "
-                "promoted version"
+                "(config.json + params/, or a Hugging Face model folder) or a "
+                "promoted_policy_uri, or '' for the first promoted version"
             )
     return anchor_policy
 

@@ -20,7 +20,6 @@ import hashlib
 import json
 import math
 import os
-import shutil
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -204,15 +203,23 @@ def reference_details(ref: str) -> dict[str, Any]:
 
 
 def fingerprint(path: str) -> str:
-    """Size and modification time of a file, or of a folder's ``config.json``."""
-    target = fileio.join(path, "config.json") if fileio.isdir(path) else path
+    """Size and modification time of a file, or of a folder's ``config.json`` and, for a
+    Hugging Face folder, the content digest of its weight files (``file_digest``): a
+    fine-tune copied over the same folder keeps config.json but changes the weights."""
+    from components.core.file_digest import weights_digest
+
+    folder = fileio.isdir(path)
+    target = fileio.join(path, "config.json") if folder else path
     if "://" not in target:
         stat = os.stat(target)
-        return f"{stat.st_size}@{stat.st_mtime_ns}"
-    import tensorflow as tf  # only remote paths need TensorFlow's filesystems
+        stamp = f"{stat.st_size}@{stat.st_mtime_ns}"
+    else:
+        import tensorflow as tf  # only remote paths need TensorFlow's filesystems
 
-    remote = tf.io.gfile.stat(target)
-    return f"{remote.length}@{remote.mtime_nsec}"
+        remote = tf.io.gfile.stat(target)
+        stamp = f"{remote.length}@{remote.mtime_nsec}"
+    weights = weights_digest(path) if folder else ""
+    return f"{stamp}+{weights}" if weights else stamp
 
 
 def find_sources(data_uri: str) -> list[dict[str, str]]:
@@ -228,22 +235,74 @@ def find_sources(data_uri: str) -> list[dict[str, str]]:
 
 
 def check_policy(base_policy: str) -> str:
-    """A reference to a policy folder, refused unless it holds ``config.json`` and ``params/``.
+    """A reference to the policy ``base_policy`` names, refused unless it is one.
 
-    A promotion root (a ``promoted_policy_uri``) stands for its current version's folder.
+    An alignpipe policy folder holds ``config.json`` and ``params/`` (no scalar head); a
+    Hugging Face folder (local or gs://) is taken as it is, to be imported inside the tasks
+    that read it, and its reference says so (``hf``). A promotion root (a
+    ``promoted_policy_uri``) stands for its current version's folder. The reference's
+    fingerprint covers a Hugging Face folder's weights (``fingerprint``).
     """
+    from components.core.model.hf_folder import is_hf_dir
     from pipelines import promotion
 
     policy = promotion.resolve_policy(base_policy)
     shown = base_policy if policy == base_policy else f"{base_policy} (current: {policy})"
+    if is_hf_dir(policy):
+        return reference(policy, fingerprint(policy), hf=True)
     for name in promotion.POLICY_FILES:
         if not fileio.exists(fileio.join(policy, name)):
             raise FileNotFoundError(
                 f"base_policy {shown!r} has no {name}; pass a model folder written by "
-                "the sft, ppo or promote stage (config.json + params/), or '' to train one"
+                "the sft, ppo or promote stage (config.json + params/), a Hugging Face "
+                "model folder (config.json + *.safetensors + tokenizer.json), or '' to "
+                "train one"
             )
     require_head(policy, scalar=False, flag="base_policy", shown=shown)
     return reference(policy, fingerprint(policy))
+
+
+def initial_policy(base_policy: str, sft_on_base: bool) -> tuple[bool, str]:
+    """Whether the run trains its initial policy with sft, and the reference sft starts from
+    (or, without sft, the policy itself): '' for a fresh model of the preset."""
+    if not base_policy:
+        return True, ""
+    return sft_on_base, check_policy(base_policy)
+
+
+def model_tokenizer(folder: str, flag: str) -> str:
+    """The tokenizer folder of a model (a promotion root's current version): a Hugging Face
+    folder's own, or an alignpipe model's ``tokenizer/``; refused, naming ``flag``, when the
+    model carries none (artifacts trained before models kept their tokenizer)."""
+    from components.core.data.tokenizers import MODEL_TOKENIZER_DIR
+    from components.core.model.hf_folder import is_hf_dir
+    from pipelines import promotion
+
+    folder = promotion.resolve_policy(folder)
+    if is_hf_dir(folder):
+        return folder
+    own = fileio.join(folder, MODEL_TOKENIZER_DIR)
+    if not fileio.exists(own):
+        raise FileNotFoundError(
+            f"{flag} {folder!r} carries no {MODEL_TOKENIZER_DIR}/ (a model trained before "
+            "models kept their tokenizer); pass --tokenizer with the tokenizer it was trained "
+            "with (the tokenizer/ folder of its run's shards)"
+        )
+    return own
+
+
+def shards_tokenizer(
+    tokenizer: str, sources: list[dict[str, Any]], base_policy: str, reward_base_policy: str
+) -> str:
+    """The tokenizer the shard stage uses: ``tokenizer`` when given, else the base policy's
+    (else the reward model's base's), else the data's own (:func:`data_tokenizer`)."""
+    if tokenizer:
+        return tokenizer
+    if base_policy:
+        return model_tokenizer(base_policy, "base_policy")
+    if reward_base_policy:
+        return model_tokenizer(reward_base_policy, "reward_base_policy")
+    return data_tokenizer(sources)
 
 
 def require_head(model_dir: str, *, scalar: bool, flag: str, shown: str = "") -> None:
@@ -269,26 +328,6 @@ def require_head(model_dir: str, *, scalar: bool, flag: str, shown: str = "") ->
         f"{flag} {shown!r} is a policy (stage {info.get('stage')!r}, no scalar head), not a "
         "reward model; pass the reward stage's model folder (e.g. <run>/reward/model)"
     )
-
-
-def copy_tree(source: str, destination: str) -> int:
-    """Copy a folder (local or gs://) file by file, replacing ``destination``; returns the count."""
-    if fileio.exists(destination):
-        fileio.remove_tree(destination)
-    if "://" not in source and "://" not in destination:
-        shutil.copytree(source, destination)
-        return sum(len(names) for _, _, names in os.walk(destination))
-    import tensorflow as tf  # only remote paths need TensorFlow's filesystems
-
-    count = 0
-    for folder, _, names in tf.io.gfile.walk(source):
-        relative = os.path.relpath(folder, source) if folder != source else ""
-        target = fileio.join(destination, relative) if relative else destination
-        fileio.makedirs(target)
-        for name in names:
-            tf.io.gfile.copy(fileio.join(folder, name), fileio.join(target, name), overwrite=True)
-            count += 1
-    return count
 
 
 def data_tokenizer(sources: list[dict[str, Any]]) -> str:
@@ -333,7 +372,7 @@ def promote(
     ``register`` (see promotion.promote) registers the version elsewhere.
     Returns the version number, or None when no URI is given.
     """
-    copy_tree(policy_dir, artifact_dir)
+    fileio.copy_tree(policy_dir, artifact_dir)
     if not promoted_policy_uri:
         return None
     from pipelines import promotion

@@ -84,10 +84,23 @@ def test_dag_order_and_conditions(vertex):
     assert set(tasks[rl_group]["dependentTasks"]) >= {"shard", _group_of(vertex, "sft")}
     assert set(tasks["evaluate"]["dependentTasks"]) >= {rl_group, "shard"}
     conditions = {t["taskInfo"]["name"]: t.get("triggerPolicy", {}) for t in tasks.values()}
+    # check-policy decides: sft trains without a base policy, or on it with sft_on_base.
     assert conditions["train-policy"]["condition"] == (
-        "inputs.parameter_values['pipelinechannel--base_policy'] == ''"
+        "inputs.parameter_values['pipelinechannel--check-policy-Output'] == true"
     )
     assert conditions["warm-start"]["condition"].startswith("!(")
+    assert tasks["check-policy"]["inputs"]["parameters"]["sft_on_base"] == {
+        "componentInputParameter": "pipelinechannel--sft_on_base"
+    }
+    # sft starts from check-policy's fingerprinted reference, not the raw path.
+    assert tasks["sft"]["inputs"]["parameters"]["base_policy"] == {
+        "componentInputParameter": "pipelinechannel--check-policy-reference"
+    }
+    # The shard stage takes its tokenizer from the base models when none is given.
+    shard_inputs = tasks["shard"]["inputs"]["parameters"]
+    assert shard_inputs["base_policy"] == {
+        "componentInputParameter": "pipelinechannel--base_policy"
+    }
     assert conditions["builtin-data"]["condition"].endswith("data_uri'] == ''")
     assert conditions["blessed"]["condition"] == (
         "inputs.parameter_values['pipelinechannel--evaluate-Output'] == true"
@@ -110,7 +123,8 @@ def test_training_runs_only_on_new_data(vertex):
     )
     assert conditions["nothing-new"]["condition"].startswith("!(")
     inside = _nested(vertex, next(t for t in tasks.values() if t["taskInfo"]["name"] == "new-data"))
-    assert {"shard", "sft", "check-policy", "reward", "ppo", "dpo", "evaluate", "promote"} <= inside
+    expected = {"shard", "sft", "check-policy", "given-policy", "reward", "ppo", "dpo", "evaluate"}
+    assert expected | {"promote"} <= inside
     assert "plan-run" in root and list(_branch(vertex, "nothing-new")) == ["no-new-data"]
     assert not tasks["plan-run"]["cachingOptions"].get("enableCache")
     assert tasks["plan-run"]["inputs"]["parameters"]["force_run"] == {

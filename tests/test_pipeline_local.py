@@ -43,8 +43,10 @@ TINY = {
     # Bless whatever comes out, so the promotion branch runs too.
     "min_win_rate_lower": 0.0,
 }
-# plan-run (never cached) decides whether the data is new and which policy is the anchor.
-ALL_TASKS = {"plan-run", "builtin-data", "shard", "sft", "reward", "ppo", "evaluate", "promote"}
+# plan-run (never cached) decides whether the data is new and which policy is the anchor;
+# check-policy (never cached) whether sft trains the initial policy.
+ALL_TASKS = {"plan-run", "builtin-data", "shard", "check-policy", "sft", "reward", "ppo"}
+ALL_TASKS |= {"evaluate", "promote"}
 
 
 @pytest.fixture(scope="module")
@@ -93,7 +95,7 @@ def test_local_run_cache_and_rerun(runs_dir, monkeypatch, capsys):
     second = run_local({**TINY, "kl_coef": 0.05}, runs_dir=tmp_path, echo=False)
     assert not second.error, second.error
     # promote follows evaluate whenever it blesses; nothing upstream of ppo executed.
-    assert second.executed == {"plan-run", "ppo", "evaluate", "promote"}
+    assert second.executed == {"plan-run", "check-policy", "ppo", "evaluate", "promote"}
     statuses = _statuses(second)
     assert [statuses[s] for s in ("data", "shard", "sft", "reward")] == ["cached"] * 4
     assert [statuses[s] for s in ("ppo", "evaluate")] == ["ran", "ran"]
@@ -122,7 +124,7 @@ def test_local_run_cache_and_rerun(runs_dir, monkeypatch, capsys):
     dpo = {**TINY, "algorithm": "dpo", "dpo_steps": 4, "dpo_batch_size": 16}
     fourth = run_local({**dpo, "eval_reward_model": reward_model}, runs_dir=tmp_path, echo=False)
     assert not fourth.error, fourth.error
-    assert fourth.executed == {"plan-run", "dpo", "evaluate", "promote"}
+    assert fourth.executed == {"plan-run", "check-policy", "dpo", "evaluate", "promote"}
     statuses = _statuses(fourth)
     assert [statuses[s] for s in ("data", "shard", "sft")] == ["cached"] * 3
     assert [statuses[s] for s in ("reward", "ppo")] == ["skipped"] * 2
@@ -132,7 +134,7 @@ def test_local_run_cache_and_rerun(runs_dir, monkeypatch, capsys):
     summary = format_summary(fourth)
     assert "dpo        ran" in summary and "4 steps, eval preference accuracy" in summary
 
-    # Warm starts from the promoted policy (check-policy standing for sft) run in
+    # Warm starts from the promoted policy (given-policy standing for sft) run in
     # tests/test_realign_local.py, week after week.
 
 
@@ -145,7 +147,13 @@ def test_reward_gate_stops_the_local_run_before_ppo_with_its_reason(
     # Data, shard and sft come from the first test's cache when it ran; promote nowhere shared.
     values = {**TINY, "min_reward_accuracy": 1.0, "promoted_policy_uri": str(tmp_path / "p")}
     result = run_local(values, runs_dir=runs_dir, echo=False)
-    assert result.error and result.executed <= {"plan-run", "builtin-data", "shard", "sft"}
+    assert result.error and result.executed <= {
+        "plan-run",
+        "builtin-data",
+        "shard",
+        "check-policy",
+        "sft",
+    }
     statuses = _statuses(result)
     assert statuses["reward"] == "failed"
     assert [statuses[s] for s in ("ppo", "evaluate", "promote")] == ["skipped"] * 3

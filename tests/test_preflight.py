@@ -99,12 +99,28 @@ def test_a_model_of_the_wrong_kind_a_file_as_runs_dir_and_a_negative_seed(tmp_pa
         run_local({}, runs_dir=tmp_path / "file", echo=False)
 
 
+def _llama_fingerprint() -> str:
+    """The fingerprint of the llama fixture's tokenizer as its model uses it."""
+    from components.core.data.tokenizers import load_tokenizer
+
+    return load_tokenizer(str(FIXTURES / "llama")).fingerprint
+
+
+def _trained_on(folder: Path, fingerprint: str) -> Path:
+    """``folder``'s config.json records the tokenizer it was trained with."""
+    info = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(
+        json.dumps({**info, "tokenizer": {"fingerprint": fingerprint}})
+    )
+    return folder
+
+
 def test_good_local_inputs_pass(tmp_path):
     (tmp_path / "a.jsonl").write_text("{}\n")
-    policy = _policy(tmp_path / "policy")
+    policy = _trained_on(_policy(tmp_path / "policy"), _llama_fingerprint())
     values = {
         "data_uri": f"{tmp_path}/*.jsonl",
-        "tokenizer": str(FIXTURES / "gemma2" / "tokenizer.json"),
+        "tokenizer": str(FIXTURES / "llama"),  # the model's own, fitted to its embedding
         "base_policy": str(policy),
         "reward_base_policy": str(FIXTURES / "llama"),  # a Hugging Face folder
         "anchor_policy": str(policy),
@@ -191,3 +207,49 @@ def test_a_glob_the_shell_expanded_gets_a_hint(capsys):
     assert exit_.value.code == 2
     error = capsys.readouterr().err
     assert "unrecognized arguments: data/b.jsonl; quote globs" in error
+
+
+def test_models_on_other_tokenizers_are_refused_naming_both_sides(tmp_path):
+    """Every model of a run must read the shards' token ids; the shards take the base policy's
+    tokenizer unless --tokenizer says otherwise."""
+    (tmp_path / "a.jsonl").write_text("{}\n")
+    data = {"data_uri": f"{tmp_path}/*.jsonl"}
+    llama, qwen = str(FIXTURES / "llama"), str(FIXTURES / "qwen2")
+    runs = tmp_path / "runs"
+    # A Hugging Face base brings its tokenizer: a reward base of another family is refused.
+    message = _refused({**data, "base_policy": llama, "reward_base_policy": qwen}, runs)
+    assert message.startswith(f"--reward-base-policy: '{qwen}' uses tokenizer ")
+    assert (
+        "(--base-policy's own)" in message and "--tokenizer with --reward-base-policy's" in message
+    )
+    # A tokenizer given against the base policy: refused, naming --tokenizer as the source.
+    gemma = str(FIXTURES / "gemma2")
+    message = _refused({**data, "base_policy": llama, "tokenizer": gemma}, runs)
+    assert message.startswith(f"--base-policy: '{llama}' uses tokenizer ")
+    assert f"(--tokenizer {gemma})" in message
+    # Data files without a base model shard with bytes: a model trained otherwise is refused.
+    policy = _trained_on(_policy(tmp_path / "policy"), _llama_fingerprint())
+    message = _refused({**data, "anchor_policy": str(policy)}, runs)
+    assert message.startswith("--anchor-policy: ") and "(the data's default)" in message
+    # The base's own tokenizer, by default or named, passes with models that share it.
+    same = {**data, "base_policy": llama, "reward_base_policy": llama, "anchor_policy": str(policy)}
+    preflight.check(params.validate(same, 8))
+    preflight.check(params.validate({**same, "tokenizer": llama}, 8))
+
+
+def test_a_hugging_face_base_policy_is_checked_as_its_import_would(tmp_path):
+    """Architecture, tensors and tokenizer against the embedding, before any task runs."""
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    for item in (FIXTURES / "qwen2").iterdir():
+        (broken / item.name).write_bytes(item.read_bytes())
+    config = json.loads((broken / "config.json").read_text())
+    (broken / "config.json").write_text(json.dumps({**config, "hidden_size": 48}))
+    message = _refused({"base_policy": str(broken)}, tmp_path / "runs")
+    assert message.startswith("--base-policy: the checkpoint does not match its config.json")
+    assert "model.embed_tokens.weight: checkpoint [320, 32], config expects [320, 48]" in message
+    (broken / "config.json").write_text(
+        json.dumps({**config, "architectures": ["GPT2LMHeadModel"]})
+    )
+    message = _refused({"base_policy": str(broken)}, tmp_path / "runs")
+    assert message.startswith("--base-policy: ") and "GPT2LMHeadModel" in message

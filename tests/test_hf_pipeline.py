@@ -1,0 +1,245 @@
+"""A Hugging Face checkpoint in, an aligned Hugging Face model out, through the whole pipeline.
+
+For each fixture family (Llama 3.1, Qwen2, Gemma 2): conversational pairs and a gold judge
+given as ``PATH.py:FUNCTION``, the fixture folder as ``base_policy`` and
+``reward_base_policy`` with no import step, kfp.local from shard to promote, then
+``alignpipe model export`` of the promotion root, loaded by ``transformers``: greedy, it
+generates the tokens alignpipe's sampler generates on the eval prompts, and its logits match.
+Llama fine-tunes its base with sft first (``sft_on_base``), Qwen2 is aligned as given, and
+Gemma 2 with LoRA adapters, exported merged and as a PEFT adapter (loaded by ``peft``).
+``transformers``, ``torch`` and ``peft`` are imported in this module only.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from components.core import fileio
+from components.core.data.builtin_task import write_jsonl
+from components.core.data.prompts import left_pad, unique_prompts
+from components.core.data.tokenizers import load_tokenizer
+from components.core.model.artifact import load_model
+from components.core.model.sampler import generate
+from pipelines import promotion
+from pipelines.cli import main
+from pipelines.local_run import format_summary, run_local
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+FIXTURES = Path(__file__).parent / "fixtures" / "hf"
+GOLD = """
+KIND = {"good", "great", "happy", "kind", "calm", "bright", "warm", "fine", "nice", "fair"}
+UNKIND = {"bad", "sad", "cruel", "dull", "cold", "grim", "ugly", "poor", "sour", "harsh"}
+
+
+def score(prompt: str, response: str) -> float:
+    words = [w.strip(".?!,").lower() for w in response.split()]
+    words = [w for w in words if w]
+    return sum((w in KIND) - (w in UNKIND) for w in words) / len(words) if words else -1.0
+"""
+# Tiny steps: the point is the path from a Hugging Face folder to a transformers model.
+SMALL = {
+    "max_prompt_tokens": 96,  # the fixtures' 128 positions hold prompt + response
+    "max_response_tokens": 32,
+    "num_shards": 2,
+    "sft_steps": 4,
+    "sft_batch_size": 16,
+    "reward_steps": 4,
+    "reward_batch_size": 16,
+    "min_eval_pairs": 16,
+    "ppo_iterations": 2,
+    "ppo_rollout_batch_size": 16,
+    "ppo_epochs": 1,
+    # Two iterations at the rate for pretrained weights move the logits by ~3e-4; a larger
+    # rate moves them enough to tell the aligned model from its base apart.
+    "ppo_learning_rate": 2e-3,
+    "max_new_tokens": 16,
+    "eval_max_new_tokens": 16,
+    "max_eval_prompts": 16,
+    "eval_samples_per_prompt": 2,
+    "best_of_n": "1,2",
+    "min_reward_accuracy": 0.0,  # four reward steps rank little
+    "min_win_rate_lower": 0.0,  # bless what comes out: the promotion and export must run
+}
+FAMILIES = {
+    "llama": {"sft_on_base": True},
+    "qwen2": {},
+    "gemma2": {"lora_rank": 4, "lora_alpha": 8.0},
+}
+SYSTEM = {"llama": "You are a kind assistant.", "qwen2": "Answer kindly.", "gemma2": ""}
+PROMPTS, NEW_TOKENS = 4, 12
+LOGIT_ATOL = 1e-4  # fp32 on both sides; the import tests measure ~1e-6
+
+
+@pytest.fixture(scope="module", params=sorted(FAMILIES))
+def aligned(request, tmp_path_factory, monkeypatch_module) -> dict:
+    """The family's run: its values, result and promotion root."""
+    family = request.param
+    root = tmp_path_factory.mktemp(family)
+    gold = root / "gold.py"
+    gold.write_text(GOLD)
+    data = root / "pairs.jsonl"
+    # Gemma 2's template refuses a system role; the others get one before each prompt.
+    write_jsonl(str(data), 240, seed=1, conversational=True, system=SYSTEM[family])
+    folder = str(FIXTURES / family)
+    values = {
+        **SMALL,
+        **FAMILIES[family],
+        "data_uri": str(data),
+        "base_policy": folder,  # no import step: the tasks import it themselves
+        "reward_base_policy": folder,
+        "gold_reward": f"{gold}:score",
+        "promoted_policy_uri": str(root / "promoted"),
+    }
+    monkeypatch_module.setenv("ALIGNPIPE_CPU_DEVICES", "8")
+    result = run_local(values, runs_dir=root / "runs", echo=False)
+    assert not result.error, format_summary(result)
+    return {"family": family, "values": values, "result": result, "root": root}
+
+
+@pytest.fixture(scope="module")
+def monkeypatch_module():
+    with pytest.MonkeyPatch.context() as patch:
+        yield patch
+
+
+def _export(aligned: dict, *extra: str) -> Path:
+    out = aligned["root"] / ("export" + "-".join(("", *extra)).replace("--", "-"))
+    root = aligned["values"]["promoted_policy_uri"]
+    assert main(["model", "export", root, str(out), "--dtype", "float32", *extra]) == 0
+    return out
+
+
+def _eval_prompts(aligned: dict) -> list[np.ndarray]:
+    shards = aligned["result"].run_dir / "shard" / "shards"
+    return unique_prompts(fileio.glob(str(shards / "eval" / "*.tfrecord")))[:PROMPTS]
+
+
+def _ours(policy_dir: str, prompts: list[np.ndarray]) -> list[list[int]]:
+    """alignpipe's sampler, greedy, in fp32 (as transformers runs the fp32 export), left
+    padded as rollouts and evaluation pad; each response cut after its eos."""
+    model, info = load_model(policy_dir, dtype="float32")
+    tokenizer = info["tokenizer"]
+    width = max(len(p) for p in prompts)
+    rows = [left_pad(p, width, tokenizer["pad_id"], tokenizer["bos_id"]) for p in prompts]
+    tokens = jnp.asarray(np.stack([r[0] for r in rows]), jnp.int32)
+    mask = jnp.asarray(np.stack([r[1] for r in rows]), jnp.int32)
+    out = generate(
+        model, tokens, mask, jax.random.key(0), max_new_tokens=NEW_TOKENS,
+        eos_id=tokenizer["eos_id"], pad_id=tokenizer["pad_id"], temperature=0.0,
+    )  # fmt: skip
+    sampled = np.asarray(out.tokens)
+    kept = np.asarray(out.mask)
+    return [
+        [int(t) for t, m in zip(row, keep, strict=True) if m]
+        for row, keep in zip(sampled, kept, strict=True)
+    ]
+
+
+def _theirs(model, prompt: np.ndarray, eos_id: int) -> list[int]:
+    ids = torch.tensor([prompt.tolist()])
+    with torch.no_grad():
+        out = model.generate(
+            ids, attention_mask=torch.ones_like(ids), max_new_tokens=NEW_TOKENS,
+            do_sample=False, eos_token_id=eos_id, pad_token_id=eos_id,
+        )  # fmt: skip
+    new = out[0, len(prompt) :].tolist()
+    return new[: new.index(eos_id) + 1] if eos_id in new else new
+
+
+def _logits(model, tokens: list[int]) -> np.ndarray:
+    with torch.no_grad():
+        return model(torch.tensor([tokens])).logits[0].numpy()
+
+
+def _our_logits(policy_dir: str, tokens: list[int]) -> np.ndarray:
+    model, _ = load_model(policy_dir, dtype="float32")
+    ids = jnp.asarray([tokens], jnp.int32)
+    return np.asarray(model.lm_logits(model(ids, jnp.ones_like(ids))))[0]
+
+
+def _hf_model(folder: Path):
+    return transformers.AutoModelForCausalLM.from_pretrained(
+        str(folder), dtype=torch.float32, attn_implementation="eager"
+    ).eval()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_the_run_aligns_the_folder_with_its_own_tokenizer_and_promotes(aligned):
+    result, values, family = aligned["result"], aligned["values"], aligned["family"]
+    stages = {stage: record.status for stage, record in result.stages.items()}
+    assert stages["promote"] == "ran" and stages["ppo"] == "ran"
+    # The summary says where the initial policy came from.
+    summary = format_summary(result)
+    if values.get("sft_on_base"):
+        assert result.stages["sft"].task == "sft"
+        assert f"initial policy         sft on {values['base_policy']}" in summary
+    else:
+        assert result.stages["sft"].task == "given-policy"
+        assert f"{values['base_policy']}, as given (no sft)" in summary
+    # The shards use the model's own tokenizer (no --tokenizer given), chat template included.
+    manifest = json.loads((result.run_dir / "shard" / "shards" / "manifest.json").read_text())
+    own = load_tokenizer(values["base_policy"])
+    assert manifest["tokenizer"]["fingerprint"] == own.fingerprint
+    assert manifest["counts"]["rejected"] == 0 and manifest["counts"]["train"] > 0
+    # The promoted version carries its tokenizer and the checkpoint's dtype, nothing imported.
+    version = Path(promotion.resolve_policy(values["promoted_policy_uri"]))
+    assert load_tokenizer(str(version / "tokenizer")).fingerprint == own.fingerprint
+    info = json.loads((version / "config.json").read_text())
+    assert info["hf"]["family"] == family and info["stage"] == "ppo"
+    assert not list(version.rglob("imported_base")) and not list(version.rglob("hf_source"))
+    # The judge of the run's figures: the gold function given as PATH.py:FUNCTION.
+    evaluation = json.loads((result.run_dir / "evaluate" / "evaluation" / "eval.json").read_text())
+    gold = evaluation["summary"]["gold"]
+    assert gold["name"] == values["gold_reward"] and gold["aligned"]["mean"] is not None
+
+
+@pytest.mark.slow
+def test_the_export_generates_in_transformers_what_alignpipe_generated(aligned):
+    version = promotion.resolve_policy(aligned["values"]["promoted_policy_uri"])
+    out = _export(aligned)
+    model = _hf_model(out)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(str(out))
+    ours = load_tokenizer(str(Path(version) / "tokenizer"))
+    assert tokenizer.eos_token_id == ours.eos_id
+    prompts = _eval_prompts(aligned)
+    assert len(prompts) == PROMPTS
+    generated = _ours(version, prompts)
+    for prompt, tokens in zip(prompts, generated, strict=True):
+        assert _theirs(model, prompt, ours.eos_id) == tokens
+        sequence = [*prompt.tolist(), *tokens]
+        np.testing.assert_allclose(
+            _logits(model, sequence), _our_logits(version, sequence), atol=LOGIT_ATOL, rtol=0
+        )
+    # It is the aligned model: PPO moved the weights away from the folder it started from.
+    moved = _logits(_hf_model(FIXTURES / aligned["family"]), sequence) - _logits(model, sequence)
+    assert np.abs(moved).max() > 10 * LOGIT_ATOL
+    # The rendered prompt round-trips through transformers' tokenizer to the same ids.
+    text = tokenizer.decode(prompts[0].tolist())
+    assert tokenizer.encode(text, add_special_tokens=False) == prompts[0].tolist()
+
+
+@pytest.mark.slow
+def test_a_lora_policy_exports_merged_and_as_a_peft_adapter(aligned):
+    if not aligned["values"].get("lora_rank"):
+        pytest.skip("this family's run trains no adapters")
+    peft = pytest.importorskip("peft")
+    version = promotion.resolve_policy(aligned["values"]["promoted_policy_uri"])
+    out = _export(aligned, "--adapter")
+    merged = _hf_model(out)
+    adapted = peft.PeftModel.from_pretrained(_hf_model(out / "base"), str(out / "adapter"))
+    sequence = _eval_prompts(aligned)[0].tolist()
+    ours = _our_logits(version, sequence)
+    np.testing.assert_allclose(_logits(merged, sequence), ours, atol=LOGIT_ATOL, rtol=0)
+    np.testing.assert_allclose(_logits(adapted.eval(), sequence), ours, atol=LOGIT_ATOL, rtol=0)
+    # The adapters matter: the base alone computes something else.
+    base = _logits(_hf_model(out / "base"), sequence)
+    assert np.abs(base - ours).max() > 10 * LOGIT_ATOL
