@@ -65,6 +65,7 @@ def sharded_placements(monkeypatch):
 # short modules fill in after, instead of two long ones ending the run on one worker.
 LONG_MODULES = (
     "test_pipeline_local.py",
+    "test_hf_pipeline.py",
     "test_ppo_stage.py",
     "test_ppo_multihost.py",
     "test_reward_processes.py",

@@ -244,3 +244,22 @@ def test_bad_settings_are_rejected(split, prompts, settings, message):
     settings = dict(max_new_tokens=4, eos_id=1, pad_id=PAD_ID) | settings
     with pytest.raises(ValueError, match=message):
         generate(split, *prompts, jax.random.key(0), **settings)
+
+
+def test_embedding_rows_past_the_tokenizer_are_never_sampled(split, prompts, greedy):
+    """Qwen2.5 pads its embedding past its tokenizer; those rows are no token, so neither
+    greedy nor sampled decoding may pick them, and logprobs stay the whole softmax's."""
+    limit = 31  # about half the rows: an unlimited draw picks past it at once
+    unlimited = sample(split, prompts, temperature=1.0)
+    assert (np.asarray(unlimited.tokens) >= limit).any() and (
+        np.asarray(greedy.tokens) >= limit
+    ).any()
+    for temperature in (0.0, 1.0):
+        limited = sample(split, prompts, temperature=temperature, vocab_size=limit)
+        tokens = np.asarray(limited.tokens)
+        assert tokens.max() < limit and (tokens > 0).any()
+        logprobs = np.asarray(limited.logprobs)
+        assert (logprobs < 0).all() and np.isfinite(logprobs).all()
+    # A limit at the embedding's size changes nothing.
+    same = sample(split, prompts, temperature=0.0, vocab_size=VOCAB)
+    np.testing.assert_array_equal(same.tokens, greedy.tokens)

@@ -280,6 +280,7 @@ def _sampling(config: EvalConfig, tokenizer: Tokenizer) -> eval_sampling.Samplin
     return eval_sampling.SamplingSettings(
         max_new_tokens=config.max_new_tokens, eos_id=tokenizer.eos_id, pad_id=tokenizer.pad_id,
         temperature=0.0 if config.greedy else config.temperature,
+        vocab_size=tokenizer.vocab_size,
     )  # fmt: skip
 
 

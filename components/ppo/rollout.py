@@ -74,10 +74,11 @@ class RolloutParams(NamedTuple):
 
 
 class TokenIds(NamedTuple):
-    """Special token ids of the tokenizer."""
+    """Special token ids of the tokenizer, and its vocabulary size (0 = the embedding's)."""
 
     eos_id: int
     pad_id: int
+    vocab_size: int = 0
 
 
 class ScoreNorm(NamedTuple):
@@ -111,6 +112,7 @@ def _sample(
         eos_id=ids.eos_id,
         pad_id=ids.pad_id,
         temperature=config.temperature,
+        vocab_size=ids.vocab_size,
     )
     return {
         "prompt_tokens": prompts["prompt_tokens"].astype(jnp.int32),

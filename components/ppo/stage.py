@@ -126,7 +126,11 @@ def build_networks(
         policy=jax.device_get(policy_params),
         critic=None if critic_params is None else jax.device_get(critic_params),
         reward=jax.device_get(reward_params),
-        ids=TokenIds(eos_id=int(tokenizer["eos_id"]), pad_id=int(tokenizer["pad_id"])),
+        ids=TokenIds(
+            eos_id=int(tokenizer["eos_id"]),
+            pad_id=int(tokenizer["pad_id"]),
+            vocab_size=int(tokenizer["vocab_size"]),
+        ),  # fmt: skip
         norm=ScoreNorm(stats["mean"], stats["std"], config.missing_eos_penalty, config.reward_clip),
         frozen=frozen,
     )

@@ -173,7 +173,7 @@ def policy_gold_scores(
     tokenizer = load_tokenizer(fileio.join(shards_dir, "tokenizer"))
     prompts = eval_sampling.eval_prompts(shards_dir, prompt_len=prompt_len)
     settings = eval_sampling.SamplingSettings(
-        max_new_tokens, tokenizer.eos_id, tokenizer.pad_id, temperature
+        max_new_tokens, tokenizer.eos_id, tokenizer.pad_id, temperature, tokenizer.vocab_size
     )
     responses = eval_sampling.sample_responses(
         graphdef, params, prompts, settings=settings, samples_per_prompt=samples_per_prompt,

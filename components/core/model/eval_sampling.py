@@ -53,6 +53,7 @@ class SamplingSettings(NamedTuple):
     eos_id: int
     pad_id: int
     temperature: float  # 0 = greedy
+    vocab_size: int = 0  # the tokenizer's: ids past it are never sampled (0 = no limit)
 
 
 def eval_prompts(shards_dir: str, *, prompt_len: int, max_prompts: int | None = None) -> Prompts:

@@ -89,16 +89,23 @@ class _Settings(NamedTuple):
     temperature: float
     top_k: int
     top_p: float
+    vocab_size: int  # ids at or past it are never chosen; 0 = every row of the embedding
 
 
 def _choose(
     logits: jax.Array, rng: jax.Array, done: jax.Array, settings: _Settings
 ) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
     """Pick the next token [B]; returns (token, logprob, mask, done after this token)."""
+    choosable = logits
+    if 0 < settings.vocab_size < logits.shape[-1]:
+        # Embedding rows past the tokenizer (Qwen2.5 pads 151,665 ids to 151,936 rows) are
+        # no token: no other model of the run, nor the tokenizer, can read them back.
+        allowed = jnp.arange(logits.shape[-1]) < settings.vocab_size
+        choosable = jnp.where(allowed, logits, -jnp.inf)
     if settings.temperature == 0:
-        token = jnp.argmax(logits, axis=-1)
+        token = jnp.argmax(choosable, axis=-1)
     else:
-        filtered = filter_logits(logits, settings.temperature, settings.top_k, settings.top_p)
+        filtered = filter_logits(choosable, settings.temperature, settings.top_k, settings.top_p)
         token = jax.random.categorical(rng, filtered, axis=-1)
     token = token.astype(jnp.int32)
     policy_logprobs = jax.nn.log_softmax(logits, axis=-1)
@@ -150,11 +157,14 @@ def generate(
     temperature: float = 1.0,
     top_k: int = 0,
     top_p: float = 1.0,
+    vocab_size: int = 0,
     stop_when_done: bool = True,
 ) -> SampleOutput:
     """Sample ``max_new_tokens`` after LEFT-padded prompts [B, P] with a KV cache.
 
     ``temperature == 0`` is greedy; ``top_k=0`` and ``top_p=1.0`` disable those filters.
+    ``vocab_size`` (the tokenizer's; 0 = no limit) keeps ids past it from being chosen; the
+    logprobs stay those of the whole, untempered distribution.
     After a sequence emits ``eos_id`` it emits ``pad_id`` with mask 0. The decode stops
     once every sequence has ended; ``stop_when_done=False`` runs all ``max_new_tokens``
     steps (same outputs: tests and benchmarks measure the difference).
@@ -170,7 +180,7 @@ def generate(
             f"prompt length {prompt_len} + max_new_tokens {max_new_tokens} exceeds "
             f"max_seq_len {config.max_seq_len}: shorten one or raise ModelConfig.max_seq_len"
         )
-    settings = _Settings(eos_id, pad_id, temperature, top_k, top_p)
+    settings = _Settings(eos_id, pad_id, temperature, top_k, top_p, vocab_size)
     keys = jax.random.split(rng, max_new_tokens)
     # The last sampled token is never fed back, so the cache needs N - 1 decode slots.
     hidden, cache = model.prefill(prompt_tokens, prompt_mask, prompt_len + max_new_tokens - 1)
@@ -242,7 +252,7 @@ def generate_without_cache(
     _check_settings(max_new_tokens, 0.0, 0, 1.0)
     graphdef, params = _as_split(model)
     batch, prompt_len = prompt_tokens.shape
-    settings = _Settings(eos_id, pad_id, 0.0, 0, 1.0)
+    settings = _Settings(eos_id, pad_id, 0.0, 0, 1.0, 0)
     pad = [(0, 0), (0, max_new_tokens)]
     tokens = jnp.pad(prompt_tokens.astype(jnp.int32), pad, constant_values=pad_id)
     mask = jnp.pad(prompt_mask.astype(jnp.int32), pad)
