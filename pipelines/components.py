@@ -76,12 +76,11 @@ def shard(
     max_invalid_fraction: float,
     beam_args: str,
     base_policy: str,
-    reward_base_policy: str,
     shards: Output[Dataset],
     metrics: Output[Metrics],
 ):
     """Validate, dedupe, tokenize and shard the sources (Beam; DirectRunner unless told);
-    ``tokenizer`` '' = the base policy's own (else the reward model base's, else the data's)."""
+    ``tokenizer`` '' = the base policy's own, else the data's."""
     import json
     import shlex
     import time
@@ -93,7 +92,7 @@ def shard(
     started = time.time()
     found = json.loads(sources)
     inputs = [source["uri"] for source in found]
-    tokenizer = stage_io.shards_tokenizer(tokenizer, found, base_policy, reward_base_policy)
+    tokenizer = stage_io.shards_tokenizer(tokenizer, found, base_policy)
     config = stage_io.config_from(ShardConfig, locals())
     # Dataflow workers write to the artifact's gs:// URI; they cannot see this task's files.
     output = shards.uri if "DataflowRunner" in beam_args else shards.path

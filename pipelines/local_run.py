@@ -51,7 +51,7 @@ class StageRecord:
     status: str = "skipped"
     seconds: float | None = None
     started: float | None = None
-    task: str = ""  # the task that stood for the stage (sft's is check-policy on warm starts)
+    task: str = ""  # the task that stood for the stage (sft's is given-policy on warm starts)
 
 
 class TaskWatcher(logging.Filter):

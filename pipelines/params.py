@@ -108,9 +108,9 @@ PARAMS: tuple[Param, ...] = (
         (("shard", "tokenizer"),),
         default="",
         kind=str,
-        help="'' = base_policy's own (else reward_base_policy's, else the data's: "
-        "builtin-words for the built-in task, byte for files), 'byte', a Hugging Face "
-        "tokenizer.json or folder, or a SentencePiece .model",
+        help="'' = base_policy's own, else the data's (builtin-words for the built-in task, "
+        "byte for files); 'byte', a Hugging Face tokenizer.json or model folder, or a "
+        "SentencePiece .model",
     ),
     *_stage("shard", "max_prompt_tokens", "max_response_tokens", "num_shards"),
     *_stage("shard", "eval_fraction", "max_invalid_fraction"),

@@ -55,11 +55,12 @@ UPSTREAM = {
 # Task names (as kfp names them after their components) of each stage.
 STAGE_TASKS = {
     "data": ("builtin-data", "find-data"),
-    # Never cached: whether the data is new, and the anchor, are read afresh each run.
-    "plan": ("plan-run", "no-new-data"),
+    # Never cached: whether the data is new, the anchor, and whether sft trains (and the base
+    # policy's fingerprint) are read afresh each run.
+    "plan": ("plan-run", "no-new-data", "check-policy"),
     "shard": ("shard",),
-    # check-policy always runs (never cached); given-policy stands for sft on warm starts.
-    "sft": ("sft", "given-policy", "check-policy"),
+    # given-policy stands for sft on warm starts.
+    "sft": ("sft", "given-policy"),
     "reward": ("reward",),
     "ppo": ("ppo",),
     "dpo": ("dpo",),
@@ -195,11 +196,11 @@ def _train_and_evaluate(
 ) -> Any:
     """Shard, the initial policy, the aligning branch, evaluate and promote; returns the
     evaluation's result channel."""
-    # The tokenizer is the data's own unless given, or a base model brings one.
-    models = {"base_policy": p["base_policy"], "reward_base_policy": p["reward_base_policy"]}
+    # The tokenizer is the data's own unless given, or the base policy brings one.
     shard = c.shard(
-        sources=sources, beam_args=p["beam_args"], **models, **params.stage_values("shard", p)
-    )
+        sources=sources, beam_args=p["beam_args"], base_policy=p["base_policy"],
+        **params.stage_values("shard", p),
+    )  # fmt: skip
     shards = configure(shard, "shard", DATA).outputs["shards"]
     # Each training task keeps its resumable state under checkpoint_root (stage_io.state_key).
     state = {"checkpoint_root": p["checkpoint_root"]}
@@ -207,7 +208,7 @@ def _train_and_evaluate(
     # Never cached: a policy promoted again to the same folder, or new weights behind the
     # same path, must be re-read; its reference's fingerprint keys the tasks after it.
     checked = c.check_policy(base_policy=p["base_policy"], sft_on_base=p["sft_on_base"])
-    configure(checked, "sft", LIGHT, cache=False)
+    configure(checked, "plan", LIGHT, cache=False)
     base = checked.outputs["reference"]
     with dsl.If(checked.outputs["Output"] == True, name="train-policy"):  # noqa: E712
         sft_values = {**params.stage_values("sft", p), "base_policy": base}

@@ -48,14 +48,13 @@ def check(values: dict[str, Any]) -> None:
         raise PreflightError(str(error)) from None
 
 
-# The models a run reads whose token ids must be the shards' (in the order the default
-# tokenizer is taken from: stage_io.shards_tokenizer).
+# The models a run reads, whose token ids must be the shards'.
 MODEL_PARAMS = ("base_policy", "reward_base_policy", "anchor_policy", "eval_reward_model")
 
 
 def check_tokenizers(values: dict[str, Any]) -> None:
     """Every given model must use the tokenizer the shards will be made with: ``tokenizer``
-    when set, else the base policy's (else the reward model base's), else the data's.
+    when set, else the base policy's, else the data's.
 
     A model trained on other token ids would fail only in its task, after sharding and the
     training before it; here it fails at once, naming both sides. Remote inputs are left
@@ -71,7 +70,7 @@ def check_tokenizers(values: dict[str, Any]) -> None:
         return
     shards = load_tokenizer(spec).fingerprint
     for name in given:
-        own = model_tokenizer_fingerprint(values[name], name)
+        own = model_tokenizer_fingerprint(values[name])
         if own != shards:
             raise PreflightError(
                 f"{flag(name)}: {values[name]!r} uses tokenizer {own}, but the shards would use "
@@ -81,13 +80,14 @@ def check_tokenizers(values: dict[str, Any]) -> None:
 
 
 def _shards_tokenizer(values: dict[str, Any]) -> tuple[str | None, str]:
-    """The tokenizer spec the shard stage will use and where it comes from, as words; None
-    when it depends on remote data (listed by the task)."""
+    """The tokenizer spec the shard stage will use (stage_io.shards_tokenizer) and where it
+    comes from, as words; None when it depends on remote data (listed by the task)."""
     if values["tokenizer"]:
         return values["tokenizer"], f"{flag('tokenizer')} {values['tokenizer']}"
-    for name in ("base_policy", "reward_base_policy"):
-        if values[name] and _applies(name, values):
-            return stage_io.model_tokenizer(values[name], name), f"{flag(name)}'s own"
+    if values["base_policy"]:
+        return stage_io.model_tokenizer(values["base_policy"], "base_policy"), (
+            f"{flag('base_policy')}'s own"
+        )
     if not values["data_uri"]:
         from components.core.data.tokenizers import BUILTIN_WORDS
 
@@ -97,7 +97,7 @@ def _shards_tokenizer(values: dict[str, Any]) -> tuple[str | None, str]:
     return stage_io.data_tokenizer([]), "the data's default"
 
 
-def model_tokenizer_fingerprint(folder: str, name: str) -> str:
+def model_tokenizer_fingerprint(folder: str) -> str:
     """The fingerprint of the tokenizer a model folder was made with: an alignpipe model's
     config.json records it; a Hugging Face folder's is read (fitted to its embedding)."""
     import json

@@ -291,17 +291,13 @@ def model_tokenizer(folder: str, flag: str) -> str:
     return own
 
 
-def shards_tokenizer(
-    tokenizer: str, sources: list[dict[str, Any]], base_policy: str, reward_base_policy: str
-) -> str:
+def shards_tokenizer(tokenizer: str, sources: list[dict[str, Any]], base_policy: str) -> str:
     """The tokenizer the shard stage uses: ``tokenizer`` when given, else the base policy's
-    (else the reward model's base's), else the data's own (:func:`data_tokenizer`)."""
+    own, else the data's own (:func:`data_tokenizer`)."""
     if tokenizer:
         return tokenizer
     if base_policy:
         return model_tokenizer(base_policy, "base_policy")
-    if reward_base_policy:
-        return model_tokenizer(reward_base_policy, "reward_base_policy")
     return data_tokenizer(sources)
 
 

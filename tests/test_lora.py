@@ -141,8 +141,12 @@ def test_lora_step_trains_only_adapters_and_8_devices_equal_1_and_fsdp(base) -> 
     (eight, loss8), (one, loss1), (chunks, loss_chunks) = results
     assert len(jax.local_devices()) == 8
     assert loss8 == pytest.approx(loss1, rel=1e-5) and loss_chunks == pytest.approx(loss8, rel=1e-5)
-    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6), eight, one)
-    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6), chunks, eight)
+    # The gradient sums run in another order over 8 devices than on 1: within the loss's own
+    # rel 1e-5 (an AMD EPYC host measured 1.1e-6 on a parameter of 0.07, with this commit's
+    # parent too; atol alone at 1e-6 passed on the hosts before).
+    close = lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)  # noqa: E731
+    jax.tree.map(close, eight, one)
+    jax.tree.map(close, chunks, eight)
     moved = jax.tree.map(lambda a, b: float(np.abs(a - b).max()), eight, trainable)
     assert max(jax.tree.leaves(moved)) > 1e-3  # the adapters trained
 

@@ -222,6 +222,11 @@ def test_models_on_other_tokenizers_are_refused_naming_both_sides(tmp_path):
     assert (
         "(--base-policy's own)" in message and "--tokenizer with --reward-base-policy's" in message
     )
+    # Without a base policy, files shard with bytes: a Hugging Face reward base needs
+    # --tokenizer (its own), which the check then accepts.
+    message = _refused({**data, "reward_base_policy": qwen}, runs)
+    assert "(the data's default)" in message
+    preflight.check(params.validate({**data, "reward_base_policy": qwen, "tokenizer": qwen}, 8))
     # A tokenizer given against the base policy: refused, naming --tokenizer as the source.
     gemma = str(FIXTURES / "gemma2")
     message = _refused({**data, "base_policy": llama, "tokenizer": gemma}, runs)

@@ -420,16 +420,16 @@ def run(
     """
     maybe_initialize()
     dirs = model_dirs(policy_dir, reference_dir, reward_dir, anchor_dir)
-    # Made before any model loads: an output that cannot be written fails now, not after the
-    # sampling and scoring.
+    # Checked before any model loads: an output that cannot be written fails now, not after
+    # the sampling and scoring.
     if fileio.exists(output) and not fileio.isdir(output):
         raise NotADirectoryError(f"--output {output} is a file; pass a folder for the report")
-    fileio.makedirs(output)
     # A Hugging Face folder (the reference or anchor of a run that aligned one as given) is
     # imported into the output's work folder for the evaluation and removed after it.
     work = fileio.join(output, "work")
     loaded = {role: resolve_base(d, fileio.join(work, role)) for role, d in dirs.items()}
     inputs = check_inputs(config, shards_dir, loaded)
+    fileio.makedirs(output)
     if not config.max_new_tokens:
         config = dataclasses.replace(config, max_new_tokens=longest_lengths(inputs.manifest)[1])
     tokenizer = load_tokenizer(fileio.join(shards_dir, "tokenizer"))
