@@ -71,6 +71,8 @@ def file_digest(path: str) -> str:
     with open(real, "rb") as handle:
         while block := handle.read(CHUNK):
             digest.update(block)
+    # Read again: another process may have added entries while this one hashed; this file's
+    # older entries (another size, time or inode) go.
     cache = {k: v for k, v in _read_cache(cache_file).items() if not k.startswith(f"{real}|")}
     cache[key] = digest.hexdigest()
     _write_cache(cache_file, cache)

@@ -269,14 +269,18 @@ def resolve_base(path: str, workdir: str) -> str:
     source = path
     if "://" in path:
         source = os.path.join(workdir, "hf_source")
-    if fileio.exists(fileio.join(out, "config.json")):
-        imported = read_model_config(out).get("training", {}).get("source")
-        if imported == os.path.abspath(source) and "://" not in path:
-            return out  # imported by an earlier attempt of this stage
-    if "://" in path:
         fileio.copy_tree(path, source)
+    elif _imported_from(out) == os.path.abspath(path):
+        return out  # imported by an earlier attempt of this stage
     import_hf(source, out)
     return out
+
+
+def _imported_from(out: str) -> str | None:
+    """The source folder an import at ``out`` was made from, or None when there is none."""
+    if not fileio.exists(fileio.join(out, "config.json")):
+        return None
+    return read_model_config(out).get("training", {}).get("source")
 
 
 def remove_import(workdir: str) -> None:

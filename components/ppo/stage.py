@@ -213,7 +213,7 @@ def run(
         training=dataclasses.asdict(config), step=result.iteration, status=result.status,
         base_policy=given_policy, reward_model=reward_dir, pretrained=pretrained,
         tokenizer_dir=fileio.join(shards_dir, "tokenizer"),
-        **({"hf": hf} if (hf := hf_source(policy_dir)) else {}),
+        hf=hf_source(policy_dir),
     )  # fmt: skip
     if is_primary():
         fileio.write_text(fileio.join(output, STATUS_FILE), json.dumps(status, indent=2) + "\n")

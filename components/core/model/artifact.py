@@ -110,6 +110,7 @@ def save_model(
     step: int,
     pretrained: bool = False,
     tokenizer_dir: str = "",
+    hf: dict[str, Any] | None = None,
     **extra: Any,
 ) -> None:
     """Export a model artifact: ``config.json`` (model, tokenizer, training, step) + params.
@@ -119,6 +120,8 @@ def save_model(
     ``tokenizer_dir``: the tokenizer folder the model was trained with (the shards'
     ``tokenizer/``), copied into the artifact's ``tokenizer/`` so the model travels with its
     tokenizer: the next run's shards, a promotion and ``model export`` need nothing else.
+    ``hf``: the Hugging Face checkpoint the model descends from (:func:`hf_source`), kept in
+    its config.json when there is one.
     """
     from components.core.data.tokenizers import MODEL_TOKENIZER_DIR
     from components.core.fileio import copy_tree, join
@@ -134,6 +137,7 @@ def save_model(
             "training": training,
             "step": step,
             "pretrained": pretrained,
+            **({"hf": hf} if hf else {}),
             **extra,
         },
     )

@@ -270,7 +270,7 @@ class PreferenceTraining:
             output, self.model, self.result.params, tokenizer=self.manifest["tokenizer"],
             stage=stage, training=dataclasses.asdict(self.config), step=self.result.step,
             pretrained=self.pretrained, tokenizer_dir=fileio.join(self.shards_dir, "tokenizer"),
-            **({"hf": self.hf} if self.hf else {}), **extra,
+            hf=self.hf, **extra,
         )  # fmt: skip
 
 
