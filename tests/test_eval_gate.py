@@ -68,11 +68,24 @@ def test_figures_near_a_threshold_show_enough_decimals() -> None:
 def test_the_reason_names_the_gold_reward_when_it_judged() -> None:
     judged = {**summary(win_low=0.62), "judge": "gold"}
     gate = decide(judged, CONFIG)
-    assert gate.blessed
+    assert gate.blessed and gate.judge == "gold"
     assert gate.reasons[0] == "win-rate lower bound (judged by the gold reward) 0.62 > 0.50: pass"
     assert decide({**summary(), "judge": "reward_model"}, CONFIG).reasons == (
         decide(summary(), CONFIG).reasons
     )
+
+
+def test_the_gold_win_rate_decides_when_there_is_one() -> None:
+    """A policy that pleases the reward model (0.62) without beating the reference on gold
+    (0.48) is not blessed; the reverse is."""
+    gold = {"name": "builtin/sentiment-v1", "win_rate": {"value": 0.55, "low": 0.48}}
+    gate = decide({**summary(win_low=0.62), "gold": gold}, CONFIG)
+    assert not gate.blessed and gate.judge == "gold"
+    assert gate.reasons[0] == "win-rate lower bound (judged by the gold reward) 0.48 ≤ 0.50: fail"
+    better = {**gold, "win_rate": {"value": 0.6, "low": 0.53}}
+    gate = decide({**summary(win_low=0.45), "gold": better}, CONFIG)
+    assert gate.blessed and gate.reasons[0].endswith("0.53 > 0.50: pass")
+    assert decide(summary(), CONFIG).judge == "reward_model"
 
 
 def test_an_unchanged_policy_is_not_blessed() -> None:

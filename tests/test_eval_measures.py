@@ -166,15 +166,44 @@ def test_gold_scores_of_known_responses() -> None:
 # Two prompts, four reference samples each: hand-picked rewards and gold scores.
 BON_REWARDS = [[0.1, 0.5, 0.3, 0.9], [0.7, 0.2, 0.8, 0.1]]
 BON_GOLD = [[0.0, 0.2, 0.4, 0.6], [1.0, -1.0, 0.5, 0.0]]
-KL2, KL4 = math.log(2) - 0.5, math.log(4) - 0.75
+BOUND2, BOUND4 = math.log(2) - 0.5, math.log(4) - 0.75
+# Four distinct scores per prompt: levels of 1/4 each, winning with (k/4)^n − ((k−1)/4)^n.
+KL2 = sum(p * math.log(4 * p) for p in (1 / 16, 3 / 16, 5 / 16, 7 / 16))  # 0.1740
+KL4 = sum(p * math.log(4 * p) for p in (1 / 256, 15 / 256, 65 / 256, 175 / 256))  # 0.5903
 
 
-def test_best_of_n_kl_is_analytic() -> None:
-    assert measures.best_of_n_kl(1) == 0.0
-    assert measures.best_of_n_kl(2) == pytest.approx(0.193147, abs=1e-6)
-    assert measures.best_of_n_kl(16) == pytest.approx(math.log(16) - 15 / 16)
+def test_best_of_n_kl_bound_is_analytic() -> None:
+    assert measures.best_of_n_kl_bound(1) == 0.0
+    assert measures.best_of_n_kl_bound(2) == pytest.approx(0.193147, abs=1e-6)
+    assert measures.best_of_n_kl_bound(16) == pytest.approx(math.log(16) - 15 / 16)
     with pytest.raises(ValueError, match="at least 1"):
-        measures.best_of_n_kl(0)
+        measures.best_of_n_kl_bound(0)
+
+
+def test_best_of_n_kl_with_two_score_levels_is_far_below_the_bound() -> None:
+    # Beirami et al. (2024): two equally likely levels at n = 16 give log 2 nats (the best
+    # of 16 is the upper level but for 2^-16), not the bound's 1.835.
+    exact = (0.5**16) * math.log(0.5**16 / 0.5) + (1 - 0.5**16) * math.log((1 - 0.5**16) / 0.5)
+    assert measures.best_of_n_kl([[0.0] * 8 + [1.0] * 8], 16) == pytest.approx(exact)
+    assert exact == pytest.approx(math.log(2), abs=1e-3)  # 0.69296
+    # Drawn: 16 samples per prompt of a judge with two levels, estimated per prompt. The
+    # plug-in's finite-sample bias is +0.03 at N = 16 (log of the upper level's estimated
+    # share is convex); the bound would say 1.835.
+    draws = np.random.default_rng(0).integers(0, 2, size=(4000, 16)).astype(float)
+    assert measures.best_of_n_kl(draws, 16) == pytest.approx(math.log(2), abs=0.05)
+    assert measures.best_of_n_kl(draws, 1) == 0.0
+    # A judge that ties everything: best-of-n is the reference.
+    assert measures.best_of_n_kl(np.ones((3, 16)), 16) == 0.0
+
+
+def test_best_of_n_kl_of_distinct_scores_stays_just_below_the_bound() -> None:
+    scores = np.random.default_rng(1).normal(size=(50, 16))
+    for n in (2, 4, 8, 16):
+        estimate = measures.best_of_n_kl(scores, n)
+        assert 0.95 * measures.best_of_n_kl_bound(n) < estimate <= measures.best_of_n_kl_bound(n)
+    assert measures.best_of_n_kl([[0.1, 0.5, 0.3, 0.9]], 2) == pytest.approx(KL2)
+    with pytest.raises(ValueError, match="prompts, samples"):
+        measures.best_of_n_kl([0.1, 0.2], 2)
 
 
 def test_best_of_n_picks_the_reward_models_best_of_the_first_n() -> None:
@@ -187,6 +216,7 @@ def test_best_of_n_picks_the_reward_models_best_of_the_first_n() -> None:
     frontier = measures.best_of_n(BON_REWARDS, BON_GOLD, [4, 1, 2])
     assert [p["n"] for p in frontier] == [1, 2, 4]
     assert [p["kl_per_sequence"] for p in frontier] == pytest.approx([0.0, KL2, KL4])
+    assert [p["kl_bound"] for p in frontier] == pytest.approx([0.0, BOUND2, BOUND4])
     # picks (0, 0), (1, 0), (3, 2): rewards (0.1 + 0.7)/2, (0.5 + 0.7)/2, (0.9 + 0.8)/2
     assert [p["reward"] for p in frontier] == pytest.approx([0.4, 0.6, 0.85])
     assert [p["gold"] for p in frontier] == pytest.approx([0.5, 0.6, 0.55])
@@ -200,15 +230,18 @@ def test_gain_at_kl_interpolates_linearly_and_caps() -> None:
     assert measures.gain_at_kl(kls, gains, halfway) == (pytest.approx(0.075), False)
     assert measures.gain_at_kl(kls, gains, 3.0) == (0.05, True)
     assert measures.gain_at_kl(kls, gains, -0.2) == (0.0, False)
-    with pytest.raises(ValueError, match="strictly increasing"):
-        measures.gain_at_kl([0.0, 0.0], [0.0, 1.0], 0.5)
+    with pytest.raises(ValueError, match="not decreasing"):
+        measures.gain_at_kl([0.0, 0.2, 0.1], [0.0, 1.0, 2.0], 0.5)
+    # Equal KLs (a judge that ties every draw) count once, at their best gain.
+    assert measures.gain_at_kl([0.0, 0.0, 0.0], [0.0, 0.3, 0.1], 0.5) == (0.3, True)
+    assert measures.gain_at_kl([0.0, 0.1, 0.1], [0.0, 0.3, 0.1], 0.05) == (0.15, False)
 
 
 def test_ppo_vs_best_of_n_by_hand() -> None:
     frontier = measures.best_of_n(BON_REWARDS, BON_GOLD, [1, 2, 4])  # gold gains 0, 0.1, 0.05
     versus = measures.ppo_vs_best_of_n(frontier, aligned_gain=0.02, aligned_kl=0.1)
-    assert versus["best_of_n_gain"] == pytest.approx(0.1 * 0.1 / KL2)  # 0.05177
-    assert versus["ratio"] == pytest.approx(0.02 / (0.1 * 0.1 / KL2))  # 0.3863
+    assert versus["best_of_n_gain"] == pytest.approx(0.1 * 0.1 / KL2)  # 0.05748
+    assert versus["ratio"] == pytest.approx(0.02 / (0.1 * 0.1 / KL2))  # 0.3480
     assert versus["capped"] is False
     capped = measures.ppo_vs_best_of_n(frontier, aligned_gain=0.1, aligned_kl=5.0)
     assert (capped["ratio"], capped["capped"]) == (pytest.approx(2.0), True)
@@ -221,6 +254,12 @@ def test_ppo_vs_best_of_n_by_hand() -> None:
     # Best-of-n that loses gold (reward hacking) gives no ratio rather than a negative one.
     worse = measures.best_of_n(BON_REWARDS, -np.asarray(BON_GOLD), [1, 2])
     assert measures.ppo_vs_best_of_n(worse, aligned_gain=0.1, aligned_kl=1)["ratio"] is None
+    # The bound places best-of-n further right, which lowers its gain at a KL: a higher ratio.
+    bound = measures.ppo_vs_best_of_n(
+        frontier, aligned_gain=0.02, aligned_kl=0.1, kl_key="kl_bound"
+    )
+    assert bound["ratio"] == pytest.approx(0.02 / (0.1 * 0.1 / BOUND2))
+    assert bound["ratio"] > versus["ratio"]
 
 
 def _outputs(rewards, lengths, t=6, gold=None) -> measures.PolicyOutputs:
@@ -269,7 +308,8 @@ def test_summarize_with_best_of_n_and_gold() -> None:
     json.dumps(summary, allow_nan=False)
     assert summary["kl"]["per_sequence"] == pytest.approx(0.1)
     assert [p["gold"] for p in summary["best_of_n"]] == pytest.approx([0.5, 0.6, 0.55])
-    assert summary["ppo_vs_best_of_n"] == pytest.approx(0.03 / (0.1 * 0.1 / KL2))  # 0.5795
+    assert summary["ppo_vs_best_of_n"] == pytest.approx(0.03 / (0.1 * 0.1 / KL2))  # 0.5219
+    assert summary["ppo_vs_best_of_n_bound"] == pytest.approx(0.03 / (0.1 * 0.1 / BOUND2))
     assert summary["ppo_vs_best_of_n_capped"] is False
     assert summary["ppo_vs_best_of_n_gains"] == {
         "aligned": pytest.approx(0.03),

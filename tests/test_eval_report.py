@@ -260,9 +260,11 @@ def test_frontier_falls_back_to_the_reward_model_without_gold() -> None:
 
 def test_eval_json_holds_verdict_reasons_and_summary(written: tuple[str, dict]) -> None:
     _, record = written
-    assert set(record) == {"schema_version", "blessed", "reasons", "summary"}
+    assert set(record) == {"schema_version", "blessed", "reasons", "gate_judge", "summary"}
     summary = make_summary()
     assert record["blessed"] == decide(summary, EvalConfig()).blessed
+    # The summary has a gold part: gold's win rate decides, and the page says so.
+    assert record["gate_judge"] == "gold" and "(judged by the gold reward)" in record["reasons"][0]
     assert record["summary"]["win_rate"] == summary["win_rate"]
 
 

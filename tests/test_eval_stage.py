@@ -130,9 +130,12 @@ def test_best_of_n_baseline(evaluated):
     result, out = evaluated
     frontier = result["best_of_n"]
     assert [p["n"] for p in frontier] == [1, 2, 4, 8, 16]
-    assert [p["kl_per_sequence"] for p in frontier] == pytest.approx(
-        [measures.best_of_n_kl(n) for n in (1, 2, 4, 8, 16)]
-    )
+    bounds = [measures.best_of_n_kl_bound(n) for n in (1, 2, 4, 8, 16)]
+    assert [p["kl_bound"] for p in frontier] == pytest.approx(bounds)
+    # The exact KL of the judge's score levels: 0 at n = 1, growing with n, under the bound.
+    exact = [p["kl_per_sequence"] for p in frontier]
+    assert exact[0] == 0.0 and all(0 < e <= b for e, b in zip(exact[1:], bounds[1:], strict=True))
+    assert exact == sorted(exact)
     first = [r["reference_reward"] for r in _samples(out) if r["sample"] == 0]
     assert frontier[0]["reward"] == pytest.approx(np.mean(first), abs=1e-6)
     rewards = [p["reward"] for p in frontier]

@@ -447,3 +447,15 @@ def test_group_advantages_match_numpy_references():
     np.testing.assert_array_equal(group_advantages(np.ones(4, np.float32), 4, "grpo"), 0.0)
     with pytest.raises(ValueError, match="grpo"):
         group_advantages(scores, 4, "ppo")
+
+
+def test_missing_eos_penalty_survives_the_clip():
+    """Past clip + penalty, a truncated response still scores the penalty below a finished
+    one (clip first, then subtract); within the clip the two orders agree."""
+    from components.ppo.rollout import ScoreNorm, normalize_scores
+
+    norm = ScoreNorm(mean=0.0, std=1.0, missing_eos_penalty=1.0, clip=5.0)
+    raw = jnp.array([9.0, 9.0, 2.0, 2.0, -9.0, -9.0])
+    has_eos = jnp.array([True, False, True, False, True, False])
+    scores = normalize_scores(raw, has_eos, norm)
+    np.testing.assert_allclose(scores, [5.0, 4.0, 2.0, 1.0, -5.0, -6.0])

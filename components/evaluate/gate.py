@@ -2,8 +2,10 @@
 
 Checks, each reported as one line with its figure and threshold:
 
-- the win rate's lower interval bound > ``min_win_rate_lower``, strictly (the win rate by the
-  summary's judge: the reward model, or the gold reward when no reward model was given);
+- the win rate's lower interval bound > ``min_win_rate_lower``, strictly. The win rate is the
+  gold reward's whenever the summary has one: the reward model is what the policy was trained
+  to please, so its win rate rewards exploiting it as much as improving. Without a gold
+  reward it is the reward model's (the judge's);
 - KL(aligned ‖ reference) per response token ≤ ``max_kl``;
 - KL(aligned ‖ anchor) per response token ≤ ``max_anchor_kl`` (when the summary has an
   anchor part: drift across runs from the first promoted policy);
@@ -23,7 +25,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from components.evaluate.config import EvalConfig
-from components.evaluate.measures import JUDGE_GOLD
+from components.evaluate.measures import JUDGE_GOLD, JUDGE_REWARD_MODEL
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -32,6 +34,7 @@ class Gate:
 
     blessed: bool
     reasons: list[str]
+    judge: str = JUDGE_REWARD_MODEL  # whose win rate decided: JUDGE_GOLD or JUDGE_REWARD_MODEL
 
 
 def _show(value: float, threshold: float) -> tuple[str, str]:
@@ -81,14 +84,24 @@ def _lookup(summary: Mapping[str, Any], *keys: str) -> Any:
     return node
 
 
+def _win_rate_rule(summary: Mapping[str, Any]) -> tuple[str, Any, str]:
+    """(judge, the win rate's lower bound, its label): gold's when measured, else the judge's."""
+    if summary.get("gold") is not None:
+        low = _lookup(summary, "gold", "win_rate", "low")
+        return JUDGE_GOLD, low, "win-rate lower bound (judged by the gold reward)"
+    if summary.get("judge") == JUDGE_GOLD:
+        low = _lookup(summary, "win_rate", "low")
+        return JUDGE_GOLD, low, "win-rate lower bound (judged by the gold reward)"
+    return JUDGE_REWARD_MODEL, _lookup(summary, "win_rate", "low"), "win-rate lower bound"
+
+
 def decide(summary: Mapping[str, Any], config: EvalConfig) -> Gate:
-    """Bless iff win-rate lower bound > min_win_rate_lower, KL ≤ max_kl, KL to the anchor ≤
-    max_anchor_kl and all figures finite."""
-    win_low = _lookup(summary, "win_rate", "low")
+    """Bless iff win-rate lower bound (gold's when measured) > min_win_rate_lower, KL ≤ max_kl,
+    KL to the anchor ≤ max_anchor_kl and all figures finite."""
+    judge, win_low, label = _win_rate_rule(summary)
     kl = _lookup(summary, "kl", "per_token")
-    by_gold = " (judged by the gold reward)" if summary.get("judge") == JUDGE_GOLD else ""
     checks = [
-        _check(f"win-rate lower bound{by_gold}", win_low, config.min_win_rate_lower, above=True),
+        _check(label, win_low, config.min_win_rate_lower, above=True),
         _check("KL", kl, config.max_kl, above=False, unit=" nats/token"),
     ]
     if summary.get("anchor") is not None:
@@ -102,4 +115,6 @@ def decide(summary: Mapping[str, Any], config: EvalConfig) -> Gate:
         checks.append((False, f"non-finite figures in the summary ({', '.join(broken)}): fail"))
     else:
         checks.append((True, "every figure in the summary is finite: pass"))
-    return Gate(blessed=all(ok for ok, _ in checks), reasons=[reason for _, reason in checks])
+    return Gate(
+        blessed=all(ok for ok, _ in checks), reasons=[reason for _, reason in checks], judge=judge
+    )

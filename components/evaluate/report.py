@@ -145,9 +145,15 @@ def _verdict(gate: Gate) -> str:
     )
     reasons = "".join(f"<li>{_esc(reason)}</li>" for reason in gate.reasons)
     blessed = "true" if gate.blessed else "false"
+    decider = (
+        "The gold reward decided the win-rate rule."
+        if gate.judge == JUDGE_GOLD
+        else "The reward model decided the win-rate rule: with no gold reward, nothing "
+        "independent of what the policy was trained against judged it."
+    )
     return (
-        f'<div class="verdict {css}" data-blessed="{blessed}">'
-        f"<h2>{_esc(title)}</h2><ul>{reasons}</ul></div>"
+        f'<div class="verdict {css}" data-blessed="{blessed}" data-gate-judge="{gate.judge}">'
+        f"<h2>{_esc(title)}</h2><p>{_esc(decider)}</p><ul>{reasons}</ul></div>"
     )
 
 
@@ -315,6 +321,7 @@ def _best_of_n(summary: Mapping[str, Any]) -> str:
     rows = "".join(
         f"<tr>{_figure(summary, f'best_of_n.{i}.n')}"
         f"{_figure(summary, f'best_of_n.{i}.kl_per_sequence')}"
+        f"{_figure(summary, f'best_of_n.{i}.kl_bound')}"
         f"{_figure(summary, f'best_of_n.{i}.reward')}{_figure(summary, f'best_of_n.{i}.gold')}</tr>"
         for i in range(len(points))
     )
@@ -337,6 +344,13 @@ def _best_of_n(summary: Mapping[str, Any]) -> str:
             f"same KL of {_figure(summary, 'kl.per_sequence', 'span')} nats per sequence, "
             f"{best}{_esc(note)}.</p>"
         )
+        if _at(summary, "ppo_vs_best_of_n_bound") is not None:
+            versus += (
+                "<p>With best-of-n placed at the bound's KL instead, the ratio would read "
+                f"{_figure(summary, 'ppo_vs_best_of_n_bound', 'span')}: the bound overstates "
+                "best-of-n's KL when the judge's scores tie, which flatters the aligned "
+                "policy.</p>"
+            )
     selector = (
         f"the gold reward {_judge_name(summary)} itself keeps the best of n responses of the "
         "reference to each prompt (the oracle baseline: selection by a perfect reward model)"
@@ -344,9 +358,12 @@ def _best_of_n(summary: Mapping[str, Any]) -> str:
         else "the reward model keeps the best of n responses of the reference to each prompt"
     )
     return (
-        f"<h2>Best-of-n baseline</h2><p>For each n {_esc(selector)}; its KL to the reference is "
-        "log n − (n − 1)/n nats per sequence.</p><table><tr><th>n</th>"
-        "<th>KL, nats per sequence</th><th>mean reward</th><th>mean gold</th></tr>"
+        f"<h2>Best-of-n baseline</h2><p>For each n {_esc(selector)}. Its KL to the reference "
+        "is exact for the judge's score levels, Σ p log(p/q) with q a level's share of each "
+        "prompt's draws and p = F^n − F_prev^n its share of the picks (Beirami et al. 2024), "
+        "averaged over prompts; the bound log n − (n − 1)/n holds only when no scores tie."
+        "</p><table><tr><th>n</th><th>KL, nats per sequence</th><th>bound</th>"
+        "<th>mean reward</th><th>mean gold</th></tr>"
         f"{rows}</table>{versus}"
     )
 
@@ -412,6 +429,7 @@ def eval_record(summary: Mapping[str, Any], gate: Gate) -> dict[str, Any]:
         "schema_version": EVAL_JSON_SCHEMA_VERSION,
         "blessed": gate.blessed,
         "reasons": list(gate.reasons),
+        "gate_judge": gate.judge,
         "summary": json_ready(summary),
     }
 

@@ -4,7 +4,7 @@ One pmapped function per iteration: the KV-cache sampler draws a response per
 row (grpo/rloo: ``group_size`` rows per prompt, side by side on one device); the
 policy, the reference, the critic (ppo only) and the reward model each run one
 forward pass over prompt + response; scores are normalized with the reward
-model's ``reward_stats.json``, penalized when EOS is missing and clipped; the
+model's ``reward_stats.json``, clipped and penalized when EOS is missing; the
 per-token KL penalty is added; GAE gives advantages, whitened with statistics
 global over every device (``axis_name``). Metrics come back averaged over all
 devices, named as TRL names them.
@@ -91,12 +91,15 @@ class ScoreNorm(NamedTuple):
 
 
 def normalize_scores(raw: jax.Array, has_eos: jax.Array, norm: ScoreNorm) -> jax.Array:
-    """(raw − mean) / std, minus the penalty where EOS is missing, clipped to [−clip, clip]."""
+    """(raw − mean) / std clipped to [−clip, clip], minus the penalty where EOS is missing.
+
+    The penalty comes after the clip: subtracted before it, a truncated response whose score
+    lies past clip + penalty would be clipped back to a finished one's score.
+    """
     scores = (raw - norm.mean) / max(norm.std, 1e-6)
-    scores = scores - norm.missing_eos_penalty * (~has_eos).astype(jnp.float32)
     if norm.clip > 0:
         scores = jnp.clip(scores, -norm.clip, norm.clip)
-    return scores
+    return scores - norm.missing_eos_penalty * (~has_eos).astype(jnp.float32)
 
 
 def _sample(
