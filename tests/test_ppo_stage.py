@@ -246,6 +246,14 @@ def test_learning_rate_blowup_trips_the_guard(artifacts, tmp_path) -> None:
     # Doubled; the controller may have lowered it by at most 8% per iteration before.
     assert events[0]["kl_coef"] >= 2 * kl_coef * 0.92 ** events[0]["iteration"] * (1 - 1e-6)
     assert status["status"] in ("completed", "stopped_kl_guard")
+    # The output's step counts the updates its policy had, not the iterations the run went.
+    last = events[-1]
+    if status["status"] == "completed":
+        assert status["iterations"] == last["policy_updates"] + 6 - last["iteration"] <= 6
+    else:
+        assert status["iterations"] == last["policy_updates"] <= last["restored_to"]
+    with open(os.path.join(output, "config.json")) as handle:
+        assert json.load(handle)["step"] == status["iterations"]
     if status["status"] == "stopped_kl_guard":
         assert events[-1]["action"] == "stopped" and len(events) == 3
         if events[-1]["restored_to"] == 0:  # the last good policy is the initial one

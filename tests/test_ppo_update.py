@@ -259,7 +259,9 @@ def test_guard_trips_after_patience_restores_then_stops_and_persists(tmp_path) -
     assert "non-finite" in guard.judge_rollout({KL_METRIC: float("nan")}).trip
     assert "non-finite" in guard.update_trip({"skipped": 2.0, "loss/total": 1.0})
     assert not guard.exhausted
-    guard.record(iteration=3, reason="test", restored_to=2, stopped=False, kl_coef=0.4)
+    guard.record(
+        iteration=3, reason="test", restored_to=2, policy_updates=2, stopped=False, kl_coef=0.4
+    )
     assert guard.exhausted and guard.state.lr_scale == 0.5 and guard.state.over == 0
     again = KLGuard(kl_stop=0.05, max_restores=1, lr_factor=0.5, work_dir=str(tmp_path))
     assert again.state.restores == 1 and again.state.events[0]["restored_to"] == 2

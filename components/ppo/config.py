@@ -296,7 +296,15 @@ class PPOConfig(
         )
 
     def policy_optim(self) -> OptimConfig:
-        """AdamW of the policy: warmup, then a constant rate (TRL's PPO default)."""
+        """AdamW of the policy: a short warm-up, then a constant rate.
+
+        TRL's PPOTrainer decays linearly to 0 with no warm-up (transformers' default
+        schedule). We hold the rate: a decaying rate shrinks late updates whatever the KL,
+        so it would share the KL controller's job and make a run's end depend on its
+        length, and a run extended with more ``iterations`` would restart at a higher rate
+        than it stopped with. The warm-up spares Adam's first steps, whose second-moment
+        estimates rest on a few minibatches.
+        """
         if not (self.learning_rate and self.critic_learning_rate):
             raise ValueError(
                 "learning_rate: 0 (auto) depends on the starting policy; call resolved() first"

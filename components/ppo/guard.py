@@ -113,9 +113,18 @@ class KLGuard:
         return self.state.restores >= self.max_restores
 
     def record(
-        self, *, iteration: int, reason: str, restored_to: int, stopped: bool, kl_coef: float
+        self,
+        *,
+        iteration: int,
+        reason: str,
+        restored_to: int,
+        policy_updates: int,
+        stopped: bool,
+        kl_coef: float,
     ) -> dict[str, Any]:
-        """Log and persist one trip; returns the event. ``kl_coef``: the coefficient after it."""
+        """Log and persist one trip; returns the event. ``kl_coef``: the coefficient after it;
+        ``policy_updates``: the updates the restored policy had had (``restored_to`` less the
+        iterations earlier restorations undid)."""
         if not stopped:
             self.state.restores += 1
             self.state.lr_scale *= self.lr_factor
@@ -125,6 +134,7 @@ class KLGuard:
             "reason": reason,
             "action": "stopped" if stopped else "restored",
             "restored_to": restored_to,
+            "policy_updates": policy_updates,
             "restores": self.state.restores,
             "lr_scale": self.state.lr_scale,
             "kl_coef": kl_coef,

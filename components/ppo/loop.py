@@ -79,7 +79,7 @@ class LoopResult:
     """What the loop hands back to the stage."""
 
     policy: PyTree  # host copy of the output policy (the last good one)
-    iteration: int  # the updates the output policy has had
+    iteration: int  # the updates the output policy has had (restorations undo some)
     status: str
     metrics: dict[str, float]  # the output policy's rollout figures, plus the run's counts
     guard_events: list[dict[str, Any]]
@@ -171,6 +171,8 @@ class PPOLoop:
         """Place host state on the devices."""
         self.state, self.reference = self._place(state), self._place(reference)
         self.controller, self.iteration = ctrl, it
+        # Updates the current policy has had: the iteration, less those a restoration undid.
+        self.policy_updates = it
 
     def _latest(self):
         """The latest checkpoint (after pending saves are on disk), or None."""
@@ -194,6 +196,7 @@ class PPOLoop:
         meta = restored.extra_json
         ctrl = KLControllerState.from_json_dict(meta["kl_controller"])
         self._set(restored.state, reference, ctrl, restored.step)
+        self.policy_updates = int(meta.get("policy_updates", restored.step))
         if "guard" in meta:  # older checkpoints: guard.json as it was read
             self.guard.state = GuardState.from_json_dict(meta["guard"])
         self.good_rollout = dict(meta.get("rollout", {}))
@@ -209,6 +212,7 @@ class PPOLoop:
             "kl_controller": self.controller.to_json_dict(),
             "guard": self.guard.state.to_json_dict(),
             "rollout": self.good_rollout,
+            "policy_updates": self.policy_updates,
         }
         self.checkpointer.save(
             self.iteration,
@@ -285,9 +289,10 @@ class PPOLoop:
             self.reference = self._place(restored.extra_trees["reference"])
         if not stopped:
             self.controller = raise_kl_coef(self.controller, self.config.restore_kl_factor)
+        self.policy_updates = int(restored.extra_json.get("policy_updates", restored.step))
         event = self.guard.record(
             iteration=self.iteration, reason=reason, restored_to=restored.step, stopped=stopped,
-            kl_coef=float(self.controller.kl_coef),
+            policy_updates=self.policy_updates, kl_coef=float(self.controller.kl_coef),
         )  # fmt: skip
         # At step iteration + 1, like this iteration's metrics would be: a resume from a
         # checkpoint taken before the trip drops it, and the replay records it again.
@@ -346,6 +351,7 @@ class PPOLoop:
             self.controller, rollout[KL_METRIC], self.config.rollout_batch_size
         )
         self.iteration += 1
+        self.policy_updates += 1
         logger.log(self.iteration, metrics)
         return None
 
@@ -366,7 +372,8 @@ class PPOLoop:
         # The figures of the policy this run outputs, not of a later one the guard discarded.
         summary = {
             **self.good_rollout,
-            "step": float(self.iteration),
+            "step": float(self.policy_updates),
+            "iterations_run": float(self.iteration),
             "guard/restores": float(self.guard.state.restores),
             "objective/kl_coef": float(self.controller.kl_coef),
         }
@@ -374,7 +381,7 @@ class PPOLoop:
         final_kl = self.good_rollout.get(KL_METRIC)
         return LoopResult(
             self.nets.whole_policy(host.policy.params),
-            self.iteration,
+            self.policy_updates,
             status,
             summary,
             self.guard.state.events,
