@@ -459,3 +459,16 @@ def test_missing_eos_penalty_survives_the_clip():
     has_eos = jnp.array([True, False, True, False, True, False])
     scores = normalize_scores(raw, has_eos, norm)
     np.testing.assert_allclose(scores, [5.0, 4.0, 2.0, 1.0, -5.0, -6.0])
+
+
+def test_loss_aggregations_by_hand():
+    """Two responses of 1 and 3 tokens (of 4), losses 4 and 1, 1, 1."""
+    from components.ppo.losses import aggregate
+
+    per_token = jnp.array([[4.0, 9.0, 9.0, 9.0], [1.0, 1.0, 1.0, 9.0]])
+    mask = jnp.array([[1, 0, 0, 0], [1, 1, 1, 0]])
+    assert float(aggregate(per_token, mask, "dapo")) == pytest.approx(7 / 4)
+    assert float(aggregate(per_token, mask, "grpo")) == pytest.approx((4 + 1) / 2)
+    assert float(aggregate(per_token, mask, "dr_grpo", max_len=4)) == pytest.approx(7 / 8)
+    with pytest.raises(ValueError, match="loss_type"):
+        aggregate(per_token, mask, "bnpo")

@@ -227,6 +227,7 @@ def test_non_finite_minibatch_is_skipped(setup, update_8) -> None:
         ({"ref_ema_decay": 1.0}, "ref_ema_decay"),
         ({"temperature": 0.0}, "temperature"),
         ({"ppo_epochs": 0}, "ppo_epochs"),
+        ({"loss_type": "grpo"}, "loss_type"),  # grpo only; ppo is the default algorithm
     ],
 )
 def test_config_names_the_bad_field(overrides: dict, field: str) -> None:
@@ -310,3 +311,22 @@ def test_group_update_without_critic_eight_devices_equal_one(setup, algorithm) -
         no_kl, _ = _run(make_update(models, config), state, group_batch, kl_coef=0.0)
         moved = jax.tree.map(lambda a, b: float(np.abs(a - b).max()), new_8.policy, no_kl.policy)
         assert max(jax.tree.leaves(moved)) > 1e-6  # the KL term changes the step
+
+
+@pytest.mark.parametrize("loss_type", ["grpo", "dr_grpo"])
+def test_grpo_loss_types_eight_devices_equal_one(setup, loss_type) -> None:
+    """Per-response aggregations (TRL's grpo, dr_grpo) stay device-count independent, and
+    move the policy otherwise than the token mean (dapo) does."""
+    models, policy_params, _, batch = setup
+    config = dataclasses.replace(CONFIG, algorithm="grpo", group_size=2, loss_type=loss_type)
+    group_batch = {k: v for k, v in batch.items() if k not in ("values", "returns")}
+    group_batch["ref_logprobs"] = (batch["logprobs"] * 0.5).astype(np.float32)
+    state = PPOState.create(policy_params, None, config)
+    one = [jax.local_devices()[0]]
+    new_8, _ = _run(make_update(models, config), state, group_batch)
+    new_1, _ = _run(make_update(models, config, devices=one), state, group_batch, one)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=2e-4, atol=2e-5), new_8, new_1)
+    dapo = dataclasses.replace(config, loss_type="dapo")
+    by_token, _ = _run(make_update(models, dapo), state, group_batch)
+    moved = jax.tree.map(lambda a, b: float(np.abs(a - b).max()), new_8.policy, by_token.policy)
+    assert max(jax.tree.leaves(moved)) > 1e-6

@@ -98,6 +98,12 @@ class PPOConfig(
     kl_coef: float = field(
         0.2, help="initial coefficient of the per-token KL penalty (scores are normalized)"
     )
+    loss_type: Literal["dapo", "grpo", "dr_grpo"] = field(
+        "dapo",
+        help="grpo only, how per-token losses become one (TRL's names): dapo (mean over every "
+        "token of the minibatch), grpo (each response's token mean, then their mean) or "
+        "dr_grpo (token sum / (responses x max_new_tokens)); ppo and rloo use dapo",
+    )
     kl_estimator: Literal["k1", "k3"] = field(
         "k1", help="per-token KL estimator of the penalty: k1 (log-ratio) or k3 (always >= 0)"
     )
@@ -225,6 +231,11 @@ class PPOConfig(
         for name in ("kl_target", "kl_stop", "clip_eps", "value_clip_eps"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name}: {getattr(self, name)} must be > 0")
+        if self.loss_type != "dapo" and self.algorithm != "grpo":
+            raise ValueError(
+                f"loss_type: {self.loss_type!r} applies to algorithm grpo only; with "
+                f"{self.algorithm} leave it at dapo (the mean over the minibatch's tokens)"
+            )
         if self.kl_horizon < 0:
             raise ValueError(f"kl_horizon: {self.kl_horizon} must be >= 0 (0 = sized to the run)")
         if 0 < self.kl_horizon < self.rollout_batch_size:

@@ -154,20 +154,57 @@ def gae(
     return advantages, advantages + values
 
 
+LOSS_TYPES = ("dapo", "grpo", "dr_grpo")
+
+
+def aggregate(
+    per_token: jax.Array, mask: jax.Array, loss_type: str = "dapo", max_len: int = 0
+) -> jax.Array:
+    """A [b, N] per-token loss as one number, as TRL's GRPOTrainer names the ways:
+
+    - ``dapo``: the mean over every real token of the batch (long responses weigh more);
+    - ``grpo``: each response's mean over its tokens, then the mean over responses (the
+      GRPO paper's; a token of a short response weighs more);
+    - ``dr_grpo``: the sum over real tokens / (responses × ``max_len``), a constant
+      normalizer (Dr. GRPO, Liu et al. 2025: neither length bias).
+
+    Over devices holding equal numbers of responses, the pmean of ``grpo`` and ``dr_grpo``
+    is the global figure; ``dapo`` needs each device weighted by its share of the tokens.
+    """
+    real = (mask != 0).astype(jnp.float32)
+    total = jnp.sum(jnp.where(real != 0, per_token, 0.0), axis=-1)
+    if loss_type == "dapo":
+        return jnp.sum(total) / jnp.maximum(jnp.sum(real), 1.0)
+    if loss_type == "grpo":
+        return jnp.mean(total / jnp.maximum(jnp.sum(real, axis=-1), 1.0))
+    if loss_type == "dr_grpo":
+        if max_len < 1:
+            raise ValueError(f"dr_grpo needs the longest response length, got max_len={max_len}")
+        return jnp.sum(total) / (per_token.shape[0] * max_len)
+    raise ValueError(f"loss_type={loss_type!r} is not one of {', '.join(LOSS_TYPES)}")
+
+
 def policy_loss(
     logprobs: jax.Array,
     old_logprobs: jax.Array,
     advantages: jax.Array,
     mask: jax.Array,
     clip_eps: float = 0.2,
+    *,
+    loss_type: str = "dapo",
+    max_len: int = 0,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
-    """PPO clipped surrogate loss (per-token mean) with ``policy/approxkl``, ``policy/clipfrac``."""
+    """PPO clipped surrogate loss with ``policy/approxkl``, ``policy/clipfrac``.
+
+    The per-token losses are aggregated as ``loss_type`` says (``aggregate``); the default
+    is the mean over real tokens.
+    """
     log_ratio = _zero_padding(jnp.asarray(logprobs, jnp.float32) - old_logprobs, mask)
     ratio = jnp.exp(log_ratio)
     advantages = _zero_padding(advantages, mask)
     unclipped = -advantages * ratio
     clipped = -advantages * jnp.clip(ratio, 1.0 - clip_eps, 1.0 + clip_eps)
-    loss = masked_mean(jnp.maximum(unclipped, clipped), mask)
+    loss = aggregate(jnp.maximum(unclipped, clipped), mask, loss_type, max_len)
     metrics = {
         "loss/policy": loss,
         # TRL's estimator of KL(old ‖ new), averaged over real tokens only.

@@ -2,7 +2,8 @@
 
 Loss = clipped surrogate + ``vf_coef`` · clipped value loss (ppo) − ``entropy_coef``
 · entropy (+ ``kl_coef`` · k3 KL to the reference for grpo), per-token means over
-the GLOBAL minibatch: each device weights its
+the GLOBAL minibatch (TRL's ``dapo``; grpo may take the per-response ``grpo`` or
+``dr_grpo`` aggregation, ``loss_type``): each device weights its
 local mean by its share of the real tokens, so the ``lax.pmean`` of the
 gradients is the gradient of the global mean whatever the device count.
 
@@ -133,24 +134,28 @@ def _ppo_loss(
     mask = minibatch["response_mask"]
     logprobs, entropy = _policy_terms(policy_params, minibatch, models, config)
     pg_loss, pg_metrics = losses.policy_loss(
-        logprobs, minibatch["logprobs"], minibatch["advantages"], mask, config.clip_eps
-    )
+        logprobs, minibatch["logprobs"], minibatch["advantages"], mask, config.clip_eps,
+        loss_type=config.loss_type, max_len=config.max_new_tokens,
+    )  # fmt: skip
     vf_loss, vf_metrics = _value_loss(critic_params, minibatch, models, config)
     loss = pg_loss + config.vf_coef * vf_loss - config.entropy_coef * entropy
     metrics = {**pg_metrics, **vf_metrics, "policy/entropy": entropy}
     if config.algorithm == "grpo":
-        # GRPO's KL in the loss: k3 of the current policy to the reference, per token.
-        kl = losses.masked_mean(
-            losses.kl_penalty(logprobs, minibatch["ref_logprobs"], mask, "k3"), mask
-        )
+        # GRPO's KL in the loss: k3 of the current policy to the reference, per token,
+        # aggregated as the surrogate is (TRL's GRPOTrainer adds them per token first; the
+        # aggregations are linear, so the loss is the same).
+        kl_terms = losses.kl_penalty(logprobs, minibatch["ref_logprobs"], mask, "k3")
+        kl = losses.aggregate(kl_terms, mask, config.loss_type, config.max_new_tokens)
         loss = loss + kl_coef * kl
-        metrics["kl"] = kl  # TRL GRPO's name
+        metrics["kl"] = losses.masked_mean(kl_terms, mask)  # TRL GRPO's name: per token
     metrics["loss/total"] = loss
     mismatch = jnp.max(jnp.where(mask != 0, jnp.abs(logprobs - minibatch["logprobs"]), 0.0))
     # Local token mean × (local tokens / mean tokens per device): pmean gives the global mean.
+    # A per-response loss_type needs no weight: every device holds as many responses.
     weight = minibatch["weight"]
     weighted = {name: value * weight for name, value in metrics.items()}
-    return loss * weight, (weighted, lax.stop_gradient(mismatch))
+    loss_weight = weight if config.loss_type == "dapo" else 1.0
+    return loss * loss_weight, (weighted, lax.stop_gradient(mismatch))
 
 
 def _token_weights(minibatches: dict) -> jax.Array:
