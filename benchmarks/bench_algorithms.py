@@ -14,13 +14,23 @@ Update memory per device is ``_update_memory``'s: XLA's ``memory_analysis()`` of
 compiled pmapped program for the shapes the stage ran, plus the frozen parameters that stay
 on the device meanwhile (DPO: the larger of its reference forward and its train step).
 
-Targets (issue 13): GRPO and RLOO reach PPO's gold gain at no more KL per token, with less
-update memory; DPO's gold-gain interval lies above zero. Gain and KL are judged alike,
-against PPO's 95% interval (prompts resampled): the gain at least its low end, the KL at
-most its high end; the point estimates and the paired differences to PPO on the same
-prompts are printed beside them.
+Every algorithm trains once per seed (``--seeds``, default 0,1,2: the seed of the RL and
+DPO stages, so policy sampling and minibatch order; the sft policy, the reward model and the
+evaluation's samples of the sft policy are shared). Per algorithm the table gives the mean
+over seeds and the spread (min to max) of the gold gain, the gold win rate, the KL per token
+(evaluation: k1 on the aligned policy's samples; training: the rollouts' KL after the first
+tenth of the run, and the share of those rollouts within ±50% of ``kl_target``) and
+``ppo_vs_best_of_n`` on best-of-n's exact frontier, with the bound's beside it.
 
-    python benchmarks/bench_algorithms.py [--work-dir DIR] [--json PATH]
+Targets: every RL algorithm's mean KL per token (evaluation) within ±20% of ``kl_target``,
+and its mean ``ppo_vs_best_of_n`` (exact) at least 1.0. On the first seed, as one run
+decides them: GRPO and RLOO reach PPO's gold gain at no more KL per token, with less update
+memory; DPO's gold-gain interval lies above zero. Gain and KL are judged alike, against
+PPO's 95% interval (prompts resampled): the gain at least its low end, the KL at most its
+high end; the point estimates and the paired differences to PPO on the same prompts are
+printed beside them.
+
+    python benchmarks/bench_algorithms.py [--seeds 0,1,2] [--work-dir DIR] [--json PATH]
 """
 
 from __future__ import annotations
@@ -190,7 +200,24 @@ def kl_versus(algorithm: dict[str, np.ndarray], ppo: dict[str, np.ndarray]) -> d
     return figures
 
 
-def row_of(summary: dict[str, Any], memory: dict[str, int], seconds: float) -> dict[str, Any]:
+def rollout_kl(output: str) -> dict[str, float] | None:
+    """The training rollouts' KL per token after the first tenth of the run: its mean over
+    ``kl_target``, and the share of rollouts within ±50% of it (None for dpo)."""
+    path = Path(output) / "metrics.jsonl"
+    rows = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+    rows = [row for row in rows if "objective/kl_per_token" in row]
+    if not rows or "objective/kl_target" not in rows[-1]:
+        return None
+    target = rows[-1]["objective/kl_target"]
+    warm_up = -(-len(rows) // 10)  # a tenth of the rollouts, rounded up
+    kls = np.array([row["objective/kl_per_token"] for row in rows[warm_up:]])
+    return {
+        "mean_over_target": float(kls.mean() / target),
+        "in_band": float(np.mean(np.abs(kls / target - 1) <= 0.5)),
+    }
+
+
+def row_of(summary: dict[str, Any], memory: dict[str, int], run: StageRun) -> dict[str, Any]:
     """The table's figures of one algorithm."""
     gold = summary["gold"]
     return {
@@ -199,9 +226,11 @@ def row_of(summary: dict[str, Any], memory: dict[str, int], seconds: float) -> d
         "kl_per_token": summary["kl"]["per_token"],
         "kl_per_sequence": summary["kl"]["per_sequence"],
         "vs_best_of_n": summary["ppo_vs_best_of_n"],
+        "vs_best_of_n_bound": summary["ppo_vs_best_of_n_bound"],
         "vs_best_of_n_capped": summary["ppo_vs_best_of_n_capped"],
         "reward_model_win_rate": summary["win_rate"]["value"],
-        "stage_seconds": seconds,
+        "rollout_kl": rollout_kl(run.output),
+        "stage_seconds": run.seconds,
         "update_memory_bytes": memory,
     }
 
@@ -304,26 +333,112 @@ def machine() -> str:
     )
 
 
+def spread(values: list[float | None]) -> dict[str, float] | None:
+    """Mean, min and max over seeds (None when any seed has no figure)."""
+    if not values or any(value is None for value in values):
+        return None
+    array = np.asarray(values, np.float64)
+    return {"mean": float(array.mean()), "min": float(array.min()), "max": float(array.max())}
+
+
+def over_seeds(rows: dict[int, dict[str, dict[str, Any]]]) -> dict[str, dict[str, Any]]:
+    """Per algorithm, each headline figure's mean and spread over the seeds."""
+    seeds = sorted(rows)
+    figures = {
+        "gold_gain": lambda row: row["gold_gain"]["value"],
+        "gold_win_rate": lambda row: row["gold_win_rate"],
+        "kl_per_token": lambda row: row["kl_per_token"],
+        "rollout_kl_over_target": lambda row: (row["rollout_kl"] or {}).get("mean_over_target"),
+        "rollout_kl_in_band": lambda row: (row["rollout_kl"] or {}).get("in_band"),
+        "vs_best_of_n": lambda row: row["vs_best_of_n"],
+        "vs_best_of_n_bound": lambda row: row["vs_best_of_n_bound"],
+    }
+    return {
+        name: {key: spread([get(rows[s][name]) for s in seeds]) for key, get in figures.items()}
+        for name in ALGORITHMS
+    }
+
+
+def _cell(figure: dict[str, float] | None, form: str) -> str:
+    if figure is None:
+        return "n/a"
+    return f"{figure['mean']:{form}} [{figure['min']:{form}}, {figure['max']:{form}}]"
+
+
+def format_seed_table(summary: dict[str, dict[str, Any]], seeds: list[int]) -> str:
+    """One line per algorithm: mean [min, max] over the seeds."""
+    columns = (
+        ("gold gain", "gold_gain", "+.3f"), ("gold win", "gold_win_rate", ".3f"),
+        ("KL/token", "kl_per_token", ".4f"), ("train KL/target", "rollout_kl_over_target", ".2f"),
+        ("in ±50%", "rollout_kl_in_band", ".2f"), ("vs BoN", "vs_best_of_n", ".2f"),
+        ("vs BoN (bound)", "vs_best_of_n_bound", ".2f"),
+    )  # fmt: skip
+    lines = [f"over seeds {', '.join(map(str, seeds))}: mean [min, max]"]
+    lines.append(f"{'algorithm':<9} " + " ".join(f"{label:>26}" for label, _, _ in columns))
+    for name, figures in summary.items():
+        cells = " ".join(f"{_cell(figures[key], form):>26}" for _, key, form in columns)
+        lines.append(f"{name:<9} {cells}")
+    return "\n".join(lines)
+
+
+def seed_targets(summary: dict[str, dict[str, Any]], kl_target: float) -> list[dict[str, Any]]:
+    """Over seeds: each RL algorithm's mean KL per token within ±20% of the target, and its
+    mean ppo_vs_best_of_n (exact frontier) at least 1.0."""
+    checks = []
+    for name in RL_ALGORITHMS:
+        kl, versus = summary[name]["kl_per_token"], summary[name]["vs_best_of_n"]
+        checks.append(
+            {
+                "target": f"{name}'s mean KL per token within ±20% of kl_target {kl_target}",
+                "met": abs(kl["mean"] / kl_target - 1) <= 0.2,
+                "figures": f"{_cell(kl, '.4f')} = {kl['mean'] / kl_target:.2f}x the target",
+            }
+        )
+        checks.append(
+            {
+                "target": f"{name}'s mean ppo_vs_best_of_n (exact frontier) at least 1.0",
+                "met": versus is not None and versus["mean"] >= 1.0,
+                "figures": _cell(versus, ".2f"),
+            }
+        )
+    return checks
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--work-dir", default="", help="folder for every artifact (default: temp)")
     parser.add_argument("--json", default="", help="also write the results to this JSON file")
+    parser.add_argument("--seeds", default="0,1,2", help="seeds of the RL and DPO stages")
     add_set_argument(parser)
     args = parser.parse_args()
     started = time.perf_counter()
     root = Path(args.work_dir or tempfile.mkdtemp(prefix="bench-algorithms-"))
     root.mkdir(parents=True, exist_ok=True)
     values = demo_values(args.set)
+    seeds = [int(seed) for seed in args.seeds.split(",")]
     print(f"[bench] {machine()}; artifacts in {root}", flush=True)
-    shards, runs = prepare(values, root)
-    runs.update(train_algorithms(values, shards, runs, root))
-    rows, prompts = {}, {}
-    for name in ALGORITHMS:
-        evaluation = str(root / f"eval-{name}")
-        print(f"[bench] evaluating {name} against the sft policy", flush=True)
-        summary = evaluate_against_sft(values, shards, runs, runs[name].output, evaluation)
-        rows[name] = row_of(summary, update_memory(name, runs, shards), runs[name].seconds)
-        prompts[name] = per_prompt(evaluation)
+    shards, base = prepare(values, root)
+    runs: dict[int, dict[str, StageRun]] = {}
+    rows: dict[int, dict[str, dict[str, Any]]] = {}
+    prompts: dict[str, dict[str, np.ndarray]] = {}
+    memory: dict[str, dict[str, int]] = {}
+    for seed in seeds:
+        folder = root / f"seed-{seed}"
+        folder.mkdir(exist_ok=True)
+        (folder / "logs").mkdir(exist_ok=True)
+        runs[seed] = {**base, **train_algorithms({**values, "seed": seed}, shards, base, folder)}
+        rows[seed] = {}
+        for name in ALGORITHMS:
+            evaluation = str(folder / f"eval-{name}")
+            print(f"[bench] seed {seed}: evaluating {name} against the sft policy", flush=True)
+            policy = runs[seed][name].output
+            summary = evaluate_against_sft(values, shards, base, policy, evaluation)
+            if name not in memory:
+                memory[name] = update_memory(name, runs[seed], shards)
+            rows[seed][name] = row_of(summary, memory[name], runs[seed][name])
+            if seed == seeds[0]:
+                prompts[name] = per_prompt(evaluation)
+    first = rows[seeds[0]]
     versus_ppo = {
         name: paired_difference(
             prompts[name]["gold"], prompts["ppo"]["gold"], n_resamples=1000, confidence=0.95, seed=0
@@ -331,19 +446,25 @@ def main() -> int:
         for name in ALGORITHMS
     }
     kl_vs_ppo = {name: kl_versus(prompts[name], prompts["ppo"]) for name in ALGORITHMS}
-    checks = targets(rows, versus_ppo, kl_vs_ppo)
+    summary = over_seeds(rows)
+    kl_target = params.stage_values("ppo", values)["kl_target"]
+    checks = seed_targets(summary, kl_target) + targets(first, versus_ppo, kl_vs_ppo)
     seconds = time.perf_counter() - started
     print(
         f"\nbuilt-in task, {'settings ' + ' '.join(args.set) if args.set else 'demo settings'}, "
-        f"{machine()}; sft {runs['sft'].seconds:.0f} s, "
-        f"reward {runs['reward'].seconds:.0f} s (accuracy "
-        f"{runs['reward'].summary.get('eval/accuracy', float('nan')):.3f})"
+        f"{machine()}; sft {base['sft'].seconds:.0f} s, "
+        f"reward {base['reward'].seconds:.0f} s (accuracy "
+        f"{base['reward'].summary.get('eval/accuracy', float('nan')):.3f})"
     )
-    print(format_table(rows))
+    print(format_seed_table(summary, seeds))
+    print(f"\nseed {seeds[0]}:")
+    print(format_table(first))
     print(
         "gold gain and win rate, KL (k1, aligned samples) and RM win rate against the sft "
-        "policy; vs BoN = gold gain / best-of-n's at the same KL (* capped at the largest n); "
-        "update MiB/dev = the compiled update's live bytes + frozen parameters resident"
+        "policy; train KL = the rollouts' KL per token after the first tenth of the run; "
+        "vs BoN = gold gain / best-of-n's at the same KL on its exact frontier (* capped at "
+        "the largest n), and on the bound log n - (n-1)/n; update MiB/dev = the compiled "
+        "update's live bytes + frozen parameters resident"
     )
     for check in checks:
         print(f"{'PASS' if check['met'] else 'FAIL'}  {check['target']}: {check['figures']}")
@@ -352,8 +473,14 @@ def main() -> int:
         record = {
             "machine": machine(),
             "settings": {k: v for k, v in values.items() if isinstance(v, int | float | str)},
-            "stage_seconds": {name: run.seconds for name, run in runs.items()},
-            "rows": rows,
+            "seeds": seeds,
+            "stage_seconds": {
+                f"{name}/seed-{seed}": run.seconds
+                for seed, by_name in runs.items()
+                for name, run in by_name.items()
+            },
+            "rows": {str(seed): by_name for seed, by_name in rows.items()},
+            "over_seeds": summary,
             "paired_gold_vs_ppo": {name: versus_ppo[name]["difference"] for name in ALGORITHMS},
             "kl_vs_ppo": kl_vs_ppo,
             "targets": checks,

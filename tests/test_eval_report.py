@@ -109,7 +109,10 @@ SAMPLES = report.select_samples(
     aligned_gold=[0.0, 1.5],
     reference_gold=[-1.0, -1.0],
 )
-PPO = [{"step": 10 * i, "objective/scores": 0.1 * i, "objective/kl": 0.3 * i} for i in range(8)]
+PPO = [
+    {"step": 10 * i, "objective/scores": 0.1 * i, "objective/kl_per_token": 0.01 * i}
+    for i in range(8)
+]
 RM = [{"step": i, "loss": 1 / (i + 1), "accuracy": 0.5 + i / 40} for i in range(8)]
 
 
@@ -280,7 +283,7 @@ def test_missing_metrics_and_samples_skip_their_parts() -> None:
     assert "no PPO metrics given" in page and "no reward-model metrics given" in page
     assert "no samples given" in page and "not measured" in page
     # rows without usable values are skipped too; other key spellings are accepted
-    assert report.plots.ppo_curves([{"step": 1, "objective/kl": "n/a"}]) is None
+    assert report.plots.ppo_curves([{"step": 1, "objective/kl_per_token": "n/a"}]) is None
     assert report.plots.reward_model_curves([{"eval/accuracy": 0.7}, {"eval/accuracy": 0.8}])
 
 
@@ -318,4 +321,18 @@ def test_ppo_curves_mark_guard_restorations_as_events() -> None:
     axes = Figure().subplots()
     assert report.plots._mark_events(axes, rows) == 1
     assert [line.get_xdata()[0] for line in axes.get_lines()] == [3]
+    assert report.plots.ppo_curves(rows)[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_ppo_curves_show_the_kl_against_its_target() -> None:
+    from matplotlib.figure import Figure
+
+    rows = [
+        {"step": s, "objective/kl_per_token": 0.01 * s, "objective/kl_target": 0.02}
+        for s in (1, 2, 3)
+    ]
+    axes = Figure().subplots()
+    assert report.plots.mark_kl_target(axes, rows) == 0.02
+    assert [line.get_ydata()[0] for line in axes.get_lines()] == [0.02]
+    assert report.plots.mark_kl_target(axes, [{"step": 1, "objective/kl_per_token": 0.1}]) is None
     assert report.plots.ppo_curves(rows)[:8] == b"\x89PNG\r\n\x1a\n"

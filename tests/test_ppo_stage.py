@@ -384,3 +384,37 @@ def test_cli_help_lists_the_flags(capsys) -> None:
     text = capsys.readouterr().out
     for flag in ("--shards", "--policy", "--reward", "--output", "--kl-stop", "--ppo-epochs"):
         assert flag in text
+
+
+def test_scores_are_normalized_on_the_starting_policys_samples(artifacts, aligned) -> None:
+    """The run's score statistics are the reward model's over the sft policy's own samples of
+    train prompts (recomputed alike: a resume normalizes as the first attempt did), not the
+    data's chosen and rejected responses; score_norm=data keeps the latter."""
+    from components.ppo.rollout import TokenIds
+    from components.ppo.score_norm import policy_score_stats
+
+    _, output = aligned
+    norm = _status(output)["score_norm"]
+    with open(os.path.join(artifacts["reward"], "reward_stats.json")) as handle:
+        data = json.load(handle)
+    assert norm["source"] == "policy" and norm["std"] > 0
+    assert abs(norm["mean"] - data["mean"]) > 0.1 * data["std"]
+    training = read_model_config(output)["training"]
+    manifest = read_manifest(artifacts["shards"])
+    tokenizer = manifest["tokenizer"]
+    ids = TokenIds(tokenizer["eos_id"], tokenizer["pad_id"], tokenizer["vocab_size"])
+    policy, _ = load_model(artifacts["sft"])
+    reward_model, _ = load_model(artifacts["reward"])
+    again = policy_score_stats(
+        policy, reward_model, artifacts["shards"], ids, prompt_len=training["prompt_len"],
+        max_new_tokens=training["max_new_tokens"], temperature=training["temperature"],
+        samples=training["score_norm_samples"], seed=training["seed"],
+    )  # fmt: skip
+    assert again["samples"] == training["score_norm_samples"]
+    assert (again["mean"], again["std"]) == pytest.approx((norm["mean"], norm["std"]), rel=1e-5)
+    config = PPOConfig(**RUN, score_norm="data", prompt_len=training["prompt_len"],
+                       max_new_tokens=training["max_new_tokens"])  # fmt: skip
+    _, nets = build_networks(
+        config, manifest, artifacts["sft"], artifacts["reward"], shards_dir=artifacts["shards"]
+    )
+    assert (nets.norm.mean, nets.norm.std) == pytest.approx((data["mean"], data["std"]))

@@ -19,8 +19,14 @@ import numpy as np
 from flax import nnx
 
 from components.core.data.pairs import read_pairs
-from components.core.model.eval_sampling import Prompts, Responses, map_local_batches
-from components.core.model.scoring import pair_rewards, response_logprobs, sequence_scores
+from components.core.model.eval_sampling import (
+    Prompts,
+    Responses,
+    map_local_batches,
+    response_scores,
+    row_arrays,
+)
+from components.core.model.scoring import pair_rewards, response_logprobs
 from components.core.model.transformer import ModelConfig, Transformer
 from components.core.training import parallel
 
@@ -45,23 +51,6 @@ def _response_logprobs(graphdef, params, batch, temperature: float):
     return (response_logprobs(graphdef, params, batch, temperature),)
 
 
-@functools.partial(jax.pmap, axis_name="data", static_broadcasted_argnums=(0,))
-def _response_rewards(graphdef, params, batch):
-    """The reward model's score of each prompt + response [B] (at its last real token)."""
-    return (sequence_scores(graphdef, params, batch),)
-
-
-def _row_arrays(prompts: Prompts, responses: Responses) -> dict[str, np.ndarray]:
-    """Flat rows of (prompt, response) in core.model.scoring's batch layout."""
-    samples, length = responses.tokens.shape[1:]
-    return {
-        "prompt_tokens": np.repeat(prompts.tokens, samples, axis=0),
-        "prompt_mask": np.repeat(prompts.mask, samples, axis=0),
-        "response_tokens": responses.tokens.reshape(-1, length),
-        "response_mask": responses.mask.reshape(-1, length),
-    }
-
-
 def policy_logprobs(
     policy: LoadedModel,
     prompts: Prompts,
@@ -76,7 +65,7 @@ def policy_logprobs(
     def step(batch: dict[str, np.ndarray]) -> Sequence[jax.Array]:
         return _response_logprobs(policy.graphdef, policy.params, batch, temperature)
 
-    values = map_local_batches(step, _row_arrays(prompts, responses), batch_size)[0]
+    values = map_local_batches(step, row_arrays(prompts, responses), batch_size)[0]
     return values.reshape(responses.tokens.shape)
 
 
@@ -84,12 +73,9 @@ def response_rewards(
     reward_model: LoadedModel, prompts: Prompts, responses: Responses, *, batch_size: int
 ) -> np.ndarray:
     """Raw reward-model scores [P, S] of every prompt + response."""
-
-    def step(batch: dict[str, np.ndarray]) -> Sequence[jax.Array]:
-        return _response_rewards(reward_model.graphdef, reward_model.params, batch)
-
-    values = map_local_batches(step, _row_arrays(prompts, responses), batch_size)[0]
-    return values.reshape(responses.tokens.shape[:2])
+    return response_scores(
+        reward_model.graphdef, reward_model.params, prompts, responses, batch_size=batch_size
+    )
 
 
 @functools.partial(jax.pmap, axis_name="data", static_broadcasted_argnums=(0,))

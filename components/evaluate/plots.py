@@ -20,7 +20,11 @@ REFERENCE_COLOR = "#ff7f0e"
 GUARD_COLOR = "#d62728"
 # PPO metric names as the PPO stage logs them (TRL's names); the first panel plots rewards.
 PPO_REWARD_KEYS = ("objective/scores", "objective/rlhf_reward", "objective/non_score_reward")
-PPO_KL_KEYS = ("objective/kl",)
+PPO_KL_KEYS = ("objective/kl_per_token",)  # what the KL controller steers
+PPO_KL_TARGET_KEY = "objective/kl_target"
+TARGET_COLOR = "#2ca02c"
+# The band the controller is held to after its warm-up: each rollout's KL within ±50%.
+TARGET_BAND = 0.5
 
 
 def _png(figure: Figure) -> bytes:
@@ -85,14 +89,30 @@ def ppo_curves(rows: Sequence[Mapping[str, Any]] | None) -> bytes | None:
     reward_axes, kl_axes = figure.subplots(1, 2)
     has_reward = _plot_series(reward_axes, rows, PPO_REWARD_KEYS)
     has_kl = _plot_series(kl_axes, rows, PPO_KL_KEYS)
+    if has_kl:
+        mark_kl_target(kl_axes, rows)
     if not (has_reward or has_kl):
         return None
     for axes in (reward_axes, kl_axes):
         if _mark_events(axes, rows):
             axes.legend(fontsize="small")
     reward_axes.set_title("PPO reward" if has_reward else "PPO reward: not logged")
-    kl_axes.set_title("PPO KL (nats per sequence)" if has_kl else "PPO KL: not logged")
+    kl_axes.set_title("PPO KL (nats per token)" if has_kl else "PPO KL: not logged")
     return _png(figure)
+
+
+def mark_kl_target(axes: Any, rows: Sequence[Mapping[str, Any]]) -> float | None:
+    """The KL controller's target as a line, and the ±50% band around it; returns the target
+    (None when the rows hold none: a fixed kl_coef)."""
+    _, targets = series(rows, PPO_KL_TARGET_KEY)
+    if not targets:
+        return None
+    target = targets[-1]
+    axes.axhline(target, color=TARGET_COLOR, linestyle="--", linewidth=1, label="KL target")
+    low, high = target * (1 - TARGET_BAND), target * (1 + TARGET_BAND)
+    axes.axhspan(low, high, color=TARGET_COLOR, alpha=0.1, label="target ±50%")
+    axes.legend(fontsize="small")
+    return target
 
 
 def reward_model_curves(rows: Sequence[Mapping[str, Any]] | None) -> bytes | None:

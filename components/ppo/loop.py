@@ -158,10 +158,12 @@ class PPOLoop:
         )
 
     def _initial_controller(self) -> KLControllerState:
-        kind = "adaptive" if self.config.adaptive_kl else "fixed"
         c = self.config
-        horizon = c.kl_horizon_sequences
-        return init_kl_controller(kind, c.kl_coef, target=c.kl_target, horizon=horizon)
+        kind = {"pid": "pid", "ziegler": "adaptive"}[c.kl_control] if c.adaptive_kl else "fixed"
+        return init_kl_controller(
+            kind, c.kl_coef, target=c.kl_target, horizon=c.kl_horizon_sequences,
+            gains=(c.kl_p_gain, c.kl_i_gain),
+        )  # fmt: skip
 
     def _place(self, tree: PyTree) -> PyTree:
         """``tree`` on the devices: replicated, or in chunks with ``fsdp``."""
@@ -324,6 +326,8 @@ class PPOLoop:
                 "time/tokens_per_s": self.tokens_per_iteration / (t_rollout + t_update),
             }
         )
+        if self.config.adaptive_kl:  # the report draws the KL against it
+            metrics["objective/kl_target"] = self.config.kl_target
         return metrics
 
     def _step(self, logger: MetricsLogger) -> str | None:

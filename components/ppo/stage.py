@@ -41,6 +41,7 @@ from components.ppo.config import STATUS_STOPPED_KL_GUARD, PPOConfig
 from components.ppo.gold import mean_gold_reward
 from components.ppo.loop import Networks, PPOLoop
 from components.ppo.rollout import Frozen, Models, ScoreNorm, TokenIds
+from components.ppo.score_norm import policy_score_stats
 
 log = logging.getLogger(__name__)
 STATUS_FILE = "ppo_status.json"
@@ -83,13 +84,15 @@ def fold_normalization(critic: nnx.Module, mean: float, std: float) -> None:
 
 
 def build_networks(
-    config: PPOConfig, manifest: dict, policy_dir: str, reward_dir: str
+    config: PPOConfig, manifest: dict, policy_dir: str, reward_dir: str, *, shards_dir: str = ""
 ) -> tuple[nnx.Module, Networks]:
     """The policy model and every network's graph and parameters, ready for the loop.
 
     Adapters the artifacts were trained with are merged. With ``lora_rank`` the policy and
     the critic get fresh adapters, and the bases are frozen, one copy each: the policy's
-    (the reference's too) and the reward model's (the critic's too).
+    (the reference's too) and the reward model's (the critic's too). Scores are normalized
+    as ``config.score_norm`` says, on train prompts of ``shards_dir``; without one (shape
+    measurements) the reward stage's statistics stand in.
     """
     policy, policy_info = _load(policy_dir, manifest, config, scalar_head=False)
     require_policy(policy_info, policy_dir, "--policy", " (the reward model goes as --reward)")
@@ -101,7 +104,26 @@ def build_networks(
             "pass the output of the reward stage as --reward"
         )
     reward = lora.merge(reward)
+    tokenizer = manifest["tokenizer"]
+    ids = TokenIds(
+        eos_id=int(tokenizer["eos_id"]),
+        pad_id=int(tokenizer["pad_id"]),
+        vocab_size=int(tokenizer["vocab_size"]),
+    )
     stats = read_reward_stats(reward_dir, reward_info)
+    if config.score_norm == "policy" and shards_dir:
+        data_stats = stats
+        # Fresh adapters start at zero: the policy samples as the artifact does.
+        stats = policy_score_stats(
+            policy, reward, shards_dir, ids, prompt_len=config.prompt_len,
+            max_new_tokens=config.max_new_tokens, temperature=config.temperature,
+            samples=config.score_norm_samples, seed=config.seed, sharded=config.fsdp,
+        )  # fmt: skip
+        log.info(
+            "ppo: scores normalized by the starting policy's samples (%d train prompts): "
+            "mean %.4g, std %.4g (the data's chosen and rejected responses: %.4g, %.4g)",
+            stats["samples"], stats["mean"], stats["std"], data_stats["mean"], data_stats["std"],
+        )  # fmt: skip
     policy_graph, policy_params = nnx.split(policy, nnx.Param)
     reward_graph, reward_params = nnx.split(reward, nnx.Param)
     critic_graph, critic_params = reward_graph, None  # grpo and rloo: no critic
@@ -120,17 +142,12 @@ def build_networks(
         frozen = Frozen(jax.device_get(policy_base), jax.device_get(shared))
         if critic_params is not None:
             critic_params = nnx.filter_state(critic_params, lora.TRAINABLE)
-    tokenizer = manifest["tokenizer"]
     nets = Networks(
         models=Models(policy_graph, critic_graph, reward_graph),
         policy=jax.device_get(policy_params),
         critic=None if critic_params is None else jax.device_get(critic_params),
         reward=jax.device_get(reward_params),
-        ids=TokenIds(
-            eos_id=int(tokenizer["eos_id"]),
-            pad_id=int(tokenizer["pad_id"]),
-            vocab_size=int(tokenizer["vocab_size"]),
-        ),  # fmt: skip
+        ids=ids,
         norm=ScoreNorm(stats["mean"], stats["std"], config.missing_eos_penalty, config.reward_clip),
         frozen=frozen,
     )
@@ -194,7 +211,7 @@ def run(
         prompt_len=config.prompt_len or prompt_max,
         max_new_tokens=config.max_new_tokens or response_max,
     )
-    policy, nets = build_networks(config, manifest, policy_dir, reward_dir)
+    policy, nets = build_networks(config, manifest, policy_dir, reward_dir, shards_dir=shards_dir)
     prompts = prompt_streams(config, shards_dir)
     gold_before = _gold(nets, nets.whole_policy(nets.policy), shards_dir, manifest, config)
     inputs = {"--shards": shards_dir, "--policy": given_policy, "--reward": reward_dir}
@@ -207,6 +224,7 @@ def run(
         "kl_stop": config.kl_stop,
         "guard_events": result.guard_events,
         "gold_reward": {"initial": gold_before, "final": gold_after},
+        "score_norm": {"source": config.score_norm, "mean": nets.norm.mean, "std": nets.norm.std},
     }
     save_model(
         output, policy, result.policy, tokenizer=manifest["tokenizer"], stage="ppo",

@@ -27,6 +27,7 @@ from flax import nnx
 
 from components.core.data.prompts import prompt_dataset
 from components.core.model.sampler import generate
+from components.core.model.scoring import sequence_scores
 from components.core.training import fsdp, parallel
 
 PyTree = Any
@@ -58,9 +59,16 @@ class SamplingSettings(NamedTuple):
 
 def eval_prompts(shards_dir: str, *, prompt_len: int, max_prompts: int | None = None) -> Prompts:
     """The first ``max_prompts`` (default: all) unique eval-split prompts, in shard order."""
-    # Every host reads every eval shard: the measures then need nothing from other hosts.
+    return split_prompts(shards_dir, "eval", prompt_len=prompt_len, max_prompts=max_prompts)
+
+
+def split_prompts(
+    shards_dir: str, split: str, *, prompt_len: int, max_prompts: int | None = None
+) -> Prompts:
+    """The first ``max_prompts`` (default: all) unique prompts of ``split``, in shard order."""
+    # Every host reads every shard: the measures then need nothing from other hosts.
     everything = prompt_dataset(
-        shards_dir, "eval", batch_size=1, prompt_len=prompt_len, seed=0,
+        shards_dir, split, batch_size=1, prompt_len=prompt_len, seed=0,
         host_index=0, host_count=1, shuffle=False, repeat=False,
     )  # fmt: skip
     count = len(everything.tokens) if max_prompts is None else max_prompts
@@ -189,3 +197,38 @@ def sample_responses(
     tokens, mask = map_global_batches(step, arrays, batch_size)
     shape = (num_prompts, samples, settings.max_new_tokens)
     return Responses(tokens.reshape(shape), mask.reshape(shape))
+
+
+def row_arrays(prompts: Prompts, responses: Responses) -> dict[str, np.ndarray]:
+    """Flat rows of (prompt, response) in core.model.scoring's batch layout."""
+    samples, length = responses.tokens.shape[1:]
+    return {
+        "prompt_tokens": np.repeat(prompts.tokens, samples, axis=0),
+        "prompt_mask": np.repeat(prompts.mask, samples, axis=0),
+        "response_tokens": responses.tokens.reshape(-1, length),
+        "response_mask": responses.mask.reshape(-1, length),
+    }
+
+
+@functools.partial(jax.pmap, axis_name="data", static_broadcasted_argnums=(0,))
+def _response_scores(graphdef, params, batch):
+    """The reward model's score of each prompt + response [B] (at its last real token)."""
+    return (sequence_scores(graphdef, params, batch),)
+
+
+def response_scores(
+    graphdef: nnx.GraphDef,
+    params: PyTree,
+    prompts: Prompts,
+    responses: Responses,
+    *,
+    batch_size: int,
+) -> np.ndarray:
+    """Raw scores [P, S] of every prompt + response by the reward model of ``params`` (placed
+    on the devices: ``parallel.place``)."""
+
+    def step(batch: dict[str, np.ndarray]) -> Sequence[jax.Array]:
+        return _response_scores(graphdef, params, batch)
+
+    values = map_local_batches(step, row_arrays(prompts, responses), batch_size)[0]
+    return values.reshape(responses.tokens.shape[:2])

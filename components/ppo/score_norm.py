@@ -1,0 +1,67 @@
+"""Score normalisation on the starting policy's own samples of train prompts.
+
+PPO's scores are (raw − mean) / std, so that ``kl_coef`` weighs the KL in units of one score
+standard deviation, ``reward_clip`` clips in those units and the critic's head starts at the
+scale of its targets. lm-human-preferences (Ziegler et al. 2019) and "The N Implementation
+Details of RLHF with PPO" (Huang et al. 2023) take mean and std over responses the initial
+policy samples, the distribution PPO starts from. The reward stage's ``reward_stats.json``
+holds them over the data's chosen and rejected responses instead, a distribution the policy
+never samples (``score_norm = data`` keeps it).
+
+The samples are the first ``score_norm_samples`` unique train prompts, one response each at
+the rollouts' temperature, with keys from the run's seed: a resumed run computes the same
+figures, and so does any device or host count.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from flax import nnx
+
+from components.core.model import eval_sampling
+from components.core.training import parallel
+
+# Sampling keys of the normalisation: the run's seed folded with this, apart from the
+# rollouts' and the gold measure's.
+_SEED_OFFSET = 7_919
+
+
+def policy_score_stats(
+    policy: nnx.Module,
+    reward: nnx.Module,
+    shards_dir: str,
+    ids: Any,
+    *,
+    prompt_len: int,
+    max_new_tokens: int,
+    temperature: float,
+    samples: int,
+    seed: int,
+    sharded: bool = False,
+) -> dict[str, float]:
+    """Mean and std of ``reward``'s raw scores of ``policy``'s responses to train prompts."""
+    prompts = eval_sampling.split_prompts(
+        shards_dir, "train", prompt_len=prompt_len, max_prompts=samples
+    )
+    settings = eval_sampling.SamplingSettings(
+        max_new_tokens, ids.eos_id, ids.pad_id, temperature, ids.vocab_size
+    )
+    policy_graph, policy_params = nnx.split(policy, nnx.Param)
+    reward_graph, reward_params = nnx.split(reward, nnx.Param)
+    rows = len(prompts.tokens)
+    responses = eval_sampling.sample_responses(
+        policy_graph, parallel.place(policy_params, sharded=sharded), prompts,
+        settings=settings, samples_per_prompt=1, seed=seed + _SEED_OFFSET, batch_size=rows,
+    )  # fmt: skip
+    scores = eval_sampling.response_scores(
+        reward_graph, parallel.place(reward_params, sharded=sharded), prompts, responses,
+        batch_size=rows,
+    )  # fmt: skip
+    if not np.all(np.isfinite(scores)):
+        raise FloatingPointError(
+            "the reward model scored the starting policy's samples with non-finite values; "
+            "check the reward model artifact (or pass --score-norm data)"
+        )
+    return {"mean": float(np.mean(scores)), "std": float(np.std(scores)), "samples": rows}
