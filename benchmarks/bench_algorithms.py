@@ -22,7 +22,8 @@ over seeds and the spread (min to max) of the gold gain, the gold win rate, the 
 tenth of the run, and the share of those rollouts within ±50% of ``kl_target``) and
 ``ppo_vs_best_of_n`` on best-of-n's exact frontier, with the bound's beside it.
 
-Targets: every RL algorithm's mean KL per token (evaluation) within ±20% of ``kl_target``,
+Targets: every RL algorithm's mean KL per token on its training rollouts within ±20% of
+``kl_target``,
 and its mean ``ppo_vs_best_of_n`` (exact) at least 1.0. On the first seed, as one run
 decides them: GRPO and RLOO reach PPO's gold gain at no more KL per token, with less update
 memory; DPO's gold-gain interval lies above zero. Gain and KL are judged alike, against
@@ -382,16 +383,20 @@ def format_seed_table(summary: dict[str, dict[str, Any]], seeds: list[int]) -> s
 
 
 def seed_targets(summary: dict[str, dict[str, Any]], kl_target: float) -> list[dict[str, Any]]:
-    """Over seeds: each RL algorithm's mean KL per token within ±20% of the target, and its
-    mean ppo_vs_best_of_n (exact frontier) at least 1.0."""
+    """Over seeds: each RL algorithm's mean KL per token on its training rollouts (after the
+    first tenth: what the controller steers) within ±20% of the target, and its mean
+    ppo_vs_best_of_n (exact frontier) at least 1.0."""
     checks = []
     for name in RL_ALGORITHMS:
-        kl, versus = summary[name]["kl_per_token"], summary[name]["vs_best_of_n"]
+        ratio, versus = summary[name]["rollout_kl_over_target"], summary[name]["vs_best_of_n"]
+        evaluated = summary[name]["kl_per_token"]
         checks.append(
             {
-                "target": f"{name}'s mean KL per token within ±20% of kl_target {kl_target}",
-                "met": abs(kl["mean"] / kl_target - 1) <= 0.2,
-                "figures": f"{_cell(kl, '.4f')} = {kl['mean'] / kl_target:.2f}x the target",
+                "target": f"{name}'s mean rollout KL per token within ±20% of kl_target "
+                f"{kl_target}",
+                "met": ratio is not None and abs(ratio["mean"] - 1) <= 0.2,
+                "figures": f"{_cell(ratio, '.2f')}x the target; on the eval prompts "
+                f"{_cell(evaluated, '.4f')} nats/token",
             }
         )
         checks.append(
