@@ -129,13 +129,19 @@ def prepare(
 
 
 def train_algorithms(
-    values: dict[str, Any], shards: str, base: dict[str, StageRun], root: Path
+    values: dict[str, Any],
+    shards: str,
+    base: dict[str, StageRun],
+    root: Path,
+    ppo_settings: dict[str, str] | None = None,
 ) -> dict[str, StageRun]:
-    """Each algorithm from the same sft policy (the RL ones against the same reward model)."""
+    """Each algorithm from the same sft policy (the RL ones against the same reward model);
+    ``ppo_settings``: PPOConfig fields over the pipeline's (``--ppo-set``)."""
     sft, reward, logs = base["sft"].output, base["reward"].output, root / "logs"
     runs = {}
     for algorithm in RL_ALGORITHMS:
-        settings = {**params.stage_values("ppo", values), "algorithm": algorithm}
+        settings = {**params.stage_values("ppo", values), **(ppo_settings or {})}
+        settings["algorithm"] = algorithm
         paths = {"shards": shards, "policy": sft, "reward": reward, "output": str(root / algorithm)}
         runs[algorithm] = run_stage("ppo", settings, paths, logs)
     paths = {"shards": shards, "policy": sft, "output": str(root / "dpo")}
@@ -414,6 +420,11 @@ def main() -> int:
     parser.add_argument("--work-dir", default="", help="folder for every artifact (default: temp)")
     parser.add_argument("--json", default="", help="also write the results to this JSON file")
     parser.add_argument("--seeds", default="0,1,2", help="seeds of the RL and DPO stages")
+    parser.add_argument(
+        "--ppo-set", nargs="*", default=[], metavar="FIELD=VALUE",
+        help="PPOConfig fields no pipeline parameter sets (e.g. kl_control=ziegler "
+        "score_norm=data kl_coef=0.2: the controller and normalisation before issue 38)",
+    )  # fmt: skip
     add_set_argument(parser)
     args = parser.parse_args()
     started = time.perf_counter()
@@ -431,7 +442,9 @@ def main() -> int:
         folder = root / f"seed-{seed}"
         folder.mkdir(exist_ok=True)
         (folder / "logs").mkdir(exist_ok=True)
-        runs[seed] = {**base, **train_algorithms({**values, "seed": seed}, shards, base, folder)}
+        ppo_settings = dict(item.split("=", 1) for item in args.ppo_set)
+        trained = train_algorithms({**values, "seed": seed}, shards, base, folder, ppo_settings)
+        runs[seed] = {**base, **trained}
         rows[seed] = {}
         for name in ALGORITHMS:
             evaluation = str(folder / f"eval-{name}")
@@ -456,7 +469,8 @@ def main() -> int:
     checks = seed_targets(summary, kl_target) + targets(first, versus_ppo, kl_vs_ppo)
     seconds = time.perf_counter() - started
     print(
-        f"\nbuilt-in task, {'settings ' + ' '.join(args.set) if args.set else 'demo settings'}, "
+        f"\nbuilt-in task, {'settings ' + ' '.join(args.set) if args.set else 'demo settings'}"
+        f"{' ppo ' + ' '.join(args.ppo_set) if args.ppo_set else ''}, "
         f"{machine()}; sft {base['sft'].seconds:.0f} s, "
         f"reward {base['reward'].seconds:.0f} s (accuracy "
         f"{base['reward'].summary.get('eval/accuracy', float('nan')):.3f})"
