@@ -203,11 +203,12 @@ def test_ppo_on_two_hosts_matches_one_host(inputs, ppo_runs):
     initial = _params(inputs["policy"])
     moved = max(np.max(np.abs(a - b)) for a, b in zip(_params(single), initial, strict=True))
     assert moved > 1e-3  # the comparison below is not between two untouched copies
-    # atol 2e-6: Adam divides each step by the root of its second moment, so a weight whose
+    # atol 1e-5: Adam divides each step by the root of its second moment, so a weight whose
     # gradients are ~0 turns ulps of summation order into ~1e-6 (measured: 1 of 4096
-    # weights 1.05e-6 apart, every other within 1.2e-7).
+    # weights 1.05e-6 apart under Ziegler's controller; 8.3e-6 under the PI controller,
+    # whose coefficient follows each rollout's KL more closely, every other within 1e-6).
     for a, b in zip(_params(multi), _params(single), strict=True):
-        np.testing.assert_allclose(a, b, rtol=1e-5, atol=2e-6)
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
 
     records = {hosts: read_metrics(out) for hosts, (out, _) in ppo_runs.items()}
     assert [r["step"] for r in records[2]] == [r["step"] for r in records[1]] == [1, 2, 3]
