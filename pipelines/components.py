@@ -87,12 +87,12 @@ def shard(
 
     from components.shard import run
     from components.shard.config import ShardConfig
-    from pipelines import stage_io
+    from pipelines import policies, stage_io
 
     started = time.time()
     found = json.loads(sources)
     inputs = [source["uri"] for source in found]
-    tokenizer = stage_io.shards_tokenizer(tokenizer, found, base_policy)
+    tokenizer = policies.shards_tokenizer(tokenizer, found, base_policy)
     config = stage_io.config_from(ShardConfig, locals())
     # Dataflow workers write to the artifact's gs:// URI; they cannot see this task's files.
     output = shards.uri if "DataflowRunner" in beam_args else shards.path
@@ -152,9 +152,9 @@ def check_policy(base_policy: str, sft_on_base: bool) -> NamedTuple(
     """
     from collections import namedtuple
 
-    from pipelines import stage_io
+    from pipelines import policies
 
-    train, reference = stage_io.initial_policy(base_policy, sft_on_base)
+    train, reference = policies.initial_policy(base_policy, sft_on_base)
     return namedtuple("Checked", ["Output", "reference"])(train, reference)
 
 
@@ -377,7 +377,7 @@ def promote(
     import json
 
     from components.core import fileio
-    from pipelines import model_registry, stage_io
+    from pipelines import model_registry, policies, stage_io
 
     aligned = stage_io.reference_details(policy)
     record = {
@@ -395,7 +395,7 @@ def promote(
         )
         return registered
 
-    version = stage_io.promote(
+    version = policies.promote(
         aligned["uri"], promoted.path, promoted_policy_uri, record=record,
         register=register if registry_model else None,
     )  # fmt: skip

@@ -14,7 +14,8 @@ from collections.abc import Callable
 from typing import Any
 
 from components.core import fileio
-from pipelines import params, promotion, realign, stage_io
+from components.core.model.heads import require_head
+from pipelines import params, policies, promotion, realign, stage_io
 
 
 class PreflightError(ValueError):
@@ -80,12 +81,12 @@ def check_tokenizers(values: dict[str, Any]) -> None:
 
 
 def _shards_tokenizer(values: dict[str, Any]) -> tuple[str | None, str]:
-    """The tokenizer spec the shard stage will use (stage_io.shards_tokenizer) and where it
+    """The tokenizer spec the shard stage will use (policies.shards_tokenizer) and where it
     comes from, as words; None when it depends on remote data (listed by the task)."""
     if values["tokenizer"]:
         return values["tokenizer"], f"{flag('tokenizer')} {values['tokenizer']}"
     if values["base_policy"]:
-        return stage_io.model_tokenizer(values["base_policy"], "base_policy"), (
+        return policies.model_tokenizer(values["base_policy"], "base_policy"), (
             f"{flag('base_policy')}'s own"
         )
     if not values["data_uri"]:
@@ -160,7 +161,7 @@ def _base_policy(path: str, values: dict[str, Any]) -> None:
         "a Hugging Face model folder, a promoted_policy_uri (its current version), or '' to "
         "train one with sft",
     )
-    stage_io.check_policy(path)
+    policies.check_policy(path)
     _hf_folder(promotion.resolve_policy(path))
 
 
@@ -192,7 +193,7 @@ def _eval_reward_model(path: str, values: dict[str, Any]) -> None:
     for name in promotion.POLICY_FILES:
         if not fileio.exists(fileio.join(path, name)):
             raise FileNotFoundError(f"{path!r} has no {name}; pass {expected}")
-    stage_io.require_head(path, scalar=True, flag="eval_reward_model")
+    require_head(path, scalar=True, flag="eval_reward_model")
 
 
 def _anchor(path: str, values: dict[str, Any]) -> None:

@@ -52,6 +52,7 @@ from collections.abc import Callable
 from typing import Any
 
 from components.core import fileio
+from components.core.model.heads import require_head
 from pipelines import stage_io
 
 log = logging.getLogger(__name__)
@@ -115,7 +116,7 @@ def check_promotion(root: str, policy_dir: str) -> None:
     for name in POLICY_FILES:
         if not fileio.exists(fileio.join(policy_dir, name)):
             raise FileNotFoundError(f"cannot promote {policy_dir!r}: it has no {name}")
-    stage_io.require_head(policy_dir, scalar=False, flag="the promoted policy")
+    require_head(policy_dir, scalar=False, flag="the promoted policy")
     if fileio.exists(root) and not fileio.isdir(root):
         raise ValueError(f"{root!r} is a file; pass a folder for the promoted versions")
     if fileio.exists(fileio.join(root, "config.json")) and not is_legacy(root):

@@ -15,7 +15,7 @@ from google.cloud.aiplatform import initializer
 from google.cloud.aiplatform_v1.types import model as gca_model
 from google.cloud.aiplatform_v1.types import model_service
 
-from pipelines import cli_history, model_registry, params, promotion, stage_io
+from pipelines import cli_history, model_registry, params, policies, promotion
 
 RESOURCE = "projects/p/locations/europe-west4/models/alignpipe-policy"
 
@@ -105,7 +105,7 @@ def test_a_failed_upload_leaves_the_version_incomplete_and_current_unchanged(
     listed.return_value, uploaded.side_effect = [], RuntimeError("PERMISSION_DENIED")
     register = functools.partial(model_registry.register_version, "alignpipe-policy")
     with pytest.raises(RuntimeError):
-        stage_io.promote(_policy(tmp_path / "b"), str(tmp_path / "artifact"), root,
+        policies.promote(_policy(tmp_path / "b"), str(tmp_path / "artifact"), root,
                          register=register)  # fmt: skip
     assert promotion.current_version(root) == 1 and promotion.complete_versions(root) == [1]
 

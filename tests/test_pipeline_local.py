@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from pipelines import run_log, stage_io
+from pipelines import policies, run_log, stage_io
 from pipelines.cli import main
 from pipelines.local_run import (
     PROMOTED_DIR,
@@ -83,7 +83,7 @@ def test_local_run_cache_and_rerun(runs_dir, monkeypatch, capsys):
     assert figures["blessed"] == 1.0
     assert "<html" in Path(figures["report"]).read_text().lower()
     promoted = tmp_path / PROMOTED_DIR
-    current = Path(stage_io.reference_uri(stage_io.check_policy(str(promoted))))
+    current = Path(stage_io.reference_uri(policies.check_policy(str(promoted))))
     assert current == promoted / "versions" / "000001"
     assert (current / "config.json").exists() and (current / "params").is_dir()
     record = json.loads((current / "PROMOTED.json").read_text())
@@ -230,18 +230,18 @@ def test_sources_policy_check_and_promotion(tmp_path):
 
     policy = tmp_path / "policy"
     with pytest.raises(FileNotFoundError, match="has no config.json"):
-        stage_io.check_policy(str(policy))
+        policies.check_policy(str(policy))
     (policy / "params").mkdir(parents=True)
     (policy / "params" / "weights").write_text("w")
     (policy / "config.json").write_text("{}")
-    assert stage_io.reference_uri(stage_io.check_policy(str(policy))) == str(policy)
+    assert stage_io.reference_uri(policies.check_policy(str(policy))) == str(policy)
 
     destination = tmp_path / "promoted"
-    assert stage_io.promote(str(policy), str(tmp_path / "artifact"), str(destination)) == 1
+    assert policies.promote(str(policy), str(tmp_path / "artifact"), str(destination)) == 1
     version = destination / "versions" / "000001"
     assert (version / "params" / "weights").read_text() == "w"
     assert json.loads((version / "PROMOTED.json").read_text())["source"] == str(policy)
-    assert stage_io.reference_uri(stage_io.check_policy(str(destination))) == str(version)
+    assert stage_io.reference_uri(policies.check_policy(str(destination))) == str(version)
     assert (tmp_path / "artifact" / "config.json").exists()
 
 

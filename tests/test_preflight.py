@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from pipelines import params, preflight, run_log, stage_io
+from pipelines import params, policies, preflight, run_log
 from pipelines.cli import main
 from pipelines.local_run import run_local
 
@@ -131,7 +131,7 @@ def test_good_local_inputs_pass(tmp_path):
     preflight.check(params.validate(values, 8))
     # A promotion root stands for its current version (a scheduled run's warm start).
     root = tmp_path / "promoted"
-    assert stage_io.promote(str(policy), str(tmp_path / "artifact"), str(root)) == 1
+    assert policies.promote(str(policy), str(tmp_path / "artifact"), str(root)) == 1
     warm = {**values, "base_policy": str(root), "anchor_policy": str(root)}
     preflight.check(params.validate(warm, 8))
 
