@@ -10,12 +10,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pipelines import params, vertex_jobs
-from pipelines.cli import main
-from pipelines.cloud import compile_pipeline
-from pipelines.components import Components, build_components
-from pipelines.pipeline import downstream
-from pipelines.targets import Placement, PlacementError
+from pipelines.cli.main import main
+from pipelines.dag import params
+from pipelines.dag.kfp_components import Components, build_components
+from pipelines.dag.pipeline import downstream
+from pipelines.targets.cloud import compile_pipeline
+from pipelines.targets.placement import Placement, PlacementError
+from pipelines.targets.vertex import jobs as vertex_jobs
 
 TRAIN_IMAGE = "us-docker.pkg.dev/p/alignpipe/train:1"
 DATA_IMAGE = "us-docker.pkg.dev/p/alignpipe/data:1"

@@ -7,9 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from pipelines import policies, run_log, stage_io
-from pipelines.cli import main
-from pipelines.local_run import (
+from pipelines import stage_io
+from pipelines.cli.main import main
+from pipelines.releases import policies
+from pipelines.targets.local import run_log
+from pipelines.targets.local.run import (
     PROMOTED_DIR,
     TaskWatcher,
     failure_reasons,

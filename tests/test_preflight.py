@@ -9,9 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from pipelines import params, policies, preflight, run_log
-from pipelines.cli import main
-from pipelines.local_run import run_local
+from pipelines.cli.main import main
+from pipelines.dag import params, preflight
+from pipelines.releases import policies
+from pipelines.targets.local import run_log
+from pipelines.targets.local.run import run_local
 
 FIXTURES = Path(__file__).parent / "fixtures" / "hf"
 
@@ -200,7 +202,7 @@ def test_the_log_capture_takes_prints_logging_and_stderr(tmp_path, capsys):
 
 
 def test_a_glob_the_shell_expanded_gets_a_hint(capsys):
-    from pipelines.cli import main
+    from pipelines.cli.main import main
 
     with pytest.raises(SystemExit) as exit_:
         main(["run", "--data-uri", "data/a.jsonl", "data/b.jsonl"])

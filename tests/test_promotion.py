@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 
 from components.core import fileio
-from pipelines import policies, promotion, stage_io
-from pipelines.cli import main
+from pipelines import stage_io
+from pipelines.cli.main import main
+from pipelines.releases import policies, promotion
 
 
 def _policy(folder: Path, weights: str) -> str:

@@ -17,9 +17,9 @@ from components.evaluate.config import EvalConfig
 from components.ppo.config import PPOConfig
 from components.reward.config import RewardConfig
 from components.sft.config import SFTConfig
-from pipelines import params
-from pipelines.cli import main as cli_main
-from pipelines.run_presets import (
+from pipelines.cli.main import main as cli_main
+from pipelines.dag import params
+from pipelines.dag.run_presets import (
     CHIP_HBM,
     GB,
     HEADROOM,

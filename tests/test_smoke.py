@@ -10,11 +10,12 @@ import pytest
 import yaml
 from google.cloud.aiplatform_v1.types import CustomJob
 
-from pipelines import jobset, vertex_jobs
-from pipelines.cli import main
-from pipelines.smoke import SMOKE_PIPELINE, build_smoke_pipeline
-from pipelines.smoke_task import SmokeError, check_devices
-from pipelines.targets import Placement
+from pipelines.cli.main import main
+from pipelines.targets.gke import jobset
+from pipelines.targets.placement import Placement
+from pipelines.targets.smoke import SMOKE_PIPELINE, build_smoke_pipeline
+from pipelines.targets.smoke_task import SmokeError, check_devices
+from pipelines.targets.vertex import jobs as vertex_jobs
 
 TRAIN_IMAGE = "us-docker.pkg.dev/p/alignpipe/train@sha256:" + "ab" * 32
 TASK = "smoke-check"

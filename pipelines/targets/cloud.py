@@ -2,12 +2,12 @@
 
 Vertex AI: ``aiplatform.PipelineJob`` (submit) and ``aiplatform.PipelineJobSchedule``
 (schedule); the compiled spec's training tasks are rewritten as TPU custom jobs
-(``pipelines/vertex_jobs.py``). Kubeflow on GKE: ``kfp.Client`` (``kfp_client``: host or
+(``pipelines/targets/vertex/jobs.py``). Kubeflow on GKE: ``kfp.Client`` (``kfp_client``: host or
 kubeconfig context, IAP or a bearer token; ``create_run_from_pipeline_package``,
 ``create_recurring_run``); on a slice of several hosts each training task launches its stage
-on the hosts as a JobSet (``pipelines/jobset.py``). Settings are checked before any client is
-built, so a missing project, region, host or pipeline root fails with a message that names
-the flag.
+on the hosts as a JobSet (``pipelines/targets/gke/jobset.py``). Settings are checked before
+any client is built, so a missing project, region, host or pipeline root fails with a message
+that names the flag.
 """
 
 from __future__ import annotations
@@ -20,9 +20,11 @@ from typing import Any
 
 import yaml
 
-from pipelines import jobset, params, vertex_jobs
-from pipelines.pipeline import PIPELINE_NAME, build_pipeline
-from pipelines.targets import Placement
+from pipelines.dag import params
+from pipelines.dag.pipeline import PIPELINE_NAME, build_pipeline
+from pipelines.targets.gke import jobset
+from pipelines.targets.placement import Placement
+from pipelines.targets.vertex import jobs as vertex_jobs
 
 # Vertex AI label keys and values: lowercase letters, digits, '_' and '-', at most 63.
 _LABEL = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")

@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from pipelines.run_presets import (
+from pipelines.dag.run_presets import (
     CHIP_HBM,
     GB,
     HEADROOM,

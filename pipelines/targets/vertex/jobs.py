@@ -25,8 +25,8 @@ requires ``google-cloud-aiplatform<2`` and this project uses 2.x. GCPC 2.22 also
 Every job sets ``scheduling``: ``restart_job_on_worker_restart`` (one restarted VM of a
 multi-host slice restarts the whole job, from its checkpoints, instead of leaving the other
 hosts blocked in a collective) and a ``timeout`` per stage (``STAGE_TIMEOUT_H``) instead of
-Vertex's 7 days. The launcher starts through ``pipelines/custom_job_retry.py``, so that a
-retried task creates a new job rather than re-polling the one that failed.
+Vertex's 7 days. The launcher starts through ``custom_job_retry.py`` (beside this module), so
+that a retried task creates a new job rather than re-polling the one that failed.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ import inspect
 import json
 from typing import Any
 
-from pipelines import custom_job_retry
+from pipelines.targets.vertex import custom_job_retry
 
 # The launcher image of GCPC 2.22.0 (google_cloud_pipeline_components/_image.py). It only
 # creates and polls the job: the stage's code runs in the training image. Bound by tag: GCPC

@@ -1,10 +1,10 @@
 """``alignpipe smoke``: one tiny task on the requested TPU before a real run.
 
 It takes the placement and cloud flags of ``alignpipe submit`` (the same helpers build
-them), compiles the smoke pipeline (``pipelines/smoke.py``) and submits it, or only writes
+them), compiles the smoke pipeline (``pipelines/targets/smoke.py``) and submits it, or only writes
 it with ``--compile-only -o FILE``. The task's log lists the devices JAX sees; its output
 is a JSON summary (platform, devices, hosts, the pmap step's time). First it prints the
-grants each account of the run needs (``pipelines/iam.py``), which the run then exercises.
+grants each account of the run needs (``pipelines/targets/iam.py``), which the run then exercises.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from pipelines import cli_pipeline
-from pipelines.smoke import SMOKE_PIPELINE
+from pipelines.cli import pipeline as cli_pipeline
+from pipelines.targets.smoke import SMOKE_PIPELINE
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -51,8 +51,8 @@ def _smoke(args: argparse.Namespace, rest: list[str]) -> int:
 
 def _compile_or_submit(args: argparse.Namespace) -> int:
     """Compile the smoke pipeline; unless --compile-only, submit it (and --wait for it)."""
-    from pipelines import cloud
-    from pipelines.smoke import compile_smoke
+    from pipelines.targets import cloud
+    from pipelines.targets.smoke import compile_smoke
 
     if args.compile_only and not args.output:
         raise ValueError("--compile-only needs -o FILE: the smoke pipeline spec to write")
@@ -81,7 +81,7 @@ def _compile_or_submit(args: argparse.Namespace) -> int:
 
 def _print_checklist(target: str, settings: Any, placement: Any) -> None:
     """The grants the run needs (docs/cloud-iam.md), which the smoke run then tries."""
-    from pipelines import iam
+    from pipelines.targets import iam
 
     print(f"accounts and grants a {target} run needs (docs/cloud-iam.md):")
     for line in iam.checklist(target, settings, placement):

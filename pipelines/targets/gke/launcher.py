@@ -1,4 +1,4 @@
-"""``python -m pipelines.jobset_launcher``: a GKE training task's stage on every TPU host.
+"""``python -m pipelines.targets.gke.launcher``: a GKE training task's stage on every TPU host.
 
 The KFP task of a multi-host slice runs this in the training image (``jobset.as_launchers``
 puts it there). It creates the task's JobSet (``jobset.manifest``) in its own namespace
@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from pipelines import jobset
+from pipelines.targets.gke import jobset
 
 POLL_S = 15.0
 MAX_FAILED_POLLS = 8  # two minutes of an unreachable API server
@@ -349,7 +349,7 @@ def _cancelled(signum: int, frame: Any) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m pipelines.jobset_launcher")
+    parser = argparse.ArgumentParser(prog="python -m pipelines.targets.gke.launcher")
     parser.add_argument("--executor-input", required=True, help="KFP's {{$}}")
     parser.add_argument("--slice", required=True, help="jobset.SliceSpec as JSON")
     args = parser.parse_args(argv)

@@ -7,8 +7,8 @@ Nothing here calls Google Cloud: it names the accounts and buckets the flags giv
 
 from __future__ import annotations
 
-from pipelines.cloud import CloudSettings
-from pipelines.targets import Placement
+from pipelines.targets.cloud import CloudSettings
+from pipelines.targets.placement import Placement
 
 DEFAULT_VERTEX_ACCOUNT = "the Compute Engine default service account (no --service-account)"
 # What a Kubeflow profile namespace's pipeline pods run as; standalone KFP: pipeline-runner.

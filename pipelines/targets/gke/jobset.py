@@ -12,7 +12,7 @@ needs the Trainer controller and a training runtime, and its JAX runtime targets
 NVIDIA GPUs; so the task creates the JobSet directly.
 
 At compile time (``as_launchers``) each training executor of a gke spec whose slice has
-several hosts becomes a small CPU container, ``python3 -m pipelines.jobset_launcher``,
+several hosts becomes a small CPU container, ``python3 -m pipelines.targets.gke.launcher``,
 that carries the stage's own image, command, arguments and environment (``SliceSpec``).
 At run time the launcher builds the JobSet with ``manifest`` and waits for it.
 
@@ -43,11 +43,11 @@ import json
 import posixpath
 from typing import Any
 
-from pipelines.targets import HOSTS_ENV, TPU_GENERATIONS, TPU_RESOURCE, Placement
-from pipelines.vertex_jobs import ROLE_ENV
+from pipelines.targets.placement import HOSTS_ENV, TPU_GENERATIONS, TPU_RESOURCE, Placement
+from pipelines.targets.vertex.jobs import ROLE_ENV
 
 GROUP, VERSION, PLURAL = "jobset.x-k8s.io", "v1alpha2", "jobsets"
-LAUNCHER_MODULE = "pipelines.jobset_launcher"
+LAUNCHER_MODULE = "pipelines.targets.gke.launcher"
 CONTAINER = "stage"  # the stage's container in each host's pod
 REPLICATED_JOB = "slice"
 EXECUTOR_INPUT = "{{$}}"  # KFP's placeholder of the executor input

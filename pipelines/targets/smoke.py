@@ -1,12 +1,12 @@
 """The smoke pipeline: one tiny task on the requested TPU, minutes before a real run.
 
-``alignpipe smoke --target vertex|gke ...`` (``pipelines/cli_smoke.py``) compiles and
+``alignpipe smoke --target vertex|gke ...`` (``pipelines/cli/smoke.py``) compiles and
 submits a one-task pipeline on the training image, placed exactly as the training tasks
 are (``targets.place``): on Vertex a custom job whose worker pool names the TPU machine
 type and ``tpu_topology`` (``vertex_jobs.as_custom_jobs``), on GKE the TPU node selectors,
 toleration and ``google.com/tpu`` limit, or for a multi-host slice the JobSet launcher that
 runs the task on every host (``jobset.as_launchers``). The task
-(``pipelines/smoke_task.py``) prints the devices JAX sees, checks their platform and number
+(``pipelines/targets/smoke_task.py``) prints the devices JAX sees, checks their platform and number
 against the placement, and runs one ``jax.pmap`` step (a matmul on each device, ``psum``
 over all of them). A green run shows that the project, quota, image, permissions and
 placement work; a red one says which part did not.
@@ -19,7 +19,7 @@ from typing import Any
 from kfp import dsl
 from kfp.dsl import Artifact, Output
 
-from pipelines.targets import TRAIN, Placement, place
+from pipelines.targets.placement import TRAIN, Placement, place
 
 SMOKE_PIPELINE = "alignpipe-smoke"
 
@@ -32,7 +32,7 @@ def smoke_check(expected_platform: str, expected_devices: int, summary: Output[A
     """
     import json
 
-    from pipelines.smoke_task import check_devices
+    from pipelines.targets.smoke_task import check_devices
 
     result = json.dumps(check_devices(expected_platform, expected_devices), sort_keys=True)
     if json.loads(result)["process"] == 0:  # one writer on a multi-host slice
@@ -73,6 +73,6 @@ def compile_smoke(placement: Placement, package_path: str | Path) -> None:
     compiler.Compiler().compile(build_smoke_pipeline(placement), str(package))
     if placement.target == "local" or (placement.target == "gke" and placement.hosts == 1):
         return
-    from pipelines import cloud
+    from pipelines.targets import cloud
 
     cloud.rewrite_training(placement, package, SMOKE_PIPELINE)

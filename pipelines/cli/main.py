@@ -1,12 +1,12 @@
 """The ``alignpipe`` command line: one sub-command group per concern.
 
-- ``alignpipe data generate|shard|validate``: preference data (cli_data.py)
-- ``alignpipe evaluate|report``: evaluation (cli_eval.py)
-- ``alignpipe run|rerun|compile|submit|schedule``: the pipeline (cli_pipeline.py)
-- ``alignpipe model import|export``: Hugging Face checkpoints (cli_model.py)
-- ``alignpipe presets [NAME]``: run presets and their memory arithmetic (cli_presets.py)
-- ``alignpipe history|rollback``: promoted policy versions (cli_history.py)
-- ``alignpipe smoke``: one tiny task on the requested TPU before a real run (cli_smoke.py)
+- ``alignpipe data generate|shard|validate``: preference data (cli/data.py)
+- ``alignpipe evaluate|report``: evaluation (cli/evaluate.py)
+- ``alignpipe run|rerun|compile|submit|schedule``: the pipeline (cli/pipeline.py)
+- ``alignpipe model import|export``: Hugging Face checkpoints (cli/model.py)
+- ``alignpipe presets [NAME]``: run presets and their memory arithmetic (cli/presets.py)
+- ``alignpipe history|rollback``: promoted policy versions (cli/releases.py)
+- ``alignpipe smoke``: one tiny task on the requested TPU before a real run (cli/smoke.py)
 """
 
 from __future__ import annotations
@@ -21,15 +21,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 def build_parser() -> argparse.ArgumentParser:
     """The top-level parser with every sub-command registered."""
-    from pipelines import (
-        cli_data,
-        cli_eval,
-        cli_history,
-        cli_model,
-        cli_pipeline,
-        cli_presets,
-        cli_smoke,
-    )
+    from pipelines.cli import data, evaluate, model, pipeline, presets, releases, smoke
 
     parser = argparse.ArgumentParser(
         prog="alignpipe",
@@ -37,13 +29,13 @@ def build_parser() -> argparse.ArgumentParser:
         "align a policy with PPO, evaluate — locally or on Vertex AI / GKE.",
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    cli_data.register(commands)
-    cli_eval.register(commands)
-    cli_pipeline.register(commands)
-    cli_model.register(commands)
-    cli_presets.register(commands)
-    cli_history.register(commands)
-    cli_smoke.register(commands)
+    data.register(commands)
+    evaluate.register(commands)
+    pipeline.register(commands)
+    model.register(commands)
+    presets.register(commands)
+    releases.register(commands)
+    smoke.register(commands)
     return parser
 
 

@@ -25,10 +25,12 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from components.core.entry import CPU_DEVICES_ENV, cpu_device_count
-from pipelines import params, preflight, run_log, stage_io
-from pipelines.pipeline import PIPELINE_NAME, RESULT, STAGE_TASKS, STAGES, build_pipeline
-from pipelines.realign import NO_NEW_DATA
-from pipelines.targets import Placement
+from pipelines import stage_io
+from pipelines.dag import params, preflight
+from pipelines.dag.pipeline import PIPELINE_NAME, RESULT, STAGE_TASKS, STAGES, build_pipeline
+from pipelines.releases.realign import NO_NEW_DATA
+from pipelines.targets.local import run_log
+from pipelines.targets.placement import Placement
 
 LAST_RUN_FILE = "last_run.json"
 PROMOTED_DIR = "promoted-policy"

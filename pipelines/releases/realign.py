@@ -20,7 +20,8 @@ from typing import Any
 
 from components.core import fileio
 from components.core.model.hf_folder import is_hf_dir
-from pipelines import promotion, stage_io
+from pipelines import stage_io
+from pipelines.releases import promotion
 
 NO_NEW_DATA = "no new data"
 # A promotion's flat figures (promotion._promotion_entry) behind each drift-table column.

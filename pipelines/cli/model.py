@@ -113,7 +113,7 @@ def _unwritable(out: str, source: str, name: str) -> str | None:
 
 def _promoted_version(model_dir: str) -> str:
     """``model_dir``, or the version its CURRENT names when it is a promotion root."""
-    from pipelines import promotion
+    from pipelines.releases import promotion
 
     folder = promotion.resolve_policy(model_dir)
     if folder != model_dir:

@@ -51,7 +51,7 @@ def plan_run(
     the anchor drift is measured from, with the past promotions' drift (never cached)."""
     from collections import namedtuple
 
-    from pipelines import realign
+    from pipelines.releases import realign
 
     train, anchor = realign.plan(data_uri, sources, force_run, anchor_policy, promoted_policy_uri)
     return namedtuple("Plan", ["new_data", "anchor"])(train, anchor)
@@ -59,7 +59,7 @@ def plan_run(
 
 def no_new_data(sources: str, promoted_policy_uri: str) -> str:
     """The result of a run that trains nothing: its data equals the last promoted run's."""
-    from pipelines import realign
+    from pipelines.releases import realign
 
     return realign.no_new_data_result(sources, promoted_policy_uri)
 
@@ -87,7 +87,8 @@ def shard(
 
     from components.shard import run
     from components.shard.config import ShardConfig
-    from pipelines import policies, stage_io
+    from pipelines import stage_io
+    from pipelines.releases import policies
 
     started = time.time()
     found = json.loads(sources)
@@ -152,7 +153,7 @@ def check_policy(base_policy: str, sft_on_base: bool) -> NamedTuple(
     """
     from collections import namedtuple
 
-    from pipelines import policies
+    from pipelines.releases import policies
 
     train, reference = policies.initial_policy(base_policy, sft_on_base)
     return namedtuple("Checked", ["Output", "reference"])(train, reference)
@@ -377,7 +378,8 @@ def promote(
     import json
 
     from components.core import fileio
-    from pipelines import model_registry, policies, stage_io
+    from pipelines import stage_io
+    from pipelines.releases import policies, registry
 
     aligned = stage_io.reference_details(policy)
     record = {
@@ -390,9 +392,7 @@ def promote(
     registered: dict = {}
 
     def register(version: int, folder: str) -> dict:
-        registered.update(
-            model_registry.register_version(registry_model, version, folder, run_id=run_id)
-        )
+        registered.update(registry.register_version(registry_model, version, folder, run_id=run_id))
         return registered
 
     version = policies.promote(

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-from pipelines.cloud import CloudError, CloudSettings, require, require_token
+from pipelines.targets.cloud import CloudError, CloudSettings, require, require_token
 
 ACTIONS = ("pause", "resume", "delete")
 _KFP_PAGE = 100
@@ -109,7 +109,7 @@ def _kfp_row(run: Any) -> ScheduleRow:
 
 
 def _kfp_client(s: CloudSettings) -> Any:
-    from pipelines.cloud import kfp_client
+    from pipelines.targets.cloud import kfp_client
 
     return kfp_client(s)  # the host or kubeconfig context and auth options submit uses
 

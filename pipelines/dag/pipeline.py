@@ -26,8 +26,8 @@ the aligned policy's reference, the evaluation and metrics folders) or the no-ne
 one (status "no new data"). kfp.local cannot dsl.OneOf artifacts, and a pipeline output
 must come from a top-level task or a OneOf, so the training branch returns a string.
 
-Parameter defaults come from the stage configs (``pipelines/params.py``); placement
-per target from ``pipelines/targets.py``.
+Parameter defaults come from the stage configs (``pipelines/dag/params.py``); placement
+per target from ``pipelines/targets/placement.py``.
 """
 
 # No `from __future__ import annotations`: kfp reads the real annotations of the pipeline.
@@ -35,9 +35,9 @@ from typing import Any, NamedTuple
 
 from kfp import dsl
 
-from pipelines import params
-from pipelines.components import build_components
-from pipelines.targets import DATA, LIGHT, TRAIN, Placement, place
+from pipelines.dag import params
+from pipelines.dag.kfp_components import build_components
+from pipelines.targets.placement import DATA, LIGHT, TRAIN, Placement, place
 
 PIPELINE_NAME = "alignpipe"
 STAGES = ("data", "plan", "shard", "sft", "reward", "ppo", "dpo", "evaluate", "promote")

@@ -5,7 +5,7 @@ accelerator, retried on preemption, resuming from their checkpoints), ``data``
 (built-in data, file listing, the Beam shard job: the data image, CPU) and ``light``
 (plan, policy check, promotion: small CPU tasks).
 
-- vertex: a training task becomes a Vertex custom job (``pipelines/vertex_jobs.py``)
+- vertex: a training task becomes a Vertex custom job (``pipelines/targets/vertex/jobs.py``)
   whose one worker pool names the TPU VM machine type of each host and the slice's
   ``tpu_topology`` (v5e, 4 chips: ``ct5lp-hightpu-4t``, 2x2). Vertex's TPU pools have one
   replica: a multi-host topology (v5e 4x4: four ``ct5lp-hightpu-4t`` VMs) is one replica
@@ -15,7 +15,7 @@ accelerator, retried on preemption, resuming from their checkpoints), ``data``
   ``cloud.google.com/gke-tpu-accelerator`` and ``cloud.google.com/gke-tpu-topology``, a
   ``google.com/tpu`` limit and a toleration of the TPU node pool's taint (kfp-kubernetes).
 - gke, several hosts: the training task is a small CPU pod that launches the stage on
-  every host of the slice as a JobSet and waits for it (``pipelines/jobset.py``). KFP's
+  every host of the slice as a JobSet and waits for it (``pipelines/targets/gke/jobset.py``). KFP's
   launcher still downloads every input artifact of that pod into its ``/gcs`` scratch
   (an emptyDir on the node's boot disk; ``backend/src/v2/component/launcher_v2.go``,
   ``downloadArtifacts``) before the JobSet starts, though only the hosts read them: a 7B
@@ -41,7 +41,7 @@ from typing import Any
 
 from kfp import kubernetes
 
-from pipelines.vertex_jobs import ROLE_ENV
+from pipelines.targets.vertex.jobs import ROLE_ENV
 
 TARGETS = ("local", "vertex", "gke")
 TRAIN, DATA, LIGHT = "train", "data", "light"

@@ -1,7 +1,7 @@
 """``alignpipe run|rerun|compile|submit|schedule|rbac``: the pipeline locally and in the cloud.
 
 Every pipeline parameter is a flag (``--sft-steps 100``); its default and help come
-from the stage configs (``pipelines/params.py``).
+from the stage configs (``pipelines/dag/params.py``).
 """
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from pipelines import params
-from pipelines.pipeline import STAGES
-from pipelines.run_presets import RUN_PRESETS
-from pipelines.targets import TPU_GENERATIONS, Placement, slice_topology
+from pipelines.dag import params
+from pipelines.dag.pipeline import STAGES
+from pipelines.dag.run_presets import RUN_PRESETS
+from pipelines.targets.placement import TPU_GENERATIONS, Placement, slice_topology
 
 EXIT_USAGE = 2
 SCHEDULE_ACTIONS = ("pause", "resume", "delete")  # what schedules.change does
@@ -260,7 +260,7 @@ def _placement(args: argparse.Namespace) -> Placement:
 
 def _local(values: dict[str, Any], args: argparse.Namespace, fresh_from: str | None) -> int:
     """Run locally, print the summary; 1 if the pipeline failed."""
-    from pipelines.local_run import format_summary, run_local
+    from pipelines.targets.local.run import format_summary, run_local
 
     result = run_local(
         values, runs_dir=args.runs_dir, fresh_from=fresh_from, cpu_devices=args.cpu_devices
@@ -276,7 +276,7 @@ def _run(args: argparse.Namespace, rest: list[str]) -> int:
 
 def _rerun(args: argparse.Namespace, rest: list[str]) -> int:
     """alignpipe rerun --from STAGE: the last run's values, caching off from STAGE on."""
-    from pipelines.local_run import last_values
+    from pipelines.targets.local.run import last_values
 
     return _guard(
         lambda: _local({**last_values(args.runs_dir), **_values(args)}, args, args.from_stage)
@@ -285,7 +285,7 @@ def _rerun(args: argparse.Namespace, rest: list[str]) -> int:
 
 def _compile(args: argparse.Namespace, rest: list[str]) -> int:
     """alignpipe compile."""
-    from pipelines.cloud import compile_pipeline
+    from pipelines.targets.cloud import compile_pipeline
 
     def body() -> int:
         placement = _placement(args)
@@ -298,7 +298,7 @@ def _compile(args: argparse.Namespace, rest: list[str]) -> int:
 
 def _settings(args: argparse.Namespace) -> Any:
     """The cloud settings the flags describe."""
-    from pipelines.cloud import CloudError, CloudSettings
+    from pipelines.targets.cloud import CloudError, CloudSettings
 
     labels = {}
     for item in args.label:
@@ -318,7 +318,7 @@ def _settings(args: argparse.Namespace) -> Any:
 
 def _cloud(args: argparse.Namespace, action: str) -> int:
     """Check settings, compile to a temporary file, then submit or schedule it."""
-    from pipelines import cloud
+    from pipelines.targets import cloud
 
     placement, settings, values = _placement(args), _settings(args), _values(args)
     cloud.check_settings(args.target, settings)  # before compiling: fail fast on settings
@@ -353,7 +353,7 @@ def _schedule(args: argparse.Namespace, rest: list[str]) -> int:
 
 def _create_schedule(args: argparse.Namespace) -> int:
     """Check what only create reads (its cron, no SCHEDULE), then compile and schedule."""
-    from pipelines import cloud
+    from pipelines.targets import cloud
 
     if not args.cron:
         raise ValueError("schedule create needs --cron, e.g. --cron '0 3 * * 1'")
@@ -368,8 +368,8 @@ def _create_schedule(args: argparse.Namespace) -> int:
 
 def _manage_schedules(args: argparse.Namespace) -> int:
     """List the target's schedules, or pause, resume or delete one."""
-    from pipelines import schedules
-    from pipelines.preflight import flag
+    from pipelines.dag.preflight import flag
+    from pipelines.releases import schedules
 
     given = [name for name in vars(args) if name.startswith("param_")]
     if args.action == "list" and args.schedule_id:
@@ -392,7 +392,7 @@ def _rbac(args: argparse.Namespace, rest: list[str]) -> int:
     """alignpipe rbac: the launcher's Role and RoleBinding as YAML."""
     import yaml
 
-    from pipelines import jobset
+    from pipelines.targets.gke import jobset
 
     print(yaml.safe_dump_all(jobset.rbac(args.namespace, args.service_account), sort_keys=False))
     return 0

@@ -107,7 +107,7 @@ def _text(value: Any) -> str:
 
 
 def _history(args: argparse.Namespace, rest: list[str]) -> int:
-    from pipelines import promotion
+    from pipelines.releases import promotion
 
     try:
         root = _existing(args.uri)
@@ -141,7 +141,7 @@ def _history(args: argparse.Namespace, rest: list[str]) -> int:
 
 
 def _rollback(args: argparse.Namespace, rest: list[str]) -> int:
-    from pipelines import promotion
+    from pipelines.releases import promotion
 
     try:
         root = _existing(args.uri)
@@ -162,7 +162,7 @@ def _rollback(args: argparse.Namespace, rest: list[str]) -> int:
 
 
 def _promote(args: argparse.Namespace, rest: list[str]) -> int:
-    from pipelines import promotion
+    from pipelines.releases import promotion
 
     if not args.to.strip():
         return _error("--to is empty; pass a promoted_policy_uri (a local folder or gs://)")

@@ -73,7 +73,7 @@ from typing import Any
 from components.core.config import ALL_LINEAR, LoRASettings
 from components.core.model.config import ModelConfig, model_config
 from components.core.training.config import PRETRAINED_LEARNING_RATE
-from pipelines import params
+from pipelines.dag import params
 
 GB = 1e9
 # HBM per chip as Google lists it; a run may use HEADROOM of it (XLA's own buffers,
@@ -182,7 +182,7 @@ class RunPreset:
 
     def pipeline_params(self) -> dict[str, Any]:
         """The pipeline parameters that run this preset, read off the parameter table
-        (pipelines/params.py): each parameter whose stage config fields the preset sets."""
+        (pipelines/dag/params.py): each parameter whose stage config fields the preset sets."""
         return params_for({stage: self.flags(stage) for stage in ("shard", *STAGES)})
 
 

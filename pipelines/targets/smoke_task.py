@@ -1,8 +1,8 @@
 """What the smoke task runs inside the training image: the devices JAX sees, one pmap step.
 
 Imported by the smoke component's body at run time, so it imports no kfp: under the KFP
-executor, ``kfp.dsl`` lacks the pipeline-building names that ``pipelines.targets`` needs.
-The pipeline around it is ``pipelines/smoke.py``.
+executor, ``kfp.dsl`` lacks the pipeline-building names that ``pipelines.targets.placement`` needs.
+The pipeline around it is ``pipelines/targets/smoke.py``.
 """
 
 from __future__ import annotations

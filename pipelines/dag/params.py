@@ -337,7 +337,7 @@ def _check_algorithm(values: dict[str, Any]) -> None:
 
 def _check_registry(values: dict[str, Any]) -> None:
     """A registry model needs versions on gs://, and a well-formed resource name."""
-    from pipelines import model_registry
+    from pipelines.releases import registry
 
     registry_model, root = values["registry_model"], values["promoted_policy_uri"]
     if not registry_model:
@@ -350,7 +350,7 @@ def _check_registry(values: dict[str, Any]) -> None:
             "or registry_model to ''"
         )
     try:
-        model_registry.parse_model(registry_model)
+        registry.parse_model(registry_model)
     except ValueError as error:
         raise ParamError(str(error)) from None
 

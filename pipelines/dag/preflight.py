@@ -15,7 +15,9 @@ from typing import Any
 
 from components.core import fileio
 from components.core.model.heads import require_head
-from pipelines import params, policies, promotion, realign, stage_io
+from pipelines import stage_io
+from pipelines.dag import params
+from pipelines.releases import policies, promotion, realign
 
 
 class PreflightError(ValueError):

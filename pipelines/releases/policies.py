@@ -13,7 +13,8 @@ from typing import Any
 from components.core import fileio
 from components.core.model.heads import require_head
 from components.core.model.hf_folder import is_hf_dir
-from pipelines import promotion, stage_io
+from pipelines import stage_io
+from pipelines.releases import promotion
 
 
 def check_policy(base_policy: str) -> str:
