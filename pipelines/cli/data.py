@@ -10,10 +10,9 @@ from components.core.flags import add_config_flags, config_from_flags
 from components.shard.config import ShardConfig
 
 
-def register(commands: argparse._SubParsersAction) -> None:
-    """Add the ``data`` group to the top-level parser."""
-    data = commands.add_parser("data", help="generate, validate and shard preference data")
-    sub = data.add_subparsers(dest="data_command", required=True, metavar="ACTION")
+def add_data(parser: argparse.ArgumentParser) -> None:
+    """``alignpipe data generate|shard|validate``."""
+    sub = parser.add_subparsers(dest="data_command", required=True, metavar="ACTION")
 
     generate = sub.add_parser(
         "generate", help="write the built-in task's preference pairs as JSONL"

@@ -1,4 +1,6 @@
-"""``alignpipe model import | export``: Hugging Face checkpoints in and aligned policies out."""
+"""The model commands: ``alignpipe model import | export`` (Hugging Face checkpoints in,
+aligned policies out), ``alignpipe evaluate`` (the evaluate stage on a policy) and
+``alignpipe report`` (a local run's report.html)."""
 
 from __future__ import annotations
 
@@ -7,17 +9,17 @@ import json
 import math
 import os
 import sys
+import webbrowser
 
 from components.core import fileio
 from components.core.model.config import DTYPES, REMAT_POLICIES
 
+REPORT_FILE = "report.html"
 
-def register(commands: argparse._SubParsersAction) -> None:
-    """Add the ``model`` group to the top-level parser."""
-    model = commands.add_parser(
-        "model", help="import Hugging Face checkpoints as model artifacts, export policies back"
-    )
-    sub = model.add_subparsers(dest="model_command", required=True, metavar="ACTION")
+
+def add_model(parser: argparse.ArgumentParser) -> None:
+    """``alignpipe model import|export``."""
+    sub = parser.add_subparsers(dest="model_command", required=True, metavar="ACTION")
 
     imp = sub.add_parser(
         "import",
@@ -76,6 +78,19 @@ def register(commands: argparse._SubParsersAction) -> None:
         "absolute path of HF_OUT/base; a Hub id only if the base is that checkpoint unchanged)",
     )
     exp.set_defaults(handler=_export)
+
+
+def add_evaluate(parser: argparse.ArgumentParser) -> None:
+    """``alignpipe evaluate …``: the evaluate stage's own entry point parses the flags, so the
+    two never drift apart."""
+    parser.set_defaults(handler=_evaluate, accepts_extra=True)
+
+
+def add_report(parser: argparse.ArgumentParser) -> None:
+    """``alignpipe report RUN_DIR``: where a local run's report.html is."""
+    parser.add_argument("run_dir", metavar="RUN_DIR", help="a local run or pipeline-root folder")
+    parser.add_argument("--open", action="store_true", help="open the newest report in a browser")
+    parser.set_defaults(handler=_report)
 
 
 def _errors() -> tuple[type[Exception], ...]:
@@ -166,4 +181,40 @@ def _export(args: argparse.Namespace, rest: list[str]) -> int:
     except _errors() as error:
         return _refuse(str(error))
     print(json.dumps(summary))
+    return 0
+
+
+def _evaluate(args: argparse.Namespace, rest: list[str]) -> int:
+    from components.evaluate.__main__ import main
+
+    return main(rest, prog="alignpipe evaluate")
+
+
+def find_reports(run_dir: str) -> list[str]:
+    """Every report.html under ``run_dir``, newest first (a link to a file that is gone is
+    no report)."""
+    found = [
+        os.path.join(folder, REPORT_FILE)
+        for folder, _, files in os.walk(run_dir)
+        if REPORT_FILE in files and os.path.isfile(os.path.join(folder, REPORT_FILE))
+    ]
+    return sorted(found, key=lambda path: (os.path.getmtime(path), path), reverse=True)
+
+
+def _report(args: argparse.Namespace, rest: list[str]) -> int:
+    if not os.path.isdir(args.run_dir):
+        print(f"error: {args.run_dir} is not a folder; pass a local run folder", file=sys.stderr)
+        return 1
+    reports = find_reports(args.run_dir)
+    if not reports:
+        print(
+            f"error: no {REPORT_FILE} under {args.run_dir}; the evaluate step has not run "
+            "there yet (run the pipeline or `alignpipe evaluate … --output DIR`)",
+            file=sys.stderr,
+        )
+        return 1
+    for path in reports:
+        print(os.path.abspath(path))
+    if args.open:
+        webbrowser.open("file://" + os.path.abspath(reports[0]))
     return 0

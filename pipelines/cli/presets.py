@@ -32,13 +32,9 @@ STAGE_PATHS = {
 }
 
 
-def register(commands: argparse._SubParsersAction) -> None:
-    """Add ``presets`` to the top-level parser."""
-    parser = commands.add_parser(
-        "presets",
-        help="run presets (model class on a TPU slice): memory per chip and the flags",
-        description=__doc__.splitlines()[0],
-    )
+def add_presets(parser: argparse.ArgumentParser) -> None:
+    """``alignpipe presets [NAME]``."""
+    parser.description = __doc__.splitlines()[0]
     parser.add_argument("name", nargs="?", choices=sorted(RUN_PRESETS), help="one preset")
     parser.set_defaults(handler=_presets)
 

@@ -17,39 +17,39 @@ FIGURES = (
 )
 
 
-def register(commands: argparse._SubParsersAction) -> None:
-    """Add the ``history`` and ``rollback`` commands to the top-level parser."""
-    uri_help = "a promoted_policy_uri: a local folder or gs://"
-    history = commands.add_parser(
-        "history", help="the versions promoted to a promoted_policy_uri, and its rollbacks"
-    )
-    history.add_argument("uri", metavar="URI", help=uri_help)
-    history.add_argument("--json", action="store_true", help="print the events as JSON lines")
-    history.set_defaults(handler=_history)
+URI_HELP = "a promoted_policy_uri: a local folder or gs://"
 
-    rollback = commands.add_parser(
-        "rollback",
-        help="make an earlier promoted version current again (recorded in the history)",
-        description="Switch URI's CURRENT pointer to a complete version; the next run that "
-        "warm-starts from URI reads it. The switch is recorded in the history.",
-    )
-    rollback.add_argument("uri", metavar="URI", help=uri_help)
-    rollback.add_argument("--to", type=int, required=True, metavar="VERSION", help="e.g. 2")
-    rollback.add_argument("--reason", default="", help="why, for the history")
-    rollback.set_defaults(handler=_rollback)
 
-    promote = commands.add_parser(
-        "promote",
-        help="add a policy folder to a promoted_policy_uri as a new version (e.g. seed it "
-        "with the original SFT or base policy: the anchor of later runs)",
-        description="Copy POLICY (config.json + params/) into URI as its next version and make "
+def add_history(parser: argparse.ArgumentParser) -> None:
+    """``alignpipe history URI``."""
+    parser.add_argument("uri", metavar="URI", help=URI_HELP)
+    parser.add_argument("--json", action="store_true", help="print the events as JSON lines")
+    parser.set_defaults(handler=_history)
+
+
+def add_rollback(parser: argparse.ArgumentParser) -> None:
+    """``alignpipe rollback URI --to VERSION``."""
+    parser.description = (
+        "Switch URI's CURRENT pointer to a complete version; the next run that "
+        "warm-starts from URI reads it. The switch is recorded in the history."
+    )
+    parser.add_argument("uri", metavar="URI", help=URI_HELP)
+    parser.add_argument("--to", type=int, required=True, metavar="VERSION", help="e.g. 2")
+    parser.add_argument("--reason", default="", help="why, for the history")
+    parser.set_defaults(handler=_rollback)
+
+
+def add_promote(parser: argparse.ArgumentParser) -> None:
+    """``alignpipe promote POLICY --to URI``."""
+    parser.description = (
+        "Copy POLICY (config.json + params/) into URI as its next version and make "
         "it current. Seeding an empty URI this way gives scheduled runs (base_policy=URI) "
-        "their start and their anchor: the first version.",
+        "their start and their anchor: the first version."
     )
-    promote.add_argument("policy", metavar="POLICY", help="a policy model folder")
-    promote.add_argument("--to", required=True, metavar="URI", help=uri_help)
-    promote.add_argument("--note", default="", help="why, for the history")
-    promote.set_defaults(handler=_promote)
+    parser.add_argument("policy", metavar="POLICY", help="a policy model folder")
+    parser.add_argument("--to", required=True, metavar="URI", help=URI_HELP)
+    parser.add_argument("--note", default="", help="why, for the history")
+    parser.set_defaults(handler=_promote)
 
 
 def format_history(events: list[dict[str, Any]], current: int | None) -> str:

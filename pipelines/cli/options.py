@@ -1,7 +1,8 @@
-"""``alignpipe run|rerun|compile|submit|schedule|rbac``: the pipeline locally and in the cloud.
+"""What several commands share: their flags (pipeline parameters, placement, cloud), the
+values and settings read back from them, and one error guard.
 
-Every pipeline parameter is a flag (``--sft-steps 100``); its default and help come
-from the stage configs (``pipelines/dag/params.py``).
+Every pipeline parameter is a flag (``--sft-steps 100``); its default and help come from the
+stage configs (``pipelines/dag/params.py``).
 """
 
 from __future__ import annotations
@@ -9,8 +10,6 @@ from __future__ import annotations
 import argparse
 import math
 import sys
-import tempfile
-from pathlib import Path
 from typing import Any
 
 from pipelines.dag import params
@@ -19,80 +18,11 @@ from pipelines.dag.run_presets import RUN_PRESETS
 from pipelines.targets.placement import TPU_GENERATIONS, Placement, slice_topology
 
 EXIT_USAGE = 2
-SCHEDULE_ACTIONS = ("pause", "resume", "delete")  # what schedules.change does
 # What `make images` tags without a registry; a cloud run needs the pushed URI (--image).
 DEFAULT_IMAGE = "alignpipe/train:0.1.0"
 
 
-def register(commands: argparse._SubParsersAction) -> None:
-    """Add the pipeline commands to the top-level parser."""
-    run = commands.add_parser("run", help="run the whole pipeline locally (kfp.local, cached)")
-    _local_options(run)
-    _param_flags(run)
-    run.set_defaults(handler=_run)
-
-    rerun = commands.add_parser(
-        "rerun", help="repeat the last local run, recomputing from one stage on"
-    )
-    rerun.add_argument(
-        "--from", dest="from_stage", required=True, choices=STAGES,
-        help="this stage and every stage after it run again; earlier ones come from the cache",
-    )  # fmt: skip
-    _local_options(rerun)
-    _param_flags(rerun, note="changes the last run's value")
-    rerun.set_defaults(handler=_rerun)
-
-    compile_ = commands.add_parser("compile", help="write the pipeline spec for vertex or gke")
-    compile_.add_argument("-o", "--output", required=True, help="pipeline spec file to write")
-    _placement_options(compile_)
-    _param_flags(compile_, note="becomes the compiled default")
-    compile_.set_defaults(handler=_compile)
-
-    submit = commands.add_parser("submit", help="compile and start one run on vertex or gke")
-    _placement_options(submit)
-    _cloud_options(submit)
-    _param_flags(submit)
-    submit.set_defaults(handler=_submit)
-
-    schedule = commands.add_parser(
-        "schedule",
-        help="compile and run on a cron schedule (periodic realignment); list, pause, resume "
-        "or delete schedules",
-        description="create (the default): compile and schedule the pipeline on --cron. "
-        "list: the schedules of --project/--region (vertex) or --host (gke). pause, resume, "
-        "delete SCHEDULE: one of them, by the id list shows (resume skips the missed runs).",
-    )
-    schedule.add_argument(
-        "action", nargs="?", default="create", choices=("create", "list", *SCHEDULE_ACTIONS),
-        help="create (default), list, pause, resume or delete",
-    )  # fmt: skip
-    schedule.add_argument(
-        "schedule_id", nargs="?", default="", metavar="SCHEDULE",
-        help="pause, resume, delete: the schedule's id (Vertex: its ID or resource name)",
-    )  # fmt: skip
-    schedule.add_argument(
-        "--cron", default="", help='create: 5-field cron in UTC, e.g. "0 3 * * 1" (Mondays 03:00)'
-    )
-    _placement_options(schedule)
-    _cloud_options(schedule)
-    _param_flags(schedule)
-    schedule.set_defaults(handler=_schedule)
-
-    rbac = commands.add_parser(
-        "rbac",
-        help="gke: print the Role and RoleBinding a run's service account needs to run "
-        "multi-host TPU tasks as JobSets (kubectl apply -f -)",
-    )
-    rbac.add_argument("--namespace", required=True, help="the namespace the runs' pods run in")
-    rbac.add_argument(
-        "--service-account", required=True,
-        help="the Kubernetes service account of the runs' pods (submit's --service-account; "
-        "multi-user Kubeflow: default-editor, standalone KFP: pipeline-runner)",
-    )  # fmt: skip
-    rbac.set_defaults(handler=_rbac)
-
-
-def _param_flags(parser: argparse.ArgumentParser, note: str = "") -> None:
+def add_param_flags(parser: argparse.ArgumentParser, note: str = "") -> None:
     """One ``--flag`` per pipeline parameter (unset keeps the default)."""
     group = parser.add_argument_group("pipeline parameters" + (f" (each {note})" if note else ""))
     for p in params.PARAMS:
@@ -105,7 +35,7 @@ def _param_flags(parser: argparse.ArgumentParser, note: str = "") -> None:
         )
 
 
-def _local_options(parser: argparse.ArgumentParser) -> None:
+def add_local_options(parser: argparse.ArgumentParser) -> None:
     """Where local runs go and how many virtual devices they get."""
     parser.add_argument("--runs-dir", default="runs", help="pipeline root of local runs (runs)")
     parser.add_argument(
@@ -114,14 +44,13 @@ def _local_options(parser: argparse.ArgumentParser) -> None:
     )  # fmt: skip
 
 
-def _placement_options(parser: argparse.ArgumentParser) -> None:
+def add_placement_options(parser: argparse.ArgumentParser) -> None:
     """Images, TPU and resources of a cloud target."""
     group = parser.add_argument_group("placement")
     group.add_argument("--target", required=True, choices=("vertex", "gke"), help="where it runs")
     group.add_argument(
         "--image", default=None, help=f"training image URI, JAX for TPU (default: {DEFAULT_IMAGE})"
     )
-    group.add_argument("--data-image", default="", help="Beam image URI of the data tasks")
     group.add_argument(
         "--run-preset",
         choices=sorted(RUN_PRESETS),
@@ -163,12 +92,18 @@ def _placement_options(parser: argparse.ArgumentParser) -> None:
         help="gke, multi-host slices: the CPU node pool of the pods that launch the JobSets; "
         "KFP downloads each task's input artifacts onto their boot disks",
     )  # fmt: skip
+
+
+def add_dag_options(parser: argparse.ArgumentParser) -> None:
+    """What only the whole pipeline reads: the data tasks' image, and caching from a stage."""
+    group = parser.add_argument_group("pipeline")
+    group.add_argument("--data-image", default="", help="Beam image URI of the data tasks")
     group.add_argument(
         "--fresh-from", choices=STAGES, default=None, help="no caching from this stage on"
     )
 
 
-def _cloud_options(parser: argparse.ArgumentParser) -> None:
+def add_cloud_options(parser: argparse.ArgumentParser) -> None:
     """Project, region, pipeline root, identity and labels of a cloud run."""
     group = parser.add_argument_group("cloud")
     group.add_argument("--project", default="", help="Google Cloud project (vertex)")
@@ -208,16 +143,16 @@ def _cloud_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _values(args: argparse.Namespace) -> dict[str, Any]:
+def values(args: argparse.Namespace) -> dict[str, Any]:
     """The parameters given as flags, converted to their types, over the run preset's."""
     prefix = "param_"
     given = {k[len(prefix) :]: v for k, v in vars(args).items() if k.startswith(prefix)}
     values = {name: params.coerce(name, text) for name, text in given.items()}
-    preset = _run_preset(args)
+    preset = run_preset(args)
     return values if preset is None else {**preset.pipeline_params(), **values}
 
 
-def _run_preset(args: argparse.Namespace) -> Any:
+def run_preset(args: argparse.Namespace) -> Any:
     """The --run-preset, refused when this pipeline places no slice of its size."""
     name = getattr(args, "run_preset", None)
     if name is None:
@@ -232,11 +167,12 @@ def _run_preset(args: argparse.Namespace) -> Any:
     return preset
 
 
-def _placement(args: argparse.Namespace) -> Placement:
-    """The placement the flags describe (checked on construction)."""
+def placement(args: argparse.Namespace) -> Placement:
+    """The placement the flags describe (checked on construction); a command without
+    ``add_dag_options`` (smoke) runs every task on the training image."""
     if args.image is None:
         print(f"note: no --image given; the spec names {DEFAULT_IMAGE}", file=sys.stderr)
-    preset = _run_preset(args)
+    preset = run_preset(args)
     tpu = args.tpu or (preset.chip if preset else "v5e")
     topology = args.tpu_topology or (slice_topology(tpu, preset.chips) if preset else "2x2")
     if preset is not None:
@@ -248,7 +184,8 @@ def _placement(args: argparse.Namespace) -> Placement:
                 "flags, or choose the preset of that slice (alignpipe presets)"
             )
     placement = Placement(
-        target=args.target, image=args.image or DEFAULT_IMAGE, data_image=args.data_image,
+        target=args.target, image=args.image or DEFAULT_IMAGE,
+        data_image=getattr(args, "data_image", ""),
         tpu=tpu, topology=topology, machine_type=args.machine_type,
         cpu_limit=args.cpu_limit, memory_limit=args.memory_limit, train_retries=args.train_retries,
         train_timeout_h=args.train_timeout, launcher_node_pool=args.launcher_node_pool,
@@ -258,45 +195,7 @@ def _placement(args: argparse.Namespace) -> Placement:
     return placement
 
 
-def _local(values: dict[str, Any], args: argparse.Namespace, fresh_from: str | None) -> int:
-    """Run locally, print the summary; 1 if the pipeline failed."""
-    from pipelines.targets.local.run import format_summary, run_local
-
-    result = run_local(
-        values, runs_dir=args.runs_dir, fresh_from=fresh_from, cpu_devices=args.cpu_devices
-    )
-    print("\n" + format_summary(result))
-    return 1 if result.error else 0
-
-
-def _run(args: argparse.Namespace, rest: list[str]) -> int:
-    """alignpipe run."""
-    return _guard(lambda: _local(_values(args), args, None))
-
-
-def _rerun(args: argparse.Namespace, rest: list[str]) -> int:
-    """alignpipe rerun --from STAGE: the last run's values, caching off from STAGE on."""
-    from pipelines.targets.local.run import last_values
-
-    return _guard(
-        lambda: _local({**last_values(args.runs_dir), **_values(args)}, args, args.from_stage)
-    )
-
-
-def _compile(args: argparse.Namespace, rest: list[str]) -> int:
-    """alignpipe compile."""
-    from pipelines.targets.cloud import compile_pipeline
-
-    def body() -> int:
-        placement = _placement(args)
-        compile_pipeline(placement, _values(args), args.output, args.fresh_from)
-        print(f"wrote {args.output} ({args.target}: {placement.describe()})")
-        return 0
-
-    return _guard(body)
-
-
-def _settings(args: argparse.Namespace) -> Any:
+def settings(args: argparse.Namespace) -> Any:
     """The cloud settings the flags describe."""
     from pipelines.targets.cloud import CloudError, CloudSettings
 
@@ -316,89 +215,7 @@ def _settings(args: argparse.Namespace) -> Any:
     )  # fmt: skip
 
 
-def _cloud(args: argparse.Namespace, action: str) -> int:
-    """Check settings, compile to a temporary file, then submit or schedule it."""
-    from pipelines.targets import cloud
-
-    placement, settings, values = _placement(args), _settings(args), _values(args)
-    cloud.check_settings(args.target, settings)  # before compiling: fail fast on settings
-    # Training state outside the artifacts, where a retried task finds it.
-    values = params.with_cloud_checkpoint_root(values, settings.pipeline_root)
-    for warning in cloud.settings_warnings(args.target, settings):
-        print(f"warning: {warning}", file=sys.stderr)
-    with tempfile.TemporaryDirectory() as folder:
-        package = str(Path(folder) / "alignpipe.yaml")
-        cloud.compile_pipeline(placement, values, package, args.fresh_from)
-        if action == "submit":
-            run = cloud.submit(args.target, package, values, placement, settings)
-            what = f"submitted to {args.target}"
-        else:
-            run = cloud.schedule(args.target, package, values, placement, settings, args.cron)
-            what = f"scheduled on {args.target} at '{args.cron}'"
-        print(f"{what}: {getattr(run, 'resource_name', run)}")
-    return 0
-
-
-def _submit(args: argparse.Namespace, rest: list[str]) -> int:
-    """alignpipe submit."""
-    return _guard(lambda: _cloud(args, "submit"))
-
-
-def _schedule(args: argparse.Namespace, rest: list[str]) -> int:
-    """alignpipe schedule [create|list|pause|resume|delete]."""
-    if args.action == "create":
-        return _guard(lambda: _create_schedule(args))
-    return _guard(lambda: _manage_schedules(args))
-
-
-def _create_schedule(args: argparse.Namespace) -> int:
-    """Check what only create reads (its cron, no SCHEDULE), then compile and schedule."""
-    from pipelines.targets import cloud
-
-    if not args.cron:
-        raise ValueError("schedule create needs --cron, e.g. --cron '0 3 * * 1'")
-    if args.schedule_id:
-        raise ValueError(
-            f"schedule create takes no SCHEDULE ({args.schedule_id!r}); did you mean "
-            f"`schedule pause|resume|delete {args.schedule_id}`?"
-        )
-    cloud.check_cron(args.cron, args.target)  # before compiling
-    return _cloud(args, "schedule")
-
-
-def _manage_schedules(args: argparse.Namespace) -> int:
-    """List the target's schedules, or pause, resume or delete one."""
-    from pipelines.dag.preflight import flag
-    from pipelines.releases import schedules
-
-    given = [name for name in vars(args) if name.startswith("param_")]
-    if args.action == "list" and args.schedule_id:
-        raise ValueError(f"schedule list takes no SCHEDULE ({args.schedule_id!r})")
-    if args.cron or given:
-        ignored = "--cron" if args.cron else flag(given[0][len("param_") :])
-        raise ValueError(f"schedule {args.action} takes no {ignored}; only create reads it")
-    settings = _settings(args)
-    if args.action == "list":
-        rows = schedules.list_schedules(args.target, settings)
-        print(schedules.format_schedules(rows) if rows else f"no schedules on {args.target}")
-        return 0
-    schedules.change(args.target, settings, args.schedule_id, args.action)
-    done = {"pause": "paused", "resume": "resumed", "delete": "deleted"}[args.action]
-    print(f"schedule {args.schedule_id} {done} on {args.target}")
-    return 0
-
-
-def _rbac(args: argparse.Namespace, rest: list[str]) -> int:
-    """alignpipe rbac: the launcher's Role and RoleBinding as YAML."""
-    import yaml
-
-    from pipelines.targets.gke import jobset
-
-    print(yaml.safe_dump_all(jobset.rbac(args.namespace, args.service_account), sort_keys=False))
-    return 0
-
-
-def _guard(body: Any) -> int:
+def guard(body: Any) -> int:
     """Run a command body; a user error prints one line and exits 2, a failure of the
     service or its credentials prints one line and exits 1."""
     try:
