@@ -102,6 +102,29 @@ def test_longest_import_chain_stays_short():
         assert len(chain) <= most, " -> ".join(chain)
 
 
+def test_cli_modules_import_no_other_command_module():
+    """Commands share flags through cli/options.py only; main.py alone knows every module."""
+    graph = import_graph()
+    shared = {"pipelines.cli", "pipelines.cli.options"}
+    for name, targets in graph.items():
+        if name.startswith("pipelines.cli.") and name != "pipelines.cli.main":
+            crossing = {t for t in targets if t.startswith("pipelines.cli")} - shared
+            assert not crossing, f"{name} imports {sorted(crossing)}"
+
+
+def test_help_lists_every_command_once_by_group(capsys):
+    from pipelines.cli.main import GROUPS, build_parser, commands
+
+    text = build_parser().format_help()
+    table = commands()
+    assert len({c.name for c in table}) == len(table)
+    assert {c.group for c in table} == set(GROUPS)
+    for command in table:
+        assert f"    {command.name} " in text
+    positions = [text.index(f"  {group} (") for group in GROUPS]
+    assert positions == sorted(positions)
+
+
 def test_graph_reads_lazy_and_relative_imports():
     graph = import_graph()
     # A function-level import is an arrow too: check-policy's task imports stage_io lazily.

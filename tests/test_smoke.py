@@ -100,6 +100,14 @@ def test_compile_only_needs_an_output_file(capsys):
     assert "--compile-only needs -o FILE" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("flag", [["--fresh-from", "sft"], ["--data-image", "img@sha256:0"]])
+def test_smoke_takes_no_flag_of_the_whole_pipeline(flag, tmp_path, capsys):
+    """One task on the training image: no data tasks to place, no cache to start fresh."""
+    with pytest.raises(SystemExit) as exited:
+        main(["smoke", *VERTEX, *flag, "--compile-only", "-o", str(tmp_path / "s.yaml")])
+    assert exited.value.code == 2 and flag[0] in capsys.readouterr().err
+
+
 def test_gke_multi_host_smoke_runs_on_every_host_through_the_jobset_launcher(tmp_path):
     flags = ["--target", "gke", "--image", TRAIN_IMAGE, "--tpu", "v5e", "--tpu-topology", "4x4"]
     spec = _compile(tmp_path, *flags)[0]
