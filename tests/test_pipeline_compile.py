@@ -14,8 +14,8 @@ from pipelines.cli.main import main
 from pipelines.dag import params
 from pipelines.dag.kfp_components import Components, build_components
 from pipelines.dag.pipeline import downstream
-from pipelines.targets.cloud import compile_pipeline
 from pipelines.targets.placement import Placement, PlacementError
+from pipelines.targets.spec import compile_pipeline
 from pipelines.targets.vertex import jobs as vertex_jobs
 
 TRAIN_IMAGE = "us-docker.pkg.dev/p/alignpipe/train:1"

@@ -243,7 +243,7 @@ def test_refusals_before_any_client_call(vertex_job, capsys, argv, message):
 def test_schedule_create_refuses_its_cron_and_arguments_before_compiling(
     vertex_job, capsys, argv, message
 ):
-    with mock.patch("pipelines.targets.cloud.compile_pipeline") as compiled:
+    with mock.patch("pipelines.targets.spec.compile_pipeline") as compiled:
         assert main(["schedule", *argv, *VERTEX]) == 2
     assert message in capsys.readouterr().err
     compiled.assert_not_called()

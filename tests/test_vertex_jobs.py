@@ -17,8 +17,8 @@ import yaml
 from google.cloud.aiplatform_v1.types import CustomJob, CustomJobSpec
 
 from pipelines.cli.main import main
-from pipelines.targets.cloud import compile_pipeline
 from pipelines.targets.placement import HOSTS_ENV, Placement, PlacementError
+from pipelines.targets.spec import compile_pipeline
 from pipelines.targets.vertex import custom_job_retry
 from pipelines.targets.vertex import jobs as vertex_jobs
 

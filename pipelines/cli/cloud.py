@@ -104,7 +104,7 @@ def add_rbac(parser: argparse.ArgumentParser) -> None:
 
 def _compile(args: argparse.Namespace, rest: list[str]) -> int:
     """alignpipe compile."""
-    from pipelines.targets.cloud import compile_pipeline
+    from pipelines.targets.spec import compile_pipeline
 
     def body() -> int:
         placement = options.placement(args)
@@ -118,6 +118,7 @@ def _compile(args: argparse.Namespace, rest: list[str]) -> int:
 def _cloud(args: argparse.Namespace, action: str) -> int:
     """Check settings, compile to a temporary file, then submit or schedule it."""
     from pipelines.targets import cloud
+    from pipelines.targets.spec import compile_pipeline
 
     placement, settings, values = (
         options.placement(args),
@@ -131,7 +132,7 @@ def _cloud(args: argparse.Namespace, action: str) -> int:
         print(f"warning: {warning}", file=sys.stderr)
     with tempfile.TemporaryDirectory() as folder:
         package = str(Path(folder) / "alignpipe.yaml")
-        cloud.compile_pipeline(placement, values, package, args.fresh_from)
+        compile_pipeline(placement, values, package, args.fresh_from)
         if action == "submit":
             run = cloud.submit(args.target, package, values, placement, settings)
             what = f"submitted to {args.target}"

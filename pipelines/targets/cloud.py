@@ -1,13 +1,10 @@
-"""Compile the pipeline for a cloud target, submit it, schedule it (Vertex AI or Kubeflow on GKE).
+"""Submit a compiled pipeline to a cloud target, or schedule it (Vertex AI or Kubeflow on GKE).
 
 Vertex AI: ``aiplatform.PipelineJob`` (submit) and ``aiplatform.PipelineJobSchedule``
-(schedule); the compiled spec's training tasks are rewritten as TPU custom jobs
-(``pipelines/targets/vertex/jobs.py``). Kubeflow on GKE: ``kfp.Client`` (``kfp_client``: host or
-kubeconfig context, IAP or a bearer token; ``create_run_from_pipeline_package``,
-``create_recurring_run``); on a slice of several hosts each training task launches its stage
-on the hosts as a JobSet (``pipelines/targets/gke/jobset.py``). Settings are checked before
-any client is built, so a missing project, region, host or pipeline root fails with a message
-that names the flag.
+(schedule). Kubeflow on GKE: ``kfp.Client`` (``kfp_client``: host or kubeconfig context, IAP
+or a bearer token; ``create_run_from_pipeline_package``, ``create_recurring_run``). The spec
+comes from ``spec.py``. Settings are checked before any client is built, so a missing
+project, region, host or pipeline root fails with a message that names the flag.
 """
 
 from __future__ import annotations
@@ -15,16 +12,10 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
-from pathlib import Path
 from typing import Any
 
-import yaml
-
-from pipelines.dag import params
-from pipelines.dag.pipeline import PIPELINE_NAME, build_pipeline
-from pipelines.targets.gke import jobset
+from pipelines.dag.pipeline import PIPELINE_NAME
 from pipelines.targets.placement import Placement
-from pipelines.targets.vertex import jobs as vertex_jobs
 
 # Vertex AI label keys and values: lowercase letters, digits, '_' and '-', at most 63.
 _LABEL = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
@@ -56,45 +47,6 @@ class CloudSettings:
     # None keeps each task's compiled setting (listings never cached, --fresh-from);
     # True or False would apply to every task alike.
     enable_caching: bool | None = None
-
-
-def compile_pipeline(
-    placement: Placement,
-    values: dict[str, Any],
-    package_path: str | Path,
-    fresh_from: str | None = None,
-) -> dict[str, Any]:
-    """Check the parameters for ``placement``, then write the pipeline spec; returns them.
-
-    The given values become the compiled pipeline's defaults.
-    """
-    from kfp import compiler
-
-    checked = params.validate(values, placement.chips)
-    pipeline = build_pipeline(placement, fresh_from)
-    Path(package_path).parent.mkdir(parents=True, exist_ok=True)
-    compiler.Compiler().compile(pipeline, str(package_path), pipeline_parameters=values or None)
-    if placement.target == "vertex" or placement.hosts > 1:
-        rewrite_training(placement, Path(package_path))
-    return checked
-
-
-def rewrite_training(
-    placement: Placement, package: Path, pipeline_name: str = PIPELINE_NAME
-) -> None:
-    """Rewrite the compiled spec's training tasks: each a TPU custom job on Vertex (labelled
-    with ``pipeline_name`` and the placement), or a JobSet over the hosts of a multi-host
-    slice on GKE."""
-    spec, *platform = yaml.safe_load_all(package.read_text())
-    if placement.target == "vertex":
-        labels = {key.replace("-", "_"): value for key, value in placement.describe().items()}
-        labels = {"pipeline": pipeline_name, **labels}
-        vertex_jobs.as_custom_jobs(
-            spec, placement.machine, placement.topology, labels, placement.train_timeout_h
-        )
-    else:
-        jobset.as_launchers(spec, placement)
-    package.write_text(yaml.safe_dump_all([spec, *platform], sort_keys=False))
 
 
 def require(target: str, settings: CloudSettings, needed: tuple[str, ...], what: str) -> None:

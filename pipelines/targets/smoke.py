@@ -73,6 +73,6 @@ def compile_smoke(placement: Placement, package_path: str | Path) -> None:
     compiler.Compiler().compile(build_smoke_pipeline(placement), str(package))
     if placement.target == "local" or (placement.target == "gke" and placement.hosts == 1):
         return
-    from pipelines.targets import cloud
+    from pipelines.targets import spec
 
-    cloud.rewrite_training(placement, package, SMOKE_PIPELINE)
+    spec.rewrite_training(placement, package, SMOKE_PIPELINE)
