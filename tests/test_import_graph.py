@@ -12,6 +12,8 @@ import ast
 from functools import cache
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("components", "pipelines")
 # The most floors (modules on one import chain) each may stack: ``pipelines`` alone, and the
@@ -123,6 +125,15 @@ def test_help_lists_every_command_once_by_group(capsys):
         assert f"    {command.name} " in text
     positions = [text.index(f"  {group} (") for group in GROUPS]
     assert positions == sorted(positions)
+    assert text.startswith("usage: alignpipe [-h] COMMAND ...")
+
+
+def test_a_command_usage_names_only_its_own_path(capsys):
+    from pipelines.cli.main import main
+
+    with pytest.raises(SystemExit):
+        main(["model", "export", "--help"])
+    assert capsys.readouterr().out.startswith("usage: alignpipe model export [-h]")
 
 
 def test_graph_reads_lazy_and_relative_imports():

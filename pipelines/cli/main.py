@@ -141,7 +141,6 @@ def build_parser() -> argparse.ArgumentParser:
     table = commands()
     parser = argparse.ArgumentParser(
         prog="alignpipe",
-        usage="alignpipe [-h] COMMAND ...",
         description="RLHF alignment pipeline: shard preference data, train a reward model,\n"
         "align a policy with PPO, evaluate — locally or on Vertex AI / GKE.",
         epilog=command_listing(table) + "\n\n`alignpipe COMMAND --help` describes one.",
@@ -151,6 +150,8 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(
         dest="command", required=True, metavar="COMMAND", help=argparse.SUPPRESS
     )
+    # Set after the subparsers take their prog ("alignpipe"), or theirs would repeat it.
+    parser.usage = "alignpipe [-h] COMMAND ..."
     for command in table:
         command.add(subparsers.add_parser(command.name, add_help=command.add_help))
     return parser

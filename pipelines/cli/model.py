@@ -20,7 +20,12 @@ REPORT_FILE = "report.html"
 def add_model(parser: argparse.ArgumentParser) -> None:
     """``alignpipe model import|export``."""
     sub = parser.add_subparsers(dest="model_command", required=True, metavar="ACTION")
+    _add_import(sub)
+    _add_export(sub)
 
+
+def _add_import(sub: argparse._SubParsersAction) -> None:
+    """``alignpipe model import HF_DIR OUT``."""
     imp = sub.add_parser(
         "import",
         help="a local HF folder (Llama 3.x, Qwen2/2.5, Gemma 2) -> a model artifact",
@@ -40,6 +45,9 @@ def add_model(parser: argparse.ArgumentParser) -> None:
     imp.add_argument("--remat", choices=list(REMAT_POLICIES), default="full")
     imp.set_defaults(handler=_import)
 
+
+def _add_export(sub: argparse._SubParsersAction) -> None:
+    """``alignpipe model export MODEL_DIR HF_OUT``."""
     exp = sub.add_parser(
         "export",
         help="a policy artifact -> a HF folder that transformers loads",
