@@ -31,6 +31,7 @@ per target from ``pipelines/targets/placement.py``.
 """
 
 # No `from __future__ import annotations`: kfp reads the real annotations of the pipeline.
+import inspect
 from typing import Any, NamedTuple
 
 from kfp import dsl
@@ -67,13 +68,27 @@ STAGE_TASKS = {
     "evaluate": ("evaluate",),
     "promote": ("promote",),
 }
-D = params.defaults()
 
 
 class Outputs(NamedTuple):
     """What a run hands back: its result (evaluated, or no new data), as JSON."""
 
     result: str
+
+
+PARAMETER_NAMES = tuple(p.name for p in params.PARAMS)
+SIGNATURE = inspect.Signature(
+    [
+        inspect.Parameter(
+            p.name,
+            inspect.Parameter.POSITIONAL_OR_KEYWORD,
+            default=p.default_value(),
+            annotation=p.type(),
+        )  # fmt: skip
+        for p in params.PARAMS
+    ],
+    return_annotation=Outputs,
+)
 
 
 def downstream(stage: str) -> tuple[str, ...]:
@@ -97,98 +112,35 @@ def build_pipeline(placement: Placement, fresh_from: str | None = None) -> Any:
         task.set_caching_options(cache and stage not in fresh)
         return place(task, role, placement)
 
-    @dsl.pipeline(
-        name=PIPELINE_NAME, description="RLHF: shard, sft, reward, PPO (or DPO), evaluate."
-    )
-    def alignment_pipeline(
-        data_uri: str = D["data_uri"],
-        builtin_pairs: int = D["builtin_pairs"],
-        data_format: str = D["data_format"],
-        tokenizer: str = D["tokenizer"],
-        max_prompt_tokens: int = D["max_prompt_tokens"],
-        max_response_tokens: int = D["max_response_tokens"],
-        num_shards: int = D["num_shards"],
-        eval_fraction: float = D["eval_fraction"],
-        min_eval_pairs: int = D["min_eval_pairs"],
-        max_invalid_fraction: float = D["max_invalid_fraction"],
-        beam_args: str = D["beam_args"],
-        base_policy: str = D["base_policy"],
-        sft_on_base: bool = D["sft_on_base"],
-        reward_base_policy: str = D["reward_base_policy"],
-        preset: str = D["preset"],
-        max_len: int = D["max_len"],
-        seed: int = D["seed"],
-        remat: str = D["remat"],
-        dtype: str = D["dtype"],
-        fsdp: bool = D["fsdp"],
-        lora_rank: int = D["lora_rank"],
-        lora_alpha: float = D["lora_alpha"],
-        lora_targets: str = D["lora_targets"],
-        sft_steps: int = D["sft_steps"],
-        sft_batch_size: int = D["sft_batch_size"],
-        sft_learning_rate: float = D["sft_learning_rate"],
-        reward_steps: int = D["reward_steps"],
-        reward_batch_size: int = D["reward_batch_size"],
-        reward_learning_rate: float = D["reward_learning_rate"],
-        min_reward_accuracy: float = D["min_reward_accuracy"],
-        algorithm: str = D["algorithm"],
-        group_size: int = D["group_size"],
-        ppo_iterations: int = D["ppo_iterations"],
-        ppo_rollout_batch_size: int = D["ppo_rollout_batch_size"],
-        ppo_minibatches: int = D["ppo_minibatches"],
-        ppo_learning_rate: float = D["ppo_learning_rate"],
-        ppo_critic_learning_rate: float = D["ppo_critic_learning_rate"],
-        ppo_epochs: int = D["ppo_epochs"],
-        kl_coef: float = D["kl_coef"],
-        adaptive_kl: bool = D["adaptive_kl"],
-        kl_target: float = D["kl_target"],
-        kl_stop: float = D["kl_stop"],
-        max_new_tokens: int = D["max_new_tokens"],
-        dpo_steps: int = D["dpo_steps"],
-        dpo_batch_size: int = D["dpo_batch_size"],
-        dpo_learning_rate: float = D["dpo_learning_rate"],
-        dpo_beta: float = D["dpo_beta"],
-        dpo_loss_type: str = D["dpo_loss_type"],
-        dpo_label_smoothing: float = D["dpo_label_smoothing"],
-        min_win_rate_lower: float = D["min_win_rate_lower"],
-        max_kl: float = D["max_kl"],
-        max_anchor_kl: float = D["max_anchor_kl"],
-        max_eval_prompts: int = D["max_eval_prompts"],
-        gold_reward: str = D["gold_reward"],
-        eval_reward_model: str = D["eval_reward_model"],
-        eval_samples_per_prompt: int = D["eval_samples_per_prompt"],
-        best_of_n: str = D["best_of_n"],
-        eval_max_new_tokens: int = D["eval_max_new_tokens"],
-        eval_batch_size: int = D["eval_batch_size"],
-        checkpoint_root: str = D["checkpoint_root"],
-        promoted_policy_uri: str = D["promoted_policy_uri"],
-        registry_model: str = D["registry_model"],
-        anchor_policy: str = D["anchor_policy"],
-        force_run: bool = D["force_run"],
-    ) -> Outputs:
+    def alignment_pipeline(*channels: Any) -> Outputs:
         """Align a policy to the preference data; promote it only when evaluation blesses it."""
-        p = dict(locals())  # the parameter channels by name, for params.stage_values
-
-        with dsl.If(data_uri == "", name="builtin-data"):
-            generated = configure(c.builtin_data(pairs=builtin_pairs, seed=seed), "data", DATA)
+        p = dict(zip(PARAMETER_NAMES, channels, strict=True))  # the parameter channels by name
+        with dsl.If(p["data_uri"] == "", name="builtin-data"):
+            data = c.builtin_data(pairs=p["builtin_pairs"], seed=p["seed"])
+            generated = configure(data, "data", DATA)
         with dsl.Else(name="given-data"):
             # Never cached: the same glob matches new files on a later run.
-            found = configure(c.find_data(data_uri=data_uri), "data", DATA, cache=False)
+            found = configure(c.find_data(data_uri=p["data_uri"]), "data", DATA, cache=False)
         sources = dsl.OneOf(generated.outputs["Output"], found.output)
         plan = c.plan_run(
-            data_uri=data_uri, sources=sources, force_run=force_run,
-            anchor_policy=anchor_policy, promoted_policy_uri=promoted_policy_uri,
+            data_uri=p["data_uri"], sources=sources, force_run=p["force_run"],
+            anchor_policy=p["anchor_policy"], promoted_policy_uri=p["promoted_policy_uri"],
         )  # fmt: skip
         # Never cached: the promotion history it reads moves between runs.
         configure(plan, "plan", LIGHT, cache=False)
         with dsl.If(plan.outputs["new_data"] == True, name="new-data"):  # noqa: E712
             evaluated = _train_and_evaluate(c, configure, p, sources, plan.outputs["anchor"])
         with dsl.Else(name="nothing-new"):
-            nothing = c.no_new_data(sources=sources, promoted_policy_uri=promoted_policy_uri)
+            nothing = c.no_new_data(sources=sources, promoted_policy_uri=p["promoted_policy_uri"])
             configure(nothing, "plan", LIGHT, cache=False)
         return Outputs(result=dsl.OneOf(evaluated, nothing.output))
 
-    return alignment_pipeline
+    # KFP reads the pipeline's inputs from its signature: one typed parameter per row of the
+    # parameter table (params.PARAMS), its default the stage config's.
+    alignment_pipeline.__signature__ = SIGNATURE
+    return dsl.pipeline(
+        name=PIPELINE_NAME, description="RLHF: shard, sft, reward, PPO (or DPO), evaluate."
+    )(alignment_pipeline)
 
 
 def _train_and_evaluate(
