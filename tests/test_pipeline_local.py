@@ -15,9 +15,9 @@ from pipelines.targets.local.run import (
     PROMOTED_DIR,
     TaskWatcher,
     failure_reasons,
-    format_summary,
     run_local,
 )
+from pipelines.targets.local.summary import format_summary
 
 # Tiny model, few steps, little data: the whole pipeline in a couple of minutes on 2 cores.
 TINY = {

@@ -3,7 +3,7 @@
 kfp.local streams each task's whole output (executor inputs, Beam, Orbax's INFO lines per
 checkpoint, TensorFlow warnings) to ``sys.stdout`` and logs its own events on the root
 logger. While a run goes, :func:`capture` sends both, and ``sys.stderr``, to a file;
-the terminal keeps only the progress lines local_run.py prints to the stream it held
+the terminal keeps only the progress lines run.py prints to the stream it held
 before. :func:`task_errors` reads back what each failed task raised, since kfp.local's
 own error names only the task and the conditions around it.
 """
