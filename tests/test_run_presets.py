@@ -19,21 +19,17 @@ from components.reward.config import RewardConfig
 from components.sft.config import SFTConfig
 from pipelines.cli.main import main as cli_main
 from pipelines.dag import params
-from pipelines.dag.run_presets import (
+from pipelines.dag.memory import (
     CHIP_HBM,
     GB,
     HEADROOM,
-    RUN_PRESETS,
-    STAGES,
     adapter_param_count,
-    estimate,
-    fits,
     layer_param_count,
     outer_param_count,
     param_count,
-    params_for,
     projection_shapes,
 )
+from pipelines.dag.run_presets import RUN_PRESETS, STAGES, estimate, fits, params_for
 
 STAGE_CONFIGS = {"sft": SFTConfig, "reward": RewardConfig, "ppo": PPOConfig, "evaluate": EvalConfig}
 LORA_PRESETS = ("v5p-8-7b-lora", "v5e-4-1b-lora")

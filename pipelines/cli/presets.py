@@ -12,15 +12,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from pipelines.dag.run_presets import (
-    CHIP_HBM,
-    GB,
-    HEADROOM,
-    RUN_PRESETS,
-    STAGES,
-    RunPreset,
-    estimate,
-)
+from pipelines.dag.memory import CHIP_HBM, GB, HEADROOM
+from pipelines.dag.run_presets import RUN_PRESETS, STAGES, RunPreset, estimate
 
 STAGE_MODULES = {s: f"components.{s}" for s in STAGES}
 SHARD_PATHS = "--input PREFS --output SHARDS --tokenizer BASE/tokenizer"

@@ -1,40 +1,6 @@
-"""Presets for real runs on TPU slices, and the per-chip memory arithmetic that decides them.
-
-A stage holds its models on every chip either replicated (``fsdp`` off: each chip
-has everything) or in chunks (``fsdp`` on, ``components/core/training/fsdp.py``: each of
-the C chips holds 1/C and gathers a tensor where it is used). Per chip, for a
-model of N parameters, float32 parameters and AdamW's two float32 moments:
-
-    trained model   20 N bytes: params 4 + grads 4 + Adam moments 8 + update temporaries 4
-    frozen model     4 N bytes
-    sft, reward     one trained model                                   20 N   (/ C with fsdp)
-    ppo             policy + critic trained, reference + reward frozen  48 N   (/ C with fsdp)
-    evaluate        policy, reference, reward model frozen              12 N   (/ C with fsdp)
-
-With LoRA (``lora_rank`` r > 0) only adapters train: A [in, r] and B [r, out] on each
-targeted projection of each layer, A = L·r·Σ(in + out) parameters per network, at the
-same 20 bytes each; the frozen base is stored in the compute dtype (c = 2 bytes in bf16):
-
-    sft, reward     one frozen base, its adapters (and the reward head)   c N + 20 A
-    ppo             the policy's base (adapters off: the reference) and the reward
-                    model's (the critic's adapters sit on it); two adapter sets
-                                                                      2 c N + 40 A
-    evaluate        unchanged: it loads merged models                   12 N
-
-With fsdp a chip also holds what is gathered at the time (``gathered_bytes``):
-the tensors outside the layer stack (embeddings, output head) of the network
-running, and during training their full gradient before the reduce-scatter;
-and a few layers of the stack (the layer running, its gradient, the next one
-prefetched), all float32; with LoRA the base's tensors in the compute dtype, without
-gradients.
-
-Activations (``activation_bytes``): with ``remat="full"`` the scan keeps each
-layer's input (L·B·T·D in the compute dtype) and recomputes one layer at a time
-in the backward pass; attention probabilities cost B·H·T²·(4 + c); the LM logits
-and the gradient of their softmax cost 2·B·T·V·4 bytes, which for 128k-256k
-vocabularies is the largest activation by far. PPO's rollout adds the KV cache.
-
-What follows (``estimate`` below; tests/test_run_presets.py checks each claim):
+"""Presets for real runs on TPU slices: a model class, a slice, and each stage's flags
+chosen so its memory fits (the arithmetic: ``memory.py``; ``estimate`` below sums it per
+stage; tests/test_run_presets.py checks each claim):
 
 * 1B-class (Llama-3.2-1B, N = 1.24e9) on v5e-8 (8 chips of 16 GB): 20 N = 24.7 GB
   replicated exceeds a chip before any activation; with fsdp sft and reward hold
@@ -73,23 +39,9 @@ from typing import Any
 from components.core.config import ALL_LINEAR, LoRASettings
 from components.core.model.config import ModelConfig, model_config
 from components.core.training.config import PRETRAINED_LEARNING_RATE
-from pipelines.dag import params
+from pipelines.dag import memory, params
 
-GB = 1e9
-# HBM per chip as Google lists it; a run may use HEADROOM of it (XLA's own buffers,
-# fragmentation and the estimate's rough edges take the rest).
-CHIP_HBM = {"v5e": 16 * GB, "v6e": 32 * GB, "v5p": 95 * GB}
-HEADROOM = 0.85
-TRAINED_BYTES_PER_PARAM = 20  # fp32 params, grads, two Adam moments, update temporaries
-FROZEN_BYTES_PER_PARAM = 4
-PARAM_BYTES = 4  # gathered tensors and their gradients are float32
-LAYERS_GATHERED = 3  # the running layer, its gradient, the next one prefetched
 STAGES = ("sft", "reward", "ppo", "evaluate")
-# Networks each stage holds with full fine-tuning: (trained, frozen).
-FULL_MODELS = {"sft": (1, 0), "reward": (1, 0), "ppo": (2, 2), "evaluate": (0, 3)}
-# Frozen bases each stage holds with LoRA. PPO: the policy's (its reference is the same base
-# with the adapters off) and the reward model's (the critic's adapters sit on it).
-LORA_BASES = {"sft": 1, "reward": 1, "ppo": 2}
 # A preset runs an imported model: every stage fine-tunes pretrained weights, at rates that
 # keep what they know (sft and reward: TrainConfig's auto rate for them; PPO's policy: 1e-6).
 PPO_PRETRAINED_LEARNING_RATE = 1e-6
@@ -155,7 +107,7 @@ class RunPreset:
     def adapter_params(self) -> int:
         """Adapter parameters of one network (0 with full fine-tuning)."""
         lora = self.lora()
-        return adapter_param_count(self.config(), lora.lora_rank, lora.lora_target_modules())
+        return memory.adapter_param_count(self.config(), lora.lora_rank, lora.lora_target_modules())
 
     def flags(self, stage: str) -> dict[str, Any]:
         """The stage's config fields: its batch fields, lengths, remat, dtype and fsdp (and for
@@ -207,112 +159,20 @@ def params_for(stage_fields: dict[str, dict[str, Any]]) -> dict[str, Any]:
     return values
 
 
-def param_count(config: ModelConfig) -> int:
-    """Parameters of the model (without a scalar head)."""
-    return config.n_layers * layer_param_count(config) + outer_param_count(config)
-
-
-def layer_param_count(config: ModelConfig) -> int:
-    """Parameters of one layer of the stack."""
-    d, hd = config.dim, config.resolved_head_dim
-    attn = d * hd * (2 * config.n_heads + 2 * config.n_kv_heads)
-    if config.qkv_bias:
-        attn += hd * (config.n_heads + 2 * config.n_kv_heads)
-    norms = (4 if config.post_norms else 2) * d
-    return attn + 3 * d * config.hidden_dim + norms
-
-
-def outer_param_count(config: ModelConfig) -> int:
-    """Parameters outside the layer stack: embeddings, untied output head, final norm."""
-    return config.vocab_size * config.dim * (1 if config.tie_embeddings else 2) + config.dim
-
-
-def projection_shapes(config: ModelConfig) -> dict[str, tuple[int, int]]:
-    """(in, out) of each projection of a layer an adapter can wrap, by Hugging Face name."""
-    d, hidden = config.dim, config.hidden_dim
-    q, kv = config.n_heads * config.resolved_head_dim, config.n_kv_heads * config.resolved_head_dim
-    return {
-        "q_proj": (d, q),
-        "k_proj": (d, kv),
-        "v_proj": (d, kv),
-        "o_proj": (q, d),
-        "gate_proj": (d, hidden),
-        "up_proj": (d, hidden),
-        "down_proj": (hidden, d),
-    }
-
-
-def adapter_param_count(config: ModelConfig, rank: int, targets: tuple[str, ...]) -> int:
-    """LoRA parameters of one network: A [in, r] and B [r, out] on each target of each layer."""
-    shapes = projection_shapes(config)
-    return config.n_layers * rank * sum(sum(shapes[target]) for target in targets)
-
-
-def compute_bytes(config: ModelConfig) -> int:
-    """Bytes of one value in the compute dtype (activations; LoRA's frozen base)."""
-    return 2 if config.dtype == "bfloat16" else 4
-
-
-def activation_bytes(
-    config: ModelConfig, sequences: int, seq_len: int, *, logits_len: int, train: bool
-) -> float:
-    """Peak activations of one forward (and backward when ``train``) on one chip."""
-    c = compute_bytes(config)
-    b, t, d, hd = sequences, seq_len, config.dim, config.resolved_head_dim
-    heads, kv = config.n_heads, config.n_kv_heads
-    matmuls = b * t * (2 * heads * hd + 2 * kv * hd + 3 * config.hidden_dim + 2 * d) * c
-    scores = b * heads * t * t * (4 + c)  # fp32 attention logits and their probabilities
-    one_layer = matmuls + scores
-    logits = b * logits_len * config.vocab_size * 4
-    if not train:
-        return one_layer + logits
-    inputs = config.n_layers * b * t * d * c
-    if config.remat == "full":
-        kept = inputs
-    elif config.remat == "dots_saveable":
-        kept = inputs + config.n_layers * matmuls
-    else:
-        kept = config.n_layers * one_layer
-    # The recomputed layer and its gradients; logits and the softmax of their gradient.
-    return kept + 2 * one_layer + 2 * logits
-
-
-def kv_cache_bytes(config: ModelConfig, sequences: int, length: int) -> float:
-    """Keys and values of every layer for ``sequences`` of ``length`` tokens."""
-    kv = config.n_kv_heads * config.resolved_head_dim
-    return 2 * config.n_layers * sequences * length * kv * compute_bytes(config)
-
-
-def gathered_bytes(
-    config: ModelConfig, *, networks: int, trained: bool, adapters: int | None = None
-) -> float:
-    """What fsdp holds whole at a time: ``networks`` running networks' outer tensors (and their
-    gradients when ``trained``), and LAYERS_GATHERED layers of the stack.
-
-    With LoRA (``adapters``: a network's adapter parameters) the frozen base is gathered in
-    the compute dtype and has no gradient; a layer's adapters come in float32 with theirs.
-    """
-    if adapters is None:
-        outer = outer_param_count(config) * PARAM_BYTES * (2 if trained else 1)
-        return networks * outer + LAYERS_GATHERED * layer_param_count(config) * PARAM_BYTES
-    c = compute_bytes(config)
-    layer = layer_param_count(config) * c + adapters // config.n_layers * 2 * PARAM_BYTES
-    return networks * outer_param_count(config) * c + LAYERS_GATHERED * layer
-
-
 def state_bytes(preset: RunPreset, stage: str) -> tuple[float, float]:
     """(frozen, trained) bytes of the networks ``stage`` holds, before fsdp divides them."""
     config = preset.config()
-    n = param_count(config)
+    n = memory.param_count(config)
     if not preset.lora_rank or stage == "evaluate":  # evaluate loads merged models
-        trained, frozen = FULL_MODELS[stage]
-        return frozen * FROZEN_BYTES_PER_PARAM * n, trained * TRAINED_BYTES_PER_PARAM * n
+        trained, frozen = memory.FULL_MODELS[stage]
+        frozen_bytes = frozen * memory.FROZEN_BYTES_PER_PARAM * n
+        return frozen_bytes, trained * memory.TRAINED_BYTES_PER_PARAM * n
     head, adapters = config.dim + 1, preset.adapter_params()
     # Trained: an adapter set per network trained, and the reward or critic head; PPO's
     # reward head is frozen beside the bases.
     trained = {"sft": adapters, "reward": adapters + head, "ppo": 2 * adapters + head}[stage]
-    frozen = LORA_BASES[stage] * n + (head if stage == "ppo" else 0)
-    return frozen * compute_bytes(config), trained * TRAINED_BYTES_PER_PARAM
+    frozen = memory.LORA_BASES[stage] * n + (head if stage == "ppo" else 0)
+    return frozen * memory.compute_bytes(config), trained * memory.TRAINED_BYTES_PER_PARAM
 
 
 def estimate(preset: RunPreset, stage: str) -> dict[str, float]:
@@ -329,7 +189,7 @@ def estimate(preset: RunPreset, stage: str) -> dict[str, float]:
         phases = [(acts, 0.0) for acts, _ in phases]
     acts, gathered = max(phases, key=sum)
     return {
-        "params": param_count(config),
+        "params": memory.param_count(config),
         "frozen": frozen,
         "trained": trained,
         "state": frozen + trained,
@@ -355,10 +215,10 @@ def _phases(
         per_chip = flags["batch_size"] // chips
         sequences = 2 * per_chip if stage == "reward" else per_chip  # chosen + rejected
         logits_len = 0 if stage == "reward" else flags["max_len"]  # the reward head is a scalar
-        acts = activation_bytes(
+        acts = memory.activation_bytes(
             config, sequences, flags["max_len"], logits_len=logits_len, train=True
         )
-        return [(acts, gathered_bytes(config, networks=1, trained=True, adapters=adapters))]
+        return [(acts, memory.gathered_bytes(config, networks=1, trained=True, adapters=adapters))]
     response = flags["max_new_tokens"]
     if stage == "evaluate":
         # Every host evaluates every row, its batch spread over its own chips.
@@ -368,24 +228,24 @@ def _phases(
     length = flags["prompt_len"] + response
     # Sampling and scoring run one network at a time (PPO's rollout orders them with
     # fsdp.after; evaluate scores in separate programs): the KV cache and one forward pass.
-    sampling = kv_cache_bytes(config, sequences, length)
-    sampling += activation_bytes(config, sequences, length, logits_len=response, train=False)
-    phases = [(sampling, gathered_bytes(config, networks=1, trained=False, adapters=adapters))]
+    sampling = memory.kv_cache_bytes(config, sequences, length)
+    sampling += memory.activation_bytes(config, sequences, length, logits_len=response, train=False)
+    gathered = memory.gathered_bytes(config, networks=1, trained=False, adapters=adapters)
+    phases = [(sampling, gathered)]
     if stage == "ppo":
         # The update: policy and critic forward and backward on one minibatch, each holding
         # its outer tensors and their gradients.
         minibatch = sequences // flags["minibatches"]
-        policy = activation_bytes(config, minibatch, length, logits_len=response, train=True)
-        critic = activation_bytes(config, minibatch, length, logits_len=0, train=True)
-        phases.append(
-            (policy + critic, gathered_bytes(config, networks=2, trained=True, adapters=adapters))
-        )
+        policy = memory.activation_bytes(config, minibatch, length, logits_len=response, train=True)
+        critic = memory.activation_bytes(config, minibatch, length, logits_len=0, train=True)
+        gathered = memory.gathered_bytes(config, networks=2, trained=True, adapters=adapters)
+        phases.append((policy + critic, gathered))
     return phases
 
 
 def fits(preset: RunPreset, stage: str) -> bool:
-    """Whether ``stage`` stays within HEADROOM of one chip's HBM."""
-    return estimate(preset, stage)["total"] <= HEADROOM * CHIP_HBM[preset.chip]
+    """Whether ``stage`` stays within HEADROOM (memory.py) of one chip's HBM."""
+    return estimate(preset, stage)["total"] <= memory.HEADROOM * memory.CHIP_HBM[preset.chip]
 
 
 _BF16_FULL = {"remat": "full", "dtype": "bfloat16"}
