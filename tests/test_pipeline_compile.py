@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from pipelines.cli.main import main
-from pipelines.dag import params
+from pipelines.dag import param_table, params
 from pipelines.dag.kfp_components import Components, build_components
 from pipelines.dag.pipeline import downstream
 from pipelines.targets.placement import Placement, PlacementError
@@ -190,7 +190,7 @@ def test_shard_keeps_one_eval_batch_of_sft_and_reward(vertex):
 
 def test_parameters_default_to_the_stage_configs(vertex):
     compiled = vertex["root"]["inputDefinitions"]["parameters"]
-    assert set(compiled) == set(params.BY_NAME)
+    assert set(compiled) == set(param_table.BY_NAME)
     for name, default in params.defaults().items():
         assert compiled[name].get("defaultValue", "") == default, name
 
@@ -357,7 +357,7 @@ def test_components_take_exactly_their_stage_fields():
     for component, stage in stage_of.items():
         fields = set(params.stage_values(stage, params.defaults()))
         signature = inspect.signature(getattr(built, component).python_func)
-        config_fields = {f.name for f in dataclasses.fields(params.STAGE_CONFIGS[stage])}
+        config_fields = {f.name for f in dataclasses.fields(param_table.STAGE_CONFIGS[stage])}
         taken = set(signature.parameters) & config_fields
         assert taken == fields, component
     assert set(Components._fields) >= set(stage_of)

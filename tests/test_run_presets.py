@@ -18,7 +18,7 @@ from components.ppo.config import PPOConfig
 from components.reward.config import RewardConfig
 from components.sft.config import SFTConfig
 from pipelines.cli.main import main as cli_main
-from pipelines.dag import params
+from pipelines.dag import param_table, params
 from pipelines.dag.memory import (
     CHIP_HBM,
     GB,
@@ -152,7 +152,7 @@ def test_evaluate_spreads_each_hosts_batch_over_its_own_chips():
 def test_pipeline_params_are_read_off_the_parameter_table():
     seven = RUN_PRESETS["v5p-32-7b"]
     expected = {}
-    for param in params.PARAMS:  # every parameter whose stage fields the preset sets
+    for param in param_table.PARAMS:  # every parameter whose stage fields the preset sets
         for stage, field in param.targets:
             fields = seven.flags(stage) if stage in (*STAGES, "shard") else {}
             if field in fields:

@@ -2,7 +2,7 @@
 values and settings read back from them, and one error guard.
 
 Every pipeline parameter is a flag (``--sft-steps 100``); its default and help come from the
-stage configs (``pipelines/dag/params.py``).
+stage configs (``pipelines/dag/param_table.py``).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import math
 import sys
 from typing import Any
 
-from pipelines.dag import params
+from pipelines.dag import param_table, params
 from pipelines.dag.pipeline import STAGES
 from pipelines.dag.run_presets import RUN_PRESETS
 from pipelines.targets.placement import TPU_GENERATIONS, Placement, slice_topology
@@ -25,7 +25,7 @@ DEFAULT_IMAGE = "alignpipe/train:0.1.0"
 def add_param_flags(parser: argparse.ArgumentParser, note: str = "") -> None:
     """One ``--flag`` per pipeline parameter (unset keeps the default)."""
     group = parser.add_argument_group("pipeline parameters" + (f" (each {note})" if note else ""))
-    for p in params.PARAMS:
+    for p in param_table.PARAMS:
         group.add_argument(
             "--" + p.name.replace("_", "-"),
             dest="param_" + p.name,

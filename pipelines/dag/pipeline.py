@@ -26,7 +26,7 @@ the aligned policy's reference, the evaluation and metrics folders) or the no-ne
 one (status "no new data"). kfp.local cannot dsl.OneOf artifacts, and a pipeline output
 must come from a top-level task or a OneOf, so the training branch returns a string.
 
-Parameter defaults come from the stage configs (``pipelines/dag/params.py``); placement
+Parameter defaults come from the stage configs (``pipelines/dag/param_table.py``); placement
 per target from ``pipelines/targets/placement.py``.
 """
 
@@ -36,7 +36,7 @@ from typing import Any, NamedTuple
 
 from kfp import dsl
 
-from pipelines.dag import params
+from pipelines.dag import param_table, params
 from pipelines.dag.kfp_components import build_components
 from pipelines.targets.placement import DATA, LIGHT, TRAIN, Placement, place
 
@@ -76,7 +76,7 @@ class Outputs(NamedTuple):
     result: str
 
 
-PARAMETER_NAMES = tuple(p.name for p in params.PARAMS)
+PARAMETER_NAMES = tuple(p.name for p in param_table.PARAMS)
 SIGNATURE = inspect.Signature(
     [
         inspect.Parameter(
@@ -85,7 +85,7 @@ SIGNATURE = inspect.Signature(
             default=p.default_value(),
             annotation=p.type(),
         )  # fmt: skip
-        for p in params.PARAMS
+        for p in param_table.PARAMS
     ],
     return_annotation=Outputs,
 )
@@ -136,7 +136,7 @@ def build_pipeline(placement: Placement, fresh_from: str | None = None) -> Any:
         return Outputs(result=dsl.OneOf(evaluated, nothing.output))
 
     # KFP reads the pipeline's inputs from its signature: one typed parameter per row of the
-    # parameter table (params.PARAMS), its default the stage config's.
+    # parameter table (param_table.PARAMS), its default the stage config's.
     alignment_pipeline.__signature__ = SIGNATURE
     return dsl.pipeline(
         name=PIPELINE_NAME, description="RLHF: shard, sft, reward, PPO (or DPO), evaluate."

@@ -39,7 +39,7 @@ from typing import Any
 from components.core.config import ALL_LINEAR, LoRASettings
 from components.core.model.config import ModelConfig, model_config
 from components.core.training.config import PRETRAINED_LEARNING_RATE
-from pipelines.dag import memory, params
+from pipelines.dag import memory, param_table
 
 STAGES = ("sft", "reward", "ppo", "evaluate")
 # A preset runs an imported model: every stage fine-tunes pretrained weights, at rates that
@@ -134,7 +134,7 @@ class RunPreset:
 
     def pipeline_params(self) -> dict[str, Any]:
         """The pipeline parameters that run this preset, read off the parameter table
-        (pipelines/dag/params.py): each parameter whose stage config fields the preset sets."""
+        (pipelines/dag/param_table.py): each parameter whose stage config fields the preset sets."""
         return params_for({stage: self.flags(stage) for stage in ("shard", *STAGES)})
 
 
@@ -142,7 +142,7 @@ def params_for(stage_fields: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """Pipeline parameters from stage config fields (stage -> field -> value), through each
     parameter's targets; a parameter that sets a field in several stages must get one value."""
     values: dict[str, Any] = {}
-    for param in params.PARAMS:
+    for param in param_table.PARAMS:
         given = {
             (stage, field): stage_fields[stage][field]
             for stage, field in param.targets
