@@ -12,7 +12,7 @@ import pytest
 from components.core import fileio
 from pipelines import stage_io
 from pipelines.cli.main import main
-from pipelines.releases import policies, promotion
+from pipelines.releases import atomic, policies, promotion
 
 
 def _policy(folder: Path, weights: str) -> str:
@@ -305,8 +305,8 @@ def test_racing_promotions_get_their_own_versions_and_a_complete_current(tmp_pat
 def test_a_claim_by_listing_has_one_owner(tmp_path):
     # The gs:// claim (write an own object, then list), run on a local folder.
     folder = str(tmp_path / "versions" / "000001")
-    assert promotion.claim_by_listing(folder)
-    assert not promotion.claim_by_listing(folder)
+    assert atomic.claim_by_listing(folder)
+    assert not atomic.claim_by_listing(folder)
 
     racing = str(tmp_path / "versions" / "000002")
     start = threading.Barrier(6)
@@ -314,7 +314,7 @@ def test_a_claim_by_listing_has_one_owner(tmp_path):
 
     def claim() -> None:
         start.wait()
-        won.append(promotion.claim_by_listing(racing))
+        won.append(atomic.claim_by_listing(racing))
 
     threads = [threading.Thread(target=claim) for _ in range(6)]
     for thread in threads:

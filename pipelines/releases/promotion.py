@@ -15,14 +15,8 @@ then switches CURRENT, so CURRENT names only complete versions whatever crashes 
 Version folders are never changed once complete: a task that resolved CURRENT keeps reading
 the same files after a later promotion or a rollback.
 
-Claiming a number: locally ``os.mkdir`` of the version folder, which fails when it exists. On
-gs:// tf.io.gfile offers no generation preconditions (GFile writes unconditionally, and
-``rename(overwrite=False)`` checks, then copies), so each claimant writes an object of its
-own, ``versions/N/CLAIM-<random>``, then lists the folder and owns N only when its claim is
-the only one. Object listing on GCS is strongly consistent
-(https://cloud.google.com/storage/docs/consistency) and TensorFlow's GCS file system does not
-cache listings (only stat results, for 5 s), so of two claims the later writer always lists
-both: at most one claimant wins. When both list both, both move on and N stays unused.
+Claiming a number: the version folder is claimed by one promotion only, locally by creating
+it, on gs:// by a claim object and a listing (``atomic.py`` says why that holds).
 
 Switching CURRENT: locally a temporary file and ``os.replace``; on gs:// one object write,
 which GCS makes atomic (a reader gets the old object or the new one, never a part). Of two
@@ -43,9 +37,7 @@ import datetime
 import json
 import logging
 import os
-import random
 import re
-import tempfile
 import time
 import uuid
 from collections.abc import Callable
@@ -54,6 +46,7 @@ from typing import Any
 from components.core import fileio
 from components.core.model.heads import require_head
 from pipelines import stage_io
+from pipelines.releases import atomic
 
 log = logging.getLogger(__name__)
 CURRENT = "CURRENT"
@@ -61,7 +54,6 @@ HISTORY = "history.jsonl"
 VERSIONS = "versions"
 ROLLBACKS = "rollbacks"
 COMPLETE = "PROMOTED.json"  # a version's record, written last; the legacy layout's marker too
-CLAIM_PREFIX = "CLAIM-"
 POLICY_FILES = ("config.json", "params")
 # Top-level names of a root that are not part of a legacy policy copied into it.
 ROOT_ENTRIES = frozenset({CURRENT, HISTORY, VERSIONS, ROLLBACKS, COMPLETE})
@@ -79,7 +71,7 @@ def version_folder(root: str, version: int) -> str:
 
 def claimed_versions(root: str) -> list[int]:
     """Every version number claimed under ``root``, complete or not, ascending."""
-    names = _listdir(fileio.join(root, VERSIONS))
+    names = atomic.listdir(fileio.join(root, VERSIONS))
     return sorted(int(name) for name in names if re.fullmatch("[0-9]+", name))
 
 
@@ -179,7 +171,7 @@ def promote(
     entry = _promotion_entry(version, source, record or {})
     if register is not None:
         entry["registry"] = register(version, version_folder(root, version))
-    _write_atomic(fileio.join(version_folder(root, version), COMPLETE), json.dumps(entry))
+    atomic.write_atomic(fileio.join(version_folder(root, version), COMPLETE), json.dumps(entry))
     _switch_current(root, version)
     _rebuild_history(root)
     return version
@@ -207,7 +199,7 @@ def rollback(root: str, to: int, reason: str = "") -> dict[str, Any] | None:
     # The record first: a rollback that cannot be recorded does not happen.
     entry = {"event": "rollback", "from": previous, "to": to, "time": _now(), "reason": reason}
     record = fileio.join(root, ROLLBACKS, f"{time.time_ns():020d}-{uuid.uuid4().hex[:8]}.json")
-    _write_atomic(record, json.dumps(entry))
+    atomic.write_atomic(record, json.dumps(entry))
     try:
         _switch_current(root, to)
     except OSError:
@@ -223,36 +215,10 @@ def read_history(root: str) -> list[dict[str, Any]]:
     return _read_events(_record_paths(root))
 
 
-def claim_folder(folder: str) -> bool:
-    """Claim ``folder`` for this caller alone; False when another claimant has it."""
-    if "://" in folder:
-        return claim_by_listing(folder)
-    os.makedirs(os.path.dirname(folder), exist_ok=True)
-    try:
-        os.mkdir(folder)
-    except FileExistsError:
-        return False
-    return True
-
-
-def claim_by_listing(folder: str) -> bool:
-    """Claim ``folder`` where only whole-object writes and listings are atomic (gs://).
-
-    Write a claim of one's own, then list: the claim holds when it is the only one there.
-    """
-    mine = f"{CLAIM_PREFIX}{uuid.uuid4().hex}"
-    fileio.write_text(fileio.join(folder, mine), _now())
-    claims = [name for name in _listdir(folder) if name.startswith(CLAIM_PREFIX)]
-    if claims == [mine]:
-        return True
-    time.sleep(random.uniform(0.0, 0.2))  # when every claimant lost, try the next apart
-    return False
-
-
 def _claim_next(root: str) -> int:
     """Claim the lowest number above every claimed one (a lost race moves up by one)."""
     version = max(claimed_versions(root), default=0) + 1
-    while not claim_folder(version_folder(root, version)):
+    while not atomic.claim_folder(version_folder(root, version)):
         version += 1
     return version
 
@@ -268,7 +234,7 @@ def _adopt_legacy(root: str) -> None:
     # Read before claiming: a marker that does not parse stops here, with nothing claimed.
     legacy = _load_json(fileio.join(root, COMPLETE), "fix it or remove it")
     legacy = legacy if isinstance(legacy, dict) else {}
-    if not claim_folder(version_folder(root, 1)):
+    if not atomic.claim_folder(version_folder(root, 1)):
         return
     _copy_policy(root, version_folder(root, 1))
     promoted_at = legacy.get("promoted_at")
@@ -279,13 +245,13 @@ def _adopt_legacy(root: str) -> None:
         "source": legacy.get("source", root),
         "note": "adopted: promoted into the folder itself, before versions were kept",
     }
-    _write_atomic(fileio.join(version_folder(root, 1), COMPLETE), json.dumps(entry))
+    atomic.write_atomic(fileio.join(version_folder(root, 1), COMPLETE), json.dumps(entry))
 
 
 def _copy_policy(policy_dir: str, folder: str) -> None:
     """Copy a policy's files into a claimed version folder (its marker and claims excluded)."""
-    for name in _listdir(policy_dir):
-        if name in ROOT_ENTRIES or name.startswith((CLAIM_PREFIX, ".")):
+    for name in atomic.listdir(policy_dir):
+        if name in ROOT_ENTRIES or name.startswith((atomic.CLAIM_PREFIX, ".")):
             continue
         source, target = fileio.join(policy_dir, name), fileio.join(folder, name)
         if fileio.isdir(source):
@@ -306,7 +272,7 @@ def _promotion_entry(version: int, source: str, record: dict[str, Any]) -> dict[
 def _switch_current(root: str, version: int) -> None:
     folder = f"{VERSIONS}/{version:06d}"
     pointer = {"version": version, "folder": folder, "switched_at": _now()}
-    _write_atomic(fileio.join(root, CURRENT), json.dumps(pointer))
+    atomic.write_atomic(fileio.join(root, CURRENT), json.dumps(pointer))
 
 
 def _rebuild_history(root: str) -> None:
@@ -318,7 +284,7 @@ def _rebuild_history(root: str) -> None:
         paths = _record_paths(root)
         lines = [json.dumps(event, sort_keys=True) + "\n" for event in _read_events(paths)]
         try:
-            _write_atomic(fileio.join(root, HISTORY), "".join(lines))
+            atomic.write_atomic(fileio.join(root, HISTORY), "".join(lines))
         except OSError as error:
             log.warning("%s was not rewritten (%s); `alignpipe history` reads the records",
                         fileio.join(root, HISTORY), error)  # fmt: skip
@@ -331,7 +297,9 @@ def _record_paths(root: str) -> list[str]:
     """The write-once records of ``root``'s events: complete versions' markers, rollbacks."""
     markers = [fileio.join(version_folder(root, v), COMPLETE) for v in complete_versions(root)]
     folder = fileio.join(root, ROLLBACKS)
-    rollbacks = [fileio.join(folder, n) for n in sorted(_listdir(folder)) if n.endswith(".json")]
+    rollbacks = [
+        fileio.join(folder, n) for n in sorted(atomic.listdir(folder)) if n.endswith(".json")
+    ]
     return markers + rollbacks
 
 
@@ -393,36 +361,6 @@ def _event_order(event: dict[str, Any]) -> tuple[datetime.datetime, int]:
 
 def _is_complete(root: str, version: int) -> bool:
     return fileio.exists(fileio.join(version_folder(root, version), COMPLETE))
-
-
-def _listdir(folder: str) -> list[str]:
-    """The names in ``folder`` (none when it is missing); gs:// listings are never cached."""
-    if not folder or not fileio.isdir(folder):
-        return []
-    if "://" not in folder:
-        return os.listdir(folder)
-    import tensorflow as tf  # only remote paths need TensorFlow's filesystems
-
-    return [name.rstrip("/") for name in tf.io.gfile.listdir(folder)]
-
-
-def _write_atomic(path: str, text: str) -> None:
-    """Write ``path`` so that a reader sees the old content or the new, never a part."""
-    if "://" in path:
-        fileio.write_text(path, text)  # one GCS object write is atomic
-        return
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(dir=folder, prefix=f".{os.path.basename(path)}.")
-    try:
-        with os.fdopen(handle, "w", encoding="utf-8") as stream:
-            stream.write(text)
-            stream.flush()
-            os.fsync(stream.fileno())
-        os.replace(temporary, path)
-    except OSError:
-        os.remove(temporary)
-        raise
 
 
 def _now() -> str:
