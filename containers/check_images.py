@@ -217,7 +217,7 @@ def import_targets(image: Image) -> list[str]:
         for name in kfp_components.Components._fields
         if (name in kfp_components.DATA_COMPONENTS) == image.data_role
     ]
-    targets = [t for name in names for t in _body_imports(getattr(kfp_components, name))]
+    targets = [t for name in names for t in _body_imports(kfp_components.component_function(name))]
     targets += [f"components.{stage}.stage" for stage in image.stages]
     return sorted({*targets, *image.modules})
 

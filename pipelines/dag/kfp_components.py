@@ -1,4 +1,5 @@
-"""The pipeline's lightweight components: each body imports its stage and calls ``run``.
+"""The pipeline's lightweight components: each body imports its stage and calls ``run``
+(the components that steer the run, not a stage, are ``run_components.py``'s).
 
 The functions below are plain Python; :func:`build_components` turns them into
 ``@dsl.component`` definitions on a given base image when a pipeline is built for a
@@ -21,47 +22,7 @@ from typing import Any, NamedTuple
 from kfp import dsl
 from kfp.dsl import HTML, Artifact, Dataset, Input, Metrics, Model, Output
 
-
-def builtin_data(pairs: int, seed: int, data: Output[Dataset]) -> str:
-    """Generate the built-in preference task as JSONL; returns the shard stage's sources."""
-    import json
-
-    from components.core.data.builtin_task import write_jsonl
-    from components.core.data.tokenizers import BUILTIN_WORDS
-    from components.core.fileio import join
-
-    data.metadata["pairs"] = write_jsonl(join(data.path, "pairs.jsonl"), pairs, seed=seed)
-    # The task's own word-level tokenizer: what an empty ``tokenizer`` parameter picks.
-    return json.dumps([{"uri": join(data.uri, "pairs.jsonl"), "tokenizer": BUILTIN_WORDS}])
-
-
-def find_data(data_uri: str) -> str:
-    """List the files ``data_uri`` matches, with fingerprints (never cached: a glob moves)."""
-    import json
-
-    from pipelines import stage_io
-
-    return json.dumps(stage_io.find_sources(data_uri))
-
-
-def plan_run(
-    data_uri: str, sources: str, force_run: bool, anchor_policy: str, promoted_policy_uri: str
-) -> NamedTuple("Plan", [("new_data", bool), ("anchor", str)]):
-    """Whether the run trains (its data differs from the last promoted run's, or forced) and
-    the anchor drift is measured from, with the past promotions' drift (never cached)."""
-    from collections import namedtuple
-
-    from pipelines.releases import realign
-
-    train, anchor = realign.plan(data_uri, sources, force_run, anchor_policy, promoted_policy_uri)
-    return namedtuple("Plan", ["new_data", "anchor"])(train, anchor)
-
-
-def no_new_data(sources: str, promoted_policy_uri: str) -> str:
-    """The result of a run that trains nothing: its data equals the last promoted run's."""
-    from pipelines.releases import realign
-
-    return realign.no_new_data_result(sources, promoted_policy_uri)
+from pipelines.dag import run_components
 
 
 def shard(
@@ -141,28 +102,6 @@ def sft(
         summary = run(config, shards.path, model.path)
     stage_io.write_metrics(metrics, "sft", summary, started)
     return stage_io.reference(model.uri, stage_io.now())
-
-
-def check_policy(base_policy: str, sft_on_base: bool) -> NamedTuple(
-    "Checked", [("Output", bool), ("reference", str)]
-):
-    """Whether sft trains the initial policy (``Output``: no base policy, or ``sft_on_base``)
-    and a reference to the base policy with its fingerprint ('' for none); never cached.
-
-    The verdict is named ``Output`` for kfp.local's conditions (see evaluate).
-    """
-    from collections import namedtuple
-
-    from pipelines.releases import policies
-
-    train, reference = policies.initial_policy(base_policy, sft_on_base)
-    return namedtuple("Checked", ["Output", "reference"])(train, reference)
-
-
-def given_policy(reference: str) -> str:
-    """The initial policy when sft trains none: the base policy as checked (a Hugging Face
-    folder is imported inside each task that reads it)."""
-    return reference
 
 
 def reward(
@@ -363,49 +302,6 @@ def evaluate(
     return namedtuple("Evaluated", ["Output", "result"])(blessed, json.dumps(result))
 
 
-def promote(
-    policy: str,
-    evaluation: Input[Artifact],
-    sources: str,
-    run_id: str,
-    promoted_policy_uri: str,
-    registry_model: str,
-    promoted: Output[Model],
-):
-    """Copy the blessed policy to its artifact and, when given, promote it as a new version of
-    ``promoted_policy_uri`` with its record: run, data, the evaluation's figures and reasons;
-    with ``registry_model``, also as a new version of that Vertex Model Registry model."""
-    import json
-
-    from components.core import fileio
-    from pipelines import stage_io
-    from pipelines.releases import policies, registry
-
-    aligned = stage_io.reference_details(policy)
-    record = {
-        **json.loads(fileio.read_text(fileio.join(evaluation.path, "eval.json"))),
-        "run_id": run_id,
-        "algorithm": aligned.get("algorithm", ""),
-        "data": json.loads(sources),
-        "data_fingerprint": stage_io.data_fingerprint(sources),
-    }
-    registered: dict = {}
-
-    def register(version: int, folder: str) -> dict:
-        registered.update(registry.register_version(registry_model, version, folder, run_id=run_id))
-        return registered
-
-    version = policies.promote(
-        aligned["uri"], promoted.path, promoted_policy_uri, record=record,
-        register=register if registry_model else None,
-    )  # fmt: skip
-    promoted.metadata["promoted_policy_uri"] = promoted_policy_uri
-    promoted.metadata["version"] = version or 0
-    if registered:
-        promoted.metadata["registry_model"] = registered["model"]
-        promoted.metadata["registry_version_id"] = registered["version_id"]
-
-
 class Components(NamedTuple):
     """The pipeline's components, bound to one base image."""
 
@@ -427,6 +323,11 @@ class Components(NamedTuple):
 DATA_COMPONENTS = ("builtin_data", "find_data", "shard")
 
 
+def component_function(name: str) -> Any:
+    """The plain function behind the component ``name``: this module's or run_components'."""
+    return getattr(run_components, name, None) or globals()[name]
+
+
 def build_components(image: str, data_image: str = "") -> Components:
     """Every component as a ``@dsl.component``: the data ones on ``data_image`` (if given).
 
@@ -434,7 +335,7 @@ def build_components(image: str, data_image: str = "") -> Components:
     """
     built = {
         name: dsl.component(
-            globals()[name],
+            component_function(name),
             base_image=(data_image or image) if name in DATA_COMPONENTS else image,
             install_kfp_package=False,
         )
