@@ -91,7 +91,7 @@ def _primary_host() -> bool:
 def failure_reason(folder: str) -> Iterator[None]:
     """Leave a user error's message in ``folder``/FAILURE.txt as it fails the task.
 
-    The task fails as before; a local run's summary prints the message (targets/local/summary.py),
+    The task fails as before; a local run's summary prints it (targets/local/result.py),
     where kfp.local itself reports only which task failed.
     """
     from components.core.entry import USER_ERRORS

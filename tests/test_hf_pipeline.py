@@ -28,8 +28,8 @@ from components.core.model.artifact import load_model
 from components.core.model.sampler import generate
 from pipelines.cli.main import main
 from pipelines.releases import promotion
+from pipelines.targets.local.result import format_summary
 from pipelines.targets.local.run import run_local
-from pipelines.targets.local.summary import format_summary
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")

@@ -13,7 +13,7 @@ import yaml
 from pipelines.cli.main import main
 from pipelines.dag import param_table, params
 from pipelines.dag.kfp_components import Components, build_components
-from pipelines.dag.pipeline import downstream
+from pipelines.dag.stages import downstream
 from pipelines.targets.placement import Placement, PlacementError
 from pipelines.targets.spec import compile_pipeline
 from pipelines.targets.vertex import jobs as vertex_jobs

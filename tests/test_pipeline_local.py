@@ -11,13 +11,13 @@ from pipelines import stage_io
 from pipelines.cli.main import main
 from pipelines.releases import policies
 from pipelines.targets.local import run_log
+from pipelines.targets.local.result import format_summary
 from pipelines.targets.local.run import (
     PROMOTED_DIR,
     TaskWatcher,
     failure_reasons,
     run_local,
 )
-from pipelines.targets.local.summary import format_summary
 
 # Tiny model, few steps, little data: the whole pipeline in a couple of minutes on 2 cores.
 TINY = {

@@ -18,8 +18,8 @@ from components.core.data.tokenizers import BUILTIN_WORDS, load_tokenizer
 from components.core.model.artifact import create_model, save_model
 from pipelines.cli.main import main
 from pipelines.releases import promotion
+from pipelines.targets.local.result import format_summary
 from pipelines.targets.local.run import run_local
-from pipelines.targets.local.summary import format_summary
 
 # The smallest run that trains: tiny model, 4 DPO steps, 16 eval prompts, no best-of-n.
 REALIGN = {

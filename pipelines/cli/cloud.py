@@ -210,7 +210,7 @@ def _smoke(args: argparse.Namespace, rest: list[str]) -> int:
 def _compile_or_submit_smoke(args: argparse.Namespace) -> int:
     """Compile the smoke pipeline; unless --compile-only, submit it (and --wait for it)."""
     from pipelines.targets import cloud
-    from pipelines.targets.smoke import compile_smoke
+    from pipelines.targets.spec import compile_smoke
 
     if args.compile_only and not args.output:
         raise ValueError("--compile-only needs -o FILE: the smoke pipeline spec to write")

@@ -13,8 +13,8 @@ import sys
 from typing import Any
 
 from pipelines.dag import param_table, params
-from pipelines.dag.pipeline import STAGES
 from pipelines.dag.run_presets import RUN_PRESETS
+from pipelines.dag.stages import STAGES
 from pipelines.targets.placement import TPU_GENERATIONS, Placement, slice_topology
 
 EXIT_USAGE = 2

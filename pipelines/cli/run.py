@@ -6,7 +6,7 @@ import argparse
 from typing import Any
 
 from pipelines.cli import options
-from pipelines.dag.pipeline import STAGES
+from pipelines.dag.stages import STAGES
 
 
 def add_run(parser: argparse.ArgumentParser) -> None:
@@ -29,8 +29,8 @@ def add_rerun(parser: argparse.ArgumentParser) -> None:
 
 def _local(values: dict[str, Any], args: argparse.Namespace, fresh_from: str | None) -> int:
     """Run locally, print the summary; 1 if the pipeline failed."""
+    from pipelines.targets.local.result import format_summary
     from pipelines.targets.local.run import run_local
-    from pipelines.targets.local.summary import format_summary
 
     result = run_local(
         values, runs_dir=args.runs_dir, fresh_from=fresh_from, cpu_devices=args.cpu_devices

@@ -14,7 +14,7 @@ import os
 import re
 from typing import Any
 
-from pipelines.dag.pipeline import PIPELINE_NAME
+from pipelines import PIPELINE_NAME
 from pipelines.targets.placement import Placement
 
 # Vertex AI label keys and values: lowercase letters, digits, '_' and '-', at most 63.

@@ -1,19 +1,18 @@
 """The smoke pipeline: one tiny task on the requested TPU, minutes before a real run.
 
-``alignpipe smoke --target vertex|gke ...`` (``pipelines/cli/smoke.py``) compiles and
-submits a one-task pipeline on the training image, placed exactly as the training tasks
-are (``targets.place``): on Vertex a custom job whose worker pool names the TPU machine
-type and ``tpu_topology`` (``vertex_jobs.as_custom_jobs``), on GKE the TPU node selectors,
-toleration and ``google.com/tpu`` limit, or for a multi-host slice the JobSet launcher that
-runs the task on every host (``jobset.as_launchers``). The task
-(``pipelines/targets/smoke_task.py``) prints the devices JAX sees, checks their platform and number
+``alignpipe smoke --target vertex|gke ...`` (``pipelines/cli/cloud.py``) compiles
+(``spec.compile_smoke``) and submits a one-task pipeline on the training image, placed
+exactly as the training tasks are (``placement.place``): on Vertex a custom job whose worker
+pool names the TPU machine type and ``tpu_topology`` (``vertex/jobs.as_custom_jobs``), on GKE
+the TPU node selectors, toleration and ``google.com/tpu`` limit, or for a multi-host slice
+the JobSet launcher that runs the task on every host (``gke/jobset.as_launchers``). The task
+(``smoke_task.py``) prints the devices JAX sees, checks their platform and number
 against the placement, and runs one ``jax.pmap`` step (a matmul on each device, ``psum``
 over all of them). A green run shows that the project, quota, image, permissions and
 placement work; a red one says which part did not.
 """
 
 # No `from __future__ import annotations`: kfp reads the component's real annotations.
-from pathlib import Path
 from typing import Any
 
 from kfp import dsl
@@ -61,18 +60,3 @@ def build_smoke_pipeline(placement: Placement, expected_platform: str = "") -> A
         return task.outputs["Output"]
 
     return smoke
-
-
-def compile_smoke(placement: Placement, package_path: str | Path) -> None:
-    """Write the smoke pipeline's spec, its task rewritten as the training tasks are: a TPU
-    custom job on Vertex, the JobSet launcher of a multi-host slice on GKE."""
-    from kfp import compiler
-
-    package = Path(package_path)
-    package.parent.mkdir(parents=True, exist_ok=True)
-    compiler.Compiler().compile(build_smoke_pipeline(placement), str(package))
-    if placement.target == "local" or (placement.target == "gke" and placement.hosts == 1):
-        return
-    from pipelines.targets import spec
-
-    spec.rewrite_training(placement, package, SMOKE_PIPELINE)

@@ -1,6 +1,6 @@
-"""Compile the pipeline for a target: the KFP spec, then each target's rewriting of its
-training tasks (Vertex: TPU custom jobs, ``vertex/jobs.py``; GKE, a slice of several hosts:
-a JobSet launched over the hosts, ``gke/jobset.py``)."""
+"""Compile the pipeline (or the smoke pipeline) for a target: the KFP spec, then each
+target's rewriting of its training tasks (Vertex: TPU custom jobs, ``vertex/jobs.py``; GKE,
+a slice of several hosts: a JobSet launched over the hosts, ``gke/jobset.py``)."""
 
 from __future__ import annotations
 
@@ -9,10 +9,12 @@ from typing import Any
 
 import yaml
 
+from pipelines import PIPELINE_NAME
 from pipelines.dag import params
-from pipelines.dag.pipeline import PIPELINE_NAME, build_pipeline
+from pipelines.dag.pipeline import build_pipeline
 from pipelines.targets.gke import jobset
 from pipelines.targets.placement import Placement
+from pipelines.targets.smoke import SMOKE_PIPELINE, build_smoke_pipeline
 from pipelines.targets.vertex import jobs as vertex_jobs
 
 
@@ -53,3 +55,16 @@ def rewrite_training(
     else:
         jobset.as_launchers(spec, placement)
     package.write_text(yaml.safe_dump_all([spec, *platform], sort_keys=False))
+
+
+def compile_smoke(placement: Placement, package_path: str | Path) -> None:
+    """Write the smoke pipeline's spec, its task rewritten as the training tasks are: a TPU
+    custom job on Vertex, the JobSet launcher of a multi-host slice on GKE."""
+    from kfp import compiler
+
+    package = Path(package_path)
+    package.parent.mkdir(parents=True, exist_ok=True)
+    compiler.Compiler().compile(build_smoke_pipeline(placement), str(package))
+    if placement.target == "local" or (placement.target == "gke" and placement.hosts == 1):
+        return
+    rewrite_training(placement, package, SMOKE_PIPELINE)

@@ -1,13 +1,105 @@
-"""The end-of-run summary of a local run: each stage's status and time, then the figures
-(or the failure, or "no new data")."""
+"""What a local run leaves (``RunResult``: where, how each stage went, its figures) and its
+end-of-run summary: each stage's status and time, then the figures (or the failure, or
+"no new data")."""
 
 from __future__ import annotations
 
+import dataclasses
+import json
+import os
+from pathlib import Path
 from typing import Any
 
+from pipelines import stage_io
 from pipelines.dag import params
+from pipelines.dag.stages import RESULT, STAGE_TASKS
 from pipelines.releases.realign import NO_NEW_DATA
-from pipelines.targets.local.run import TASK_STAGE, RunResult
+
+# Who judged the evaluation's win rate (eval.json's summary.judge), in words.
+_JUDGES = {"reward_model": "reward model", "gold": "gold reward"}
+TASK_STAGE = {task: stage for stage, tasks in STAGE_TASKS.items() for task in tasks}
+
+
+@dataclasses.dataclass(slots=True)
+class StageRecord:
+    """One stage of a local run: ran, cached, skipped or failed, and for how long."""
+
+    stage: str
+    status: str = "skipped"
+    seconds: float | None = None
+    started: float | None = None
+    task: str = ""  # the task that stood for the stage (sft's is given-policy on warm starts)
+
+
+@dataclasses.dataclass(slots=True)
+class RunResult:
+    """What a local run leaves: where, how each stage went, and the figures of the summary."""
+
+    run_dir: Path | None
+    stages: dict[str, StageRecord]
+    executed: set[str]
+    outputs: dict[str, Any]
+    seconds: float
+    values: dict[str, Any]
+    error: str = ""
+    reasons: dict[str, str] = dataclasses.field(default_factory=dict)  # failed task → why
+    log: Path | None = None  # everything kfp.local and the tasks printed (run_log.py)
+
+    def result(self) -> dict[str, Any]:
+        """The run's result output: evaluated (with its files), or no new data."""
+        return json.loads(self.outputs.get(RESULT) or "{}")
+
+    def figures(self) -> dict[str, Any]:
+        """The summary's figures from the stages' metrics files (missing ones are None)."""
+        result = self.result()
+        aligned = stage_io.reference_details(result.get("aligned") or "")
+        trained = aligned.get("figures", {})
+        evaluation = _metrics(result.get("metrics"))
+        eval_folder = result.get("evaluation")
+        record = _eval_record(eval_folder)
+        return {
+            "status": result.get("status"),
+            "algorithm": aligned.get("algorithm"),
+            "reward_accuracy": trained.get("reward_accuracy"),
+            "ppo_stopped": trained.get("stopped_kl_guard"),
+            "ppo_restores": trained.get("restores"),
+            "dpo_steps": trained.get("steps"),
+            "dpo_accuracy": trained.get("accuracy"),
+            "judge": _JUDGES.get(record.get("summary", {}).get("judge"), "n/a"),
+            "win_rate": evaluation.get("win_rate/value"),
+            "win_rate_low": evaluation.get("win_rate/low"),
+            "win_rate_high": evaluation.get("win_rate/high"),
+            "gold_win_rate": evaluation.get("gold/win_rate/value"),
+            "gold_win_rate_low": evaluation.get("gold/win_rate/low"),
+            "gold_win_rate_high": evaluation.get("gold/win_rate/high"),
+            "ppo_vs_best_of_n": evaluation.get("ppo_vs_best_of_n"),
+            "gold_gain": evaluation.get("gold/difference/value"),
+            "gold_gain_low": evaluation.get("gold/difference/low"),
+            "gold_gain_high": evaluation.get("gold/difference/high"),
+            "kl_per_token": evaluation.get("kl/per_token"),
+            "anchor_kl_per_token": evaluation.get("anchor/kl/per_token"),
+            "anchor_win_rate": evaluation.get("anchor/win_rate/value"),
+            "anchor_is_reference": evaluation.get("anchor/same_as_reference"),
+            "blessed": evaluation.get("blessed"),
+            "gate": list(record.get("reasons", [])),
+            # The evaluation folder's copy ends in .html, so a browser opens it as a page.
+            "report": str(Path(eval_folder) / "report.html") if eval_folder else None,
+        }
+
+
+def _eval_record(folder: str | None) -> dict[str, Any]:
+    """The evaluate stage's eval.json (summary, the gate's reasons), or {} when absent."""
+    path = Path(folder) / "eval.json" if folder else None
+    if path is None or not path.exists():
+        return {}
+    return json.loads(path.read_text())
+
+
+def _metrics(path: str | None) -> dict[str, float]:
+    """The scalar metrics a component wrote to its Metrics artifact file (a local run's)."""
+    if not path or not os.path.exists(path):
+        return {}
+    return json.loads(Path(path).read_text())["metrics"]
 
 
 def format_summary(result: RunResult) -> str:
