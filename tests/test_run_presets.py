@@ -100,10 +100,10 @@ def test_seven_b_needs_the_larger_slice():
 
 
 def test_presets_command_prints_the_arithmetic_and_the_flags(capsys):
-    assert cli_main(["presets"]) == 0
+    assert cli_main(["run-presets"]) == 0
     listing = capsys.readouterr().out
     assert all(name in listing for name in RUN_PRESETS)
-    assert cli_main(["presets", "v5p-32-7b"]) == 0
+    assert cli_main(["run-presets", "v5p-32-7b"]) == 0
     text = capsys.readouterr().out
     ppo = estimate(RUN_PRESETS["v5p-32-7b"], "ppo")
     assert f"{ppo['state'] / GB:6.2f}" in text and f"{ppo['total'] / GB:6.2f}" in text
@@ -174,7 +174,7 @@ def test_a_preset_of_a_slice_the_pipeline_cannot_place_is_refused(tmp_path, caps
     monkeypatch.setitem(RUN_PRESETS, "v5p-24-odd", odd)
     argv = ["compile", "--target", "gke", "--run-preset", "v5p-24-odd", "-o", str(tmp_path / "p")]
     assert cli_main(argv) == 2
-    assert "alignpipe presets v5p-24-odd" in capsys.readouterr().err
+    assert "alignpipe run-presets v5p-24-odd" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(
@@ -283,10 +283,10 @@ def test_lora_presets_set_lora_on_the_trained_stages_only(name):
 
 
 def test_presets_command_shows_the_lora_split(capsys):
-    assert cli_main(["presets"]) == 0
+    assert cli_main(["run-presets"]) == 0
     listing = capsys.readouterr().out
     assert all(name in listing for name in LORA_PRESETS) and "LoRA r16" in listing
-    assert cli_main(["presets", "v5p-8-7b-lora"]) == 0
+    assert cli_main(["run-presets", "v5p-8-7b-lora"]) == 0
     text = capsys.readouterr().out
     assert "base adapters" in text and "40.0M adapter params per network" in text
     ppo = estimate(RUN_PRESETS["v5p-8-7b-lora"], "ppo")

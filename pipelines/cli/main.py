@@ -2,7 +2,7 @@
 
 A command is a function that adds its flags to its parser and sets its handler, in the
 module of its group (``cli/run.py``, ``cli/cloud.py``, ``cli/data.py``, ``cli/model.py``,
-``cli/releases.py``; ``cli/presets.py`` for ``presets``). The flags several commands share
+``cli/releases.py``; ``cli/run_presets.py`` for ``run-presets``). The flags several commands share
 live in ``cli/options.py``; no command module imports another.
 """
 
@@ -41,7 +41,7 @@ class Command:
 
 def commands() -> tuple[Command, ...]:
     """Every command, in the order ``alignpipe --help`` lists them."""
-    from pipelines.cli import cloud, data, model, presets, releases, run
+    from pipelines.cli import cloud, data, model, releases, run, run_presets
 
     return (
         Command("run", "run", "run the whole pipeline locally (kfp.local, cached)", run.add_run),
@@ -69,9 +69,9 @@ def commands() -> tuple[Command, ...]:
         ),  # fmt: skip
         Command(
             "cloud",
-            "presets",
+            "run-presets",
             "run presets (model class on a TPU slice): memory per chip and the flags",
-            presets.add_presets,
+            run_presets.add_run_presets,
         ),  # fmt: skip
         Command(
             "cloud",

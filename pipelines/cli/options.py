@@ -55,7 +55,7 @@ def add_placement_options(parser: argparse.ArgumentParser) -> None:
         "--run-preset",
         choices=sorted(RUN_PRESETS),
         default=None,
-        help="a model class on a TPU slice (alignpipe presets): sets the TPU, the topology "
+        help="a model class on a TPU slice (alignpipe run-presets): sets the TPU, the topology "
         "and the batch, length, remat, dtype and fsdp parameters; flags given override it",
     )
     group.add_argument(
@@ -162,7 +162,7 @@ def run_preset(args: argparse.Namespace) -> Any:
         raise ValueError(
             f"--run-preset {name}: its slice ({preset.slice_name}, {preset.chips} chips on "
             f"{preset.hosts} host(s)) is no {preset.chip} slice this pipeline places; run its "
-            f"stages on the slice's workers with the commands `alignpipe presets {name}` prints"
+            f"stages on the slice's workers with the commands `alignpipe run-presets {name}` prints"
         )
     return preset
 
@@ -181,7 +181,7 @@ def placement(args: argparse.Namespace) -> Placement:
             raise ValueError(
                 f"--run-preset {args.run_preset} is sized for {preset.chips} {preset.chip} chips; "
                 f"--tpu {tpu} --tpu-topology {topology or '?'} is another slice. Drop those "
-                "flags, or choose the preset of that slice (alignpipe presets)"
+                "flags, or choose the preset of that slice (alignpipe run-presets)"
             )
     placement = Placement(
         target=args.target, image=args.image or DEFAULT_IMAGE,

@@ -1,4 +1,4 @@
-"""``alignpipe presets [NAME]``: the run presets, their per-chip memory arithmetic and flags.
+"""``alignpipe run-presets [NAME]``: the run presets, their per-chip memory arithmetic and flags.
 
 Without a name: one line per preset with each stage's estimated peak per chip.
 With one: the arithmetic of every stage, the pipeline parameters it sets
@@ -25,8 +25,8 @@ STAGE_PATHS = {
 }
 
 
-def add_presets(parser: argparse.ArgumentParser) -> None:
-    """``alignpipe presets [NAME]``."""
+def add_run_presets(parser: argparse.ArgumentParser) -> None:
+    """``alignpipe run-presets [NAME]``."""
     parser.description = __doc__.splitlines()[0]
     parser.add_argument("name", nargs="?", choices=sorted(RUN_PRESETS), help="one preset")
     parser.set_defaults(handler=_presets)
