@@ -13,10 +13,10 @@ BIN := $(VENV)/bin
 # readable. sed (unlike grep) exits 0 on empty output, so pipefail still reports pip's failure.
 PIP_QUIET := sed '/is ignored: it is neither a file nor a directory/d'
 
-.PHONY: help install demo test lint format bench clean
+.PHONY: help install demo test test-fast test-durations lint format bench clean
 
 help: ## Show this help.
-	@grep -hE '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  \033[36m%-10s\033[0m %s\n", $$1, $$2}'
+	@grep -hE '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  \033[36m%-15s\033[0m %s\n", $$1, $$2}'
 
 $(BIN)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -32,6 +32,14 @@ demo: install ## Run the whole pipeline locally on the built-in task (CPU).
 
 test: install ## Run the test suite (CPU, 8 virtual devices; TEST_WORKERS processes, 2).
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder tests
+
+test-fast: install ## Run the test suite without the end-to-end runs marked slow.
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "not slow" tests
+
+# Each run records its test modules' times in pytest's cache; `make test` orders the modules
+# by them, and by this file on a fresh clone (tests/conftest.py).
+test-durations: ## Copy the last run's recorded module times to tests/module_durations.json.
+	$(BIN)/python -m json.tool --sort-keys .pytest_cache/v/alignpipe/module_durations tests/module_durations.json
 
 lint: install ## Check style with ruff.
 	$(BIN)/ruff check .

@@ -1,6 +1,6 @@
 """PPO, GRPO, RLOO and DPO side by side on the built-in task, from one sft policy.
 
-What ``make demo`` runs (the pipeline's defaults, pipelines/params.py): the built-in task
+What ``make demo`` runs (the pipeline's defaults, pipelines/dag/param_table.py): the built-in task
 is generated and sharded once, the sft policy and the reward model are trained once, then
 PPO, GRPO and RLOO (``components.ppo --algorithm``) and DPO (``components.dpo``) each
 start from that sft policy, and ``components.evaluate`` measures each against it with the
@@ -66,7 +66,7 @@ from components.evaluate.measures import bootstrap_interval, paired_difference  
 from components.evaluate.stage import run as evaluate  # noqa: E402
 from components.shard import ShardConfig  # noqa: E402
 from components.shard import run as run_shard  # noqa: E402
-from pipelines import params  # noqa: E402
+from pipelines.dag import params  # noqa: E402
 
 RL_ALGORITHMS = ("ppo", "grpo", "rloo")
 ALGORITHMS = (*RL_ALGORITHMS, "dpo")

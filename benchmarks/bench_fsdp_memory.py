@@ -47,8 +47,8 @@ from components.core.model.transformer import Transformer, model_config  # noqa:
 from components.core.training import parallel  # noqa: E402
 from components.core.training.optim import OptimConfig  # noqa: E402
 from components.sft.train import make_sft_loss  # noqa: E402
-from pipelines.run_presets import TRAINED_BYTES_PER_PARAM as STATE_BYTES_PER_PARAM  # noqa: E402
-from pipelines.run_presets import activation_bytes, gathered_bytes  # noqa: E402
+from pipelines.dag.memory import TRAINED_BYTES_PER_PARAM as STATE_BYTES_PER_PARAM  # noqa: E402
+from pipelines.dag.memory import activation_bytes, gathered_bytes  # noqa: E402
 
 DTYPE_BYTES = {"f32": 4, "bf16": 2, "f16": 2, "s32": 4, "u32": 4, "pred": 1, "s8": 1, "u8": 1}
 
@@ -175,7 +175,7 @@ def main() -> None:
         label = {"sum": "arg+out+temp", "live": "live (- alias)"}.get(field, field)
         print(f"  {label:<15} {mib(rep):>13} {mib(sh):>13}   {sh / rep:6.3f}x")
     print(f"  argument ratio target ~{1 / devices:.3f}x (1/{devices})")
-    # The arithmetic the run presets are chosen by (pipelines/run_presets.py).
+    # The arithmetic the run presets are chosen by (pipelines/dag/memory.py).
     acts = activation_bytes(
         config, args.batch // devices, args.seq_len, logits_len=args.seq_len, train=True
     )

@@ -73,7 +73,7 @@ from components.ppo.loop import Networks, compiled_phases  # noqa: E402
 from components.ppo.rollout import Frozen, Models, RolloutParams, ScoreNorm, TokenIds  # noqa: E402
 from components.ppo.stage import prompt_streams  # noqa: E402
 from components.ppo.update import PPOState  # noqa: E402
-from pipelines import params  # noqa: E402
+from pipelines.dag import params
 
 LORA_RANK = 8
 MIB = 2**20

@@ -14,16 +14,12 @@ the same run, and of the ceiling at these shapes (``_roofline.shape_ceiling``: t
 own weight matmuls alone). With ``--longest`` below the response width both count the
 padded batch: effective figures. Both sides start from the same state.
 
-    python benchmarks/bench_ppo_update.py [--baseline 2af694d] [--repeats 7] [--longest 16]
+    python benchmarks/bench_ppo_update.py [--baseline REV] [--repeats 7] [--longest 16]
         [--profile]
 
 ``--profile`` also prints where this tree's update spends its time, by kind of XLA:CPU
-thunk (weight matmuls, copies and transposes, collectives, the other fusions).
-
-(2af694d: the last commit before the projections ran on [B·T, D] rows and the attention on
-a kv head's queries as one matrix; bb34262: the last before the layer scan was unrolled
-without remat. Name a commit, not HEAD~1: other work lands on top of the update's own
-commits.)
+thunk (weight matmuls, copies and transposes, collectives, the other fusions). Name a
+commit as REV, not HEAD~1: other work lands on top of the update's own commits.
 """
 
 from __future__ import annotations

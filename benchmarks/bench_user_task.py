@@ -62,7 +62,7 @@ def main() -> int:
     root.mkdir(parents=True, exist_ok=True)
     data = root / "pairs.jsonl"
     data.write_text("".join(json.dumps(row) + "\n" for row in pairs(args.pairs, seed=0)))
-    from pipelines.cli import main as alignpipe
+    from pipelines.cli.main import main as alignpipe
 
     flags = [
         "run", "--runs-dir", str(root / "runs"), "--data-uri", str(data),

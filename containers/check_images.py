@@ -12,7 +12,7 @@ For every image (``make check-images``):
    named by a hash of that set so a rerun reuses it; the project itself is reinstalled
    from the work tree each time (non-editable, like the image), and ``pip check`` runs.
 4. From outside the work tree, import what the image's tasks import: every component
-   body's imports (``pipelines/components.py``), the stages' modules, ``python -m
+   body's imports (``pipelines/dag/kfp_components.py``), the stages' modules, ``python -m
    components.STAGE --help``; the training image also runs the smoke check (one pmap step,
    CPU); the data image the Beam worker harness and its Beam version against the base's.
 
@@ -72,7 +72,7 @@ class Image:
     name: str
     dockerfile: str  # relative to the repository root
     stages: tuple[str, ...]  # components.<stage> with a __main__
-    data_role: bool  # runs pipelines.components.DATA_COMPONENTS (else every other one)
+    data_role: bool  # runs pipelines.dag.kfp_components.DATA_COMPONENTS (else every other one)
     modules: tuple[str, ...]  # further modules its processes import
 
 
@@ -86,9 +86,9 @@ IMAGES = {
         # launcher a multi-host GKE training task runs on this image.
         modules=(
             "kfp.dsl.executor_main",
-            "pipelines.cli",
-            "pipelines.smoke_task",
-            "pipelines.jobset_launcher",
+            "pipelines.cli.main",
+            "pipelines.targets.smoke_task",
+            "pipelines.targets.gke.launcher",
         ),
     ),
     "data": Image(
@@ -210,14 +210,14 @@ def _body_imports(function: object) -> list[str]:
 def import_targets(image: Image) -> list[str]:
     """Every module (``module`` or ``module:name``) one of ``image``'s tasks imports."""
     sys.path.insert(0, str(ROOT))
-    from pipelines import components
+    from pipelines.dag import kfp_components
 
     names = [
         name
-        for name in components.Components._fields
-        if (name in components.DATA_COMPONENTS) == image.data_role
+        for name in kfp_components.Components._fields
+        if (name in kfp_components.DATA_COMPONENTS) == image.data_role
     ]
-    targets = [t for name in names for t in _body_imports(getattr(components, name))]
+    targets = [t for name in names for t in _body_imports(kfp_components.component_function(name))]
     targets += [f"components.{stage}.stage" for stage in image.stages]
     return sorted({*targets, *image.modules})
 
@@ -236,7 +236,7 @@ for target in json.loads(sys.argv[1]):
         failed[target] = f"{type(error).__name__}: {error}"
 print(json.dumps(failed))
 """
-_SMOKE_CHECK = "from pipelines.smoke_task import check_devices; check_devices('cpu', 8)"
+_SMOKE_CHECK = "from pipelines.targets.smoke_task import check_devices; check_devices('cpu', 8)"
 
 
 # --- pip and venvs ------------------------------------------------------------------------

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import sys
 
-from pipelines.cli import main
+from pipelines.cli.main import main
 
 
 def demo(argv: list[str] | None = None) -> int:

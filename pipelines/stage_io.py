@@ -22,7 +22,7 @@ import math
 import os
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 from components.core import fileio
@@ -91,7 +91,7 @@ def _primary_host() -> bool:
 def failure_reason(folder: str) -> Iterator[None]:
     """Leave a user error's message in ``folder``/FAILURE.txt as it fails the task.
 
-    The task fails as before; a local run's summary prints the message (local_run.py),
+    The task fails as before; a local run's summary prints it (targets/local/result.py),
     where kfp.local itself reports only which task failed.
     """
     from components.core.entry import USER_ERRORS
@@ -234,98 +234,6 @@ def find_sources(data_uri: str) -> list[dict[str, str]]:
     return [{"uri": f, "fingerprint": fingerprint(f)} for f in files]
 
 
-def check_policy(base_policy: str) -> str:
-    """A reference to the policy ``base_policy`` names, refused unless it is one.
-
-    An alignpipe policy folder holds ``config.json`` and ``params/`` (no scalar head); a
-    Hugging Face folder (local or gs://) is taken as it is, to be imported inside the tasks
-    that read it, and its reference says so (``hf``). A promotion root (a
-    ``promoted_policy_uri``) stands for its current version's folder. The reference's
-    fingerprint covers a Hugging Face folder's weights (``fingerprint``).
-    """
-    from components.core.model.hf_folder import is_hf_dir
-    from pipelines import promotion
-
-    policy = promotion.resolve_policy(base_policy)
-    shown = base_policy if policy == base_policy else f"{base_policy} (current: {policy})"
-    if is_hf_dir(policy):
-        return reference(policy, fingerprint(policy), hf=True)
-    for name in promotion.POLICY_FILES:
-        if not fileio.exists(fileio.join(policy, name)):
-            raise FileNotFoundError(
-                f"base_policy {shown!r} has no {name}; pass a model folder written by "
-                "the sft, ppo or promote stage (config.json + params/), a Hugging Face "
-                "model folder (config.json + *.safetensors + tokenizer.json), or '' to "
-                "train one"
-            )
-    require_head(policy, scalar=False, flag="base_policy", shown=shown)
-    return reference(policy, fingerprint(policy))
-
-
-def initial_policy(base_policy: str, sft_on_base: bool) -> tuple[bool, str]:
-    """Whether the run trains its initial policy with sft, and the reference sft starts from
-    (or, without sft, the policy itself): '' for a fresh model of the preset."""
-    if not base_policy:
-        return True, ""
-    return sft_on_base, check_policy(base_policy)
-
-
-def model_tokenizer(folder: str, flag: str) -> str:
-    """The tokenizer folder of a model (a promotion root's current version): a Hugging Face
-    folder's own, or an alignpipe model's ``tokenizer/``; refused, naming ``flag``, when the
-    model carries none (artifacts trained before models kept their tokenizer)."""
-    from components.core.data.tokenizers import MODEL_TOKENIZER_DIR
-    from components.core.model.hf_folder import is_hf_dir
-    from pipelines import promotion
-
-    folder = promotion.resolve_policy(folder)
-    if is_hf_dir(folder):
-        return folder
-    own = fileio.join(folder, MODEL_TOKENIZER_DIR)
-    if not fileio.exists(own):
-        raise FileNotFoundError(
-            f"{flag} {folder!r} carries no {MODEL_TOKENIZER_DIR}/ (a model trained before "
-            "models kept their tokenizer); pass --tokenizer with the tokenizer it was trained "
-            "with (the tokenizer/ folder of its run's shards)"
-        )
-    return own
-
-
-def shards_tokenizer(tokenizer: str, sources: list[dict[str, Any]], base_policy: str) -> str:
-    """The tokenizer the shard stage uses: ``tokenizer`` when given, else the base policy's
-    own, else the data's own (:func:`data_tokenizer`)."""
-    if tokenizer:
-        return tokenizer
-    if base_policy:
-        return model_tokenizer(base_policy, "base_policy")
-    return data_tokenizer(sources)
-
-
-def require_head(model_dir: str, *, scalar: bool, flag: str, shown: str = "") -> None:
-    """Refuse a reward model (scalar head) where a policy goes, or the reverse, naming ``flag``.
-
-    Reads only config.json (no JAX): preflight and the pipeline's light tasks call it.
-    """
-    path = fileio.join(model_dir, "config.json")
-    try:
-        info = json.loads(fileio.read_text(path))
-        has_head = bool(info.get("scalar_head"))
-    except (ValueError, AttributeError) as error:  # not JSON, or not an object
-        raise ValueError(f"{path} is not a model's config ({error})") from None
-    if has_head == scalar:
-        return
-    shown = shown or model_dir
-    if has_head:
-        raise ValueError(
-            f"{flag} {shown!r} is a reward model (stage {info.get('stage')!r}, with a scalar "
-            "head), not a policy; pass a policy (the output of the sft, ppo or dpo stage)"
-        )
-    raise ValueError(
-        f"{flag} {shown!r} is a policy (stage {info.get('stage')!r}, no scalar head), not a "
-        "reward model; pass the reward stage's model folder (e.g. <run>/reward/model)"
-    )
-
-
 def data_tokenizer(sources: list[dict[str, Any]]) -> str:
     """The tokenizer the sources name (the built-in task names its own), else the byte one."""
     named = {source.get("tokenizer") for source in sources}
@@ -351,26 +259,3 @@ def start_jax() -> None:
 def publish_report(evaluation_dir: str, report_path: str) -> None:
     """Copy the evaluate stage's report.html to the pipeline's HTML artifact file."""
     fileio.write_bytes(report_path, fileio.read_bytes(fileio.join(evaluation_dir, "report.html")))
-
-
-def promote(
-    policy_dir: str,
-    artifact_dir: str,
-    promoted_policy_uri: str,
-    *,
-    record: dict[str, Any] | None = None,
-    register: Callable[[int, str], dict[str, Any]] | None = None,
-) -> int | None:
-    """Copy the blessed policy to the promote task's artifact and, when given, promote it.
-
-    At ``promoted_policy_uri`` it becomes a new version and the current one (promotion.py);
-    ``record`` (run id, data fingerprint, the evaluation's eval.json) joins the history, and
-    ``register`` (see promotion.promote) registers the version elsewhere.
-    Returns the version number, or None when no URI is given.
-    """
-    fileio.copy_tree(policy_dir, artifact_dir)
-    if not promoted_policy_uri:
-        return None
-    from pipelines import promotion
-
-    return promotion.promote(promoted_policy_uri, policy_dir, record, register)

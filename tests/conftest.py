@@ -9,9 +9,11 @@ its compile: a stage process runs dozens of small ones (each initialiser, each e
 about 2.5 s of compiling in all on 2 cores, read back in about 0.5 s.
 """
 
+import json
 import os
 import shutil
 import tempfile
+from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 # LLVM at -O1 instead of XLA's -O3: the tests compile far more than they run. No fast-math
@@ -60,24 +62,40 @@ def sharded_placements(monkeypatch):
     return calls
 
 
-# The modules that take minutes, longest first: with pytest-xdist (``-n 2 --dist loadfile
-# --no-loadscope-reorder``, as ``make test`` runs) each worker starts on one of them and the
-# short modules fill in after, instead of two long ones ending the run on one worker.
-LONG_MODULES = (
-    "test_pipeline_local.py",
-    "test_hf_pipeline.py",
-    "test_ppo_stage.py",
-    "test_ppo_multihost.py",
-    "test_reward_processes.py",
-    "test_realign_local.py",
-    "test_training_stages.py",
-    "test_ppo_update.py",
-    "test_fsdp.py",
-    "test_model.py",
-    "test_multihost.py",
-    "test_dpo.py",
-    "test_eval_stage.py",
-)
+# Modules run longest first: with pytest-xdist (``-n 2 --dist loadfile --no-loadscope-reorder``,
+# as ``make test`` runs) each worker starts on a long one and the short ones fill in after,
+# instead of two long ones ending the run on one worker. How long each module takes is
+# measured, not kept by hand: every run records its modules' times in pytest's cache, and
+# ``make test-durations`` copies the last whole run's into DURATIONS (read when a fresh clone
+# has no cache).
+DURATIONS = Path(__file__).with_name("module_durations.json")
+CACHE_KEY = "alignpipe/module_durations"
+_measured: dict[str, float] = {}
+
+
+def module_durations(config) -> dict[str, float]:
+    """Seconds each test module took, by file name: the cache's, else DURATIONS', else none."""
+    cache = getattr(config, "cache", None)
+    recorded = cache.get(CACHE_KEY, None) if cache is not None else None
+    if recorded is None and DURATIONS.exists():
+        recorded = json.loads(DURATIONS.read_text())
+    return recorded or {}
+
+
+def pytest_runtest_logreport(report):
+    """Add each test's setup, call and teardown time to its module's (on xdist's controller
+    the workers' reports arrive here too)."""
+    name = report.nodeid.split("::")[0].rsplit("/", 1)[-1]
+    _measured[name] = _measured.get(name, 0.0) + report.duration
+
+
+def pytest_sessionfinish(session):
+    """Record this run's module times over the earlier ones (a partial run updates its own)."""
+    cache = getattr(session.config, "cache", None)
+    if cache is None or not _measured or hasattr(session.config, "workerinput"):
+        return  # an xdist worker: the controller records
+    recorded = {**(cache.get(CACHE_KEY, None) or {}), **_measured}
+    cache.set(CACHE_KEY, {name: round(seconds, 1) for name, seconds in sorted(recorded.items())})
 
 
 def pytest_unconfigure(config):
@@ -87,6 +105,6 @@ def pytest_unconfigure(config):
 
 
 def pytest_collection_modifyitems(config, items):
-    """Long modules first, in LONG_MODULES order; the rest keep their order."""
-    rank = {name: i for i, name in enumerate(LONG_MODULES)}
-    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
+    """Modules longest first (by their recorded times); tests in a module keep their order."""
+    durations = module_durations(config)
+    items.sort(key=lambda item: -durations.get(item.path.name, 0.0))

@@ -117,7 +117,11 @@ def test_each_image_imports_what_its_tasks_import():
     train = check.import_targets(check.IMAGES["train"])
     for stage in ("sft", "reward", "ppo", "dpo", "evaluate"):
         assert f"components.{stage}.stage" in train
-    assert {"pipelines:stage_io", "pipelines.smoke_task", "pipelines.jobset_launcher"} <= set(train)
+    assert {
+        "pipelines:stage_io",
+        "pipelines.targets.smoke_task",
+        "pipelines.targets.gke.launcher",
+    } <= set(train)
     data = check.import_targets(check.IMAGES["data"])
     assert (
         "components.shard.stage" in data and "components.core.data.builtin_task:write_jsonl" in data

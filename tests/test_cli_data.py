@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from pipelines.cli import main
+from pipelines.cli.main import main
 
 
 def test_generate_then_shard_writes_eight_shards_per_split(tmp_path, capsys):

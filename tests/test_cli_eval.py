@@ -11,8 +11,8 @@ from components import shard
 from components.core.data.builtin_task import write_jsonl
 from components.core.model.artifact import create_model, save_model
 from components.shard import ShardConfig
-from pipelines import cli_eval
-from pipelines.cli import main
+from pipelines.cli import model as cli_model
+from pipelines.cli.main import main
 
 
 @pytest.fixture(scope="module")
@@ -119,9 +119,9 @@ def test_report_lists_newest_first_and_opens_the_newest(tmp_path, capsys, monkey
     new = _report_at(tmp_path / "b" / "deep" / "evaluate", 2_000_000)
     (tmp_path / "c").mkdir()  # a link to a report since deleted is skipped, not a traceback
     (tmp_path / "c" / "report.html").symlink_to(tmp_path / "gone.html")
-    assert cli_eval.find_reports(str(tmp_path)) == [new, old]
+    assert cli_model.find_reports(str(tmp_path)) == [new, old]
     opened = []
-    monkeypatch.setattr(cli_eval.webbrowser, "open", opened.append)
+    monkeypatch.setattr(cli_model.webbrowser, "open", opened.append)
     assert main(["report", str(tmp_path), "--open"]) == 0
     assert capsys.readouterr().out.split() == [new, old]
     assert opened == ["file://" + new]

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from google.cloud.aiplatform_v1.types import JobState
 
-from pipelines import custom_job_retry
+from pipelines.targets.vertex import custom_job_retry
 
 JOB = "projects/123/locations/us-central1/customJobs/456"
 RESOURCES = {

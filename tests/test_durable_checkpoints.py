@@ -15,7 +15,8 @@ from flax import nnx
 
 from components.core.training import checkpoint as ckpt
 from components.core.training.metrics import read_metrics
-from pipelines import params, stage_io
+from pipelines import stage_io
+from pipelines.dag import params
 
 TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(TESTS_DIR)

@@ -22,7 +22,7 @@ from components.hf import safetensors_io
 from components.hf.export import ExportError, export_hf
 from components.hf.families import family_of_config, model_config_from_hf
 from components.hf.importer import import_hf
-from pipelines.cli import main
+from pipelines.cli.main import main
 
 FIXTURES = pathlib.Path(__file__).parent / "fixtures" / "hf"
 FAMILIES = ("llama", "qwen2", "gemma2")

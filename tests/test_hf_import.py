@@ -24,7 +24,7 @@ from components.core.training.checkpoint import read_model_config
 from components.hf import safetensors_io
 from components.hf.families import HFImportError, model_config_from_hf
 from components.hf.importer import import_hf, resolve_base
-from pipelines.cli import main
+from pipelines.cli.main import main
 
 FIXTURES = pathlib.Path(__file__).parent / "fixtures" / "hf"
 FAMILIES = ("llama", "qwen2", "gemma2")

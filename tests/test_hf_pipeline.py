@@ -26,9 +26,10 @@ from components.core.data.prompts import left_pad, unique_prompts
 from components.core.data.tokenizers import load_tokenizer
 from components.core.model.artifact import load_model
 from components.core.model.sampler import generate
-from pipelines import promotion
-from pipelines.cli import main
-from pipelines.local_run import format_summary, run_local
+from pipelines.cli.main import main
+from pipelines.releases import promotion
+from pipelines.targets.local.result import format_summary
+from pipelines.targets.local.run import run_local
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")

@@ -22,9 +22,9 @@ from kubernetes.client import (
     V1PodStatus,
 )
 
-from pipelines import jobset, jobset_launcher
-from pipelines.cli import main
-from pipelines.targets import HOSTS_ENV, Placement
+from pipelines.cli.main import main
+from pipelines.targets.gke import jobset, launcher
+from pipelines.targets.placement import HOSTS_ENV, Placement
 
 FIXTURES = Path(__file__).parent / "fixtures"
 IMAGE = "us-docker.pkg.dev/p/alignpipe/train@sha256:" + "ab" * 32
@@ -312,7 +312,7 @@ def _jobset(*conditions: dict, restarts: int = 0) -> dict:
 
 
 def test_verdicts_on_jobset_status_and_host_pods():
-    decide = jobset_launcher.decide
+    decide = launcher.decide
     running = decide(_jobset(restarts=1), [_pod(0), _pod(1, unschedulable="0/3 nodes: tpu")], IMAGE)
     assert running.state == "running" and not running.done
     assert "1 restart(s)" in running.message and "host 1" in running.message
@@ -340,21 +340,21 @@ def test_host_0s_executor_output_is_handed_to_kfp(tmp_path):
         outputs["artifacts"][name]["artifacts"][0]["uri"] = str(tmp_path / "ppo" / name)
     outputs["outputFile"] = str(tmp_path / "kfp_outputs" / "output_metadata.json")
     with pytest.raises(RuntimeError, match="host 0 wrote no executor output"):
-        jobset_launcher.hand_back_output(executor_input)
+        launcher.hand_back_output(executor_input)
     written = {"parameterValues": {"Output": '{"uri": "gs://runs-bucket/ppo/model"}'}}
     (tmp_path / "ppo").mkdir()
     (tmp_path / "ppo" / jobset.EXECUTOR_OUTPUT_NAME).write_text(json.dumps(written))
-    jobset_launcher.hand_back_output(executor_input)
+    launcher.hand_back_output(executor_input)
     assert json.loads(Path(outputs["outputFile"]).read_text()) == written
 
 
 def test_launcher_refuses_bad_arguments_with_a_clear_error(capsys):
     argv = ["--executor-input", "{not json", "--slice", _spec().to_json()]
-    assert jobset_launcher.main(argv) == 1
+    assert launcher.main(argv) == 1
     assert "--executor-input is not JSON" in capsys.readouterr().err
     # Outside a pod there are no in-cluster credentials: said, not a traceback.
     argv = ["--executor-input", json.dumps(EXECUTOR_INPUT), "--slice", _spec().to_json()]
-    assert jobset_launcher.main(argv) == 1
+    assert launcher.main(argv) == 1
     assert "not inside a Kubernetes pod" in capsys.readouterr().err
 
 

@@ -15,7 +15,10 @@ from google.cloud.aiplatform import initializer
 from google.cloud.aiplatform_v1.types import model as gca_model
 from google.cloud.aiplatform_v1.types import model_service
 
-from pipelines import cli_history, model_registry, params, promotion, stage_io
+from pipelines.cli import releases as cli_releases
+from pipelines.dag import params
+from pipelines.releases import policies, promotion
+from pipelines.releases import registry as model_registry
 
 RESOURCE = "projects/p/locations/europe-west4/models/alignpipe-policy"
 
@@ -70,7 +73,7 @@ def test_first_upload_creates_the_model_the_second_adds_a_version(tmp_path, regi
         {"model": created.resource_name, "version_id": "1", "alias": "v1", "created": True},
         {"model": created.resource_name, "version_id": "2", "alias": "v2", "created": False},
     ]
-    table = cli_history.format_history(events, promotion.current_version(root))
+    table = cli_releases.format_history(events, promotion.current_version(root))
     assert table.splitlines()[0].split()[-2:] == ["registry", "note"]
 
 
@@ -105,7 +108,7 @@ def test_a_failed_upload_leaves_the_version_incomplete_and_current_unchanged(
     listed.return_value, uploaded.side_effect = [], RuntimeError("PERMISSION_DENIED")
     register = functools.partial(model_registry.register_version, "alignpipe-policy")
     with pytest.raises(RuntimeError):
-        stage_io.promote(_policy(tmp_path / "b"), str(tmp_path / "artifact"), root,
+        policies.promote(_policy(tmp_path / "b"), str(tmp_path / "artifact"), root,
                          register=register)  # fmt: skip
     assert promotion.current_version(root) == 1 and promotion.complete_versions(root) == [1]
 

@@ -257,7 +257,7 @@ def test_detect_cluster():
     assert distributed.detect_cluster({"TPU_WORKER_HOSTNAMES": "a,b"}).kind == "tpu"
     assert distributed.detect_cluster({"TPU_WORKER_HOSTNAMES": "a"}).kind == "single"
     # A Vertex TPU custom job sets no host list: the placement's host count names the slice.
-    from pipelines.targets import HOSTS_ENV
+    from pipelines.targets.placement import HOSTS_ENV
 
     assert HOSTS_ENV == distributed.ENV_TPU_HOSTS  # what the placement sets, the stage reads
     vertex = distributed.detect_cluster({"ALIGNPIPE_TPU_HOSTS": "4"})

@@ -30,7 +30,7 @@ from components.hf.peft import (
     load_adapter,
     read_adapter_config,
 )
-from pipelines.cli import main
+from pipelines.cli.main import main
 
 FIXTURES = pathlib.Path(__file__).parent / "fixtures"
 PEFT_FIXTURE = FIXTURES / "peft"

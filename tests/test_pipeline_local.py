@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
 
-from pipelines import run_log, stage_io
-from pipelines.cli import main
-from pipelines.local_run import (
+from pipelines import stage_io
+from pipelines.cli.main import main
+from pipelines.releases import policies
+from pipelines.targets.local import run_log
+from pipelines.targets.local.result import format_summary
+from pipelines.targets.local.run import (
     PROMOTED_DIR,
     TaskWatcher,
     failure_reasons,
-    format_summary,
     run_local,
 )
 
@@ -83,7 +86,7 @@ def test_local_run_cache_and_rerun(runs_dir, monkeypatch, capsys):
     assert figures["blessed"] == 1.0
     assert "<html" in Path(figures["report"]).read_text().lower()
     promoted = tmp_path / PROMOTED_DIR
-    current = Path(stage_io.reference_uri(stage_io.check_policy(str(promoted))))
+    current = Path(stage_io.reference_uri(policies.check_policy(str(promoted))))
     assert current == promoted / "versions" / "000001"
     assert (current / "config.json").exists() and (current / "params").is_dir()
     record = json.loads((current / "PROMOTED.json").read_text())
@@ -102,6 +105,11 @@ def test_local_run_cache_and_rerun(runs_dir, monkeypatch, capsys):
     summary = format_summary(second)
     assert "reward     cached" in summary and "ppo        ran" in summary
     assert "(judged by the reward model)" in summary
+    # The built-in task has a gold reward: it, not the reward model ppo trained against,
+    # decides the gate; best-of-n's exact frontier is printed with the bound's beside it.
+    assert "gate: win-rate lower bound (judged by the gold reward)" in summary
+    assert "the same KL, exact;" in summary and "on the bound)" in summary
+    assert "note: no gold reward" not in summary
 
     # rerun --from evaluate: the last run's values again, caching off from evaluate on.
     capsys.readouterr()
@@ -133,6 +141,18 @@ def test_local_run_cache_and_rerun(runs_dir, monkeypatch, capsys):
     assert figures["reward_accuracy"] is None and figures["kl_per_token"] > 0
     summary = format_summary(fourth)
     assert "dpo        ran" in summary and "4 steps, eval preference accuracy" in summary
+
+    # A reward model trained apart judges a ppo policy too: only evaluate reruns, and its
+    # eval.json names the given model, not the one ppo trained against.
+    judge = str(tmp_path / "judge")
+    shutil.copytree(reward_model, judge)
+    fifth = run_local({**TINY, "kl_coef": 0.05, "eval_reward_model": judge},
+                      runs_dir=tmp_path, echo=False)  # fmt: skip
+    assert not fifth.error, fifth.error
+    assert fifth.executed <= {"plan-run", "check-policy", "evaluate", "promote"}
+    assert "evaluate" in fifth.executed
+    evaluated = json.loads((fifth.run_dir / "evaluate" / "evaluation" / "eval.json").read_text())
+    assert evaluated["summary"]["judge_model"] == judge
 
     # Warm starts from the promoted policy (given-policy standing for sft) run in
     # tests/test_realign_local.py, week after week.
@@ -168,6 +188,15 @@ def test_reward_gate_stops_the_local_run_before_ppo_with_its_reason(
     assert reason in run_log.task_errors(result.log.read_text())["reward"]
     assert (result.run_dir / "reward" / "model" / "config.json").exists()  # kept to inspect
     assert not (tmp_path / "p").exists()
+
+
+def test_a_gate_judged_by_the_trained_against_reward_model_is_flagged() -> None:
+    from pipelines.targets.local.result import _independent_judge
+
+    by_model = {"gate_judge": "reward_model"}
+    assert "--eval-reward-model" in _independent_judge(by_model, {"eval_reward_model": ""})[0]
+    assert _independent_judge(by_model, {"eval_reward_model": "gs://b/rm"}) == []
+    assert _independent_judge({"gate_judge": "gold"}, {"eval_reward_model": ""}) == []
 
 
 def test_a_failed_tasks_reason_reaches_the_summary(tmp_path):
@@ -230,18 +259,18 @@ def test_sources_policy_check_and_promotion(tmp_path):
 
     policy = tmp_path / "policy"
     with pytest.raises(FileNotFoundError, match="has no config.json"):
-        stage_io.check_policy(str(policy))
+        policies.check_policy(str(policy))
     (policy / "params").mkdir(parents=True)
     (policy / "params" / "weights").write_text("w")
     (policy / "config.json").write_text("{}")
-    assert stage_io.reference_uri(stage_io.check_policy(str(policy))) == str(policy)
+    assert stage_io.reference_uri(policies.check_policy(str(policy))) == str(policy)
 
     destination = tmp_path / "promoted"
-    assert stage_io.promote(str(policy), str(tmp_path / "artifact"), str(destination)) == 1
+    assert policies.promote(str(policy), str(tmp_path / "artifact"), str(destination)) == 1
     version = destination / "versions" / "000001"
     assert (version / "params" / "weights").read_text() == "w"
     assert json.loads((version / "PROMOTED.json").read_text())["source"] == str(policy)
-    assert stage_io.reference_uri(stage_io.check_policy(str(destination))) == str(version)
+    assert stage_io.reference_uri(policies.check_policy(str(destination))) == str(version)
     assert (tmp_path / "artifact" / "config.json").exists()
 
 

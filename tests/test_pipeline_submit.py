@@ -7,7 +7,7 @@ from unittest import mock
 import pytest
 import yaml
 
-from pipelines.cli import main
+from pipelines.cli.main import main
 
 IMAGE = "us-docker.pkg.dev/p/alignpipe/train:1"
 RUNNER = "runner@proj.iam.gserviceaccount.com"
@@ -123,7 +123,7 @@ def test_submit_and_schedule_gke_with_the_kfp_client():
 
 def test_submit_run_preset_v5p_32_7b_to_vertex_and_gke(vertex_job):
     """The 4-host preset: Vertex gets one custom-job pool over the slice, GKE a JobSet launcher."""
-    from pipelines.run_presets import RUN_PRESETS
+    from pipelines.dag.run_presets import RUN_PRESETS
 
     preset = RUN_PRESETS["v5p-32-7b"].pipeline_params()
     assert main(["submit", *VERTEX, "--run-preset", "v5p-32-7b"]) == 0
@@ -143,7 +143,7 @@ def test_submit_run_preset_v5p_32_7b_to_vertex_and_gke(vertex_job):
     arguments = client.create_run_from_pipeline_package.call_args.kwargs["arguments"]
     assert arguments == {**preset, "checkpoint_root": "gs://bucket/runs/checkpoints"}
     ppo = seen["spec"]["deploymentSpec"]["executors"]["exec-ppo"]["container"]
-    assert ppo["command"][-1] == "pipelines.jobset_launcher"
+    assert ppo["command"][-1] == "pipelines.targets.gke.launcher"
 
 
 def test_vertex_without_a_service_account_warns(vertex_job, capsys):
@@ -243,7 +243,7 @@ def test_refusals_before_any_client_call(vertex_job, capsys, argv, message):
 def test_schedule_create_refuses_its_cron_and_arguments_before_compiling(
     vertex_job, capsys, argv, message
 ):
-    with mock.patch("pipelines.cloud.compile_pipeline") as compiled:
+    with mock.patch("pipelines.targets.spec.compile_pipeline") as compiled:
         assert main(["schedule", *argv, *VERTEX]) == 2
     assert message in capsys.readouterr().err
     compiled.assert_not_called()
@@ -251,7 +251,7 @@ def test_schedule_create_refuses_its_cron_and_arguments_before_compiling(
 
 
 def test_cron_lines_vertex_and_kfp_accept_pass():
-    from pipelines import cloud
+    from pipelines.targets import cloud
 
     for cron in ("0 3 * * 1", "*/15 0-6/2 1,15 jan-mar mon-fri", "30 2 * * 7", "0 0 1 */3 SUN"):
         cloud.check_cron(cron)

@@ -9,9 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from pipelines import params, preflight, run_log, stage_io
-from pipelines.cli import main
-from pipelines.local_run import run_local
+from pipelines.cli.main import main
+from pipelines.dag import params, preflight
+from pipelines.releases import policies
+from pipelines.targets.local import run_log
+from pipelines.targets.local.run import run_local
 
 FIXTURES = Path(__file__).parent / "fixtures" / "hf"
 
@@ -131,7 +133,7 @@ def test_good_local_inputs_pass(tmp_path):
     preflight.check(params.validate(values, 8))
     # A promotion root stands for its current version (a scheduled run's warm start).
     root = tmp_path / "promoted"
-    assert stage_io.promote(str(policy), str(tmp_path / "artifact"), str(root)) == 1
+    assert policies.promote(str(policy), str(tmp_path / "artifact"), str(root)) == 1
     warm = {**values, "base_policy": str(root), "anchor_policy": str(root)}
     preflight.check(params.validate(warm, 8))
 
@@ -200,7 +202,7 @@ def test_the_log_capture_takes_prints_logging_and_stderr(tmp_path, capsys):
 
 
 def test_a_glob_the_shell_expanded_gets_a_hint(capsys):
-    from pipelines.cli import main
+    from pipelines.cli.main import main
 
     with pytest.raises(SystemExit) as exit_:
         main(["run", "--data-uri", "data/a.jsonl", "data/b.jsonl"])

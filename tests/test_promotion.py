@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 
 from components.core import fileio
-from pipelines import promotion, stage_io
-from pipelines.cli import main
+from pipelines import stage_io
+from pipelines.cli.main import main
+from pipelines.releases import atomic, policies, promotion
 
 
 def _policy(folder: Path, weights: str) -> str:
@@ -50,7 +51,7 @@ def _promote_three(tmp_path: Path) -> Path:
     for number, (win, kl, gold) in enumerate(figures, start=1):
         policy = _policy(tmp_path / f"ppo-{number}", f"v{number}")
         record = _record(f"run-{number}", win, kl, gold)
-        version = stage_io.promote(policy, str(tmp_path / f"artifact-{number}"), str(root),
+        version = policies.promote(policy, str(tmp_path / f"artifact-{number}"), str(root),
                                    record=record)  # fmt: skip
         assert version == number
     return root
@@ -60,7 +61,7 @@ def test_three_promotions_make_versions_and_history_rows(tmp_path):
     root = _promote_three(tmp_path)
     assert promotion.complete_versions(str(root)) == [1, 2, 3]
     assert promotion.current_version(str(root)) == 3
-    reference = stage_io.check_policy(str(root))
+    reference = policies.check_policy(str(root))
     assert stage_io.reference_uri(reference) == str(root / "versions" / "000003")
     assert _weights(reference) == "v3"
     assert (tmp_path / "artifact-2" / "params" / "weights").read_text() == "v2"
@@ -79,7 +80,7 @@ def test_rollback_makes_an_earlier_version_current_and_is_recorded(tmp_path, cap
     assert main(["rollback", str(root), "--to", "2", "--reason", "gold fell"]) == 0
     assert "version 2 is current" in capsys.readouterr().out
     assert promotion.current_version(str(root)) == 2
-    assert _weights(stage_io.check_policy(str(root))) == "v2"
+    assert _weights(policies.check_policy(str(root))) == "v2"
     last = _history_lines(root)[-1]
     assert (last["event"], last["from"], last["to"], last["reason"]) == (
         "rollback",
@@ -94,8 +95,8 @@ def test_rollback_makes_an_earlier_version_current_and_is_recorded(tmp_path, cap
 
     # A promotion after a rollback takes the next number and becomes current.
     policy = _policy(tmp_path / "ppo-4", "v4")
-    assert stage_io.promote(policy, str(tmp_path / "artifact-4"), str(root)) == 4
-    assert _weights(stage_io.check_policy(str(root))) == "v4"
+    assert policies.promote(policy, str(tmp_path / "artifact-4"), str(root)) == 4
+    assert _weights(policies.check_policy(str(root))) == "v4"
 
 
 def test_history_prints_a_table_with_the_current_version_and_rollbacks(tmp_path, capsys):
@@ -193,10 +194,10 @@ def test_a_damaged_record_is_named_and_nothing_changes_until_it_is_mended(tmp_pa
         assert main(["history", str(root)]) == 1
         assert f"{current}" in capsys.readouterr().err
         with pytest.raises(promotion.PromotionRecordError, match="alignpipe rollback"):
-            stage_io.check_policy(str(root))
+            policies.check_policy(str(root))
     assert main(["rollback", str(root), "--to", "2"]) == 0
     assert "(was none: CURRENT was unreadable or missing)" in capsys.readouterr().out
-    assert _weights(stage_io.check_policy(str(root))) == "v2"
+    assert _weights(policies.check_policy(str(root))) == "v2"
     assert _history_lines(root)[-1]["from"] is None
 
     # CURRENT naming a version that is not complete, or none: history says runs will fail.
@@ -267,14 +268,14 @@ def test_a_crash_mid_copy_is_never_current_and_the_next_promotion_moves_on(tmp_p
     assert (root / "versions" / "000004" / "params" / "weights").exists()  # half written
     assert promotion.complete_versions(str(root)) == [1, 2, 3]
     assert promotion.current_version(str(root)) == 3
-    assert _weights(stage_io.check_policy(str(root))) == "v3"
+    assert _weights(policies.check_policy(str(root))) == "v3"
     assert [e["version"] for e in promotion.read_history(str(root))] == [1, 2, 3]
     with pytest.raises(ValueError, match="version 4 .* never finished copying"):
         promotion.rollback(str(root), 4)
 
     assert promotion.promote(str(root), _policy(tmp_path / "ppo-5", "v5")) == 5
     assert promotion.complete_versions(str(root)) == [1, 2, 3, 5]
-    assert _weights(stage_io.check_policy(str(root))) == "v5"
+    assert _weights(policies.check_policy(str(root))) == "v5"
 
 
 def test_racing_promotions_get_their_own_versions_and_a_complete_current(tmp_path):
@@ -304,8 +305,8 @@ def test_racing_promotions_get_their_own_versions_and_a_complete_current(tmp_pat
 def test_a_claim_by_listing_has_one_owner(tmp_path):
     # The gs:// claim (write an own object, then list), run on a local folder.
     folder = str(tmp_path / "versions" / "000001")
-    assert promotion.claim_by_listing(folder)
-    assert not promotion.claim_by_listing(folder)
+    assert atomic.claim_by_listing(folder)
+    assert not atomic.claim_by_listing(folder)
 
     racing = str(tmp_path / "versions" / "000002")
     start = threading.Barrier(6)
@@ -313,7 +314,7 @@ def test_a_claim_by_listing_has_one_owner(tmp_path):
 
     def claim() -> None:
         start.wait()
-        won.append(promotion.claim_by_listing(racing))
+        won.append(atomic.claim_by_listing(racing))
 
     threads = [threading.Thread(target=claim) for _ in range(6)]
     for thread in threads:
@@ -330,7 +331,7 @@ def test_the_layout_before_versions_still_reads_and_becomes_version_one(tmp_path
     (root / "PROMOTED.json").write_text(
         json.dumps({"source": "/old/ppo", "promoted_at": promoted_at})
     )
-    assert stage_io.reference_uri(stage_io.check_policy(str(root))) == str(root)
+    assert stage_io.reference_uri(policies.check_policy(str(root))) == str(root)
     assert main(["history", str(root)]) == 0
     assert "before versions were kept" in capsys.readouterr().out
 
@@ -341,9 +342,9 @@ def test_the_layout_before_versions_still_reads_and_becomes_version_one(tmp_path
     adopted = Path(promotion.version_folder(str(root), 1))
     assert (adopted / "params" / "weights").read_text() == "legacy"
     assert not (adopted / "versions").exists()  # the root's own entries stay out of the copy
-    assert _weights(stage_io.check_policy(str(root))) == "new"
+    assert _weights(policies.check_policy(str(root))) == "new"
     promotion.rollback(str(root), 1)
-    assert _weights(stage_io.check_policy(str(root))) == "legacy"
+    assert _weights(policies.check_policy(str(root))) == "legacy"
 
 
 def test_a_damaged_legacy_marker_claims_nothing_and_a_naive_time_is_replaced(tmp_path, capsys):
@@ -363,14 +364,14 @@ def test_a_damaged_legacy_marker_claims_nothing_and_a_naive_time_is_replaced(tmp
 def test_check_policy_on_plain_folders_and_roots_without_a_current_version(tmp_path):
     policy = tmp_path / "policy"
     with pytest.raises(FileNotFoundError, match="has no config.json"):
-        stage_io.check_policy(str(policy))
+        policies.check_policy(str(policy))
     _policy(policy, "plain")
-    assert stage_io.reference_uri(stage_io.check_policy(str(policy))) == str(policy)
+    assert stage_io.reference_uri(policies.check_policy(str(policy))) == str(policy)
 
     root = tmp_path / "promoted"
     (root / "versions" / "000001" / "params").mkdir(parents=True)  # the first copy crashed
     with pytest.raises(FileNotFoundError, match="no CURRENT: no promotion there finished"):
-        stage_io.check_policy(str(root))
+        policies.check_policy(str(root))
     with pytest.raises(FileNotFoundError, match="it has no config.json"):
         promotion.promote(str(root), str(tmp_path / "nothing"))
 
@@ -380,7 +381,7 @@ def test_promote_by_hand_seeds_a_root_with_the_original_policy(tmp_path, capsys,
     sft = _policy(tmp_path / "sft", "original")
     assert main(["promote", sft, "--to", str(root), "--note", "the sft policy"]) == 0
     assert "version 1 is current" in capsys.readouterr().out
-    assert _weights(stage_io.check_policy(str(root))) == "original"
+    assert _weights(policies.check_policy(str(root))) == "original"
     assert promotion.read_history(str(root))[0]["note"] == "the sft policy"
     monkeypatch.chdir(tmp_path)  # a relative POLICY is recorded as the folder it names
     assert main(["promote", "sft", "--to", str(root)]) == 0

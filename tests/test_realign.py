@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from pipelines import promotion, realign, stage_io
+from pipelines import stage_io
+from pipelines.releases import promotion, realign
 
 
 def _policy(folder: Path, weights: str) -> str:

@@ -16,9 +16,10 @@ from flax import nnx
 from components.core.data.builtin_task import GOLD_REWARD_NAME, write_jsonl
 from components.core.data.tokenizers import BUILTIN_WORDS, load_tokenizer
 from components.core.model.artifact import create_model, save_model
-from pipelines import promotion
-from pipelines.cli import main
-from pipelines.local_run import format_summary, run_local
+from pipelines.cli.main import main
+from pipelines.releases import promotion
+from pipelines.targets.local.result import format_summary
+from pipelines.targets.local.run import run_local
 
 # The smallest run that trains: tiny model, 4 DPO steps, 16 eval prompts, no best-of-n.
 REALIGN = {

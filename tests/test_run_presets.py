@@ -17,23 +17,19 @@ from components.evaluate.config import EvalConfig
 from components.ppo.config import PPOConfig
 from components.reward.config import RewardConfig
 from components.sft.config import SFTConfig
-from pipelines import params
-from pipelines.cli import main as cli_main
-from pipelines.run_presets import (
+from pipelines.cli.main import main as cli_main
+from pipelines.dag import param_table, params
+from pipelines.dag.memory import (
     CHIP_HBM,
     GB,
     HEADROOM,
-    RUN_PRESETS,
-    STAGES,
     adapter_param_count,
-    estimate,
-    fits,
     layer_param_count,
     outer_param_count,
     param_count,
-    params_for,
     projection_shapes,
 )
+from pipelines.dag.run_presets import RUN_PRESETS, STAGES, estimate, fits, params_for
 
 STAGE_CONFIGS = {"sft": SFTConfig, "reward": RewardConfig, "ppo": PPOConfig, "evaluate": EvalConfig}
 LORA_PRESETS = ("v5p-8-7b-lora", "v5e-4-1b-lora")
@@ -104,10 +100,10 @@ def test_seven_b_needs_the_larger_slice():
 
 
 def test_presets_command_prints_the_arithmetic_and_the_flags(capsys):
-    assert cli_main(["presets"]) == 0
+    assert cli_main(["run-presets"]) == 0
     listing = capsys.readouterr().out
     assert all(name in listing for name in RUN_PRESETS)
-    assert cli_main(["presets", "v5p-32-7b"]) == 0
+    assert cli_main(["run-presets", "v5p-32-7b"]) == 0
     text = capsys.readouterr().out
     ppo = estimate(RUN_PRESETS["v5p-32-7b"], "ppo")
     assert f"{ppo['state'] / GB:6.2f}" in text and f"{ppo['total'] / GB:6.2f}" in text
@@ -156,7 +152,7 @@ def test_evaluate_spreads_each_hosts_batch_over_its_own_chips():
 def test_pipeline_params_are_read_off_the_parameter_table():
     seven = RUN_PRESETS["v5p-32-7b"]
     expected = {}
-    for param in params.PARAMS:  # every parameter whose stage fields the preset sets
+    for param in param_table.PARAMS:  # every parameter whose stage fields the preset sets
         for stage, field in param.targets:
             fields = seven.flags(stage) if stage in (*STAGES, "shard") else {}
             if field in fields:
@@ -178,7 +174,7 @@ def test_a_preset_of_a_slice_the_pipeline_cannot_place_is_refused(tmp_path, caps
     monkeypatch.setitem(RUN_PRESETS, "v5p-24-odd", odd)
     argv = ["compile", "--target", "gke", "--run-preset", "v5p-24-odd", "-o", str(tmp_path / "p")]
     assert cli_main(argv) == 2
-    assert "alignpipe presets v5p-24-odd" in capsys.readouterr().err
+    assert "alignpipe run-presets v5p-24-odd" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(
@@ -287,10 +283,10 @@ def test_lora_presets_set_lora_on_the_trained_stages_only(name):
 
 
 def test_presets_command_shows_the_lora_split(capsys):
-    assert cli_main(["presets"]) == 0
+    assert cli_main(["run-presets"]) == 0
     listing = capsys.readouterr().out
     assert all(name in listing for name in LORA_PRESETS) and "LoRA r16" in listing
-    assert cli_main(["presets", "v5p-8-7b-lora"]) == 0
+    assert cli_main(["run-presets", "v5p-8-7b-lora"]) == 0
     text = capsys.readouterr().out
     assert "base adapters" in text and "40.0M adapter params per network" in text
     ppo = estimate(RUN_PRESETS["v5p-8-7b-lora"], "ppo")

@@ -10,11 +10,12 @@ import pytest
 import yaml
 from google.cloud.aiplatform_v1.types import CustomJob
 
-from pipelines import jobset, vertex_jobs
-from pipelines.cli import main
-from pipelines.smoke import SMOKE_PIPELINE, build_smoke_pipeline
-from pipelines.smoke_task import SmokeError, check_devices
-from pipelines.targets import Placement
+from pipelines.cli.main import main
+from pipelines.targets.gke import jobset
+from pipelines.targets.placement import Placement
+from pipelines.targets.smoke import SMOKE_PIPELINE, build_smoke_pipeline
+from pipelines.targets.smoke_task import SmokeError, check_devices
+from pipelines.targets.vertex import jobs as vertex_jobs
 
 TRAIN_IMAGE = "us-docker.pkg.dev/p/alignpipe/train@sha256:" + "ab" * 32
 TASK = "smoke-check"
@@ -97,6 +98,14 @@ def test_unexpected_devices_fail_with_what_to_check():
 def test_compile_only_needs_an_output_file(capsys):
     assert main(["smoke", *VERTEX, "--compile-only"]) == 2
     assert "--compile-only needs -o FILE" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flag", [["--fresh-from", "sft"], ["--data-image", "img@sha256:0"]])
+def test_smoke_takes_no_flag_of_the_whole_pipeline(flag, tmp_path, capsys):
+    """One task on the training image: no data tasks to place, no cache to start fresh."""
+    with pytest.raises(SystemExit) as exited:
+        main(["smoke", *VERTEX, *flag, "--compile-only", "-o", str(tmp_path / "s.yaml")])
+    assert exited.value.code == 2 and flag[0] in capsys.readouterr().err
 
 
 def test_gke_multi_host_smoke_runs_on_every_host_through_the_jobset_launcher(tmp_path):

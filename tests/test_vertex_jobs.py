@@ -16,10 +16,11 @@ import pytest
 import yaml
 from google.cloud.aiplatform_v1.types import CustomJob, CustomJobSpec
 
-from pipelines import custom_job_retry, vertex_jobs
-from pipelines.cli import main
-from pipelines.cloud import compile_pipeline
-from pipelines.targets import HOSTS_ENV, Placement, PlacementError
+from pipelines.cli.main import main
+from pipelines.targets.placement import HOSTS_ENV, Placement, PlacementError
+from pipelines.targets.spec import compile_pipeline
+from pipelines.targets.vertex import custom_job_retry
+from pipelines.targets.vertex import jobs as vertex_jobs
 
 DIGEST = "@sha256:" + "ab" * 32
 TRAIN_IMAGE = "us-docker.pkg.dev/p/alignpipe/train" + DIGEST
@@ -249,7 +250,8 @@ def test_train_timeout_overrides_every_stage_and_nonsense_is_refused(tmp_path):
 def test_a_retried_task_goes_through_custom_job_retry_to_gcpcs_launcher(preset_specs, preset):
     """GCPC 2.22's launcher re-polls the job its gcp_resources file names and raises on a
     FAILED one (container/v1/gcp_launcher/job_remote_runner.py): the command first clears
-    such a job (pipelines/custom_job_retry.py), then runs the launcher with the same args."""
+    such a job (pipelines/targets/vertex/custom_job_retry.py), then runs the launcher with the
+    same args."""
     for task in TRAINING:
         container = _container(preset_specs[preset], task)
         assert container["image"] == "gcr.io/ml-pipeline/google-cloud-pipeline-components:2.22.0"

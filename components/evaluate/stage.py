@@ -440,6 +440,7 @@ def run(
     fileio.remove_tree(work)
     summary = measured.summary
     summary["anchor"].update(uri=anchor_dir or reference_dir, past=[dict(row) for row in past])
+    summary["judge_model"] = reward_dir or None  # which reward model judged, when one did
     gate = decide(summary, config)
     write_outputs(
         output, summary, gate, dirs=dirs, samples=measured.report_samples,

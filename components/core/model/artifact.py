@@ -9,16 +9,13 @@ import jax
 from flax import nnx
 
 from components.core.config import LoRASettings
+from components.core.model.heads import ModelMismatchError, require_head
 from components.core.model.hf_folder import is_hf_dir
 from components.core.model.transformer import ModelConfig, Transformer, model_config
 from components.core.training.checkpoint import export_model, load_model_params, read_model_config
 from components.core.training.host import on_host
 
 log = logging.getLogger(__name__)
-
-
-class ModelMismatchError(ValueError):
-    """A model artifact that does not fit the data or the stage."""
 
 
 def create_model(
@@ -91,12 +88,7 @@ def check_tokenizer(info: dict[str, Any], manifest: dict[str, Any], model_dir: s
 
 def require_policy(info: dict[str, Any], model_dir: str, flag: str, note: str = "") -> None:
     """Refuse a reward model (an artifact with a scalar head) given where a policy goes."""
-    if info.get("scalar_head"):
-        raise ModelMismatchError(
-            f"{model_dir} is a reward model (stage {info.get('stage')!r}, with a scalar head), "
-            f"not a policy{note}; pass a policy as {flag} (the output of the sft stage, or of "
-            "ppo or dpo)"
-        )
+    require_head(model_dir, scalar=False, flag=flag, info=info, note=note)
 
 
 def save_model(

@@ -32,7 +32,7 @@ ENV_COORDINATOR = "JAX_COORDINATOR_ADDRESS"
 ENV_NUM_PROCESSES = "JAX_NUM_PROCESSES"
 ENV_PROCESS_ID = "JAX_PROCESS_ID"
 TPU_HOST_LISTS = ("TPU_PROCESS_ADDRESSES", "TPU_WORKER_HOSTNAMES")
-# Set by the pipeline's placement (pipelines/targets.py) on a multi-host slice's tasks.
+# Set by the pipeline's placement (pipelines/targets/placement.py) on a multi-host slice's tasks.
 ENV_TPU_HOSTS = "ALIGNPIPE_TPU_HOSTS"
 
 

@@ -1,0 +1,55 @@
+"""``alignpipe run`` and ``alignpipe rerun``: the whole pipeline locally (kfp.local, cached)."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from pipelines.cli import options
+from pipelines.dag.stages import STAGES
+
+
+def add_run(parser: argparse.ArgumentParser) -> None:
+    """``alignpipe run``: every pipeline parameter a flag."""
+    options.add_local_options(parser)
+    options.add_param_flags(parser)
+    parser.set_defaults(handler=_run)
+
+
+def add_rerun(parser: argparse.ArgumentParser) -> None:
+    """``alignpipe rerun --from STAGE``: the last run again, recomputing from STAGE on."""
+    parser.add_argument(
+        "--from", dest="from_stage", required=True, choices=STAGES,
+        help="this stage and every stage after it run again; earlier ones come from the cache",
+    )  # fmt: skip
+    options.add_local_options(parser)
+    options.add_param_flags(parser, note="changes the last run's value")
+    parser.set_defaults(handler=_rerun)
+
+
+def _local(values: dict[str, Any], args: argparse.Namespace, fresh_from: str | None) -> int:
+    """Run locally, print the summary; 1 if the pipeline failed."""
+    from pipelines.targets.local.result import format_summary
+    from pipelines.targets.local.run import run_local
+
+    result = run_local(
+        values, runs_dir=args.runs_dir, fresh_from=fresh_from, cpu_devices=args.cpu_devices
+    )
+    print("\n" + format_summary(result))
+    return 1 if result.error else 0
+
+
+def _run(args: argparse.Namespace, rest: list[str]) -> int:
+    """alignpipe run."""
+    return options.guard(lambda: _local(options.values(args), args, None))
+
+
+def _rerun(args: argparse.Namespace, rest: list[str]) -> int:
+    """alignpipe rerun --from STAGE: the last run's values, caching off from STAGE on."""
+    from pipelines.targets.local.run import last_values
+
+    return options.guard(
+        lambda: _local(
+            {**last_values(args.runs_dir), **options.values(args)}, args, args.from_stage
+        )
+    )

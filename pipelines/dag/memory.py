@@ -1,0 +1,148 @@
+"""The per-chip memory of a stage on a TPU slice: the arithmetic the run presets are sized by.
+
+A stage holds its models on every chip either replicated (``fsdp`` off: each chip
+has everything) or in chunks (``fsdp`` on, ``components/core/training/fsdp.py``: each of
+the C chips holds 1/C and gathers a tensor where it is used). Per chip, for a
+model of N parameters, float32 parameters and AdamW's two float32 moments:
+
+    trained model   20 N bytes: params 4 + grads 4 + Adam moments 8 + update temporaries 4
+    frozen model     4 N bytes
+    sft, reward     one trained model                                   20 N   (/ C with fsdp)
+    ppo             policy + critic trained, reference + reward frozen  48 N   (/ C with fsdp)
+    evaluate        policy, reference, reward model frozen              12 N   (/ C with fsdp)
+
+With LoRA (``lora_rank`` r > 0) only adapters train: A [in, r] and B [r, out] on each
+targeted projection of each layer, A = L·r·Σ(in + out) parameters per network, at the
+same 20 bytes each; the frozen base is stored in the compute dtype (c = 2 bytes in bf16):
+
+    sft, reward     one frozen base, its adapters (and the reward head)   c N + 20 A
+    ppo             the policy's base (adapters off: the reference) and the reward
+                    model's (the critic's adapters sit on it); two adapter sets
+                                                                      2 c N + 40 A
+    evaluate        unchanged: it loads merged models                   12 N
+
+With fsdp a chip also holds what is gathered at the time (``gathered_bytes``):
+the tensors outside the layer stack (embeddings, output head) of the network
+running, and during training their full gradient before the reduce-scatter;
+and a few layers of the stack (the layer running, its gradient, the next one
+prefetched), all float32; with LoRA the base's tensors in the compute dtype, without
+gradients.
+
+Activations (``activation_bytes``): with ``remat="full"`` the scan keeps each
+layer's input (L·B·T·D in the compute dtype) and recomputes one layer at a time
+in the backward pass; attention probabilities cost B·H·T²·(4 + c); the LM logits
+and the gradient of their softmax cost 2·B·T·V·4 bytes, which for 128k-256k
+vocabularies is the largest activation by far. PPO's rollout adds the KV cache.
+"""
+
+from __future__ import annotations
+
+from components.core.model.config import ModelConfig
+
+GB = 1e9
+# HBM per chip as Google lists it; a run may use HEADROOM of it (XLA's own buffers,
+# fragmentation and the estimate's rough edges take the rest).
+CHIP_HBM = {"v5e": 16 * GB, "v6e": 32 * GB, "v5p": 95 * GB}
+HEADROOM = 0.85
+TRAINED_BYTES_PER_PARAM = 20  # fp32 params, grads, two Adam moments, update temporaries
+FROZEN_BYTES_PER_PARAM = 4
+PARAM_BYTES = 4  # gathered tensors and their gradients are float32
+LAYERS_GATHERED = 3  # the running layer, its gradient, the next one prefetched
+# Networks each stage holds with full fine-tuning: (trained, frozen).
+FULL_MODELS = {"sft": (1, 0), "reward": (1, 0), "ppo": (2, 2), "evaluate": (0, 3)}
+# Frozen bases each stage holds with LoRA. PPO: the policy's (its reference is the same base
+# with the adapters off) and the reward model's (the critic's adapters sit on it).
+LORA_BASES = {"sft": 1, "reward": 1, "ppo": 2}
+
+
+def param_count(config: ModelConfig) -> int:
+    """Parameters of the model (without a scalar head)."""
+    return config.n_layers * layer_param_count(config) + outer_param_count(config)
+
+
+def layer_param_count(config: ModelConfig) -> int:
+    """Parameters of one layer of the stack."""
+    d, hd = config.dim, config.resolved_head_dim
+    attn = d * hd * (2 * config.n_heads + 2 * config.n_kv_heads)
+    if config.qkv_bias:
+        attn += hd * (config.n_heads + 2 * config.n_kv_heads)
+    norms = (4 if config.post_norms else 2) * d
+    return attn + 3 * d * config.hidden_dim + norms
+
+
+def outer_param_count(config: ModelConfig) -> int:
+    """Parameters outside the layer stack: embeddings, untied output head, final norm."""
+    return config.vocab_size * config.dim * (1 if config.tie_embeddings else 2) + config.dim
+
+
+def projection_shapes(config: ModelConfig) -> dict[str, tuple[int, int]]:
+    """(in, out) of each projection of a layer an adapter can wrap, by Hugging Face name."""
+    d, hidden = config.dim, config.hidden_dim
+    q, kv = config.n_heads * config.resolved_head_dim, config.n_kv_heads * config.resolved_head_dim
+    return {
+        "q_proj": (d, q),
+        "k_proj": (d, kv),
+        "v_proj": (d, kv),
+        "o_proj": (q, d),
+        "gate_proj": (d, hidden),
+        "up_proj": (d, hidden),
+        "down_proj": (hidden, d),
+    }
+
+
+def adapter_param_count(config: ModelConfig, rank: int, targets: tuple[str, ...]) -> int:
+    """LoRA parameters of one network: A [in, r] and B [r, out] on each target of each layer."""
+    shapes = projection_shapes(config)
+    return config.n_layers * rank * sum(sum(shapes[target]) for target in targets)
+
+
+def compute_bytes(config: ModelConfig) -> int:
+    """Bytes of one value in the compute dtype (activations; LoRA's frozen base)."""
+    return 2 if config.dtype == "bfloat16" else 4
+
+
+def activation_bytes(
+    config: ModelConfig, sequences: int, seq_len: int, *, logits_len: int, train: bool
+) -> float:
+    """Peak activations of one forward (and backward when ``train``) on one chip."""
+    c = compute_bytes(config)
+    b, t, d, hd = sequences, seq_len, config.dim, config.resolved_head_dim
+    heads, kv = config.n_heads, config.n_kv_heads
+    matmuls = b * t * (2 * heads * hd + 2 * kv * hd + 3 * config.hidden_dim + 2 * d) * c
+    scores = b * heads * t * t * (4 + c)  # fp32 attention logits and their probabilities
+    one_layer = matmuls + scores
+    logits = b * logits_len * config.vocab_size * 4
+    if not train:
+        return one_layer + logits
+    inputs = config.n_layers * b * t * d * c
+    if config.remat == "full":
+        kept = inputs
+    elif config.remat == "dots_saveable":
+        kept = inputs + config.n_layers * matmuls
+    else:
+        kept = config.n_layers * one_layer
+    # The recomputed layer and its gradients; logits and the softmax of their gradient.
+    return kept + 2 * one_layer + 2 * logits
+
+
+def kv_cache_bytes(config: ModelConfig, sequences: int, length: int) -> float:
+    """Keys and values of every layer for ``sequences`` of ``length`` tokens."""
+    kv = config.n_kv_heads * config.resolved_head_dim
+    return 2 * config.n_layers * sequences * length * kv * compute_bytes(config)
+
+
+def gathered_bytes(
+    config: ModelConfig, *, networks: int, trained: bool, adapters: int | None = None
+) -> float:
+    """What fsdp holds whole at a time: ``networks`` running networks' outer tensors (and their
+    gradients when ``trained``), and LAYERS_GATHERED layers of the stack.
+
+    With LoRA (``adapters``: a network's adapter parameters) the frozen base is gathered in
+    the compute dtype and has no gradient; a layer's adapters come in float32 with theirs.
+    """
+    if adapters is None:
+        outer = outer_param_count(config) * PARAM_BYTES * (2 if trained else 1)
+        return networks * outer + LAYERS_GATHERED * layer_param_count(config) * PARAM_BYTES
+    c = compute_bytes(config)
+    layer = layer_param_count(config) * c + adapters // config.n_layers * 2 * PARAM_BYTES
+    return networks * outer_param_count(config) * c + LAYERS_GATHERED * layer

@@ -1,0 +1,237 @@
+"""A local run's inputs on this machine, checked before any task runs.
+
+``params.validate`` checks the parameters' values; these checks look at what the local
+paths among them point to (the data files, the tokenizer, the policies and models, the
+promotion root), with the validators the tasks themselves use, so that a typo fails in
+a second naming its flag instead of after minutes of sharding and training. A ``gs://``
+URI is left to the task that reads it: nothing here reaches the network.
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Callable
+from typing import Any
+
+from components.core import fileio
+from components.core.model.heads import require_head
+from pipelines import stage_io
+from pipelines.dag import params
+from pipelines.releases import policies, promotion, realign
+
+
+class PreflightError(ValueError):
+    """A local input the run would fail on; the message names its flag and the fix."""
+
+
+def flag(name: str) -> str:
+    """The command-line flag of a pipeline parameter (``base_policy`` → ``--base-policy``)."""
+    return "--" + name.replace("_", "-")
+
+
+def is_local(uri: str) -> bool:
+    """Whether ``uri`` is a path on this machine (not gs:// or another scheme)."""
+    return "://" not in uri
+
+
+def check(values: dict[str, Any]) -> None:
+    """Refuse the first local input the run would fail on; ``values`` as params.validate
+    returns them (every parameter, defaults filled in)."""
+    for name, checker in CHECKS.items():
+        value = values[name]
+        if not value or not is_local(value) or not _applies(name, values):
+            continue
+        try:
+            checker(value, values)
+        except (ValueError, FileNotFoundError) as error:  # TokenizerError is a ValueError
+            raise PreflightError(f"{flag(name)}: {error}") from None
+    try:
+        check_tokenizers(values)
+    except (ValueError, FileNotFoundError) as error:
+        raise PreflightError(str(error)) from None
+
+
+# The models a run reads, whose token ids must be the shards'.
+MODEL_PARAMS = ("base_policy", "reward_base_policy", "anchor_policy", "eval_reward_model")
+
+
+def check_tokenizers(values: dict[str, Any]) -> None:
+    """Every given model must use the tokenizer the shards will be made with: ``tokenizer``
+    when set, else the base policy's, else the data's.
+
+    A model trained on other token ids would fail only in its task, after sharding and the
+    training before it; here it fails at once, naming both sides. Remote inputs are left
+    to the tasks.
+    """
+    from components.core.data.tokenizers import load_tokenizer
+
+    given = [n for n in MODEL_PARAMS if values[n] and _applies(n, values)]
+    if any(not is_local(values[n]) for n in (*given, "tokenizer") if values[n]):
+        return  # the shards' tokenizer, or a model's, lies where only the tasks look
+    spec, origin = _shards_tokenizer(values)
+    if spec is None:
+        return
+    shards = load_tokenizer(spec).fingerprint
+    for name in given:
+        own = model_tokenizer_fingerprint(values[name])
+        if own != shards:
+            raise PreflightError(
+                f"{flag(name)}: {values[name]!r} uses tokenizer {own}, but the shards would use "
+                f"{shards} ({origin}); every model of a run must share the shards' tokenizer: "
+                f"pass models that share one, or --tokenizer with {flag(name)}'s own"
+            )
+
+
+def _shards_tokenizer(values: dict[str, Any]) -> tuple[str | None, str]:
+    """The tokenizer spec the shard stage will use (policies.shards_tokenizer) and where it
+    comes from, as words; None when it depends on remote data (listed by the task)."""
+    if values["tokenizer"]:
+        return values["tokenizer"], f"{flag('tokenizer')} {values['tokenizer']}"
+    if values["base_policy"]:
+        return policies.model_tokenizer(values["base_policy"], "base_policy"), (
+            f"{flag('base_policy')}'s own"
+        )
+    if not values["data_uri"]:
+        from components.core.data.tokenizers import BUILTIN_WORDS
+
+        return BUILTIN_WORDS, "the built-in task's"
+    if not _applies("data_uri", values):
+        return None, ""
+    return stage_io.data_tokenizer([]), "the data's default"
+
+
+def model_tokenizer_fingerprint(folder: str) -> str:
+    """The fingerprint of the tokenizer a model folder was made with: an alignpipe model's
+    config.json records it; a Hugging Face folder's is read (fitted to its embedding)."""
+    import json
+
+    from components.core.data.tokenizers import load_tokenizer
+    from components.core.model.hf_folder import is_hf_dir
+
+    folder = promotion.resolve_policy(folder)
+    if is_hf_dir(folder):
+        return load_tokenizer(folder).fingerprint
+    info = json.loads(fileio.read_text(fileio.join(folder, "config.json")))
+    return str(info.get("tokenizer", {}).get("fingerprint"))
+
+
+def _applies(name: str, values: dict[str, Any]) -> bool:
+    """Whether the run reads the parameter: the reward stage's base only when it trains."""
+    if name == "reward_base_policy":
+        return "reward" in params.trained_stages(values)
+    if name == "data_uri":  # one remote pattern: the task lists them all, with credentials
+        return all(is_local(p) for p in _patterns(values["data_uri"]))
+    return True
+
+
+def _patterns(data_uri: str) -> list[str]:
+    """The comma-separated paths or globs of ``data_uri``."""
+    return [p.strip() for p in data_uri.split(",") if p.strip()]
+
+
+def _data(data_uri: str, values: dict[str, Any]) -> None:
+    """Files, not folders, and at least one of them, as find-data lists them."""
+    for pattern in _patterns(data_uri):
+        for match in fileio.glob(pattern):
+            if fileio.isdir(match):
+                raise PreflightError(
+                    f"{match!r} is a folder; name the files in it, e.g. "
+                    f"{fileio.join(match, '*.jsonl')!r}"
+                )
+    stage_io.find_sources(data_uri)
+
+
+def _tokenizer(spec: str, values: dict[str, Any]) -> None:
+    """The shard stage's own loader; built-in names need no file."""
+    from components.core.data.tokenizers import load_tokenizer
+
+    load_tokenizer(spec)
+
+
+def _exists(path: str, expected: str) -> None:
+    """Refuse a path that does not exist, saying what to pass instead."""
+    if not fileio.exists(path):
+        raise FileNotFoundError(f"{path!r} does not exist; pass {expected}")
+
+
+def _base_policy(path: str, values: dict[str, Any]) -> None:
+    """A policy folder, a Hugging Face folder or a promotion root (its current version), as
+    check-policy sees it; a Hugging Face folder passes every check of its import."""
+    _exists(
+        path,
+        "a policy folder written by the sft, ppo, dpo or promote stage (config.json + params/), "
+        "a Hugging Face model folder, a promoted_policy_uri (its current version), or '' to "
+        "train one with sft",
+    )
+    policies.check_policy(path)
+    _hf_folder(promotion.resolve_policy(path))
+
+
+def _reward_base(path: str, values: dict[str, Any]) -> None:
+    """A model artifact or a Hugging Face folder: either holds a config.json; a Hugging Face
+    folder passes every check of its import."""
+    expected = "a model folder (an alignpipe model or a Hugging Face checkpoint), or ''"
+    _exists(path, expected)
+    if not fileio.exists(fileio.join(path, "config.json")):
+        raise FileNotFoundError(f"{path!r} has no config.json; pass {expected}")
+    _hf_folder(path)
+
+
+def _hf_folder(path: str) -> None:
+    """Run a Hugging Face folder's import checks (architecture and its options, tokenizer
+    against the embedding, every tensor's name and shape), reading no weight."""
+    from components.core.model.hf_folder import is_hf_dir
+
+    if is_hf_dir(path):
+        from components.hf.importer import check_hf
+
+        check_hf(path)
+
+
+def _eval_reward_model(path: str, values: dict[str, Any]) -> None:
+    """A reward model folder (config.json + params/), as the reward stage writes it."""
+    expected = "the reward stage's model folder (config.json + params/, e.g. <run>/reward/model)"
+    _exists(path, expected)
+    for name in promotion.POLICY_FILES:
+        if not fileio.exists(fileio.join(path, name)):
+            raise FileNotFoundError(f"{path!r} has no {name}; pass {expected}")
+    require_head(path, scalar=True, flag="eval_reward_model")
+
+
+def _anchor(path: str, values: dict[str, Any]) -> None:
+    """A policy folder or a promotion root, as plan-run resolves it."""
+    _exists(path, "a policy folder, a promoted_policy_uri, or '' for the first promoted version")
+    realign.anchor_folder(path, values["promoted_policy_uri"])
+
+
+def _promoted_root(path: str, values: dict[str, Any]) -> None:
+    """A folder (made on the first promotion); an existing one must read as a promotion root."""
+    if fileio.exists(path) and not fileio.isdir(path):
+        raise PreflightError(
+            f"{path!r} is a file; pass a folder for the promoted versions (made when missing)"
+        )
+    if fileio.isdir(path):
+        promotion.read_history(path)
+
+
+def _beam_args(text: str, values: dict[str, Any]) -> None:
+    """Shell-style options, split as the shard task splits them."""
+    try:
+        shlex.split(text)
+    except ValueError as error:
+        raise PreflightError(
+            f"{text!r} does not split into options ({error}); quote as in a shell, e.g. "
+            "--beam-args='--runner=DataflowRunner --project=P'"
+        ) from None
+
+
+CHECKS: dict[str, Callable[[str, dict[str, Any]], None]] = {
+    "data_uri": _data,
+    "tokenizer": _tokenizer,
+    "base_policy": _base_policy,
+    "reward_base_policy": _reward_base,
+    "eval_reward_model": _eval_reward_model,
+    "promoted_policy_uri": _promoted_root,
+    "anchor_policy": _anchor,
+    "beam_args": _beam_args,
+}

@@ -1,0 +1,348 @@
+"""Presets for real runs on TPU slices: a model class, a slice, and each stage's flags
+chosen so its memory fits (the arithmetic: ``memory.py``; ``estimate`` below sums it per
+stage; tests/test_run_presets.py checks each claim):
+
+* 1B-class (Llama-3.2-1B, N = 1.24e9) on v5e-8 (8 chips of 16 GB): 20 N = 24.7 GB
+  replicated exceeds a chip before any activation; with fsdp sft and reward hold
+  3.1 GB of state, PPO 7.4 GB, evaluate 1.9 GB per chip, and every stage fits.
+* 7B-class (Llama-2-7B, N = 6.74e9): 20 N = 135 GB exceeds every chip replicated.
+  On v5p-32 (16 chips of 95 GB, 4 hosts) with fsdp: sft and reward 8.4 GB of
+  state per chip, PPO 20.2 GB; every stage fits with room for long sequences.
+  A single v5p-8 host (4 chips) would hold 81 GB of PPO state per chip: it does not.
+* 0.5B-class (Qwen2.5-0.5B, N = 0.49e9) on v5e-8: replicated, PPO's 48 N = 23.7 GB
+  exceeds a chip, and sft at the preset's batch needs 16 GB; with fsdp every stage fits.
+* 7B-class with LoRA (rank 16 on all seven projections: A = 40.0e6, 0.6 % of N) on one
+  host. PPO's state is 2 c N + 40 A = 28.6 GB instead of 48 N = 323 GB. A v5e-8 (8 chips of
+  16 GB) cannot hold evaluate: its merged float32 models (12 N / 8 = 10.1 GB per chip) and
+  what fsdp gathers (3.5 GB) leave 0.01 GB of a chip's 13.6 GB for activations. So v5p-8 (4
+  chips of 95 GB): sft, reward and PPO would fit replicated (PPO peaks at 64.5 GB), but
+  evaluate's 12 N = 80.9 GB does not, so fsdp is on: PPO holds 7.1 GB of state per chip,
+  evaluate 20.2 GB, and every stage peaks under 60 GB. Full fine-tuning on the same host
+  does not fit PPO (48 N / 4 = 80.9 GB of state alone).
+* 1B-class with LoRA (rank 16, A = 11.3e6) on v5e-4 (4 chips of 16 GB): sft, reward and
+  PPO fit replicated (PPO 5.4 GB of state), but evaluate's 12 N = 14.8 GB exceeds a chip's
+  13.6 GB, so fsdp is on; every stage fits with 512-token responses, twice v5e-8-1b's
+  (fsdp gathers the frozen embeddings in bf16, without a gradient). Full fine-tuning at
+  the same flags fits neither sft nor PPO (PPO's 48 N / 4 = 14.8 GB of state alone).
+
+Checked against XLA on 8 CPU devices, one sft step of a 29M-parameter model
+(bench_fsdp_memory.py): the compiled step needs 0.73x the estimate sharded and
+1.29x replicated; PPO's rollout holds one gathered embedding at a time
+(tests/test_fsdp.py). No TPU has measured these presets.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from components.core.config import ALL_LINEAR, LoRASettings
+from components.core.model.config import ModelConfig, model_config
+from components.core.training.config import PRETRAINED_LEARNING_RATE
+from pipelines.dag import memory, param_table
+
+STAGES = ("sft", "reward", "ppo", "evaluate")
+# A preset runs an imported model: every stage fine-tunes pretrained weights, at rates that
+# keep what they know (sft and reward: TrainConfig's auto rate for them; PPO's policy: 1e-6).
+PPO_PRETRAINED_LEARNING_RATE = 1e-6
+PRETRAINED_RATES = {
+    "sft": {"learning_rate": PRETRAINED_LEARNING_RATE},
+    "reward": {"learning_rate": PRETRAINED_LEARNING_RATE},
+    "ppo": {"learning_rate": PPO_PRETRAINED_LEARNING_RATE},
+    "evaluate": {},
+}
+# Adapters start at zero (B = 0) and train few parameters: LoRA's usual rates are about ten
+# times full fine-tuning's (PEFT's examples: 1e-4 to 2e-4 for sft).
+LORA_PRETRAINED_RATES = {
+    "sft": {"learning_rate": 1e-4},
+    "reward": {"learning_rate": 1e-4},
+    "ppo": {"learning_rate": 1e-5},
+    "evaluate": {},
+}
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class RunPreset:
+    """A model class on a TPU slice, with each stage's flags chosen so the memory fits.
+
+    ``stages`` holds each stage's batch fields (names as in SFTConfig, RewardConfig,
+    PPOConfig, EvalConfig); lengths, ``remat``, ``dtype`` and ``fsdp`` are the same for
+    every stage, so they are pipeline-wide parameters (``pipeline_params``). Learning
+    rates are the pretrained ones (``PRETRAINED_RATES``), set explicitly; with LoRA
+    (``lora_rank`` > 0, set on sft, reward and ppo) ``LORA_PRETRAINED_RATES``.
+    """
+
+    model: str  # a ModelConfig preset of the model class's shape
+    vocab_size: int
+    example: str  # a released model of that shape
+    chip: str
+    chips: int
+    hosts: int
+    prompt_len: int
+    response_len: int
+    remat: str
+    dtype: str
+    fsdp: bool
+    stages: dict[str, dict[str, Any]]
+    # LoRA on sft, reward and ppo (0: full fine-tuning); evaluate loads merged models.
+    lora_rank: int = 0
+    lora_alpha: float = 16.0
+    lora_targets: str = ALL_LINEAR
+
+    @property
+    def slice_name(self) -> str:
+        """Google's name of the slice: v5p counts TensorCores (2 per chip), v5e/v6e chips."""
+        return f"{self.chip}-{self.chips * (2 if self.chip == 'v5p' else 1)}"
+
+    def config(self) -> ModelConfig:
+        """The model config every stage of this preset runs (its remat and dtype applied)."""
+        return model_config(self.model, self.vocab_size, remat=self.remat, dtype=self.dtype)
+
+    def lora(self) -> LoRASettings:
+        """The preset's LoRA settings (checked as a stage config checks them)."""
+        return LoRASettings(
+            lora_rank=self.lora_rank, lora_alpha=self.lora_alpha, lora_targets=self.lora_targets
+        )
+
+    def adapter_params(self) -> int:
+        """Adapter parameters of one network (0 with full fine-tuning)."""
+        lora = self.lora()
+        return memory.adapter_param_count(self.config(), lora.lora_rank, lora.lora_target_modules())
+
+    def flags(self, stage: str) -> dict[str, Any]:
+        """The stage's config fields: its batch fields, lengths, remat, dtype and fsdp (and for
+        ``shard``, the token lengths and the eval split's minimum)."""
+        if stage == "shard":
+            return {
+                "max_prompt_tokens": self.prompt_len,
+                "max_response_tokens": self.response_len,
+                # One eval batch of each: the shard stage refuses a smaller eval split.
+                "min_eval_pairs": max(self.stages[s]["batch_size"] for s in ("sft", "reward")),
+            }
+        numerics = {"remat": self.remat, "dtype": self.dtype, "fsdp": self.fsdp}
+        if self.lora_rank:
+            numerics |= dataclasses.asdict(self.lora())
+        if stage in ("sft", "reward"):
+            # The shape of a fresh model; a base policy brings its own.
+            lengths = {"preset": self.model, "max_len": self.prompt_len + self.response_len}
+        elif stage == "ppo":
+            lengths = {"prompt_len": self.prompt_len, "max_new_tokens": self.response_len}
+        else:  # evaluate: prompts come from the data, cut to the shard stage's length
+            lengths, numerics = {"max_new_tokens": self.response_len}, {"fsdp": self.fsdp}
+        rates = (LORA_PRETRAINED_RATES if self.lora_rank else PRETRAINED_RATES)[stage]
+        return {**self.stages[stage], **rates, **lengths, **numerics}
+
+    def pipeline_params(self) -> dict[str, Any]:
+        """The pipeline parameters that run this preset, read off the parameter table
+        (pipelines/dag/param_table.py): each parameter whose stage config fields the preset sets."""
+        return params_for({stage: self.flags(stage) for stage in ("shard", *STAGES)})
+
+
+def params_for(stage_fields: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Pipeline parameters from stage config fields (stage -> field -> value), through each
+    parameter's targets; a parameter that sets a field in several stages must get one value."""
+    values: dict[str, Any] = {}
+    for param in param_table.PARAMS:
+        given = {
+            (stage, field): stage_fields[stage][field]
+            for stage, field in param.targets
+            if field in stage_fields.get(stage, {})
+        }
+        if len(set(map(repr, given.values()))) > 1:
+            raise ValueError(
+                f"parameter {param.name} sets {', '.join(f'{s}.{f}' for s, f in given)} alike, "
+                f"but the preset gives them {sorted(map(repr, given.values()))}; give the "
+                "stages one value"
+            )
+        if given:
+            values[param.name] = next(iter(given.values()))
+    return values
+
+
+def state_bytes(preset: RunPreset, stage: str) -> tuple[float, float]:
+    """(frozen, trained) bytes of the networks ``stage`` holds, before fsdp divides them."""
+    config = preset.config()
+    n = memory.param_count(config)
+    if not preset.lora_rank or stage == "evaluate":  # evaluate loads merged models
+        trained, frozen = memory.FULL_MODELS[stage]
+        frozen_bytes = frozen * memory.FROZEN_BYTES_PER_PARAM * n
+        return frozen_bytes, trained * memory.TRAINED_BYTES_PER_PARAM * n
+    head, adapters = config.dim + 1, preset.adapter_params()
+    # Trained: an adapter set per network trained, and the reward or critic head; PPO's
+    # reward head is frozen beside the bases.
+    trained = {"sft": adapters, "reward": adapters + head, "ppo": 2 * adapters + head}[stage]
+    frozen = memory.LORA_BASES[stage] * n + (head if stage == "ppo" else 0)
+    return frozen * memory.compute_bytes(config), trained * memory.TRAINED_BYTES_PER_PARAM
+
+
+def estimate(preset: RunPreset, stage: str) -> dict[str, float]:
+    """Bytes per chip of ``stage`` under ``preset``: state (frozen + trained), gathered,
+    activations, total."""
+    config = preset.config()
+    frozen, trained = state_bytes(preset, stage)
+    flags = {"prompt_len": preset.prompt_len, **preset.flags(stage)}
+    adapters = preset.adapter_params() if preset.lora_rank and stage != "evaluate" else None
+    phases = _phases(config, stage, flags, preset.chips, preset.hosts, adapters=adapters)
+    if preset.fsdp:
+        frozen, trained = frozen / preset.chips, trained / preset.chips
+    else:
+        phases = [(acts, 0.0) for acts, _ in phases]
+    acts, gathered = max(phases, key=sum)
+    return {
+        "params": memory.param_count(config),
+        "frozen": frozen,
+        "trained": trained,
+        "state": frozen + trained,
+        "gathered": gathered,
+        "activations": acts,
+        "total": frozen + trained + gathered + acts,
+    }
+
+
+def _phases(
+    config: ModelConfig,
+    stage: str,
+    flags: dict,
+    chips: int,
+    hosts: int,
+    *,
+    adapters: int | None,
+) -> list[tuple[float, float]]:
+    """(activations, fsdp-gathered bytes) of each phase of ``stage``: the largest is the peak.
+    ``adapters``: a LoRA network's adapter parameters (None: full fine-tuning). Activations
+    are the same with LoRA: the gradient still flows back through the frozen base."""
+    if stage in ("sft", "reward"):
+        per_chip = flags["batch_size"] // chips
+        sequences = 2 * per_chip if stage == "reward" else per_chip  # chosen + rejected
+        logits_len = 0 if stage == "reward" else flags["max_len"]  # the reward head is a scalar
+        acts = memory.activation_bytes(
+            config, sequences, flags["max_len"], logits_len=logits_len, train=True
+        )
+        return [(acts, memory.gathered_bytes(config, networks=1, trained=True, adapters=adapters))]
+    response = flags["max_new_tokens"]
+    if stage == "evaluate":
+        # Every host evaluates every row, its batch spread over its own chips.
+        sequences = -(-flags["batch_size"] // (chips // hosts))
+    else:
+        sequences = flags["rollout_batch_size"] // chips
+    length = flags["prompt_len"] + response
+    # Sampling and scoring run one network at a time (PPO's rollout orders them with
+    # fsdp.after; evaluate scores in separate programs): the KV cache and one forward pass.
+    sampling = memory.kv_cache_bytes(config, sequences, length)
+    sampling += memory.activation_bytes(config, sequences, length, logits_len=response, train=False)
+    gathered = memory.gathered_bytes(config, networks=1, trained=False, adapters=adapters)
+    phases = [(sampling, gathered)]
+    if stage == "ppo":
+        # The update: policy and critic forward and backward on one minibatch, each holding
+        # its outer tensors and their gradients.
+        minibatch = sequences // flags["minibatches"]
+        policy = memory.activation_bytes(config, minibatch, length, logits_len=response, train=True)
+        critic = memory.activation_bytes(config, minibatch, length, logits_len=0, train=True)
+        gathered = memory.gathered_bytes(config, networks=2, trained=True, adapters=adapters)
+        phases.append((policy + critic, gathered))
+    return phases
+
+
+def fits(preset: RunPreset, stage: str) -> bool:
+    """Whether ``stage`` stays within HEADROOM (memory.py) of one chip's HBM."""
+    return estimate(preset, stage)["total"] <= memory.HEADROOM * memory.CHIP_HBM[preset.chip]
+
+
+_BF16_FULL = {"remat": "full", "dtype": "bfloat16"}
+
+RUN_PRESETS: dict[str, RunPreset] = {
+    "v5e-8-1b": RunPreset(
+        model="1b",
+        vocab_size=128256,
+        example="meta-llama/Llama-3.2-1B-Instruct",
+        chip="v5e",
+        chips=8,
+        hosts=1,
+        prompt_len=512,
+        response_len=256,
+        fsdp=True,
+        **_BF16_FULL,
+        stages={
+            "sft": {"batch_size": 32},
+            "reward": {"batch_size": 32},
+            "ppo": {"rollout_batch_size": 64, "minibatches": 8},
+            "evaluate": {"batch_size": 64},
+        },
+    ),
+    "v5p-32-7b": RunPreset(
+        model="7b",
+        vocab_size=32000,
+        example="meta-llama/Llama-2-7b-chat-hf",
+        chip="v5p",
+        chips=16,
+        hosts=4,
+        prompt_len=1024,
+        response_len=1024,
+        fsdp=True,
+        **_BF16_FULL,
+        stages={
+            "sft": {"batch_size": 128},
+            "reward": {"batch_size": 64},
+            "ppo": {"rollout_batch_size": 256, "minibatches": 4},
+            "evaluate": {"batch_size": 64},  # per host: 16 sequences on each of its 4 chips
+        },
+    ),
+    "v5e-8-0.5b": RunPreset(
+        model="0.5b",
+        vocab_size=151936,
+        example="Qwen/Qwen2.5-0.5B-Instruct",
+        chip="v5e",
+        chips=8,
+        hosts=1,
+        prompt_len=512,
+        response_len=512,
+        fsdp=True,
+        **_BF16_FULL,
+        stages={
+            "sft": {"batch_size": 32},
+            "reward": {"batch_size": 32},
+            "ppo": {"rollout_batch_size": 64, "minibatches": 4},
+            "evaluate": {"batch_size": 64},
+        },
+    ),
+    "v5p-8-7b-lora": RunPreset(
+        model="7b",
+        vocab_size=32000,
+        example="meta-llama/Llama-2-7b-chat-hf",
+        chip="v5p",
+        chips=4,
+        hosts=1,
+        prompt_len=1024,
+        response_len=1024,
+        fsdp=True,  # evaluate's merged float32 models need it; the training stages do not
+        **_BF16_FULL,
+        lora_rank=16,
+        lora_alpha=32.0,  # scale alpha / rank = 2, the usual recipe
+        stages={
+            "sft": {"batch_size": 32},
+            "reward": {"batch_size": 32},
+            "ppo": {"rollout_batch_size": 64, "minibatches": 4},
+            "evaluate": {"batch_size": 64},
+        },
+    ),
+    "v5e-4-1b-lora": RunPreset(
+        model="1b",
+        vocab_size=128256,
+        example="meta-llama/Llama-3.2-1B-Instruct",
+        chip="v5e",
+        chips=4,
+        hosts=1,
+        prompt_len=512,
+        response_len=512,
+        fsdp=True,  # evaluate's merged float32 models need it; the training stages do not
+        **_BF16_FULL,
+        lora_rank=16,
+        lora_alpha=32.0,
+        stages={
+            "sft": {"batch_size": 16},
+            "reward": {"batch_size": 16},
+            "ppo": {"rollout_batch_size": 32, "minibatches": 4},
+            "evaluate": {"batch_size": 32},
+        },
+    ),
+}

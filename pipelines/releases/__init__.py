@@ -1,0 +1,2 @@
+"""What outlives a run: promotion history, policy resolution, the model registry,
+realignment and schedules."""

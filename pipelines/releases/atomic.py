@@ -1,0 +1,85 @@
+"""Writes and claims that hold on a local disk and on gs:// alike: a folder claimed by one
+caller only, a file replaced whole, a listing never cached. The promotion history
+(promotion.py) is built on them.
+
+Claiming a number: locally ``os.mkdir`` of the version folder, which fails when it exists. On
+gs:// tf.io.gfile offers no generation preconditions (GFile writes unconditionally, and
+``rename(overwrite=False)`` checks, then copies), so each claimant writes an object of its
+own, ``versions/N/CLAIM-<random>``, then lists the folder and owns N only when its claim is
+the only one. Object listing on GCS is strongly consistent
+(https://cloud.google.com/storage/docs/consistency) and TensorFlow's GCS file system does not
+cache listings (only stat results, for 5 s), so of two claims the later writer always lists
+both: at most one claimant wins. When both list both, both move on and N stays unused.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import random
+import tempfile
+import time
+import uuid
+
+from components.core import fileio
+
+CLAIM_PREFIX = "CLAIM-"
+
+
+def claim_folder(folder: str) -> bool:
+    """Claim ``folder`` for this caller alone; False when another claimant has it."""
+    if "://" in folder:
+        return claim_by_listing(folder)
+    os.makedirs(os.path.dirname(folder), exist_ok=True)
+    try:
+        os.mkdir(folder)
+    except FileExistsError:
+        return False
+    return True
+
+
+def claim_by_listing(folder: str) -> bool:
+    """Claim ``folder`` where only whole-object writes and listings are atomic (gs://).
+
+    Write a claim of one's own, then list: the claim holds when it is the only one there.
+    """
+    mine = f"{CLAIM_PREFIX}{uuid.uuid4().hex}"
+    fileio.write_text(
+        fileio.join(folder, mine),
+        datetime.datetime.now(datetime.UTC).isoformat(timespec="microseconds"),
+    )
+    claims = [name for name in listdir(folder) if name.startswith(CLAIM_PREFIX)]
+    if claims == [mine]:
+        return True
+    time.sleep(random.uniform(0.0, 0.2))  # when every claimant lost, try the next apart
+    return False
+
+
+def listdir(folder: str) -> list[str]:
+    """The names in ``folder`` (none when it is missing); gs:// listings are never cached."""
+    if not folder or not fileio.isdir(folder):
+        return []
+    if "://" not in folder:
+        return os.listdir(folder)
+    import tensorflow as tf  # only remote paths need TensorFlow's filesystems
+
+    return [name.rstrip("/") for name in tf.io.gfile.listdir(folder)]
+
+
+def write_atomic(path: str, text: str) -> None:
+    """Write ``path`` so that a reader sees the old content or the new, never a part."""
+    if "://" in path:
+        fileio.write_text(path, text)  # one GCS object write is atomic
+        return
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    handle, temporary = tempfile.mkstemp(dir=folder, prefix=f".{os.path.basename(path)}.")
+    try:
+        with os.fdopen(handle, "w", encoding="utf-8") as stream:
+            stream.write(text)
+            stream.flush()
+            os.fsync(stream.fileno())
+        os.replace(temporary, path)
+    except OSError:
+        os.remove(temporary)
+        raise

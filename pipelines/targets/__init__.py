@@ -1,0 +1,1 @@
+"""Where a run goes: placement per target, compiling and submitting, the smoke pipeline."""

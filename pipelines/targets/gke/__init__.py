@@ -1,0 +1,1 @@
+"""Kubeflow on GKE: multi-host TPU tasks as JobSets, and their launcher."""

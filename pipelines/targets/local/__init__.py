@@ -1,0 +1,1 @@
+"""Local runs on kfp.local: running the pipeline, its log and summary."""

@@ -1,0 +1,238 @@
+"""Run the pipeline on this machine with kfp.local, caching on, and summarize the run.
+
+The terminal gets one progress line per stage event and the summary; everything the tasks
+print (executor inputs, Beam, Orbax, TensorFlow) goes to the run folder's ``run.log``
+(run_log.py), and a failed task's own error ends the summary. Local inputs are checked
+before any task runs (preflight.py).
+
+Which stages ran and which came from the cache is read from two sources: kfp.local's
+own task events (its log records: start, cache hit, finish, with times, for progress as
+the run goes) and, as the ground truth, the run's folder — kfp.local makes a task's
+folder only when it executes the task, so a cached task has none in this run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import json
+import logging
+import os
+import re
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, TextIO
+
+from components.core.entry import CPU_DEVICES_ENV, cpu_device_count
+from pipelines import PIPELINE_NAME, stage_io
+from pipelines.dag import params, preflight
+from pipelines.dag.pipeline import build_pipeline
+from pipelines.dag.stages import STAGE_TASKS, STAGES
+from pipelines.targets.local import run_log
+from pipelines.targets.local.result import TASK_STAGE, RunResult, StageRecord
+from pipelines.targets.placement import Placement
+
+LAST_RUN_FILE = "last_run.json"
+PROMOTED_DIR = "promoted-policy"
+_ANSI = run_log.ANSI
+_EVENTS = (
+    ("start", re.compile(r"^Executing task '?([\w-]+)'?")),
+    ("cached", re.compile(r"^Task '?([\w-]+)'? cache hit")),
+    ("finish", re.compile(r"^Task '?([\w-]+)'? finished with status (\w+)")),
+)
+
+
+class TaskWatcher(logging.Filter):
+    """Follows kfp.local's task events on the root logger and prints one line per change
+    to ``stream`` (the terminal's stdout as it was when the watcher was made)."""
+
+    def __init__(self, echo: bool = True, stream: TextIO | None = None) -> None:
+        super().__init__()
+        self.records = {stage: StageRecord(stage) for stage in STAGES}
+        self.echo = echo
+        self.stream = stream or sys.stdout
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        """Note a task event if the record is one; never drops the record."""
+        message = _ANSI.sub("", record.getMessage())
+        for event, pattern in _EVENTS:
+            match = pattern.match(message)
+            if match and match.group(1) in TASK_STAGE:
+                self.records[TASK_STAGE[match.group(1)]].task = match.group(1)
+                self._update(event, TASK_STAGE[match.group(1)], match.groups()[1:])
+        return True  # observe only: kfp.local's own output stays as it is
+
+    def _update(self, event: str, stage: str, extra: tuple[str, ...]) -> None:
+        """Apply one task event to its stage's record and say so."""
+        record = self.records[stage]
+        if event == "start":
+            record.status, record.started = "running", time.monotonic()
+            self.say(f"{stage}: running")
+        elif event == "cached":
+            record.status = "cached"
+            self.say(f"{stage}: from the cache")
+        else:
+            ok = extra and extra[0] == "SUCCESS"
+            record.status = "ran" if ok else "failed"
+            if record.started is not None:
+                record.seconds = time.monotonic() - record.started
+            self.say(f"{stage}: {'done' if ok else 'FAILED'} in {record.seconds or 0:.1f} s")
+
+    def say(self, text: str) -> None:
+        """Print a progress line (unless quiet)."""
+        if self.echo:  # a write, not print: kfp.local indents print while a task streams
+            self.stream.write(f"[alignpipe] {text}\n")
+            self.stream.flush()
+
+
+def failure_reasons(run_dir: Path | None) -> dict[str, str]:
+    """What each failed task said (stage_io.failure_reason), by task name."""
+    if run_dir is None or not run_dir.is_dir():
+        return {}
+    found = sorted(run_dir.glob(f"*/*/{stage_io.FAILURE_FILE}"))
+    return {path.parent.parent.name: path.read_text().strip() for path in found}
+
+
+def executed_tasks(run_dir: Path | None) -> set[str]:
+    """Tasks kfp.local executed in this run: those with an executor output in the run folder."""
+    if run_dir is None or not run_dir.is_dir():
+        return set()
+    return {p.parent.name for p in run_dir.glob("**/executor_output.json")}
+
+
+def run_local(
+    values: dict[str, Any],
+    *,
+    runs_dir: str | os.PathLike = "runs",
+    fresh_from: str | None = None,
+    cpu_devices: int | None = None,
+    echo: bool = True,
+) -> RunResult:
+    """Run the pipeline with kfp.local under ``runs_dir``; caching on except ``fresh_from`` on.
+
+    Parameters and local inputs are checked before anything runs (ParamError,
+    PreflightError); the values are saved so that ``rerun`` repeats this run. The
+    terminal gets progress lines (``echo``); the tasks' output goes to the run's log.
+    """
+    from kfp import local
+
+    devices = _cpu_devices(cpu_devices)
+    root = Path(runs_dir).resolve()
+    if root.exists() and not root.is_dir():
+        raise params.ParamError(f"--runs-dir {runs_dir} is a file; pass a folder for the runs")
+    values = {"promoted_policy_uri": str(root / PROMOTED_DIR), **values}
+    placement = Placement(target="local", cpu_devices=devices)
+    preflight.check(params.validate(values, placement.chips))
+    pipeline = build_pipeline(placement, fresh_from)
+    root.mkdir(parents=True, exist_ok=True)
+    (root / LAST_RUN_FILE).write_text(json.dumps(values, indent=2, sort_keys=True))
+    before = set(root.glob(f"{PIPELINE_NAME}-*"))
+    local.init(
+        runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(root), enable_caching=True
+    )
+    watcher = TaskWatcher(echo)
+    # kfp.local names the run folder itself when the run starts; the log moves there at the end.
+    stamp = datetime.datetime.now().strftime("%Y-%m-%d-%H-%M-%S-%f")
+    partial = root / f"running-{stamp}.log"
+    watcher.say(f"full log: {partial} (moves into the run folder at the end)")
+    started, outputs, error = time.monotonic(), {}, ""
+    try:
+        with _watched(watcher), run_log.capture(partial):
+            outputs = dict(pipeline(**values).outputs)
+    except RuntimeError as failure:
+        error = str(failure)
+    finally:
+        run_dir = _run_folder(root, before, stamp)
+        log = run_dir / run_log.LOG_FILE
+        if partial.exists():
+            partial.replace(log)
+    executed = executed_tasks(run_dir)
+    return RunResult(
+        run_dir=run_dir,
+        stages=_reconcile(watcher.records, executed),
+        executed=executed,
+        outputs=outputs,
+        seconds=time.monotonic() - started,
+        values=values,
+        error=_ANSI.sub("", error),
+        reasons=_reasons(run_dir, log) if error else {},
+        log=log,
+    )
+
+
+@contextlib.contextmanager
+def _watched(watcher: TaskWatcher) -> Iterator[None]:
+    """The root logger at INFO (kfp.local reports cache hits there), read by ``watcher``."""
+    logger = logging.getLogger()
+    level = logger.level
+    logger.setLevel(logging.INFO)
+    logger.addFilter(watcher)
+    try:
+        yield
+    finally:
+        logger.removeFilter(watcher)
+        logger.setLevel(level)
+
+
+def _cpu_devices(requested: int | None) -> int:
+    """The virtual CPU devices of each training task: ``requested`` (--cpu-devices), set in
+    the environment the tasks inherit, else what the environment says."""
+    if requested is not None:
+        if requested < 1:
+            raise params.ParamError(f"--cpu-devices: {requested} must be at least 1")
+        os.environ[CPU_DEVICES_ENV] = str(requested)
+    try:
+        return cpu_device_count()
+    except ValueError as error:
+        raise params.ParamError(str(error)) from None
+
+
+def _run_folder(root: Path, before: set[Path], stamp: str) -> Path:
+    """The folder kfp.local made for this run; one named like it when it made none (the run
+    failed before any task wrote an output), to hold the run's log."""
+    new = sorted(p for p in set(root.glob(f"{PIPELINE_NAME}-*")) - before if p.is_dir())
+    if new:
+        return new[-1]
+    folder = root / f"{PIPELINE_NAME}-{stamp}"
+    folder.mkdir()
+    return folder
+
+
+def _reasons(run_dir: Path, log: Path) -> dict[str, str]:
+    """Why each failed task failed: its failure file, else the exception in the run's log."""
+    logged = run_log.task_errors(log.read_text(errors="replace"))
+    found = {**logged, **failure_reasons(run_dir)}
+    return {task: reason for task, reason in found.items() if task in TASK_STAGE}
+
+
+def _reconcile(records: dict[str, StageRecord], executed: set[str]) -> dict[str, StageRecord]:
+    """The watcher's records, corrected by the run folder (the ground truth of what ran)."""
+    for stage, record in records.items():
+        ran_tasks = [task for task in STAGE_TASKS[stage] if task in executed]
+        ran = bool(ran_tasks)
+        if ran:
+            record.task = ran_tasks[0]
+        if ran and record.status not in ("ran", "failed"):
+            record.status = "ran"
+        elif not ran and record.status in ("ran", "running"):
+            record.status = "failed"
+    return records
+
+
+def last_values(runs_dir: str | os.PathLike = "runs") -> dict[str, Any]:
+    """The parameters of the last run under ``runs_dir``."""
+    path = Path(runs_dir) / LAST_RUN_FILE
+    if not path.exists():
+        raise FileNotFoundError(f"no earlier run under {runs_dir}: start one with `alignpipe run`")
+    try:
+        values = json.loads(path.read_text())
+    except ValueError as error:  # JSONDecodeError, or bytes that are not UTF-8
+        values = error
+    if not isinstance(values, dict):
+        raise ValueError(
+            f"{path} does not hold a run's parameters ({values}); start a new run with "
+            "`alignpipe run`"
+        )
+    return values

@@ -1,0 +1,70 @@
+"""Compile the pipeline (or the smoke pipeline) for a target: the KFP spec, then each
+target's rewriting of its training tasks (Vertex: TPU custom jobs, ``vertex/jobs.py``; GKE,
+a slice of several hosts: a JobSet launched over the hosts, ``gke/jobset.py``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from pipelines import PIPELINE_NAME
+from pipelines.dag import params
+from pipelines.dag.pipeline import build_pipeline
+from pipelines.targets.gke import jobset
+from pipelines.targets.placement import Placement
+from pipelines.targets.smoke import SMOKE_PIPELINE, build_smoke_pipeline
+from pipelines.targets.vertex import jobs as vertex_jobs
+
+
+def compile_pipeline(
+    placement: Placement,
+    values: dict[str, Any],
+    package_path: str | Path,
+    fresh_from: str | None = None,
+) -> dict[str, Any]:
+    """Check the parameters for ``placement``, then write the pipeline spec; returns them.
+
+    The given values become the compiled pipeline's defaults.
+    """
+    from kfp import compiler
+
+    checked = params.validate(values, placement.chips)
+    pipeline = build_pipeline(placement, fresh_from)
+    Path(package_path).parent.mkdir(parents=True, exist_ok=True)
+    compiler.Compiler().compile(pipeline, str(package_path), pipeline_parameters=values or None)
+    if placement.target == "vertex" or placement.hosts > 1:
+        rewrite_training(placement, Path(package_path))
+    return checked
+
+
+def rewrite_training(
+    placement: Placement, package: Path, pipeline_name: str = PIPELINE_NAME
+) -> None:
+    """Rewrite the compiled spec's training tasks: each a TPU custom job on Vertex (labelled
+    with ``pipeline_name`` and the placement), or a JobSet over the hosts of a multi-host
+    slice on GKE."""
+    spec, *platform = yaml.safe_load_all(package.read_text())
+    if placement.target == "vertex":
+        labels = {key.replace("-", "_"): value for key, value in placement.describe().items()}
+        labels = {"pipeline": pipeline_name, **labels}
+        vertex_jobs.as_custom_jobs(
+            spec, placement.machine, placement.topology, labels, placement.train_timeout_h
+        )
+    else:
+        jobset.as_launchers(spec, placement)
+    package.write_text(yaml.safe_dump_all([spec, *platform], sort_keys=False))
+
+
+def compile_smoke(placement: Placement, package_path: str | Path) -> None:
+    """Write the smoke pipeline's spec, its task rewritten as the training tasks are: a TPU
+    custom job on Vertex, the JobSet launcher of a multi-host slice on GKE."""
+    from kfp import compiler
+
+    package = Path(package_path)
+    package.parent.mkdir(parents=True, exist_ok=True)
+    compiler.Compiler().compile(build_smoke_pipeline(placement), str(package))
+    if placement.target == "local" or (placement.target == "gke" and placement.hosts == 1):
+        return
+    rewrite_training(placement, package, SMOKE_PIPELINE)

@@ -1,0 +1,1 @@
+"""Vertex AI: TPU training tasks as custom jobs, and their retry."""
