@@ -57,6 +57,7 @@ configure_cpu_devices()  # before JAX starts
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
+from _seeds import format_seed_table, over_seeds, rollout_kl, seed_targets  # noqa: E402
 from _update_memory import dpo_step_memory, rl_update_memory  # noqa: E402
 
 from components.core.data.builtin_task import write_jsonl  # noqa: E402
@@ -207,23 +208,6 @@ def kl_versus(algorithm: dict[str, np.ndarray], ppo: dict[str, np.ndarray]) -> d
     return figures
 
 
-def rollout_kl(output: str) -> dict[str, float] | None:
-    """The training rollouts' KL per token after the first tenth of the run: its mean over
-    ``kl_target``, and the share of rollouts within ±50% of it (None for dpo)."""
-    path = Path(output) / "metrics.jsonl"
-    rows = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
-    rows = [row for row in rows if "objective/kl_per_token" in row]
-    if not rows or "objective/kl_target" not in rows[-1]:
-        return None
-    target = rows[-1]["objective/kl_target"]
-    warm_up = -(-len(rows) // 10)  # a tenth of the rollouts, rounded up
-    kls = np.array([row["objective/kl_per_token"] for row in rows[warm_up:]])
-    return {
-        "mean_over_target": float(kls.mean() / target),
-        "in_band": float(np.mean(np.abs(kls / target - 1) <= 0.5)),
-    }
-
-
 def row_of(summary: dict[str, Any], memory: dict[str, int], run: StageRun) -> dict[str, Any]:
     """The table's figures of one algorithm."""
     gold = summary["gold"]
@@ -340,82 +324,48 @@ def machine() -> str:
     )
 
 
-def spread(values: list[float | None]) -> dict[str, float] | None:
-    """Mean, min and max over seeds (None when any seed has no figure)."""
-    if not values or any(value is None for value in values):
-        return None
-    array = np.asarray(values, np.float64)
-    return {"mean": float(array.mean()), "min": float(array.min()), "max": float(array.max())}
+def run_seeds(
+    values: dict[str, Any],
+    shards: str,
+    base: dict[str, StageRun],
+    root: Path,
+    seeds: list[int],
+    ppo_settings: dict[str, str],
+) -> tuple[dict[int, dict[str, StageRun]], dict[int, dict[str, dict]], dict[str, dict]]:
+    """Every algorithm trained and evaluated per seed: the runs, the table's rows per seed,
+    and the first seed's per-prompt figures (for the paired comparisons with PPO)."""
+    runs: dict[int, dict[str, StageRun]] = {}
+    rows: dict[int, dict[str, dict[str, Any]]] = {}
+    prompts: dict[str, dict[str, np.ndarray]] = {}
+    memory: dict[str, dict[str, int]] = {}
+    for seed in seeds:
+        folder = root / f"seed-{seed}"
+        (folder / "logs").mkdir(parents=True, exist_ok=True)
+        trained = train_algorithms({**values, "seed": seed}, shards, base, folder, ppo_settings)
+        runs[seed] = {**base, **trained}
+        rows[seed] = {}
+        for name in ALGORITHMS:
+            evaluation = str(folder / f"eval-{name}")
+            print(f"[bench] seed {seed}: evaluating {name} against the sft policy", flush=True)
+            policy = runs[seed][name].output
+            summary = evaluate_against_sft(values, shards, base, policy, evaluation)
+            if name not in memory:  # the shapes are the seeds' same
+                memory[name] = update_memory(name, runs[seed], shards)
+            rows[seed][name] = row_of(summary, memory[name], runs[seed][name])
+            if seed == seeds[0]:
+                prompts[name] = per_prompt(evaluation)
+    return runs, rows, prompts
 
 
-def over_seeds(rows: dict[int, dict[str, dict[str, Any]]]) -> dict[str, dict[str, Any]]:
-    """Per algorithm, each headline figure's mean and spread over the seeds."""
-    seeds = sorted(rows)
-    figures = {
-        "gold_gain": lambda row: row["gold_gain"]["value"],
-        "gold_win_rate": lambda row: row["gold_win_rate"],
-        "kl_per_token": lambda row: row["kl_per_token"],
-        "rollout_kl_over_target": lambda row: (row["rollout_kl"] or {}).get("mean_over_target"),
-        "rollout_kl_in_band": lambda row: (row["rollout_kl"] or {}).get("in_band"),
-        "vs_best_of_n": lambda row: row["vs_best_of_n"],
-        "vs_best_of_n_bound": lambda row: row["vs_best_of_n_bound"],
-    }
+def _stage_seconds(runs: dict[int, dict[str, StageRun]]) -> dict[str, float]:
     return {
-        name: {key: spread([get(rows[s][name]) for s in seeds]) for key, get in figures.items()}
-        for name in ALGORITHMS
+        f"{name}/seed-{seed}": run.seconds
+        for seed, by_name in runs.items()
+        for name, run in by_name.items()
     }
 
 
-def _cell(figure: dict[str, float] | None, form: str) -> str:
-    if figure is None:
-        return "n/a"
-    return f"{figure['mean']:{form}} [{figure['min']:{form}}, {figure['max']:{form}}]"
-
-
-def format_seed_table(summary: dict[str, dict[str, Any]], seeds: list[int]) -> str:
-    """One line per algorithm: mean [min, max] over the seeds."""
-    columns = (
-        ("gold gain", "gold_gain", "+.3f"), ("gold win", "gold_win_rate", ".3f"),
-        ("KL/token", "kl_per_token", ".4f"), ("train KL/target", "rollout_kl_over_target", ".2f"),
-        ("in ±50%", "rollout_kl_in_band", ".2f"), ("vs BoN", "vs_best_of_n", ".2f"),
-        ("vs BoN (bound)", "vs_best_of_n_bound", ".2f"),
-    )  # fmt: skip
-    lines = [f"over seeds {', '.join(map(str, seeds))}: mean [min, max]"]
-    lines.append(f"{'algorithm':<9} " + " ".join(f"{label:>26}" for label, _, _ in columns))
-    for name, figures in summary.items():
-        cells = " ".join(f"{_cell(figures[key], form):>26}" for _, key, form in columns)
-        lines.append(f"{name:<9} {cells}")
-    return "\n".join(lines)
-
-
-def seed_targets(summary: dict[str, dict[str, Any]], kl_target: float) -> list[dict[str, Any]]:
-    """Over seeds: each RL algorithm's mean KL per token on its training rollouts (after the
-    first tenth: what the controller steers) within ±20% of the target, and its mean
-    ppo_vs_best_of_n (exact frontier) at least 1.0."""
-    checks = []
-    for name in RL_ALGORITHMS:
-        ratio, versus = summary[name]["rollout_kl_over_target"], summary[name]["vs_best_of_n"]
-        evaluated = summary[name]["kl_per_token"]
-        checks.append(
-            {
-                "target": f"{name}'s mean rollout KL per token within ±20% of kl_target "
-                f"{kl_target}",
-                "met": ratio is not None and abs(ratio["mean"] - 1) <= 0.2,
-                "figures": f"{_cell(ratio, '.2f')}x the target; on the eval prompts "
-                f"{_cell(evaluated, '.4f')} nats/token",
-            }
-        )
-        checks.append(
-            {
-                "target": f"{name}'s mean ppo_vs_best_of_n (exact frontier) at least 1.0",
-                "met": versus is not None and versus["mean"] >= 1.0,
-                "figures": _cell(versus, ".2f"),
-            }
-        )
-    return checks
-
-
-def main() -> int:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--work-dir", default="", help="folder for every artifact (default: temp)")
     parser.add_argument("--json", default="", help="also write the results to this JSON file")
@@ -426,6 +376,11 @@ def main() -> int:
         "score_norm=data kl_coef=0.2: the controller and normalisation before issue 38)",
     )  # fmt: skip
     add_set_argument(parser)
+    return parser
+
+
+def main() -> int:
+    parser = _parser()
     args = parser.parse_args()
     started = time.perf_counter()
     root = Path(args.work_dir or tempfile.mkdtemp(prefix="bench-algorithms-"))
@@ -434,28 +389,8 @@ def main() -> int:
     seeds = [int(seed) for seed in args.seeds.split(",")]
     print(f"[bench] {machine()}; artifacts in {root}", flush=True)
     shards, base = prepare(values, root)
-    runs: dict[int, dict[str, StageRun]] = {}
-    rows: dict[int, dict[str, dict[str, Any]]] = {}
-    prompts: dict[str, dict[str, np.ndarray]] = {}
-    memory: dict[str, dict[str, int]] = {}
-    for seed in seeds:
-        folder = root / f"seed-{seed}"
-        folder.mkdir(exist_ok=True)
-        (folder / "logs").mkdir(exist_ok=True)
-        ppo_settings = dict(item.split("=", 1) for item in args.ppo_set)
-        trained = train_algorithms({**values, "seed": seed}, shards, base, folder, ppo_settings)
-        runs[seed] = {**base, **trained}
-        rows[seed] = {}
-        for name in ALGORITHMS:
-            evaluation = str(folder / f"eval-{name}")
-            print(f"[bench] seed {seed}: evaluating {name} against the sft policy", flush=True)
-            policy = runs[seed][name].output
-            summary = evaluate_against_sft(values, shards, base, policy, evaluation)
-            if name not in memory:
-                memory[name] = update_memory(name, runs[seed], shards)
-            rows[seed][name] = row_of(summary, memory[name], runs[seed][name])
-            if seed == seeds[0]:
-                prompts[name] = per_prompt(evaluation)
+    ppo_settings = dict(item.split("=", 1) for item in args.ppo_set)
+    runs, rows, prompts = run_seeds(values, shards, base, root, seeds, ppo_settings)
     first = rows[seeds[0]]
     versus_ppo = {
         name: paired_difference(
@@ -466,7 +401,8 @@ def main() -> int:
     kl_vs_ppo = {name: kl_versus(prompts[name], prompts["ppo"]) for name in ALGORITHMS}
     summary = over_seeds(rows)
     kl_target = params.stage_values("ppo", values)["kl_target"]
-    checks = seed_targets(summary, kl_target) + targets(first, versus_ppo, kl_vs_ppo)
+    checks = seed_targets(summary, kl_target, RL_ALGORITHMS)
+    checks += targets(first, versus_ppo, kl_vs_ppo)
     seconds = time.perf_counter() - started
     print(
         f"\nbuilt-in task, {'settings ' + ' '.join(args.set) if args.set else 'demo settings'}"
@@ -493,11 +429,7 @@ def main() -> int:
             "machine": machine(),
             "settings": {k: v for k, v in values.items() if isinstance(v, int | float | str)},
             "seeds": seeds,
-            "stage_seconds": {
-                f"{name}/seed-{seed}": run.seconds
-                for seed, by_name in runs.items()
-                for name, run in by_name.items()
-            },
+            "stage_seconds": _stage_seconds(runs),
             "rows": {str(seed): by_name for seed, by_name in rows.items()},
             "over_seeds": summary,
             "paired_gold_vs_ppo": {name: versus_ppo[name]["difference"] for name in ALGORITHMS},

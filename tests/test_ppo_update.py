@@ -291,17 +291,28 @@ def test_first_step_log_probs_equal_the_rollouts_at_temperature(setup) -> None:
     assert untempered_metrics["policy/logprob_mismatch"] > 0.05
 
 
+def _group_case(setup, **overrides):
+    """(models, config, state, batch) of a critic-free update: groups of 2, no values or
+    returns, the reference's log-probs half the rollout's."""
+    models, policy_params, _, batch = setup
+    config = dataclasses.replace(CONFIG, group_size=2, **overrides)
+    group_batch = {k: v for k, v in batch.items() if k not in ("values", "returns")}
+    group_batch["ref_logprobs"] = (batch["logprobs"] * 0.5).astype(np.float32)
+    return models, config, PPOState.create(policy_params, None, config), group_batch
+
+
+def _on_eight_and_one(models, config, state, batch):
+    """((state, metrics) of the update on 8 devices, the state of the same on 1)."""
+    one = [jax.local_devices()[0]]
+    eight = _run(make_update(models, config), state, batch)
+    return eight, _run(make_update(models, config, devices=one), state, batch, one)[0]
+
+
 @pytest.mark.parametrize("algorithm", ["grpo", "rloo"])
 def test_group_update_without_critic_eight_devices_equal_one(setup, algorithm) -> None:
     """grpo/rloo: the policy alone is updated; grpo's k3 KL term in the loss moves it too."""
-    models, policy_params, _, batch = setup
-    config = dataclasses.replace(CONFIG, algorithm=algorithm, group_size=2)
-    group_batch = {k: v for k, v in batch.items() if k not in ("values", "returns")}
-    group_batch["ref_logprobs"] = (batch["logprobs"] * 0.5).astype(np.float32)
-    state = PPOState.create(policy_params, None, config)
-    one = [jax.local_devices()[0]]
-    new_8, metrics_8 = _run(make_update(models, config), state, group_batch)
-    new_1, _ = _run(make_update(models, config, devices=one), state, group_batch, one)
+    models, config, state, group_batch = _group_case(setup, algorithm=algorithm)
+    (new_8, metrics_8), new_1 = _on_eight_and_one(models, config, state, group_batch)
     assert new_8.critic is None and "val/grad_norm" not in metrics_8
     _check_golden(algorithm, state, new_8, metrics_8)
     assert int(new_8.policy.step) == config.ppo_epochs * config.minibatches
@@ -317,14 +328,8 @@ def test_group_update_without_critic_eight_devices_equal_one(setup, algorithm) -
 def test_grpo_loss_types_eight_devices_equal_one(setup, loss_type) -> None:
     """Per-response aggregations (TRL's grpo, dr_grpo) stay device-count independent, and
     move the policy otherwise than the token mean (dapo) does."""
-    models, policy_params, _, batch = setup
-    config = dataclasses.replace(CONFIG, algorithm="grpo", group_size=2, loss_type=loss_type)
-    group_batch = {k: v for k, v in batch.items() if k not in ("values", "returns")}
-    group_batch["ref_logprobs"] = (batch["logprobs"] * 0.5).astype(np.float32)
-    state = PPOState.create(policy_params, None, config)
-    one = [jax.local_devices()[0]]
-    new_8, _ = _run(make_update(models, config), state, group_batch)
-    new_1, _ = _run(make_update(models, config, devices=one), state, group_batch, one)
+    models, config, state, group_batch = _group_case(setup, algorithm="grpo", loss_type=loss_type)
+    (new_8, _), new_1 = _on_eight_and_one(models, config, state, group_batch)
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=2e-4, atol=2e-5), new_8, new_1)
     dapo = dataclasses.replace(config, loss_type="dapo")
     by_token, _ = _run(make_update(models, dapo), state, group_batch)
