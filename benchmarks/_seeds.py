@@ -3,19 +3,18 @@ training rollouts' KL against its target, the table and the targets judged over 
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from components.core.training.metrics import read_metrics
+from components.evaluate.plots import TARGET_BAND
 
 
 def rollout_kl(output: str) -> dict[str, float] | None:
     """The training rollouts' KL per token after the first tenth of the run: its mean over
     ``kl_target``, and the share of rollouts within ±50% of it (None for dpo)."""
-    path = Path(output) / "metrics.jsonl"
-    rows = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
-    rows = [row for row in rows if "objective/kl_per_token" in row]
+    rows = [row for row in read_metrics(output) if "objective/kl_per_token" in row]
     if not rows or "objective/kl_target" not in rows[-1]:
         return None
     target = rows[-1]["objective/kl_target"]
@@ -23,7 +22,7 @@ def rollout_kl(output: str) -> dict[str, float] | None:
     kls = np.array([row["objective/kl_per_token"] for row in rows[warm_up:]])
     return {
         "mean_over_target": float(kls.mean() / target),
-        "in_band": float(np.mean(np.abs(kls / target - 1) <= 0.5)),
+        "in_band": float(np.mean(np.abs(kls / target - 1) <= TARGET_BAND)),
     }
 
 
