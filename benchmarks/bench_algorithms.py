@@ -18,7 +18,7 @@ Every algorithm trains once per seed (``--seeds``, default 0,1,2: the seed of th
 DPO stages, so policy sampling and minibatch order; the sft policy, the reward model and the
 evaluation's samples of the sft policy are shared). Per algorithm the table gives the mean
 over seeds and the spread (min to max) of the gold gain, the gold win rate, the KL per token
-(evaluation: k1 on the aligned policy's samples; training: the rollouts' KL after the first
+(evaluation: k3 on the aligned policy's samples; training: the rollouts' KL after the first
 tenth of the run, and the share of those rollouts within ±50% of ``kl_target``) and
 ``ppo_vs_best_of_n`` on best-of-n's exact frontier, with the bound's beside it.
 
@@ -415,7 +415,7 @@ def main() -> int:
     print(f"\nseed {seeds[0]}:")
     print(format_table(first))
     print(
-        "gold gain and win rate, KL (k1, aligned samples) and RM win rate against the sft "
+        "gold gain and win rate, KL (k3, aligned samples) and RM win rate against the sft "
         "policy; train KL = the rollouts' KL per token after the first tenth of the run; "
         "vs BoN = gold gain / best-of-n's at the same KL on its exact frontier (* capped at "
         "the largest n), and on the bound log n - (n-1)/n; update MiB/dev = the compiled "

@@ -5,7 +5,7 @@ A periodic run is measured against its reference, the policy it started from; th
 run to run, so KL to the anchor shows how far a chain of runs has drifted, which each run's
 own KL cannot.
 
-Cheap by design: KL(aligned ‖ anchor) is the k1 estimate on the aligned samples already
+Cheap by design: KL(aligned ‖ anchor) is the k3 estimate on the aligned samples already
 drawn, so it needs only the anchor's log-probs of them (one forward pass). The win rate
 against the anchor draws :data:`ANCHOR_SAMPLES_PER_PROMPT` anchor response per prompt and
 pairs every aligned sample of a prompt with it; the bootstrap over prompts keeps the
@@ -25,6 +25,7 @@ from numpy.typing import ArrayLike
 from components.evaluate.config import EvalConfig
 from components.evaluate.measures import (
     PolicyOutputs,
+    kl_estimator,
     paired_difference,
     per_prompt,
     sequence_kl,
@@ -77,7 +78,9 @@ def anchor_summary(
         "uri": uri,
         "same_as_reference": False,
         "samples_per_prompt": ANCHOR_SAMPLES_PER_PROMPT,
-        "kl": sequence_kl(aligned_logprobs, anchor_logprobs, aligned.response_mask),
+        "kl": sequence_kl(
+            aligned_logprobs, anchor_logprobs, aligned.response_mask, kl_estimator(config)
+        ),
         "win_rate": win_rate_with_interval(
             rewards, _broadcast(anchor_rewards, rewards), **bootstrap
         ),

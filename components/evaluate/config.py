@@ -57,7 +57,7 @@ class EvalConfig:
     max_kl: float = field(
         0.5,
         help="blessing requires KL(aligned || reference) <= this, in nats per response token "
-        "(k1 estimate on aligned samples); inf disables the check (a pipeline parameter "
+        "(k3 estimate on aligned samples); inf disables the check (a pipeline parameter "
         "must be finite: 1e9)",
     )
     # Finite by default: a chain of runs may drift further than one run (max_kl each), but

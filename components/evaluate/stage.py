@@ -8,16 +8,18 @@ reward figures and the best-of-n selection are all by gold (best-of-n then is th
 baseline: what a perfect reward model's selection would gain), and the reward model's
 accuracy on held-out pairs is not measured.
 
-KL(aligned ‖ reference) is the k1 estimate on the aligned policy's samples, both log-probs
-recomputed by one forward pass each (not the sampler's cached ones), so two identical
-policies give exactly 0. Both log-probs are at the sampling temperature T, as the samples
-are drawn: the figure is KL(aligned_T ‖ reference_T), in the units of the best-of-n baseline
-drawn from reference_T. With greedy decoding the log-probs are untempered and the
-figure is the mean log-ratio on the greedy responses.
+KL(aligned ‖ reference) is the k3 estimate on the aligned policy's samples (unbiased, never
+below 0, a fifth of k1's spread: measures.log_ratio_sums), both log-probs recomputed by one
+forward pass each (not the sampler's cached ones), so two identical policies give exactly 0.
+Both log-probs are at the sampling temperature T, as the samples are drawn: the figure is
+KL(aligned_T ‖ reference_T), in the units of the best-of-n baseline drawn from reference_T.
+With greedy decoding the log-probs are untempered and the figure is the mean log-ratio (k1)
+on the greedy responses.
 
 The best-of-n baseline draws max(n) samples per prompt from the reference (its first
 ``samples_per_prompt`` are the ones the win rate compares); the judge keeps the best
-of the first n, at an analytic KL of log n − (n − 1)/n nats per sequence.
+of the first n. Its KL is computed exactly from the judge's scores of the draws
+(best_of_n.py), beside the analytic bound log n − (n − 1)/n nats per sequence.
 
 Every host reads every eval shard; sampling is split over the devices of every host and
 gathered back (core.model.eval_sampling), scoring runs whole on each host, so every host computes
@@ -62,6 +64,7 @@ from components.evaluate.measures import (
     PolicyOutputs,
     ends_with_eos,
     gold_scores,
+    kl_estimator,
     log_ratio_sums,
     summarize,
 )
@@ -357,9 +360,11 @@ def measure(
         (aligned.texts, aligned.rewards, aligned.gold),
         (reference.texts, reference.rewards, reference.gold),
     )
-    # Each aligned sample's KL to the reference (k1, nats) and tokens: intervals and paired
-    # comparisons of KL per token can be drawn from samples.jsonl (benchmarks do).
-    kl, tokens = log_ratio_sums(logprobs["policy"], logprobs["reference"], aligned.responses[1])
+    # Each aligned sample's KL to the reference (nats, the summary's estimator) and tokens:
+    # intervals and paired comparisons of KL per token can be drawn from samples.jsonl.
+    kl, tokens = log_ratio_sums(
+        logprobs["policy"], logprobs["reference"], aligned.responses[1], kl_estimator(config)
+    )
     for row, row_kl, row_tokens in zip(rows, kl.reshape(-1), tokens.reshape(-1), strict=True):
         row["aligned_kl"], row["aligned_tokens"] = float(row_kl), int(row_tokens)
     return Measured(summary, report_samples(prompt_texts, aligned, reference, config), rows)
