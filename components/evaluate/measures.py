@@ -183,8 +183,8 @@ def log_ratio_sums(
     k1 is log p_aligned − log p_ref; k3 is (r − 1) − log r with r = p_ref / p_aligned, never
     below 0. Both are unbiased on the aligned policy's samples; k3 has far less noise: on the
     demo's final policy a sequence's spread is 0.11 nats against k1's 0.51 (about 20 times
-    fewer samples for the same interval), where both averaged 0.022 nats per token over 1,400
-    samples and the exact KL of the whole next-token distributions 0.0226.
+    fewer samples for the same interval); over 1,408 samples k3 gave 0.0230 nats per token,
+    k1 0.0216, and the exact KL of the whole next-token distributions 0.0226.
     """
     logp = np.asarray(aligned_logprobs, np.float64)
     ref_logp = np.asarray(reference_logprobs, np.float64)
