@@ -234,6 +234,7 @@ def test_sharded_rollout_holds_one_network_embedding_at_a_time():
     XLA's compiled temp memory: without the ordering (fsdp.after) it held 4.4 embeddings.
     """
     from components.ppo import PPOConfig
+    from components.ppo.kl_control import init_kl_controller
     from components.ppo.rollout import Models, RolloutParams, ScoreNorm, TokenIds, make_rollout
 
     vocab, batch = 65536, 16  # the tiny model's 32-wide embedding: 8 MiB, all else small
@@ -258,7 +259,8 @@ def test_sharded_rollout_holds_one_network_embedding_at_a_time():
     )
     trees = (policy_params, policy_params, critic_params, critic_params)
     params = RolloutParams(*(parallel.place(t, sharded=True) for t in trees))
-    compiled = rollout.lower(params, prompts, jax.random.key(0), np.float32(0.1)).compile()
+    controller = init_kl_controller("fixed", 0.1)
+    compiled = rollout.lower(params, prompts, jax.random.key(0), controller).compile()
     embedding = vocab * 32 * 4
     assert compiled.memory_analysis().temp_size_in_bytes < 2 * embedding
 

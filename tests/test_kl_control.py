@@ -52,10 +52,13 @@ def test_kl_controller_state_is_a_small_checkpointable_pytree():
 
 
 def test_pid_steps_log_coefficient_by_hand():
-    """Δ log β = k_p (e − e_last) + k_i e, e = clip(log(KL / target), ±1)."""
+    """Δ log β = k_p (e − e_last) + k_i e, e = clip(log(KL / target), ±1), e_last = −1 at
+    the start (the policy is the reference: a KL of 0)."""
     state = init_kl_controller("pid", 0.5, target=0.02, gains=(1.0, 0.3))
-    first = update_kl_controller(state, 0.04, 64)  # e = log 2, from e_last = 0
-    assert float(first.kl_coef) == pytest.approx(0.5 * math.exp(1.3 * math.log(2)), rel=1e-6)
+    assert float(state.last_error) == -1.0
+    first = update_kl_controller(state, 0.04, 64)  # e = log 2, from e_last = −1
+    expected = 0.5 * math.exp(1.0 * (math.log(2) + 1) + 0.3 * math.log(2))
+    assert float(first.kl_coef) == pytest.approx(expected, rel=1e-6)
     second = update_kl_controller(first, 0.02, 64)  # e = 0: the proportional part comes back
     assert float(second.kl_coef) == pytest.approx(float(first.kl_coef) / 2, rel=1e-6)
     far = update_kl_controller(second, 5.0, 64)  # clipped at e = 1
@@ -63,15 +66,22 @@ def test_pid_steps_log_coefficient_by_hand():
 
 
 def test_pid_never_lowers_the_coefficient_before_the_kl_first_reaches_its_target():
-    """A policy that has not moved yet (KL ≈ 0, k1 even below) must not wind kl_coef down."""
-    state = init_kl_controller("pid", 0.5, target=0.02)
-    for observed in (0.0, -0.001, 0.001, 0.015, 0.005):
-        state = update_kl_controller(state, observed, 64)
-        assert float(state.kl_coef) >= 0.5
+    """A policy that has not moved yet (KL ≈ 0, k1 even below) must not wind kl_coef down,
+    and noise on the way up must not ratchet it up: before the target is first reached the
+    coefficient is kl_coef · exp(k_p · (e + 1)), a function of the latest KL alone."""
+    state = init_kl_controller("pid", 0.5, target=0.02, gains=(1.5, 0.3))
+    for _ in range(3):  # a long warm-up: the policy does not move
+        for observed in (0.0, -0.001, 0.001, 0.015, 0.005):
+            state = update_kl_controller(state, observed, 64)
+            assert float(state.kl_coef) >= 0.5
+            error = max(math.log(max(observed, 0.02 / math.e) / 0.02), -1.0)
+            expected = 0.5 * math.exp(1.5 * (error + 1))
+            assert float(state.kl_coef) == pytest.approx(expected, rel=1e-5)
     assert float(state.reached) == 0.0
     reached = update_kl_controller(state, 0.03, 64)
     fallen = update_kl_controller(reached, 0.005, 64)  # from then on it may fall
     assert float(reached.reached) == 1.0 and float(fallen.kl_coef) < float(reached.kl_coef)
+    assert float(update_kl_controller(fallen, 0.005, 64).kl_coef) < float(fallen.kl_coef)
 
 
 def _integrating_plant(kind: str, seed: int, iterations: int = 50) -> np.ndarray:

@@ -1,11 +1,12 @@
 """KL guard rails: detect a diverging policy, decide between restoring and stopping.
 
 The adaptive KL coefficient keeps the KL near its target; the guard only catches
-divergence. Every iteration the rollout measures the policy's KL to the reference
-(k3, nats per response token). A rollout over ``kl_stop`` marks its policy as not
-good (it is never checkpointed); ``patience`` such rollouts in a row trip the guard,
-so one noisy batch of a few hundred tokens does not. Non-finite rollout figures, a
-non-finite update, and a final check over ``kl_stop`` trip at once.
+divergence. Every iteration the rollout measures the policy's KL to the reference (the
+exact KL of each position's next-token distributions, nats per response token). A rollout
+over ``kl_stop`` marks its policy as not good (it is never checkpointed); ``patience``
+such rollouts in a row trip the guard, so one noisy batch of a few hundred tokens does not.
+Non-finite rollout figures, a non-finite update, and a final check over ``kl_stop`` trip
+at once.
 
 On a trip the loop restores the POLICY of the last good checkpoint (the critic
 keeps what it learned, the controller its state), multiplies ``kl_coef`` by

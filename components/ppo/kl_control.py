@@ -14,10 +14,15 @@ Three kinds:
   k_i · e_t. The proportional term answers a rising KL at once and damps the integral's
   oscillation (Stooke, Achiam and Abbeel, "Responsive Safety in Reinforcement Learning by
   PID Lagrangian Methods", 2020, show the same for Lagrange multipliers); working in log
-  space makes a step a factor, whatever the coefficient's scale. Until the KL first reaches
-  the target the coefficient only rises: a policy that has not moved yet (KL ≈ 0 during the
-  learning-rate warm-up) would otherwise wind the coefficient down just before its KL takes
-  off.
+  space makes a step a factor, whatever the coefficient's scale. The error starts at −1: the
+  policy starts at the reference, a KL of 0. Until the KL first reaches the target the
+  integral term is off, so the coefficient follows the proportional term alone:
+  kl_coef · exp(k_p · (e + 1)), never below its start, rising as the KL nears the target.
+  The integral would wind it down while the policy has not moved yet (KL ≈ 0 during the
+  learning-rate warm-up), just before its KL takes off; a rule that let the coefficient only
+  rise instead would ratchet it up on every upward blip of a noisy KL (at k_p = 2 it took
+  RLOO's from 0.5 to 5.0 on the demo before the KL had once reached the target, which held
+  the KL at a quarter of it).
 """
 
 from __future__ import annotations
@@ -52,10 +57,12 @@ class KLControllerState:
     horizon: jax.Array
     # Static: it selects the update rule at trace time and is not a checkpointed array.
     kind: str = struct.field(pytree_node=False, default="fixed")
-    # pid only: the gains, the last error (0 before the first) and whether the KL has
-    # reached the target yet (1.0) or not (0.0).
+    # pid only: the gains, the last error (−1 before the first: a KL of 0) and whether the
+    # KL has reached the target yet (1.0) or not (0.0).
     gains: tuple[float, float] = struct.field(pytree_node=False, default=DEFAULT_PID_GAINS)
-    last_error: jax.Array = struct.field(default_factory=lambda: jnp.zeros((), jnp.float32))
+    last_error: jax.Array = struct.field(
+        default_factory=lambda: jnp.asarray(-_MAX_LOG_ERROR, jnp.float32)
+    )
     reached: jax.Array = struct.field(default_factory=lambda: jnp.zeros((), jnp.float32))
 
     def to_json_dict(self) -> dict[str, float | str | list[float]]:
@@ -81,7 +88,7 @@ class KLControllerState:
             gains=tuple(data.get("gains", DEFAULT_PID_GAINS)),
         )
         return state.replace(
-            last_error=jnp.asarray(data.get("last_error", 0.0), jnp.float32),
+            last_error=jnp.asarray(data.get("last_error", -_MAX_LOG_ERROR), jnp.float32),
             reached=jnp.asarray(data.get("reached", 0.0), jnp.float32),
         )
 
@@ -139,15 +146,14 @@ def update_kl_controller(
 
 
 def _update_pid(state: KLControllerState, observed_kl: float | jax.Array) -> KLControllerState:
-    """Δ log β = k_p · (e − e_last) + k_i · e, e = clip(log(KL / target), ±1); no fall before
-    the KL first reaches the target."""
+    """Δ log β = k_p · (e − e_last) + k_i · e, e = clip(log(KL / target), ±1); no integral
+    term before the KL first reaches the target."""
     k_p, k_i = state.gains
-    # k1 estimates can be ≤ 0: a KL far below the target is the clip's low end anyway.
+    # A KL of 0 (a policy that has not moved; a k1 estimate can even be < 0) is the clip's low end.
     floor = state.target * jnp.exp(-_MAX_LOG_ERROR)
     error = jnp.clip(
         jnp.log(jnp.maximum(observed_kl, floor) / state.target), -_MAX_LOG_ERROR, _MAX_LOG_ERROR
     )
     reached = jnp.maximum(state.reached, (observed_kl >= state.target).astype(jnp.float32))
-    step = k_p * (error - state.last_error) + k_i * error
-    step = jnp.where(reached > 0, step, jnp.maximum(step, 0.0))
+    step = k_p * (error - state.last_error) + k_i * error * reached
     return state.replace(kl_coef=state.kl_coef * jnp.exp(step), last_error=error, reached=reached)

@@ -43,7 +43,6 @@ from components.ppo.kl_control import (
     KLControllerState,
     init_kl_controller,
     raise_kl_coef,
-    update_kl_controller,
 )
 from components.ppo.rollout import Frozen, Models, RolloutParams, ScoreNorm, TokenIds, make_rollout
 from components.ppo.update import PPOState, make_ema_update, make_update
@@ -244,8 +243,9 @@ class PPOLoop:
         key = jax.random.fold_in(jax.random.fold_in(self.key, self.iteration), phase)
         return jax.random.fold_in(key, self.guard.state.restores)
 
-    def _rollout(self) -> tuple[dict, dict[str, float], float]:
-        """Sample and score this iteration's batch; returns batch, metrics, seconds."""
+    def _rollout(self) -> tuple[dict, dict[str, float], KLControllerState, float]:
+        """Sample and score this iteration's batch; returns batch, metrics, the controller
+        after observing it (rollout.rollout_step), seconds."""
         start = time.perf_counter()
         critic = self.state.critic
         params = RolloutParams(
@@ -261,9 +261,9 @@ class PPOLoop:
             size = self.config.group_size
             prompts = {name: np.repeat(rows, size, axis=0) for name, rows in prompts.items()}
         prompts = parallel.shard_batch(prompts)
-        batch, metrics = self.rollout(params, prompts, self._rng(0), self.controller.kl_coef)
+        batch, metrics, controller = self.rollout(params, prompts, self._rng(0), self.controller)
         metrics = host_floats(metrics)  # waits for the devices
-        return batch, metrics, time.perf_counter() - start
+        return batch, metrics, parallel.unreplicate(controller), time.perf_counter() - start
 
     def _update(self, batch: dict) -> tuple[dict[str, float], float]:
         """All PPO epochs on ``batch``; returns metrics and seconds."""
@@ -333,17 +333,20 @@ class PPOLoop:
     def _step(self, logger: MetricsLogger) -> str | None:
         """One iteration; returns a final status when the run ends, else None."""
         position = self.prompts.position()
-        batch, rollout, t_rollout = self._rollout()
+        batch, rollout, controller, t_rollout = self._rollout()
         last = self.iteration == self.config.iterations
         verdict = self.guard.judge_rollout(rollout, final=last)
         reason = verdict.trip
         if reason is None:
             if verdict.good:
                 self.good_rollout = rollout
+                # With the controller before it saw this rollout: a resume rolls out again.
                 if self._save_due():
                     self._save(position)
             if last:
                 return STATUS_COMPLETED
+            # The coefficient this rollout's penalty was weighed with (grpo: the update's).
+            self.controller = controller
             update, t_update = self._update(batch)
             reason = self.guard.update_trip(update)
         if reason is not None:
@@ -351,9 +354,6 @@ class PPOLoop:
         metrics = self._iteration_metrics(rollout, update, (t_rollout, t_update))
         if self.ema is not None:
             self.reference = self.ema(self.reference, self.state.policy.params)
-        self.controller = update_kl_controller(
-            self.controller, rollout[KL_METRIC], self.config.rollout_batch_size
-        )
         self.iteration += 1
         self.policy_updates += 1
         logger.log(self.iteration, metrics)

@@ -252,6 +252,21 @@ def token_entropy(logits: jax.Array, log_z: jax.Array | None = None) -> jax.Arra
     return -jnp.sum(plogp, axis=-1)
 
 
+def exact_kl(logits: jax.Array, ref_logits: jax.Array) -> jax.Array:
+    """KL(p ‖ q) in nats [...] of each pair of next-token distributions ``logits`` and
+    ``ref_logits`` [..., V], summed over the whole vocabulary, in float32.
+
+    Along sampled responses, its sum over a response's tokens is an unbiased estimate of the
+    sequence KL (the chain rule), like k1's and k3's, but without their noise of the sampled
+    token: on the demo's final policy a sequence's spread is 0.04 nats, k3's 0.11, k1's 0.5.
+    """
+    log_p = jax.nn.log_softmax(jnp.asarray(logits, jnp.float32), axis=-1)
+    log_q = jax.nn.log_softmax(jnp.asarray(ref_logits, jnp.float32), axis=-1)
+    # where(): a token p gives no mass adds nothing, even where q gives it none either.
+    terms = jnp.where(log_p > -jnp.inf, jnp.exp(log_p) * (log_p - log_q), 0.0)
+    return jnp.sum(terms, axis=-1)
+
+
 def entropy_from_logits(logits: jax.Array, mask: jax.Array) -> jax.Array:
     """Mean entropy (nats) of the next-token distributions ``logits`` [B, T, V] over real tokens."""
     return masked_mean(token_entropy(logits), mask)

@@ -233,6 +233,12 @@ def _phases(
     gathered = memory.gathered_bytes(config, networks=1, trained=False, adapters=adapters)
     phases = [(sampling, gathered)]
     if stage == "ppo":
+        # Scoring: the policy's next-token distributions stay while the reference's forward
+        # pass runs, for the exact KL of the two (rollout.py); the KV cache is gone by then.
+        scoring = memory.activation_bytes(
+            config, sequences, length, logits_len=response, train=False
+        )
+        phases.append((scoring + sequences * response * config.vocab_size * 4, gathered))
         # The update: policy and critic forward and backward on one minibatch, each holding
         # its outer tensors and their gradients.
         minibatch = sequences // flags["minibatches"]
