@@ -248,6 +248,27 @@ def test_fresh_from_ppo_turns_caching_off_downstream(tmp_path):
     assert downstream("dpo") == ("dpo", "evaluate", "promote")
 
 
+def test_local_image_names_the_code_so_a_code_change_misses_the_cache(tmp_path, monkeypatch):
+    """kfp.local caches by the task spec, image reference included; the local runner runs
+    this checkout's code, so the reference changes with every Python file the tasks run."""
+    import components
+    from pipelines.targets.local import run
+
+    for name in ("components/__init__.py", "components/ppo/rollout.py", "pipelines/dag/x.py"):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(f"# {name}\n")
+    monkeypatch.setattr(components, "__file__", str(tmp_path / "components" / "__init__.py"))
+    first = run.source_image()
+    assert first.startswith("python:3.11-src-") and first == run.source_image()
+    (tmp_path / "components" / "ppo" / "notes.txt").write_text("not code")
+    assert run.source_image() == first
+    (tmp_path / "components" / "ppo" / "rollout.py").write_text("# changed\n")
+    changed = run.source_image()
+    assert changed != first
+    (tmp_path / "pipelines" / "dag" / "x.py").write_text("# changed too\n")
+    assert run.source_image() not in (first, changed)
+
+
 def test_gke_node_selectors_limit_and_toleration(gke):
     spec, platform = gke
     executors = platform["platforms"]["kubernetes"]["deploymentSpec"]["executors"]

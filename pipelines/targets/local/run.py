@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import hashlib
 import json
 import logging
 import os
@@ -25,6 +26,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, TextIO
 
+import components
 from components.core.entry import CPU_DEVICES_ENV, cpu_device_count
 from pipelines import PIPELINE_NAME, stage_io
 from pipelines.dag import params, preflight
@@ -32,7 +34,7 @@ from pipelines.dag.pipeline import build_pipeline
 from pipelines.dag.stages import STAGE_TASKS, STAGES
 from pipelines.targets.local import run_log
 from pipelines.targets.local.result import TASK_STAGE, RunResult, StageRecord
-from pipelines.targets.placement import Placement
+from pipelines.targets.placement import LOCAL_IMAGE, Placement
 
 LAST_RUN_FILE = "last_run.json"
 PROMOTED_DIR = "promoted-policy"
@@ -102,6 +104,23 @@ def executed_tasks(run_dir: Path | None) -> set[str]:
     return {p.parent.name for p in run_dir.glob("**/executor_output.json")}
 
 
+def source_image() -> str:
+    """The local tasks' image reference, named after the code they run.
+
+    kfp.local caches a task by its spec, image reference included, and its runner runs the
+    tasks with this checkout's code whatever the reference says: under the plain
+    LOCAL_IMAGE a run after a code change took the stages from the cache of the old code.
+    The tag is the sha256 of every Python file of ``components`` and ``pipelines``.
+    """
+    digest = hashlib.sha256()
+    package_root = Path(components.__file__).resolve().parent.parent
+    for folder in ("components", "pipelines"):
+        for path in sorted((package_root / folder).rglob("*.py")):
+            digest.update(path.relative_to(package_root).as_posix().encode() + b"\0")
+            digest.update(path.read_bytes() + b"\0")
+    return f"{LOCAL_IMAGE}-src-{digest.hexdigest()[:16]}"
+
+
 def run_local(
     values: dict[str, Any],
     *,
@@ -123,7 +142,7 @@ def run_local(
     if root.exists() and not root.is_dir():
         raise params.ParamError(f"--runs-dir {runs_dir} is a file; pass a folder for the runs")
     values = {"promoted_policy_uri": str(root / PROMOTED_DIR), **values}
-    placement = Placement(target="local", cpu_devices=devices)
+    placement = Placement(target="local", cpu_devices=devices, image=source_image())
     preflight.check(params.validate(values, placement.chips))
     pipeline = build_pipeline(placement, fresh_from)
     root.mkdir(parents=True, exist_ok=True)
