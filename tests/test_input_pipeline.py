@@ -346,6 +346,36 @@ def test_prompt_dataset_unique_left_padded_resumable(shards):
         np.testing.assert_array_equal(next(resumed)["prompt_tokens"], want["prompt_tokens"])
 
 
+def test_prompt_holdout_splits_train_prompts_by_hash_and_the_stream_never_yields_it(tmp_path):
+    """PPO's validation_fraction: a fixed share of the train prompts, chosen by hash, that
+    the rollouts' stream never samples; the rest and the held-out part make up the whole."""
+    root = numbered_shards(tmp_path / "many", num_shards=4, per_shard=100)
+
+    def prompts(**holdout) -> set[tuple[int, ...]]:
+        found = prompt_dataset(
+            root, "train", batch_size=1, prompt_len=4, seed=0, host_index=0, host_count=1,
+            shuffle=False, repeat=False, **holdout,
+        )  # fmt: skip
+        return {tuple(t[m]) for t, m in zip(found.tokens, found.masks, strict=True)}
+
+    everything = prompts()
+    rest, held = prompts(holdout=0.25), prompts(holdout=0.25, held_out=True)
+    assert len(everything) == 200 and rest | held == everything and not rest & held
+    assert 0.15 < len(held) / len(everything) < 0.35
+    assert held < prompts(holdout=0.5, held_out=True)  # a larger share holds out more
+    # The rollouts' stream: shuffled, repeating, one of two hosts, over three epochs.
+    stream = prompt_dataset(
+        root, "train", batch_size=4, prompt_len=4, seed=3, host_index=1, host_count=2,
+        holdout=0.25,
+    )  # fmt: skip
+    seen = set()
+    for _ in range(3 * stream.batches_per_epoch()):
+        batch = next(stream)
+        rows = zip(batch["prompt_tokens"], batch["prompt_mask"], strict=True)
+        seen |= {tuple(t[m]) for t, m in rows}
+    assert len(seen) > 50 and not seen & held
+
+
 def test_prompts_are_read_as_tf_data_parses_them_and_a_damaged_shard_is_named(tmp_path):
     """The TF-free prompt reader against tf.data's parse of the same shards: multi-byte and
     negative varints, an empty prompt, one prompt kept per hash."""

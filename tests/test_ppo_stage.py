@@ -272,11 +272,12 @@ def test_learning_rate_blowup_trips_the_guard(artifacts, tmp_path) -> None:
 @pytest.fixture(scope="module")
 def group_runs(artifacts, tmp_path_factory) -> dict[str, tuple[dict[str, float], str]]:
     """One grpo and one rloo run of the shared RUN settings (16 prompts x 4 responses); rloo's
-    with fsdp (its state, reference and reward model in chunks over the 8 devices)."""
+    with fsdp (its state, reference and reward model in chunks over the 8 devices) and a
+    fifth of the train prompts held out for validation."""
     runs = {}
-    for algorithm, fsdp in (("grpo", False), ("rloo", True)):
+    for algorithm, extra in (("grpo", {}), ("rloo", {"fsdp": True, "validation_fraction": 0.2})):
         output = str(tmp_path_factory.mktemp(algorithm) / "policy")
-        runs[algorithm] = (_run(artifacts, output, algorithm=algorithm, fsdp=fsdp), output)
+        runs[algorithm] = (_run(artifacts, output, algorithm=algorithm, **extra), output)
     return runs
 
 
@@ -294,6 +295,12 @@ def test_critic_free_algorithms_raise_gold_reward(group_runs, algorithm) -> None
     assert "val/mean" not in records[0] and "loss/value" not in records[0]
     assert all(r["reward_std"] > 0 for r in records)  # groups whose scores differ
     assert max(r["policy/logprob_mismatch"] for r in records) < 1e-4
+    if algorithm == "rloo":  # validated on train prompts it never sampled
+        validation = gold["validation"]
+        assert validation["final"] - validation["initial"] > 0.1
+        assert metrics["gold/validation_final"] == pytest.approx(validation["final"])
+    else:
+        assert "validation" not in gold and "gold/validation_final" not in metrics
 
 
 def test_grpo_resumes_exactly(artifacts, group_runs, tmp_path) -> None:

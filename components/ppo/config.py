@@ -189,6 +189,13 @@ class PPOConfig(
     score_norm_samples: int = field(
         256, help="score_norm policy: train prompts sampled once each for the statistics"
     )
+    validation_fraction: float = field(
+        0.0,
+        help="share of the train prompts (by prompt hash) held out of the rollouts and the "
+        "score statistics; the gold reward before and after is then also measured on them "
+        "(ppo_status gold_reward.validation): the split to tune settings on, never the eval "
+        "prompts; 0 = none",
+    )
     whiten_rewards: bool = field(False, help="whiten per-token rewards before the GAE")
     # Counted in iterations, and a guard restoration loses what followed the last save.
     save_every: int = group_field(CheckpointSettings, "save_every", 5)
@@ -259,6 +266,11 @@ class PPOConfig(
         for name in ("kl_target", "kl_stop", "clip_eps", "value_clip_eps"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name}: {getattr(self, name)} must be > 0")
+        if not 0 <= self.validation_fraction < 1:
+            raise ValueError(
+                f"validation_fraction: {self.validation_fraction} must be in [0, 1) (a share "
+                "of the train prompts; 0 = none)"
+            )
         if self.score_norm_samples < 2:
             raise ValueError(
                 f"score_norm_samples: {self.score_norm_samples} must be >= 2 (a std needs two)"

@@ -35,11 +35,13 @@ def mean_gold_reward(
     samples_per_prompt: int = 4,
     seed: int = 0,
     sharded: bool = False,
+    prompts: dict[str, Any] | None = None,
 ) -> float:
-    """Mean gold reward of ``samples_per_prompt`` samples per unique eval prompt."""
+    """Mean gold reward of ``samples_per_prompt`` samples per unique eval prompt (``prompts``:
+    eval_sampling.split_prompts' choice of others instead, e.g. a validation hold-out)."""
     scores = policy_gold_scores(
         graphdef, parallel.place(params, sharded=sharded), shards_dir, manifest["gold_reward"],
         prompt_len=prompt_len, max_new_tokens=max_new_tokens, temperature=temperature,
-        samples_per_prompt=samples_per_prompt, seed=seed,
+        samples_per_prompt=samples_per_prompt, seed=seed, prompts=prompts,
     )  # fmt: skip
     return float(np.mean(scores))

@@ -40,10 +40,12 @@ def policy_score_stats(
     samples: int,
     seed: int,
     sharded: bool = False,
+    holdout: float = 0.0,
 ) -> dict[str, float]:
-    """Mean and std of ``reward``'s raw scores of ``policy``'s responses to train prompts."""
+    """Mean and std of ``reward``'s raw scores of ``policy``'s responses to train prompts
+    (without the ``holdout`` fraction of them: the validation prompts)."""
     prompts = eval_sampling.split_prompts(
-        shards_dir, "train", prompt_len=prompt_len, max_prompts=samples
+        shards_dir, "train", prompt_len=prompt_len, max_prompts=samples, holdout=holdout
     )
     settings = eval_sampling.SamplingSettings(
         max_new_tokens, ids.eos_id, ids.pad_id, temperature, ids.vocab_size

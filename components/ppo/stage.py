@@ -118,6 +118,7 @@ def build_networks(
             policy, reward, shards_dir, ids, prompt_len=config.prompt_len,
             max_new_tokens=config.max_new_tokens, temperature=config.temperature,
             samples=config.score_norm_samples, seed=config.seed, sharded=config.fsdp,
+            holdout=config.validation_fraction,
         )  # fmt: skip
         log.info(
             "ppo: scores normalized by the starting policy's samples (%d train prompts): "
@@ -161,18 +162,40 @@ def known_gold_rewards() -> set[str]:
     return {builtin_task.GOLD_REWARD_NAME}
 
 
-def _gold(nets: Networks, params: Any, shards_dir: str, manifest: dict, config: PPOConfig):
-    """Mean gold reward on eval prompts, or None when the data names no gold reward we know."""
+def _gold(
+    nets: Networks, params: Any, shards_dir: str, manifest: dict, config: PPOConfig
+) -> dict[str, float] | None:
+    """Mean gold reward on the eval prompts, and on the validation prompts when the run holds
+    some out (``validation_fraction``); None when the data names no gold reward we know."""
     name = manifest.get("gold_reward")
     if not name or name not in known_gold_rewards():
         if name:
             log.warning("ppo: gold reward %r is unknown to this release; not measured", name)
         return None
-    return mean_gold_reward(
-        nets.models.policy, params, shards_dir, manifest,
+    common = dict(
         prompt_len=config.prompt_len, max_new_tokens=config.max_new_tokens,
         temperature=config.temperature, seed=config.seed, sharded=config.fsdp,
     )  # fmt: skip
+    graph = nets.models.policy
+    gold = {"eval": mean_gold_reward(graph, params, shards_dir, manifest, **common)}
+    if config.validation_fraction > 0:
+        prompts = {"split": "train", "holdout": config.validation_fraction, "held_out": True}
+        gold["validation"] = mean_gold_reward(
+            graph, params, shards_dir, manifest, prompts=prompts, **common
+        )
+    return gold
+
+
+def _gold_figures(before: dict | None, after: dict | None) -> dict[str, Any]:
+    """ppo_status's gold part: initial and final on the eval prompts (None without a gold
+    reward), and the same on the validation prompts when the run held some out."""
+    figures: dict[str, Any] = {
+        "initial": before and before["eval"],
+        "final": after and after["eval"],
+    }
+    if before and "validation" in before:
+        figures["validation"] = {"initial": before["validation"], "final": after["validation"]}
+    return figures
 
 
 def prompt_streams(config: PPOConfig, shards_dir: str) -> StreamBatches:
@@ -189,6 +212,7 @@ def prompt_streams(config: PPOConfig, shards_dir: str) -> StreamBatches:
             host_count=count,
             shuffle=True,
             repeat=True,
+            holdout=config.validation_fraction,
         )
         for stream in own
     ]
@@ -223,7 +247,7 @@ def run(
         "final_kl_per_token": result.final_kl,
         "kl_stop": config.kl_stop,
         "guard_events": result.guard_events,
-        "gold_reward": {"initial": gold_before, "final": gold_after},
+        "gold_reward": _gold_figures(gold_before, gold_after),
         "score_norm": {"source": config.score_norm, "mean": nets.norm.mean, "std": nets.norm.std},
     }
     save_model(
@@ -239,5 +263,8 @@ def run(
     metrics = dict(result.metrics)
     metrics["stopped_kl_guard"] = float(result.status == STATUS_STOPPED_KL_GUARD)
     if gold_before is not None:
-        metrics.update({"gold/initial": gold_before, "gold/final": gold_after})
+        metrics.update({"gold/initial": gold_before["eval"], "gold/final": gold_after["eval"]})
+        if "validation" in gold_before:
+            metrics["gold/validation_initial"] = gold_before["validation"]
+            metrics["gold/validation_final"] = gold_after["validation"]
     return metrics

@@ -8,6 +8,8 @@ work as for the pair readers (:mod:`components.core.data.input_pipeline`).
 
 from __future__ import annotations
 
+import hashlib
+
 import numpy as np
 
 from components.core.data.input_pipeline import (
@@ -22,16 +24,33 @@ _NO_TOKENS = np.zeros(0, np.int64)
 _PROMPT_FEATURES = frozenset({"prompt_ids", "prompt_hash"})
 
 
-def unique_prompts(files: list[str]) -> list[np.ndarray]:
-    """The distinct prompts of ``files`` (by ``prompt_hash``), in file order."""
+def holdout_position(prompt_hash: int) -> float:
+    """A prompt's place in [0, 1) for a hold-out of ``fraction``: held out when below it.
+
+    A sha256 of the prompt hash, so the hold-out shares no bits with the eval split's or the
+    shard's choice (shard.records.place): any fraction of the train prompts is a uniform draw.
+    """
+    digest = hashlib.sha256(b"holdout:" + int(prompt_hash).to_bytes(8, "big", signed=True))
+    return int.from_bytes(digest.digest()[:8], "big") / 2.0**64
+
+
+def unique_prompts(
+    files: list[str], holdout: float = 0.0, held_out: bool = False
+) -> list[np.ndarray]:
+    """The distinct prompts of ``files`` (by ``prompt_hash``), in file order: with ``holdout``
+    > 0 only those outside that fraction (:func:`holdout_position`), or with ``held_out``
+    only those in it."""
     seen: set[int] = set()
     prompts = []
     for example in shard_examples(files, _PROMPT_FEATURES):
         hashes = example.get("prompt_hash", ())
         prompt_hash = int(hashes[0]) if len(hashes) else 0
-        if prompt_hash not in seen:
-            seen.add(prompt_hash)
-            prompts.append(example.get("prompt_ids", _NO_TOKENS).astype(np.int32))
+        if prompt_hash in seen:
+            continue
+        seen.add(prompt_hash)
+        if holdout > 0 and (holdout_position(prompt_hash) < holdout) != held_out:
+            continue
+        prompts.append(example.get("prompt_ids", _NO_TOKENS).astype(np.int32))
     return prompts
 
 
@@ -106,13 +125,16 @@ def prompt_dataset(
     host_count: int | None = None,
     shuffle: bool = True,
     repeat: bool = True,
+    holdout: float = 0.0,
+    held_out: bool = False,
 ) -> PromptBatches:
-    """Batches of this host's unique prompts, left-padded to ``prompt_len`` (PPO rollouts)."""
+    """Batches of this host's unique prompts, left-padded to ``prompt_len`` (PPO rollouts);
+    ``holdout``/``held_out``: without, or only, that fraction of them (:func:`unique_prompts`)."""
     if batch_size < 1 or prompt_len < 1:
         raise ValueError(f"need batch_size, prompt_len >= 1, got {batch_size}, {prompt_len}")
     files, common, _ = host_reader(shards_dir, split, host_index, host_count, seed)
     return PromptBatches(
-        unique_prompts(files),
+        unique_prompts(files, holdout, held_out),
         batch_size=batch_size,
         prompt_len=prompt_len,
         shuffle=shuffle,

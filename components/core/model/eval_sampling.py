@@ -63,13 +63,21 @@ def eval_prompts(shards_dir: str, *, prompt_len: int, max_prompts: int | None = 
 
 
 def split_prompts(
-    shards_dir: str, split: str, *, prompt_len: int, max_prompts: int | None = None
+    shards_dir: str,
+    split: str,
+    *,
+    prompt_len: int,
+    max_prompts: int | None = None,
+    holdout: float = 0.0,
+    held_out: bool = False,
 ) -> Prompts:
-    """The first ``max_prompts`` (default: all) unique prompts of ``split``, in shard order."""
+    """The first ``max_prompts`` (default: all) unique prompts of ``split``, in shard order;
+    ``holdout``/``held_out``: without, or only, that fraction of them (prompts.unique_prompts)."""
     # Every host reads every shard: the measures then need nothing from other hosts.
     everything = prompt_dataset(
         shards_dir, split, batch_size=1, prompt_len=prompt_len, seed=0,
-        host_index=0, host_count=1, shuffle=False, repeat=False,
+        host_index=0, host_count=1, shuffle=False, repeat=False, holdout=holdout,
+        held_out=held_out,
     )  # fmt: skip
     count = len(everything.tokens) if max_prompts is None else max_prompts
     return Prompts(tokens=everything.tokens[:count], mask=everything.masks[:count])
