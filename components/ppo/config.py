@@ -8,10 +8,10 @@ coefficient steered toward ``kl_target`` nats per response token, no entropy
 bonus (with a KL penalty, a bonus of the same size pulls the optimum toward
 π_ref^½ whatever the reward), and a guard that only catches divergence.
 The coefficient's controller is a PI controller on its logarithm (``kl_control``, see
-kl_control.py), which on the demo's training rollouts (target 0.02 nats/token, after the
-first tenth of the run) held the mean KL at 1.05x the target for ppo, 1.02x for grpo and
-1.07x for rloo, where Ziegler's controller overshot to 5x and averaged 2.6x; it starts at
-``kl_coef`` 0.5, as the coefficient it settles at there is 1-2.
+kl_control.py), which on the demo's training rollouts (after the first tenth of the run,
+3 seeds each of ppo, grpo and rloo) held every rollout within ±50% of the target and the
+runs' means within 0.98-1.04x, where Ziegler's controller overshot to 5x and averaged 2.6x;
+it starts at ``kl_coef`` 0.5, as the coefficient it settles at there is 1-2.
 
 Learning rates left at 0 (auto) are set by the stage from the policy it starts from:
 the demo's rates for models trained from scratch, the original design's pretrained-scale
@@ -39,9 +39,14 @@ from components.core.flags import field
 if TYPE_CHECKING:
     from components.core.training.optim import OptimConfig
 
-# The adaptive controller's target, nats per response token: the original design's figure for
-# real models, and the default of both PPOConfig and kl_control's controllers (one place).
-DEFAULT_KL_TARGET = 0.02
+# The adaptive controller's target, nats per response token, and the default of both
+# PPOConfig and kl_control's controllers (one place). The original design's 0.02 was raised
+# to 0.025 on the demo's validation prompts (validation_fraction 0.15, ppo over 3 seeds):
+# gold gain +0.195 against +0.177, with the evaluation's KL inside the demo's 0.03 budget
+# now that the controller holds the mean within a few percent. The other settings tried
+# there gained nothing for their cost: 75 iterations +0.166, learning rate 3e-5 +0.196,
+# 128 responses per rollout +0.202 at 1.3x the time.
+DEFAULT_KL_TARGET = 0.025
 
 # (policy, critic) peak learning rates of learning_rate = critic_learning_rate = 0 (auto).
 # From scratch: measured on the built-in task's demo models. Pretrained: the original
