@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -110,6 +111,9 @@ def test_local_run_cache_and_rerun(runs_dir, monkeypatch, capsys):
     assert "gate: win-rate lower bound (judged by the gold reward)" in summary
     assert "the same KL, exact;" in summary and "on the bound)" in summary
     assert "note: no gold reward" not in summary
+    # The pairs behind the gold win rate, whose ties count half.
+    outcomes = re.search(r"gold win rate .*\((\d+) wins, (\d+) ties, (\d+) losses\)", summary)
+    assert outcomes and sum(map(int, outcomes.groups())) > 0
 
     # rerun --from evaluate: the last run's values again, caching off from evaluate on.
     capsys.readouterr()

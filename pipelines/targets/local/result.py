@@ -72,6 +72,7 @@ class RunResult:
             "gold_win_rate": evaluation.get("gold/win_rate/value"),
             "gold_win_rate_low": evaluation.get("gold/win_rate/low"),
             "gold_win_rate_high": evaluation.get("gold/win_rate/high"),
+            "gold_outcomes": [evaluation.get(f"gold/win_rate/{n}") for n in _OUTCOMES],
             "ppo_vs_best_of_n": evaluation.get("ppo_vs_best_of_n"),
             "ppo_vs_best_of_n_bound": evaluation.get("ppo_vs_best_of_n_bound"),
             "gate_judge": record.get("gate_judge"),
@@ -87,6 +88,9 @@ class RunResult:
             # The evaluation folder's copy ends in .html, so a browser opens it as a page.
             "report": str(Path(eval_folder) / "report.html") if eval_folder else None,
         }
+
+
+_OUTCOMES = ("wins", "ties", "losses")
 
 
 def _independent_judge(figures: dict[str, Any], values: dict[str, Any]) -> list[str]:
@@ -134,7 +138,7 @@ def format_summary(result: RunResult) -> str:
         f"reward-model accuracy  {_num(f['reward_accuracy'])}",
         f"{f['algorithm'] or 'aligned':<22} {_training_status(f)}",
         f"win rate vs reference  {_interval(f, 'win_rate')} (judged by the {f['judge']})",
-        f"gold win rate          {_interval(f, 'gold_win_rate')}",
+        f"gold win rate          {_interval(f, 'gold_win_rate')}{_outcomes(f['gold_outcomes'])}",
         f"gold-reward gain       {_interval(f, 'gold_gain', signed=True)}",
         # The aligned policy's gold gain over best-of-n's at the same KL (> 1: it spends its
         # KL better than sampling n and keeping the judge's best).
@@ -214,6 +218,14 @@ def _interval(f: dict[str, Any], key: str, signed: bool = False) -> str:
     low, high = f.get(f"{key}_low"), f.get(f"{key}_high")
     bounds = f" [{_num(low, signed)}, {_num(high, signed)}]" if low is not None else ""
     return _num(f[key], signed) + bounds
+
+
+def _outcomes(counts: list[float | None]) -> str:
+    """The pairs behind a win rate: ties count half, and with the two policies' samples drawn
+    with the same keys, a policy close to its reference ties wherever both wrote the same."""
+    if any(count is None for count in counts):
+        return ""
+    return " (" + ", ".join(f"{int(c)} {n}" for c, n in zip(counts, _OUTCOMES, strict=True)) + ")"
 
 
 def _blessed(value: float | None) -> str:
