@@ -34,6 +34,7 @@ from components.dpo.train import (
     make_reference_step,
 )
 from components.ppo.config import PPOConfig
+from components.ppo.kl_control import init_kl_controller
 from components.ppo.loop import Networks, compiled_phases
 from components.ppo.rollout import Frozen, RolloutParams
 from components.ppo.stage import build_networks
@@ -101,7 +102,8 @@ def networks_update_memory(
     )
     key, kl_coef = jax.random.PRNGKey(0), np.float32(config.kl_coef)
     # The rollout batch's shapes and dtypes, traced (not run): memory depends on nothing else.
-    shapes, _ = jax.eval_shape(rollout, rollout_params, prompts, key, kl_coef)
+    controller = init_kl_controller("fixed", config.kl_coef)
+    shapes, _, _ = jax.eval_shape(rollout, rollout_params, prompts, key, controller)
     batch = jax.tree.map(lambda s: np.zeros(s.shape, s.dtype), shapes)
     extra = (key, np.float32(1.0), kl_coef) + (() if bases is None else (bases,))
     figures, _, _ = measure(_Bound(update, extra), state, batch, key)

@@ -69,6 +69,7 @@ from components.core.model.transformer import ModelConfig, Transformer, model_co
 from components.core.training import parallel  # noqa: E402
 from components.evaluate.measures import paired_difference  # noqa: E402
 from components.ppo.config import FROM_SCRATCH_LEARNING_RATES, PPOConfig  # noqa: E402
+from components.ppo.kl_control import init_kl_controller  # noqa: E402
 from components.ppo.loop import Networks, compiled_phases  # noqa: E402
 from components.ppo.rollout import Frozen, Models, RolloutParams, ScoreNorm, TokenIds  # noqa: E402
 from components.ppo.stage import prompt_streams  # noqa: E402
@@ -186,7 +187,9 @@ def step_part(values: dict[str, Any], shards: str, repeats: int) -> dict:
                 parallel.place(nets.reward), frozen,
             )  # fmt: skip
             prompts = parallel.shard_batch(next(prompt_streams(config, shards)))
-            batch, _ = rollout(rollout_params, prompts, key, kl_coef)
+            batch, _, _ = rollout(
+                rollout_params, prompts, key, init_kl_controller("fixed", float(kl_coef))
+            )
         runs[name] = {"update": update, "state": state, "frozen": frozen}
 
     def timed(name: str):

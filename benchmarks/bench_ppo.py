@@ -56,6 +56,7 @@ from components.core.model.artifact import create_model  # noqa: E402
 from components.core.model.config import ModelConfig  # noqa: E402
 from components.core.training import parallel  # noqa: E402
 from components.ppo import PPOConfig  # noqa: E402
+from components.ppo.kl_control import init_kl_controller  # noqa: E402
 from components.ppo.loop import host_floats  # noqa: E402
 from components.ppo.rollout import (  # noqa: E402
     Models,
@@ -124,7 +125,8 @@ class AlignpipeRun:
         start = time.perf_counter()
         policy, critic = self.state.policy.params, self.state.critic.params
         params = RolloutParams(policy, self.reference, critic, self.reward)
-        batch, metrics = self.rollout(params, self.prompts, key, np.float32(0.01))
+        fixed = init_kl_controller("fixed", 0.01)
+        batch, metrics, _ = self.rollout(params, self.prompts, key, fixed)
         host_floats(metrics)
         middle = time.perf_counter()
         self.state, metrics = self.update(self.state, batch, key, np.float32(1.0), np.float32(0.0))
