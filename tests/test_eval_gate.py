@@ -139,9 +139,11 @@ def test_gate_on_a_real_summary() -> None:
         for mu in (1.0, 0.0)
     ]
     logp = np.full((64, 4), -1.0)
+    # A log-ratio of 0.7 per token: k3 = e^-0.7 − 1 + 0.7 ≈ 0.197 nats per token.
     summ = measures.summarize(
-        *outputs, aligned_logprobs=logp, reference_logprobs=logp - 0.2, config=CONFIG
+        *outputs, aligned_logprobs=logp, reference_logprobs=logp - 0.7, config=CONFIG
     )
+    assert summ["kl"]["per_token"] == pytest.approx(np.exp(-0.7) - 1 + 0.7)
     assert decide(summ, CONFIG).blessed
     assert not decide(summ, EvalConfig(max_kl=0.1)).blessed
 
