@@ -175,7 +175,7 @@ def log_ratio_sums(
     aligned_logprobs: ArrayLike,
     reference_logprobs: ArrayLike,
     mask: ArrayLike,
-    estimator: str = "k1",
+    estimator: str = "k3",
 ) -> tuple[np.ndarray, np.ndarray]:
     """Per sequence (the leading dims of [..., T]): the sum over its response tokens of the
     ``estimator``'s KL terms, and how many there are: each sample's KL, and its weight per token.

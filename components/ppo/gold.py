@@ -35,13 +35,14 @@ def mean_gold_reward(
     samples_per_prompt: int = 4,
     seed: int = 0,
     sharded: bool = False,
-    prompts: dict[str, Any] | None = None,
+    prompt_set: dict[str, Any] | None = None,
 ) -> float:
-    """Mean gold reward of ``samples_per_prompt`` samples per unique eval prompt (``prompts``:
-    eval_sampling.split_prompts' choice of others instead, e.g. a validation hold-out)."""
+    """Mean gold reward of ``samples_per_prompt`` samples per unique eval prompt
+    (``prompt_set``: eval_sampling.split_prompts' choice of others instead, e.g. a
+    validation hold-out)."""
     scores = policy_gold_scores(
         graphdef, parallel.place(params, sharded=sharded), shards_dir, manifest["gold_reward"],
         prompt_len=prompt_len, max_new_tokens=max_new_tokens, temperature=temperature,
-        samples_per_prompt=samples_per_prompt, seed=seed, prompts=prompts,
+        samples_per_prompt=samples_per_prompt, seed=seed, prompt_set=prompt_set,
     )  # fmt: skip
     return float(np.mean(scores))

@@ -179,9 +179,9 @@ def _gold(
     graph = nets.models.policy
     gold = {"eval": mean_gold_reward(graph, params, shards_dir, manifest, **common)}
     if config.validation_fraction > 0:
-        prompts = {"split": "train", "holdout": config.validation_fraction, "held_out": True}
+        held_out = {"split": "train", "holdout": config.validation_fraction, "held_out": True}
         gold["validation"] = mean_gold_reward(
-            graph, params, shards_dir, manifest, prompts=prompts, **common
+            graph, params, shards_dir, manifest, prompt_set=held_out, **common
         )
     return gold
 

@@ -161,11 +161,11 @@ def policy_gold_scores(
     temperature: float,
     samples_per_prompt: int,
     seed: int,
-    prompts: dict[str, Any] | None = None,
+    prompt_set: dict[str, Any] | None = None,
 ) -> np.ndarray:
     """Gold scores [P, S] of ``samples_per_prompt`` samples of the policy (``params`` placed on
     the devices: ``parallel.place``) on every unique eval prompt of ``shards_dir`` (or on
-    the prompts ``eval_sampling.split_prompts(**prompts)`` picks: split and hold-out)."""
+    the prompts ``eval_sampling.split_prompts(**prompt_set)`` picks: split and hold-out)."""
     # Sampling needs JAX and the input pipeline: imported here, so the configs that
     # validate a spec import this module lightly.
     from components.core.data.tokenizers import load_tokenizer
@@ -173,8 +173,9 @@ def policy_gold_scores(
 
     gold = resolve_gold_reward(spec)
     tokenizer = load_tokenizer(fileio.join(shards_dir, "tokenizer"))
-    choice = prompts or {"split": "eval"}
-    prompts = eval_sampling.split_prompts(shards_dir, prompt_len=prompt_len, **choice)
+    prompts = eval_sampling.split_prompts(
+        shards_dir, prompt_len=prompt_len, **(prompt_set or {"split": "eval"})
+    )
     settings = eval_sampling.SamplingSettings(
         max_new_tokens, tokenizer.eos_id, tokenizer.pad_id, temperature, tokenizer.vocab_size
     )
