@@ -374,6 +374,15 @@ def test_prompt_holdout_splits_train_prompts_by_hash_and_the_stream_never_yields
         rows = zip(batch["prompt_tokens"], batch["prompt_mask"], strict=True)
         seen |= {tuple(t[m]) for t, m in rows}
     assert len(seen) > 50 and not seen & held
+    # A share too small to hold any prompt out is named, with the setting that fixes it.
+    with pytest.raises(ip.DataError, match="0 train prompts held out of 1e-09.*validation_fr"):
+        prompts(holdout=1e-9, held_out=True)
+    # Data without a gold reward: nothing to measure on a hold-out, refused before any model.
+    from components.ppo import PPOConfig
+    from components.ppo import run as ppo_run
+
+    with pytest.raises(ValueError, match="validation_fraction: 0.2 .*names no gold reward"):
+        ppo_run(PPOConfig(validation_fraction=0.2), root, "no-policy", "no-reward", "out")
 
 
 def test_prompts_are_read_as_tf_data_parses_them_and_a_damaged_shard_is_named(tmp_path):

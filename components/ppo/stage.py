@@ -225,6 +225,12 @@ def run(
     """Align ``policy_dir`` against ``reward_dir`` on ``shards_dir``'s prompts into ``output``."""
     maybe_initialize()
     manifest = read_manifest(shards_dir)
+    if config.validation_fraction > 0 and manifest.get("gold_reward") not in known_gold_rewards():
+        raise ValueError(
+            f"validation_fraction: {config.validation_fraction} holds train prompts out, but "
+            f"{shards_dir} names no gold reward this release knows, so nothing would be "
+            "measured on them; set it to 0, or shard data that names a gold reward"
+        )
     prompt_max, response_max = longest_lengths(manifest)
     pretrained = is_pretrained(policy_dir)
     given_policy = policy_dir  # fingerprinted as given: an HF folder's import is redone

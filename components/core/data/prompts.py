@@ -133,8 +133,16 @@ def prompt_dataset(
     if batch_size < 1 or prompt_len < 1:
         raise ValueError(f"need batch_size, prompt_len >= 1, got {batch_size}, {prompt_len}")
     files, common, _ = host_reader(shards_dir, split, host_index, host_count, seed)
+    prompts = unique_prompts(files, holdout, held_out)
+    if holdout > 0 and len(prompts) < batch_size:
+        part = "held out" if held_out else "left after the hold-out"
+        raise DataError(
+            f"{shards_dir}: {len(prompts)} {split} prompts {part} of {holdout} on this host, "
+            f"fewer than batch_size={batch_size}; change the fraction (PPO's "
+            "validation_fraction) or use more data"
+        )
     return PromptBatches(
-        unique_prompts(files, holdout, held_out),
+        prompts,
         batch_size=batch_size,
         prompt_len=prompt_len,
         shuffle=shuffle,
