@@ -9,9 +9,9 @@ bonus (with a KL penalty, a bonus of the same size pulls the optimum toward
 π_ref^½ whatever the reward), and a guard that only catches divergence.
 The coefficient's controller is a PI controller on its logarithm (``kl_control``, see
 kl_control.py), which on the demo's training rollouts (after the first tenth of the run,
-3 seeds each of ppo, grpo and rloo) held 402 of 405 rollouts within ±50% of the target (the
-3 others still rising from 0, just after that tenth) and the runs' means within
-0.97-1.02x, where Ziegler's controller overshot to 5x and averaged 2.6x;
+3 seeds each of ppo, grpo and rloo; benchmarks/bench_algorithms.py) held all 405 rollouts
+within ±50% of the target (0.68-1.34x) and the runs' means within 0.89-1.02x, where
+Ziegler's controller overshot to 5x and averaged 2.6x;
 it starts at ``kl_coef`` 0.5, as the coefficient it settles at there is 1-2.
 
 Learning rates left at 0 (auto) are set by the stage from the policy it starts from:
