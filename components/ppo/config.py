@@ -52,10 +52,11 @@ DEFAULT_KL_TARGET = 0.025
 # validation prompts (target 0.025, ppo, grpo and rloo over 3 seeds each): validation gold gain
 # ppo +0.202, grpo +0.184, rloo +0.191 against +0.195, +0.176, +0.181, at 1.2x the stage's
 # time. The controller steers each rollout's measured KL, whose sampling error over 64
-# responses is a fifth of the target: at 64, 1 of 405 rollouts past the first tenth fell
-# outside ±50% of the target (up to 1.54x; 3 of 405 on the demo's own prompts, rising from 0 at
-# 0.44x); at 128, none of 405 (0.60x to 1.34x). A learning-rate warm-up of 0 instead of 10
-# steps, at 128, changed neither (gold gain within 0.01, every rollout in the band).
+# responses is about a fifth of the target: at 64, 1 of 405 rollouts past the first tenth
+# fell outside ±50% of the target (up to 1.54x; 3 of 405 in bench_algorithms, which holds no
+# prompts out, at 0.44-0.48x while still rising from 0); at 128, none of 405 (0.60x to
+# 1.34x), nor in bench_algorithms. A learning-rate warm-up of 0 instead of 10 steps, at 128,
+# changed neither (gold gain within 0.01, every rollout in the band).
 DEFAULT_ROLLOUT_BATCH_SIZE = 128
 
 # (policy, critic) peak learning rates of learning_rate = critic_learning_rate = 0 (auto).
