@@ -11,8 +11,8 @@ The coefficient's controller is a PI controller on its logarithm (``kl_control``
 kl_control.py), which on the demo's training rollouts (after the first tenth of the run,
 3 seeds each of ppo, grpo and rloo; benchmarks/bench_algorithms.py) held all 405 rollouts
 within ±50% of the target (0.68-1.34x) and the runs' means within 0.89-1.02x, where
-Ziegler's controller overshot to 5x and averaged 2.6x;
-it starts at ``kl_coef`` 0.5, as the coefficient it settles at there is 1-2.
+Ziegler's controller overshot to 5x and averaged 2.6x; it starts at ``kl_coef`` 0.5, as the
+coefficient it settles at there is 1-2.
 
 Learning rates left at 0 (auto) are set by the stage from the policy it starts from:
 the demo's rates for models trained from scratch, the original design's pretrained-scale
