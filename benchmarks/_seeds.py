@@ -40,11 +40,13 @@ def over_seeds(rows: dict[int, dict[str, dict[str, Any]]]) -> dict[str, dict[str
     figures = {
         "gold_gain": lambda row: row["gold_gain"]["value"],
         "gold_win_rate": lambda row: row["gold_win_rate"],
+        "gold_win_rate_coupled": lambda row: row.get("gold_win_rate_coupled"),
         "kl_per_token": lambda row: row["kl_per_token"],
         "rollout_kl_over_target": lambda row: (row["rollout_kl"] or {}).get("mean_over_target"),
         "rollout_kl_in_band": lambda row: (row["rollout_kl"] or {}).get("in_band"),
         "vs_best_of_n": lambda row: row["vs_best_of_n"],
         "vs_best_of_n_bound": lambda row: row["vs_best_of_n_bound"],
+        "vs_best_of_n_chord": lambda row: row.get("vs_best_of_n_chord"),
     }
     return {
         name: {key: spread([get(rows[s][name]) for s in seeds]) for key, get in figures.items()}
@@ -62,9 +64,10 @@ def format_seed_table(summary: dict[str, dict[str, Any]], seeds: list[int]) -> s
     """One line per algorithm: mean [min, max] over the seeds."""
     columns = (
         ("gold gain", "gold_gain", "+.3f"), ("gold win", "gold_win_rate", ".3f"),
+        ("gold win (coupled)", "gold_win_rate_coupled", ".3f"),
         ("KL/token", "kl_per_token", ".4f"), ("train KL/target", "rollout_kl_over_target", ".2f"),
         ("in ±50%", "rollout_kl_in_band", ".2f"), ("vs BoN", "vs_best_of_n", ".2f"),
-        ("vs BoN (bound)", "vs_best_of_n_bound", ".2f"),
+        ("vs BoN (chord)", "vs_best_of_n_chord", ".2f"),
     )  # fmt: skip
     lines = [f"over seeds {', '.join(map(str, seeds))}: mean [min, max]"]
     lines.append(f"{'algorithm':<9} " + " ".join(f"{label:>26}" for label, _, _ in columns))
@@ -80,7 +83,7 @@ def seed_targets(
     """Over seeds: each RL algorithm's mean KL per token within ±20% of the target, on its
     training rollouts (after the first tenth: what the controller steers) and on the eval
     prompts; every such rollout of every seed within ±50% of it; and its mean
-    ppo_vs_best_of_n (exact frontier) at least 1.0."""
+    ppo_vs_best_of_n (any-n curve) at least 1.0."""
     checks = []
     for name in algorithms:
         ratio, versus = summary[name]["rollout_kl_over_target"], summary[name]["vs_best_of_n"]
@@ -106,7 +109,7 @@ def seed_targets(
         )
         checks.append(
             {
-                "target": f"{name}'s mean ppo_vs_best_of_n (exact frontier) at least 1.0",
+                "target": f"{name}'s mean ppo_vs_best_of_n (any-n curve) at least 1.0",
                 "met": versus is not None and versus["mean"] >= 1.0,
                 "figures": _cell(versus, ".2f"),
             }

@@ -51,9 +51,11 @@ def test_evaluate_runs_the_stage_and_report_finds_it(artifacts, capsys):
     # so it is not blessed (the win rate's lower bound 0.5 must exceed 0.5).
     assert printed["blessed"] is False
     assert printed["kl"]["per_token"] == 0.0
+    # Greedy: every sample of a policy is its one answer, so all 4 x 4 pairs count and tie.
     assert printed["win_rate"] == {
-        "value": 0.5, "low": 0.5, "high": 0.5, "wins": 0, "ties": printed["num_prompts"] * 4,
-        "losses": 0,
+        "value": 0.5, "low": 0.5, "high": 0.5, "wins": 0, "ties": printed["num_prompts"] * 16,
+        "losses": 0, "pairing": "independent", "pairs": printed["num_prompts"] * 16,
+        "coupled": None,
     }  # fmt: skip
     record = json.load(open(f"{output}/eval.json"))
     assert record["blessed"] is False

@@ -131,14 +131,14 @@ def test_missing_measure_fails() -> None:
 
 def test_gate_on_a_real_summary() -> None:
     rng = np.random.default_rng(0)
-    mask = np.ones((64, 4))
+    mask = np.ones((64, 2, 4))
     outputs = [
         measures.PolicyOutputs(
-            rewards=rng.normal(mu, 1, 64), response_mask=mask, ended_with_eos=[1]
+            rewards=rng.normal(mu, 1, (64, 2)), response_mask=mask, ended_with_eos=[1]
         )
         for mu in (1.0, 0.0)
     ]
-    logp = np.full((64, 4), -1.0)
+    logp = np.full((64, 2, 4), -1.0)
     # A log-ratio of 0.7 per token: k3 = e^-0.7 − 1 + 0.7 ≈ 0.197 nats per token.
     summ = measures.summarize(
         *outputs, aligned_logprobs=logp, reference_logprobs=logp - 0.7, config=CONFIG

@@ -12,6 +12,7 @@ import pytest
 
 from components.core.data import builtin_task
 from components.core.flags import add_config_flags, config_from_flags
+from components.evaluate import best_of_n as best_of_n_module
 from components.evaluate import measures
 from components.evaluate.config import EvalConfig
 
@@ -30,23 +31,30 @@ def test_win_rate_pairs_sample_s_with_sample_s() -> None:
     reference = [[0, 5, 3], [1, 1, 1]]
     # prompt 0: win, tie, loss; prompt 1: loss, loss, win -> (2 + 0.5) / 6
     assert measures.win_rate(aligned, reference) == pytest.approx(2.5 / 6)
+    # The interval's win rate pairs every sample i with every sample j != i (independent
+    # draws): prompt 0 wins 3 of 6, prompt 1 wins 2 of 6; the same-key pairs stay beside it.
     est = measures.win_rate_with_interval(aligned, reference, **BOOT)
-    assert (est["wins"], est["ties"], est["losses"]) == (2, 1, 3)
+    assert est["value"] == pytest.approx((3 / 6 + 2 / 6) / 2)
+    assert (est["wins"], est["ties"], est["losses"], est["pairs"]) == (5, 0, 7, 12)
+    assert est["coupled"] == {"value": pytest.approx(2.5 / 6), "ties": 1, "pairs": 6}
     # Resampling prompts: prompt 0 alone gives 0.5, prompt 1 alone 1/3; pairs mix them.
     assert 1 / 3 <= est["low"] <= est["value"] <= est["high"] <= 0.5
 
 
 def test_more_samples_narrow_the_win_rate_interval() -> None:
-    """Aligned better by 0.1 sd per sample on 200 prompts: 4 samples per prompt vs 1."""
+    """Aligned better by 0.1 sd per sample on 200 prompts: 4 samples per prompt vs 1 (drawn
+    with independent keys, so every pair counts)."""
     rng = np.random.default_rng(3)
     widths = {}
     for samples in (1, 4):
         aligned = rng.normal(0.1, 1, (200, samples))
         reference = rng.normal(0.0, 1, (200, samples))
-        est = measures.win_rate_with_interval(aligned, reference, **BOOT)
+        est = measures.win_rate_with_interval(aligned, reference, shared_keys=False, **BOOT)
         widths[samples] = est["high"] - est["low"]
+        assert est["pairs"] == 200 * samples * samples and est["coupled"] is None
     assert widths[1] == pytest.approx(0.138, abs=0.02)  # ±1.96 sqrt(0.25 / 200) = ±0.069
-    assert widths[4] == pytest.approx(widths[1] / 2, rel=0.2)  # sqrt(4) times narrower
+    # The 16 pairs of a prompt share its samples: narrower than 1 pair, wider than 16 apart.
+    assert widths[1] / 4 < widths[4] < widths[1] / 1.6
     assert widths[4] <= 0.1  # the default's target: at most ±0.05
 
 
@@ -66,7 +74,7 @@ def test_reward_model_accuracy_counts_ties_half() -> None:
 
 
 def test_win_rate_with_interval_reports_counts() -> None:
-    est = measures.win_rate_with_interval([1, 2, 3, 4], [0, 2, 5, 1], **BOOT)
+    est = measures.win_rate_with_interval([1, 2, 3, 4], [0, 2, 5, 1], shared_keys=False, **BOOT)
     assert (est["wins"], est["ties"], est["losses"]) == (2, 1, 1)
     assert est["value"] == pytest.approx(0.625)
     assert est["low"] <= est["value"] <= est["high"]
@@ -234,21 +242,54 @@ def test_best_of_n_kl_of_distinct_scores_stays_just_below_the_bound() -> None:
         measures.best_of_n_kl([0.1, 0.2], 2)
 
 
-def test_best_of_n_picks_the_reward_models_best_of_the_first_n() -> None:
-    assert measures.best_of_n_choice(BON_REWARDS, 1).tolist() == [0, 0]
-    assert measures.best_of_n_choice(BON_REWARDS, 2).tolist() == [1, 0]
-    assert measures.best_of_n_choice(BON_REWARDS, 4).tolist() == [3, 2]
-    assert measures.best_of_n_choice([[1.0, 1.0, 0.0]], 3).tolist() == [0]  # first on ties
-    with pytest.raises(ValueError, match="at least 5 samples"):
-        measures.best_of_n_choice(BON_REWARDS, 5)
+# The draws ordered by reward: prompt 0's gold reads 0.0, 0.4, 0.2, 0.6 and its rewards 0.1,
+# 0.3, 0.5, 0.9; prompt 1's gold 0.0, -1.0, 1.0, 0.5 and rewards 0.1, 0.2, 0.7, 0.8.
+BON_SORTED_GOLD = ([0.0, 0.4, 0.2, 0.6], [0.0, -1.0, 1.0, 0.5])
+BON_SORTED_REWARDS = ([0.1, 0.3, 0.5, 0.9], [0.1, 0.2, 0.7, 0.8])
+
+
+def _bon_by_hand(n: float, values=BON_SORTED_GOLD) -> tuple[float, float]:
+    """(mean KL, mean value) of best-of-n from 4 distinct draws a prompt, by the formula."""
+    weights = [(k / 4) ** n - ((k - 1) / 4) ** n for k in range(1, 5)]
+    kl = sum(w * math.log(4 * w) for w in weights)
+    return kl, float(
+        np.mean([sum(w * v for w, v in zip(weights, row, strict=True)) for row in values])
+    )
+
+
+def test_best_of_n_frontier_is_the_exact_expectation_over_all_draws() -> None:
     frontier = measures.best_of_n(BON_REWARDS, BON_GOLD, [4, 1, 2])
     assert [p["n"] for p in frontier] == [1, 2, 4]
     assert [p["kl_per_sequence"] for p in frontier] == pytest.approx([0.0, KL2, KL4])
     assert [p["kl_bound"] for p in frontier] == pytest.approx([0.0, BOUND2, BOUND4])
-    # picks (0, 0), (1, 0), (3, 2): rewards (0.1 + 0.7)/2, (0.5 + 0.7)/2, (0.9 + 0.8)/2
-    assert [p["reward"] for p in frontier] == pytest.approx([0.4, 0.6, 0.85])
-    assert [p["gold"] for p in frontier] == pytest.approx([0.5, 0.6, 0.55])
+    # n = 1 is the mean over every draw (not the first draw's): (0.3 + 0.125) / 2.
+    assert frontier[0]["gold"] == pytest.approx(np.mean(BON_GOLD))
+    # n = 2: weights 1, 3, 5, 7 (/16): (6.4 + 5.5) / 16 / 2; n = 4: 1, 15, 65, 175 (/256).
+    assert [p["gold"] for p in frontier] == pytest.approx([0.2125, 0.371875, 0.5107421875])
+    assert [p["reward"] for p in frontier] == pytest.approx(
+        [_bon_by_hand(n, BON_SORTED_REWARDS)[1] for n in (1, 2, 4)]
+    )
     assert all(p["gold"] is None for p in measures.best_of_n(BON_REWARDS, None, [1, 2]))
+    # Tied scores share their level's pick: two tied draws of gold 0 and 1 read as 0.5.
+    tied = measures.best_of_n([[1.0, 1.0, 0.0]], [[0.0, 1.0, 9.0]], [1, 3])
+    assert tied[1]["gold"] == pytest.approx((1 - (1 / 3) ** 3) * 0.5 + (1 / 3) ** 3 * 9.0)
+
+
+def test_best_of_n_at_a_real_n_solves_for_the_aligned_kl() -> None:
+    levels = best_of_n_module.score_levels(BON_REWARDS, BON_GOLD)
+    for n in (1.0, 1.37, 2.0, 3.5):
+        kl, gold = _bon_by_hand(n)
+        point = best_of_n_module.curve(levels, n)
+        assert (np.mean(point.kl), np.mean(point.gold)) == (pytest.approx(kl), pytest.approx(gold))
+        assert measures.best_of_n_kl(BON_REWARDS, n) == pytest.approx(kl)
+    n, capped = best_of_n_module.n_at_kl(levels, _bon_by_hand(1.37)[0], 4.0)
+    assert (n, capped) == (pytest.approx(1.37, abs=1e-9), False)
+    assert best_of_n_module.n_at_kl(levels, 5.0, 4.0) == (4.0, True)  # beyond n = 4's KL
+    assert best_of_n_module.n_at_kl(levels, -0.2, 4.0)[0] == pytest.approx(1.0)
+    # Best-of-n that loses gold (reward hacking) gives no ratio rather than a negative one.
+    worse = best_of_n_module.score_levels(BON_REWARDS, -np.asarray(BON_GOLD))
+    assert best_of_n_module.versus_aligned(worse, 0.1, 0.1, 4.0)["ratio"] is None
+    assert best_of_n_module.versus_aligned(levels, 0.1, 0.0, 4.0)["ratio"] is None
 
 
 def test_gain_at_kl_interpolates_linearly_and_caps() -> None:
@@ -263,31 +304,6 @@ def test_gain_at_kl_interpolates_linearly_and_caps() -> None:
     # Equal KLs (a judge that ties every draw) count once, at their best gain.
     assert measures.gain_at_kl([0.0, 0.0, 0.0], [0.0, 0.3, 0.1], 0.5) == (0.3, True)
     assert measures.gain_at_kl([0.0, 0.1, 0.1], [0.0, 0.3, 0.1], 0.05) == (0.15, False)
-
-
-def test_ppo_vs_best_of_n_by_hand() -> None:
-    frontier = measures.best_of_n(BON_REWARDS, BON_GOLD, [1, 2, 4])  # gold gains 0, 0.1, 0.05
-    versus = measures.ppo_vs_best_of_n(frontier, aligned_gain=0.02, aligned_kl=0.1)
-    assert versus["best_of_n_gain"] == pytest.approx(0.1 * 0.1 / KL2)  # 0.05748
-    assert versus["ratio"] == pytest.approx(0.02 / (0.1 * 0.1 / KL2))  # 0.3480
-    assert versus["capped"] is False
-    capped = measures.ppo_vs_best_of_n(frontier, aligned_gain=0.1, aligned_kl=5.0)
-    assert (capped["ratio"], capped["capped"]) == (pytest.approx(2.0), True)
-    # No gain to compare with at KL 0 (or a negative k1 estimate); no gold reward at all.
-    assert measures.ppo_vs_best_of_n(frontier, aligned_gain=0.1, aligned_kl=0.0)["ratio"] is None
-    assert measures.ppo_vs_best_of_n(frontier, aligned_gain=0.1, aligned_kl=-1)["ratio"] is None
-    assert measures.ppo_vs_best_of_n(frontier, aligned_gain=None, aligned_kl=1)["ratio"] is None
-    no_gold = measures.best_of_n(BON_REWARDS, None, [1, 2, 4])
-    assert measures.ppo_vs_best_of_n(no_gold, aligned_gain=0.1, aligned_kl=1)["ratio"] is None
-    # Best-of-n that loses gold (reward hacking) gives no ratio rather than a negative one.
-    worse = measures.best_of_n(BON_REWARDS, -np.asarray(BON_GOLD), [1, 2])
-    assert measures.ppo_vs_best_of_n(worse, aligned_gain=0.1, aligned_kl=1)["ratio"] is None
-    # The bound places best-of-n further right, which lowers its gain at a KL: a higher ratio.
-    bound = measures.ppo_vs_best_of_n(
-        frontier, aligned_gain=0.02, aligned_kl=0.1, kl_key="kl_bound"
-    )
-    assert bound["ratio"] == pytest.approx(0.02 / (0.1 * 0.1 / BOUND2))
-    assert bound["ratio"] > versus["ratio"]
 
 
 def _outputs(rewards, lengths, t=6, gold=None) -> measures.PolicyOutputs:
@@ -346,20 +362,39 @@ def test_summarize_with_best_of_n_and_gold() -> None:
     )
     json.dumps(summary, allow_nan=False)
     assert summary["kl"]["per_sequence"] == pytest.approx(0.1)
-    assert [p["gold"] for p in summary["best_of_n"]] == pytest.approx([0.5, 0.6, 0.55])
-    assert summary["ppo_vs_best_of_n"] == pytest.approx(0.03 / (0.1 * 0.1 / KL2))  # 0.5219
-    assert summary["ppo_vs_best_of_n_bound"] == pytest.approx(0.03 / (0.1 * 0.1 / BOUND2))
+    assert [p["gold"] for p in summary["best_of_n"]] == pytest.approx(
+        [0.2125, 0.371875, 0.5107421875]
+    )
+    # At the aligned KL: the real n whose exact KL is 0.1 nats, and the gold gain there.
+    n = summary["best_of_n_at_kl"]["n"]
+    kl, gold = _bon_by_hand(n)
+    assert 1 < n < 2 and kl == pytest.approx(0.1)
+    gain = gold - 0.2125
+    assert summary["ppo_vs_best_of_n"] == pytest.approx(0.03 / gain)
     assert summary["ppo_vs_best_of_n_capped"] is False
     assert summary["ppo_vs_best_of_n_gains"] == {
         "aligned": pytest.approx(0.03),
-        "best_of_n": pytest.approx(0.1 * 0.1 / KL2),
+        "best_of_n": pytest.approx(gain),
     }
+    # The chord from (0, 0) to n = 2 lies below the curve: it credits best-of-n less.
+    chord = 0.1 * (0.371875 - 0.2125) / KL2
+    assert summary["ppo_vs_best_of_n_chord"] == pytest.approx(0.03 / chord)
+    assert chord < gain
+    # The bound puts best-of-n at a smaller n for the same KL: a smaller gain.
+    n_bound = best_of_n_module.n_at_bound(0.1, 4.0)
+    assert measures.best_of_n_kl_bound(n_bound) == pytest.approx(0.1)
+    bound_gain = _bon_by_hand(n_bound)[1] - 0.2125
+    assert summary["ppo_vs_best_of_n_bound"] == pytest.approx(0.03 / bound_gain)
+    interval = summary["ppo_vs_best_of_n_interval"]
+    assert interval["low"] <= summary["ppo_vs_best_of_n"] <= interval["high"]
     without_gold = measures.summarize(
         _outputs([1.0, 2.0], [3, 3]), _outputs([0.0, 3.0], [3, 3]),
         aligned_logprobs=np.zeros((2, 6)), reference_logprobs=np.zeros((2, 6)), config=config,
         best_of_n_draws=measures.BestOfNDraws(BON_REWARDS),
     )  # fmt: skip
-    assert [p["reward"] for p in without_gold["best_of_n"]] == pytest.approx([0.4, 0.6, 0.85])
+    assert [p["reward"] for p in without_gold["best_of_n"]] == pytest.approx(
+        [0.45, 0.6125, 0.74844], abs=1e-5
+    )
     assert without_gold["best_of_n"][0]["gold"] is None
     assert without_gold["ppo_vs_best_of_n"] is None
     assert without_gold["ppo_vs_best_of_n_gains"] is None
@@ -368,10 +403,10 @@ def test_summarize_with_best_of_n_and_gold() -> None:
 def test_summarize_with_gold_and_reward_model_pairs() -> None:
     config = EvalConfig(bootstrap_samples=100)
     summary = measures.summarize(
-        _outputs([1.0, 2.0], [3, 3], gold=[1.0, 0.0]),
-        _outputs([0.0, 3.0], [3, 3], gold=[0.0, 0.0]),
-        aligned_logprobs=np.zeros((2, 6)),
-        reference_logprobs=np.zeros((2, 6)),
+        _outputs([[1.0, 1.0], [2.0, 2.0]], [3] * 4, gold=[[1.0, 1.0], [0.0, 0.0]]),
+        _outputs([[0.0, 0.0], [3.0, 3.0]], [3] * 4, gold=[[0.0, 0.0], [0.0, 0.0]]),
+        aligned_logprobs=np.zeros((4, 6)),
+        reference_logprobs=np.zeros((4, 6)),
         config=config,
         chosen_rewards=[1, 1, 2],
         rejected_rewards=[0, 1, 3],

@@ -202,9 +202,10 @@ def test_best_of_n_section_states_the_ratio(written: tuple[str, dict]) -> None:
 def test_header_states_the_reward_model_as_judge(written: tuple[str, dict]) -> None:
     page, record = written
     assert record["summary"]["judge"] == "reward_model"
-    assert page.index('data-judge="reward_model">Judge: the reward model.') < page.index(
-        "data-blessed"
-    )
+    assert record["summary"]["gate_judge"] == "gold"  # the gold reward decided the gate
+    header = 'data-judge="reward_model" data-gate-judge="gold">Win rate judged by the reward model'
+    assert page.index(header) < page.index("data-blessed")
+    assert f"win-rate rule judged by the gold reward {GOLD}." in page
     assert "win rate (reward model)" in page and f"win rate ({GOLD})" in page
 
 
@@ -229,9 +230,8 @@ def test_gold_as_judge_is_stated_and_not_repeated() -> None:
     summary = gold_judged_summary()
     page = report.render_report(summary, decide(summary, EvalConfig()))
     parser = parse(page)
-    assert page.index(f'data-judge="gold">Judge: the gold reward {GOLD}; no reward model') < (
-        page.index("data-blessed")
-    )
+    header = f'data-judge="gold" data-gate-judge="gold">Judge: the gold reward {GOLD}; no reward'
+    assert page.index(header) < (page.index("data-blessed"))
     assert page.count(f"win rate ({GOLD})") == 1  # the judge's row; no second gold row
     assert "win rate (reward model)" not in page
     assert '<td class="num missing">no reward model</td>' in page  # reward-model accuracy

@@ -90,8 +90,11 @@ def test_every_eval_prompt_and_pair_is_measured(evaluated, artifacts):
     assert result["num_prompts"] == eval_split["unique_prompts"]  # none lost to batching
     assert result["samples_per_prompt"] == 2
     counts = result["win_rate"]
-    comparisons = result["num_prompts"] * 2  # sample s of each policy against sample s
-    assert counts["wins"] + counts["ties"] + counts["losses"] == comparisons
+    # Each of the 2 aligned samples against each of the reference's 16 draws (best-of-16),
+    # but the one drawn with its own key: 30 independent pairs a prompt.
+    comparisons = result["num_prompts"] * (2 * 16 - 2)
+    assert counts["wins"] + counts["ties"] + counts["losses"] == counts["pairs"] == comparisons
+    assert counts["coupled"]["pairs"] == result["num_prompts"] * 2
     assert result["reward_model_accuracy"]["num_pairs"] == eval_split["pairs"]
     for policy in ("aligned", "reference"):
         assert 1 <= result["response_length"][policy]["mean"] <= CONFIG.max_new_tokens
@@ -111,7 +114,8 @@ def test_samples_jsonl_holds_every_sample_and_agrees_with_eval_json(evaluated):
     assert [(r["prompt_index"], r["sample"]) for r in rows[:3]] == [(0, 0), (0, 1), (1, 0)]
     aligned = np.array([r["aligned_reward"] for r in rows]).reshape(-1, 2)
     reference = np.array([r["reference_reward"] for r in rows]).reshape(-1, 2)
-    assert measures.win_rate(aligned, reference) == result["win_rate"]["value"]
+    # samples.jsonl pairs sample s with sample s: the same-key pairing's figure.
+    assert measures.win_rate(aligned, reference) == result["win_rate"]["coupled"]["value"]
     assert aligned.mean() == pytest.approx(result["reward"]["aligned"]["mean"], abs=1e-6)
     for row in rows[:20]:  # gold scores are the task's own of the texts shown
         assert row["aligned_gold"] == gold_reward(row["prompt"], row["aligned_response"])
@@ -126,7 +130,7 @@ def test_samples_jsonl_holds_every_sample_and_agrees_with_eval_json(evaluated):
 
 
 def test_best_of_n_baseline(evaluated):
-    """Best-of-1 is the reference's own first sample; more n, higher reward-model score."""
+    """Best-of-1 is the mean of the reference's draws; more n, higher reward-model score."""
     result, out = evaluated
     frontier = result["best_of_n"]
     assert [p["n"] for p in frontier] == [1, 2, 4, 8, 16]
@@ -136,17 +140,21 @@ def test_best_of_n_baseline(evaluated):
     exact = [p["kl_per_sequence"] for p in frontier]
     assert exact[0] == 0.0 and all(0 < e <= b for e, b in zip(exact[1:], bounds[1:], strict=True))
     assert exact == sorted(exact)
-    first = [r["reference_reward"] for r in _samples(out) if r["sample"] == 0]
-    assert frontier[0]["reward"] == pytest.approx(np.mean(first), abs=1e-6)
     rewards = [p["reward"] for p in frontier]
     assert rewards == sorted(rewards) and rewards[-1] > rewards[0]
     assert all(-1.0 <= p["gold"] <= 1.0 for p in frontier)
-    # The ratio as eval.json states it, recomputed from its own figures.
-    gains = [p["gold"] - frontier[0]["gold"] for p in frontier]
+    # Best-of-n at the aligned KL: a real n between the frontier's, whose KL is the
+    # aligned policy's, and the ratio as eval.json states it, from its own figures.
+    at_kl = result["best_of_n_at_kl"]
+    assert at_kl["kl_per_sequence"] == pytest.approx(result["kl"]["per_sequence"])
     kls = [p["kl_per_sequence"] for p in frontier]
-    gain, capped = measures.gain_at_kl(kls, gains, result["kl"]["per_sequence"])
-    assert result["ppo_vs_best_of_n_capped"] is capped
-    assert result["ppo_vs_best_of_n_gains"]["best_of_n"] == pytest.approx(gain)
+    assert result["ppo_vs_best_of_n_capped"] is (at_kl["kl_per_sequence"] > kls[-1])
+    sizes, kl = [p["n"] for p in frontier], at_kl["kl_per_sequence"]
+    below = [n for n, point_kl in zip(sizes, kls, strict=True) if point_kl <= kl]
+    above = [n for n, point_kl in zip(sizes, kls, strict=True) if point_kl >= kl]
+    assert max(below) <= at_kl["n"] <= min(above or [16])
+    gain = result["ppo_vs_best_of_n_gains"]["best_of_n"]
+    assert gain == pytest.approx(at_kl["gold_gain"])
     if gain > 0:
         aligned_gain = result["gold"]["difference"]["value"]
         assert result["ppo_vs_best_of_n"] == pytest.approx(aligned_gain / gain)
@@ -208,13 +216,18 @@ def test_identical_policies_tie_everywhere_with_zero_kl(artifacts):
     a = artifacts
     out = a["root"] + "/identical"
     result = run(CONFIG, a["shards"], a["reference"], a["reference"], a["rm"], out)
-    # Same seed, same row keys: identical policies sample identical responses.
+    # Same seed, same row keys: identical policies sample identical responses, so the
+    # same-key pairs all tie (the old estimand's 0.5 [0.5, 0.5] whatever the policies).
     assert result["kl"] == {"per_sequence": 0.0, "per_token": 0.0}
-    assert result["win_rate"]["value"] == 0.5
-    assert result["win_rate"]["ties"] == result["num_prompts"] * 2  # every comparison
-    assert result["reward"]["difference"]["value"] == 0.0
-    assert result["gold"]["win_rate"]["value"] == 0.5
-    assert not result["blessed"]  # win-rate lower bound 0.5 is not above 0.5: nothing gained
+    pairs = result["num_prompts"] * 2
+    assert result["win_rate"]["coupled"] == {"value": 0.5, "ties": pairs, "pairs": pairs}
+    # Independent pairs: the reward model's continuous scores tie only where two draws are
+    # the same text, and 0.5 lies within sampling error (about 3 standard errors: the
+    # interval spans about 4), as no policy beats itself in expectation.
+    for win_rate in (result["win_rate"], result["gold"]["win_rate"]):
+        assert abs(win_rate["value"] - 0.5) < 0.75 * (win_rate["high"] - win_rate["low"])
+    assert result["win_rate"]["ties"] < result["win_rate"]["pairs"] / 4
+    assert result["reward"]["difference"]["value"] == 0.0  # common keys: a paired 0
     assert result["ppo_vs_best_of_n"] is None  # KL 0: best-of-n gains nothing there either
 
 
@@ -227,7 +240,7 @@ def test_results_do_not_depend_on_the_batch_size_or_sharding(
     (tmp_path / "my_gold.py").write_text(USER_GOLD)
     config = EvalConfig(
         samples_per_prompt=2, max_new_tokens=32, bootstrap_samples=200, batch_size=16, fsdp=True,
-        gold_reward=f"{tmp_path}/my_gold.py:length_score", best_of_n="1,4",
+        gold_reward=f"{tmp_path}/my_gold.py:length_score", best_of_n="1,4,16",
     )  # fmt: skip
     out = a["root"] + "/b16"
     result = run(config, a["shards"], a["aligned"], a["reference"], a["rm"], out)
@@ -236,7 +249,7 @@ def test_results_do_not_depend_on_the_batch_size_or_sharding(
     assert result["win_rate"] == first["win_rate"]
     assert result["kl"]["per_token"] == pytest.approx(first["kl"]["per_token"], abs=1e-6)
     assert [p["reward"] for p in result["best_of_n"]] == pytest.approx(
-        [first["best_of_n"][0]["reward"], first["best_of_n"][2]["reward"]], abs=1e-6
+        [first["best_of_n"][i]["reward"] for i in (0, 2, 4)], abs=1e-6
     )
     rows = _samples(out)
     assert result["gold"]["name"] == config.gold_reward
@@ -300,7 +313,7 @@ def test_without_a_reward_model_blessing_and_best_of_n_are_by_gold(gold_judged):
     assert figures.blessed is record["blessed"]
     for path, shown in figures.figures.items():
         assert shown == format_figure(_at(record["summary"], path)), path
-    assert f'data-judge="gold">Judge: the gold reward {GOLD_REWARD_NAME}' in page
+    assert f'data-gate-judge="gold">Judge: the gold reward {GOLD_REWARD_NAME}' in page
     assert "no reward model" in page and "oracle baseline" in page
 
 

@@ -107,9 +107,10 @@ def test_local_run_cache_and_rerun(runs_dir, monkeypatch, capsys):
     assert "reward     cached" in summary and "ppo        ran" in summary
     assert "(judged by the reward model)" in summary
     # The built-in task has a gold reward: it, not the reward model ppo trained against,
-    # decides the gate; best-of-n's exact frontier is printed with the bound's beside it.
+    # decides the gate; best-of-n's any-n curve is printed with the chord's and the bound's.
     assert "gate: win-rate lower bound (judged by the gold reward)" in summary
-    assert "the same KL, exact;" in summary and "on the bound)" in summary
+    assert "on its any-n curve;" in summary and "on the chord" in summary
+    assert "on the bound)" in summary and "(independent pairs;" in summary
     assert "note: no gold reward" not in summary
     # The pairs behind the gold win rate, whose ties count half.
     outcomes = re.search(r"gold win rate .*\((\d+) wins, (\d+) ties, (\d+) losses\)", summary)

@@ -282,4 +282,6 @@ def test_evaluate_on_two_hosts_matches_one_host(inputs, ppo_runs):
     # k1 may read below 0 on a barely moved policy; its size is what shows it moved.
     assert abs(want["summary"]["kl"]["per_token"]) > 1e-4
     summary = want["summary"]
-    assert summary["win_rate"]["ties"] < summary["num_prompts"] * summary["samples_per_prompt"]
+    coupled = summary["win_rate"]["coupled"]  # sample s with sample s: the same key
+    assert coupled is None or coupled["ties"] < coupled["pairs"]
+    assert summary["win_rate"]["ties"] < summary["win_rate"]["pairs"]

@@ -8,7 +8,8 @@ own KL cannot.
 Cheap by design: KL(aligned ‖ anchor) is the k3 estimate on the aligned samples already
 drawn, so it needs only the anchor's log-probs of them (one forward pass). The win rate
 against the anchor draws :data:`ANCHOR_SAMPLES_PER_PROMPT` anchor response per prompt and
-pairs every aligned sample of a prompt with it; the bootstrap over prompts keeps the
+pairs every aligned sample of a prompt with it but the one drawn with the same key (an
+independent pair, as the reference's win rate); the bootstrap over prompts keeps the
 interval honest about that sharing. When the anchor is the reference, its figures are the
 reference's and nothing is measured again.
 """
@@ -44,9 +45,11 @@ DRIFT_COLUMNS = (
 )
 
 
-def _broadcast(anchor: ArrayLike, like: np.ndarray) -> np.ndarray:
-    """[P, 1] anchor scores repeated to the aligned [P, S] samples they are paired with."""
-    return np.broadcast_to(np.asarray(anchor, np.float64), like.shape)
+def anchor_draws(config: EvalConfig) -> int:
+    """Anchor responses per prompt: one, or two when one aligned sample shares its key with
+    the first (no independent pair otherwise)."""
+    single = config.samples_per_prompt == 1 and not config.greedy
+    return ANCHOR_SAMPLES_PER_PROMPT + int(single)
 
 
 def anchor_summary(
@@ -59,7 +62,7 @@ def anchor_summary(
     config: EvalConfig,
     uri: str,
 ) -> dict[str, Any]:
-    """KL to the anchor, and the win rate and gold gain against its [P, 1] samples."""
+    """KL to the anchor, and the win rate and gold gain against its [P, A] samples."""
     bootstrap = {"n_resamples": config.bootstrap_samples, "confidence": config.confidence,
                  "seed": config.seed}  # fmt: skip
     rewards = np.asarray(aligned.rewards, np.float64)
@@ -71,18 +74,18 @@ def anchor_summary(
                 per_prompt(a_gold), per_prompt(anchor_gold), **bootstrap
             )["difference"],
             "win_rate": win_rate_with_interval(
-                a_gold, _broadcast(anchor_gold, a_gold), **bootstrap
+                a_gold, anchor_gold, shared_keys=not config.greedy, **bootstrap
             ),
         }
     return {
         "uri": uri,
         "same_as_reference": False,
-        "samples_per_prompt": ANCHOR_SAMPLES_PER_PROMPT,
+        "samples_per_prompt": int(np.shape(anchor_rewards)[1]),
         "kl": sequence_kl(
             aligned_logprobs, anchor_logprobs, aligned.response_mask, kl_estimator(config)
         ),
         "win_rate": win_rate_with_interval(
-            rewards, _broadcast(anchor_rewards, rewards), **bootstrap
+            rewards, anchor_rewards, shared_keys=not config.greedy, **bootstrap
         ),
         "gold": gold,
     }

@@ -23,8 +23,9 @@ class EvalConfig:
 
     samples_per_prompt: int = field(
         DEFAULT_SAMPLES_PER_PROMPT,
-        help="responses drawn per prompt and policy; sample s of each policy is compared with "
-        "sample s of the other (win rate), per-prompt reward is their mean",
+        help="responses drawn per prompt and policy; the win rate compares each aligned "
+        "sample with every reference draw of another key (independent pairs), per-prompt "
+        "reward is their mean",
     )
     greedy: bool = field(False, help="decode greedily (temperature is then ignored)")
     temperature: float = field(1.0, help="sampling temperature when not greedy")
@@ -50,7 +51,8 @@ class EvalConfig:
     min_win_rate_lower: float = field(
         0.5,
         help="blessing requires the win rate's lower interval bound > this, strictly "
-        "(0.5: the aligned policy beats its reference; an unchanged one does not pass)",
+        "(0.5: the aligned policy beats its reference; an unchanged one passes only when "
+        "its interval misses low, (1 - confidence) / 2 of the time)",
     )
     # Per token rather than per sequence: the threshold then keeps its meaning when
     # max_new_tokens or the response lengths change (PPO's objective/kl is per sequence).

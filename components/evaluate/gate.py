@@ -11,9 +11,12 @@ Checks, each reported as one line with its figure and threshold:
   anchor part: drift across runs from the first promoted policy);
 - every figure in the summary is finite (a NaN means a broken measure, not a pass).
 
-The win rate must beat its threshold: an unchanged policy ties its reference on every
-prompt (win rate 0.5 [0.5, 0.5]), and with ``min_win_rate_lower=0.5`` it must not be
-promoted, since nothing was gained. The KL threshold is the worst value still acceptable,
+The win rate must beat its threshold. It is the win rate of independent draws (each
+aligned sample against the reference's draws of other keys), so an unchanged policy wins
+0.5 in expectation and, with ``min_win_rate_lower=0.5``, passes by chance only as often as
+its interval misses low: (1 − confidence) / 2, 2.5% at 95%. (The same-key pairing it
+replaced tied an unchanged policy everywhere, 0.5 [0.5, 0.5], which no judge's resolution
+explains.) The KL threshold is the worst value still acceptable,
 so a KL exactly at ``max_kl`` passes.
 """
 

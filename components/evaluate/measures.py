@@ -26,13 +26,12 @@ from numpy.typing import ArrayLike
 
 from components.core.data.gold import GoldReward, resolve_gold_reward
 from components.evaluate.best_of_n import (  # noqa: F401 (re-exported: measures is the API)
+    AlignedPoint,
     BestOfNDraws,
     best_of_n,
-    best_of_n_choice,
     best_of_n_kl,
     best_of_n_kl_bound,
     gain_at_kl,
-    ppo_vs_best_of_n,
 )
 from components.evaluate.best_of_n import summary_part as best_of_n_summary
 from components.evaluate.config import EvalConfig
@@ -63,14 +62,68 @@ def _paired(aligned: ArrayLike, reference: ArrayLike) -> tuple[np.ndarray, np.nd
 def win_rate(aligned_rewards: ArrayLike, reference_rewards: ArrayLike) -> float:
     """Share of paired comparisons aligned wins, a tie counting half: (wins + ties/2) / pairs.
 
-    [P] arrays compare prompt by prompt; [P, S] arrays compare sample s with sample s, so
-    every prompt weighs the same and more samples narrow the interval of the same quantity.
+    [P] arrays compare element by element (e.g. a reward model's scores of chosen and
+    rejected responses); [P, S] arrays compare sample s with sample s. For two policies'
+    samples that is the coupled pairing: see :func:`independent_win_rate` for the win rate
+    of independent draws.
     """
     a, r = _paired(aligned_rewards, reference_rewards)
     if np.isnan(a).any() or np.isnan(r).any():
         # A NaN compares as neither win nor tie; counting it as a loss would hide a broken reward.
         return math.nan
     return float((np.sum(a > r) + 0.5 * np.sum(a == r)) / a.size)
+
+
+def _samples_by_prompt(aligned: ArrayLike, reference: ArrayLike) -> tuple[np.ndarray, np.ndarray]:
+    """Both as float64 [P, S] and [P, N]: the same prompts, any number of samples each."""
+    a = np.asarray(aligned, np.float64)
+    r = np.asarray(reference, np.float64)
+    a, r = (x[:, None] if x.ndim == 1 else x for x in (a, r))
+    if a.ndim != 2 or r.ndim != 2 or len(a) != len(r):
+        raise ValueError(
+            f"samples must be [prompts] or [prompts, samples] arrays of the same prompts; got "
+            f"shapes {np.shape(aligned)} and {np.shape(reference)}"
+        )
+    if a.size == 0 or r.size == 0:
+        raise ValueError("no samples to compare: evaluate at least one prompt")
+    return a, r
+
+
+def independent_pairs(samples: int, draws: int, *, shared_keys: bool) -> np.ndarray:
+    """[S, N] mask of the (aligned sample i, reference sample j) pairs of independent draws:
+    every pair, but i == j when ``shared_keys`` (sample s of both policies drawn with one
+    key: common random numbers, which couple the two responses)."""
+    pairs = np.ones((samples, draws), bool)
+    if shared_keys:
+        diagonal = np.arange(min(samples, draws))
+        pairs[diagonal, diagonal] = False
+    if not pairs.any():
+        raise ValueError(
+            "one sample per policy drawn with one key leaves no independent pair: draw at "
+            "least 2 samples of one policy (samples_per_prompt or best_of_n)"
+        )
+    return pairs
+
+
+def win_shares(
+    aligned_rewards: ArrayLike, reference_rewards: ArrayLike, *, shared_keys: bool = True
+) -> np.ndarray:
+    """Per prompt, the share of its independent (aligned, reference) pairs aligned wins, a
+    tie counting half: the two-sample U-statistic of P(y > y′) + ½ P(y = y′), [P]."""
+    a, r = _samples_by_prompt(aligned_rewards, reference_rewards)
+    pairs = independent_pairs(a.shape[1], r.shape[1], shared_keys=shared_keys)
+    outcome = (a[:, :, None] > r[:, None, :]) + 0.5 * (a[:, :, None] == r[:, None, :])
+    shares = np.sum(outcome * pairs, axis=(1, 2)) / pairs.sum()
+    broken = np.isnan(a).any(axis=1) | np.isnan(r).any(axis=1)
+    return np.where(broken, math.nan, shares)  # a NaN is neither win nor tie: never a loss
+
+
+def independent_win_rate(
+    aligned_rewards: ArrayLike, reference_rewards: ArrayLike, *, shared_keys: bool = True
+) -> float:
+    """P(judge(y) > judge(y′)) + ½ P(=), y an aligned sample and y′ an independent reference
+    sample of the same prompt: every prompt weighs the same (:func:`win_shares`)."""
+    return float(np.mean(win_shares(aligned_rewards, reference_rewards, shared_keys=shared_keys)))
 
 
 def reward_model_accuracy(chosen_rewards: ArrayLike, rejected_rewards: ArrayLike) -> float:
@@ -117,20 +170,41 @@ def win_rate_with_interval(
     n_resamples: int,
     confidence: float,
     seed: int,
-) -> dict[str, float | int]:
-    """The win rate, its bootstrap interval (over prompts) and the win/tie/loss counts."""
-    a, r = _paired(aligned_rewards, reference_rewards)
+    shared_keys: bool = True,
+) -> dict[str, Any]:
+    """The independent-pairs win rate (:func:`independent_win_rate`) of [P, S] aligned and
+    [P, N] reference samples, its bootstrap interval over prompts, and the win/tie/loss
+    counts of the pairs it compares. ``coupled`` beside it: the same-key pairs' (sample s
+    with sample s) win rate and ties, which ``shared_keys`` sampling makes identical
+    wherever the policies agree: a diagnostic, not the estimand."""
+    a, r = _samples_by_prompt(aligned_rewards, reference_rewards)
+    shares = win_shares(a, r, shared_keys=shared_keys)
     low, high = bootstrap_interval(
-        win_rate, a, r, n_resamples=n_resamples, confidence=confidence, seed=seed
+        np.mean, shares, n_resamples=n_resamples, confidence=confidence, seed=seed
     )
-    return {
-        "value": win_rate(a, r),
+    pairs = independent_pairs(a.shape[1], r.shape[1], shared_keys=shared_keys)
+    above, equal = a[:, :, None] > r[:, None, :], a[:, :, None] == r[:, None, :]
+    below = a[:, :, None] < r[:, None, :]
+    result: dict[str, Any] = {
+        "value": float(np.mean(shares)),
         "low": low,
         "high": high,
-        "wins": int(np.sum(a > r)),
-        "ties": int(np.sum(a == r)),
-        "losses": int(np.sum(a < r)),
+        "pairing": "independent",
+        "pairs": int(pairs.sum()) * len(a),
+        "wins": int(np.sum(above & pairs)),
+        "ties": int(np.sum(equal & pairs)),
+        "losses": int(np.sum(below & pairs)),
+        "coupled": None,
     }
+    same = min(a.shape[1], r.shape[1])
+    if shared_keys:
+        coupled_a, coupled_r = a[:, :same], r[:, :same]
+        result["coupled"] = {
+            "value": win_rate(coupled_a, coupled_r),
+            "ties": int(np.sum(coupled_a == coupled_r)),
+            "pairs": int(coupled_a.size),
+        }
+    return result
 
 
 def location(values: ArrayLike) -> dict[str, float]:
@@ -328,13 +402,17 @@ def summarize(
 ) -> dict[str, Any]:
     """Every measure in one JSON-ready dict: what eval.json holds and the report shows.
 
-    Win rates pair sample s of each policy per prompt; reward differences compare per-prompt
-    means; the bootstrap resamples prompts. ``aligned_logprobs``/``reference_logprobs`` score
-    the aligned samples' tokens (masked by ``aligned.response_mask``); chosen/rejected
-    rewards are the reward model's scores of held-out preference pairs; ``best_of_n_draws``
-    are the reference's samples for the best-of-n baseline (``config.best_of_n_sizes()``).
-    ``judge`` says whose scores ``rewards`` are: the reward model's, or the gold reward's
-    (``JUDGE_GOLD``, when no reward model was given). Optional parts are None when not given.
+    Win rates compare every aligned sample with every independent reference draw of its
+    prompt (the reference's best-of-n draws when given, which include ``reference``'s
+    samples); reward and gold gains are differences of per-prompt means over the paired
+    samples, where the common keys only cut the noise; the bootstrap resamples prompts.
+    ``aligned_logprobs``/``reference_logprobs`` score the aligned samples' tokens (masked by
+    ``aligned.response_mask``); chosen/rejected rewards are the reward model's scores of
+    held-out preference pairs; ``best_of_n_draws`` are the reference's samples for the
+    best-of-n baseline (``config.best_of_n_sizes()``). ``judge`` says whose scores
+    ``rewards`` are: the reward model's, or the gold reward's (``JUDGE_GOLD``, when no
+    reward model was given); ``gate_judge`` whose win rate the gate reads: gold's whenever
+    it is measured. Optional parts are None when not given.
     """
     if judge not in JUDGES:
         raise ValueError(f"judge: {judge!r} must be one of {', '.join(JUDGES)}")
@@ -343,19 +421,34 @@ def summarize(
         "confidence": config.confidence,
         "seed": config.seed,
     }
+    draws = best_of_n_draws or BestOfNDraws(reference.rewards, reference.gold_rewards)
     a_rewards, r_rewards = per_prompt(aligned.rewards), per_prompt(reference.rewards)
-    gold = _gold_part(aligned, reference, gold_name, bootstrap)
+    gold = _gold_part(
+        aligned, reference, draws, gold_name, bootstrap, shared_keys=not config.greedy
+    )
     estimator = kl_estimator(config)
     kl = sequence_kl(aligned_logprobs, reference_logprobs, aligned.response_mask, estimator)
+    kl_sums, _ = log_ratio_sums(
+        aligned_logprobs, reference_logprobs, aligned.response_mask, estimator
+    )
+    point = None
+    if gold is not None:
+        point = AlignedPoint(
+            per_prompt(aligned.gold_rewards) - per_prompt(reference.gold_rewards),
+            per_prompt(kl_sums),
+        )
     return {
         "schema_version": SCHEMA_VERSION,
         "judge": judge,
+        "gate_judge": JUDGE_GOLD if gold is not None or judge == JUDGE_GOLD else judge,
         "kl_estimator": estimator,
         "num_prompts": int(a_rewards.size),
         "samples_per_prompt": config.samples_per_prompt,
         "confidence": config.confidence,
         "bootstrap_samples": config.bootstrap_samples,
-        "win_rate": win_rate_with_interval(aligned.rewards, reference.rewards, **bootstrap),
+        "win_rate": win_rate_with_interval(
+            aligned.rewards, draws.rewards, shared_keys=not config.greedy, **bootstrap
+        ),
         "reward": paired_difference(a_rewards, r_rewards, **bootstrap),
         "reward_histogram": reward_histogram(a_rewards, r_rewards),
         "kl": kl,
@@ -369,7 +462,7 @@ def summarize(
         },
         "reward_model_accuracy": _accuracy_part(chosen_rewards, rejected_rewards),
         "gold": gold,
-        **best_of_n_summary(best_of_n_draws, config.best_of_n_sizes(), gold, kl["per_sequence"]),
+        **best_of_n_summary(best_of_n_draws, config.best_of_n_sizes(), point, bootstrap),
     }
 
 
@@ -384,16 +477,24 @@ def _accuracy_part(
 
 
 def _gold_part(
-    aligned: PolicyOutputs, reference: PolicyOutputs, name: str, bootstrap: dict[str, Any]
+    aligned: PolicyOutputs,
+    reference: PolicyOutputs,
+    draws: BestOfNDraws,
+    name: str,
+    bootstrap: dict[str, Any],
+    *,
+    shared_keys: bool,
 ) -> dict[str, Any] | None:
-    """Both policies' gold scores, their difference and the gold win rate, or None without."""
+    """Both policies' gold scores, their difference and the gold win rate (against every
+    independent reference draw), or None without."""
     if aligned.gold_rewards is None or reference.gold_rewards is None:
         return None
     a_gold, r_gold = per_prompt(aligned.gold_rewards), per_prompt(reference.gold_rewards)
+    reference_gold = reference.gold_rewards if draws.gold_rewards is None else draws.gold_rewards
     return {
         "name": name,
         **paired_difference(a_gold, r_gold, **bootstrap),
         "win_rate": win_rate_with_interval(
-            aligned.gold_rewards, reference.gold_rewards, **bootstrap
+            aligned.gold_rewards, reference_gold, shared_keys=shared_keys, **bootstrap
         ),
     }

@@ -128,12 +128,22 @@ def _judge(summary: Mapping[str, Any]) -> str:
             "then the oracle baseline), and no reward model's accuracy is measured."
         )
     else:
+        gate = (
+            f"the gold reward {_at(summary, 'gold.name') or ''}".rstrip()
+            if _at(summary, "gate_judge") == JUDGE_GOLD
+            else "the reward model (no gold reward is known)"
+        )
         text = (
-            "Judge: the reward model. The win rate, the rewards and the best-of-n selection "
-            "are by its scores; gold figures, where shown, by the gold reward."
+            "Win rate judged by the reward model: the win rate, the rewards and the best-of-n "
+            "selection are by its scores; gold figures, where shown, by the gold reward. "
+            f"Gate's win-rate rule judged by {gate}."
         )
     judge = _at(summary, "judge") or JUDGE_REWARD_MODEL
-    return f'<p class="judge" data-judge="{_esc(judge)}">{_esc(text)}</p>'
+    gate_judge = _at(summary, "gate_judge") or judge
+    return (
+        f'<p class="judge" data-judge="{_esc(judge)}" data-gate-judge="{_esc(gate_judge)}">'
+        f"{_esc(text)}</p>"
+    )
 
 
 def _verdict(gate: Gate) -> str:
@@ -209,9 +219,25 @@ def _head_to_head(summary: Mapping[str, Any]) -> str:
     return (
         f"<h2>Aligned against reference</h2><p>{_figure(summary, 'num_prompts', 'span')} "
         f"prompts, {_figure(summary, 'samples_per_prompt', 'span')} sample(s) each; "
-        f"{_esc(level)} percentile-bootstrap intervals over prompts. {verdicts}: "
-        f"{counts}.</p><table><tr><th>measure</th><th>value</th><th>{_esc(level)} interval</th>"
+        f"{_esc(level)} percentile-bootstrap intervals over prompts. Win rates compare each "
+        "aligned sample with each reference draw of its prompt that was not drawn with the "
+        "same key (independent pairs: the same key makes both responses identical wherever "
+        f"the policies agree). {verdicts} over those pairs: {counts}.{_coupled(summary)}</p>"
+        f"<table><tr><th>measure</th><th>value</th><th>{_esc(level)} interval</th>"
         f"</tr>{''.join(body)}</table>"
+    )
+
+
+def _coupled(summary: Mapping[str, Any]) -> str:
+    """A sentence with the same-key pairing's win rate and ties, when it was measured."""
+    if _at(summary, "win_rate.coupled") is None:
+        return ""
+    return (
+        f" Paired sample s with sample s (same key) it would read "
+        f"{_figure(summary, 'win_rate.coupled.value', 'span')}, with "
+        f"{_figure(summary, 'win_rate.coupled.ties', 'span')} ties of "
+        f"{_figure(summary, 'win_rate.coupled.pairs', 'span')}: not the win rate of two "
+        "policies' independent responses."
     )
 
 
@@ -332,25 +358,7 @@ def _best_of_n(summary: Mapping[str, Any]) -> str:
         )
         versus = f"<p>{_esc(verdict)}</p>"
     else:
-        capped = _at(summary, "ppo_vs_best_of_n_capped")
-        note = " (beyond the largest n's KL: compared with the largest n)" if capped else ""
-        aligned, best = (
-            _figure(summary, f"ppo_vs_best_of_n_gains.{who}", "span")
-            for who in ("aligned", "best_of_n")
-        )
-        versus = (
-            f"<p>The aligned policy's gold gain, {aligned}, is "
-            f"{_figure(summary, 'ppo_vs_best_of_n', 'span')} times best-of-n's gold gain at the "
-            f"same KL of {_figure(summary, 'kl.per_sequence', 'span')} nats per sequence, "
-            f"{best}{_esc(note)}.</p>"
-        )
-        if _at(summary, "ppo_vs_best_of_n_bound") is not None:
-            versus += (
-                "<p>With best-of-n placed at the bound's KL instead, the ratio would read "
-                f"{_figure(summary, 'ppo_vs_best_of_n_bound', 'span')}: the bound overstates "
-                "best-of-n's KL when the judge's scores tie, which flatters the aligned "
-                "policy.</p>"
-            )
+        versus = _versus(summary)
     selector = (
         f"the gold reward {_judge_name(summary)} itself keeps the best of n responses of the "
         "reference to each prompt (the oracle baseline: selection by a perfect reward model)"
@@ -358,14 +366,50 @@ def _best_of_n(summary: Mapping[str, Any]) -> str:
         else "the reward model keeps the best of n responses of the reference to each prompt"
     )
     return (
-        f"<h2>Best-of-n baseline</h2><p>For each n {_esc(selector)}. Its KL to the reference "
-        "is exact for the judge's score levels, Σ p log(p/q) with q a level's share of each "
-        "prompt's draws and p = F^n − F_prev^n its share of the picks (Beirami et al. 2024), "
-        "averaged over prompts; the bound log n − (n − 1)/n holds only when no scores tie."
-        "</p><table><tr><th>n</th><th>KL, nats per sequence</th><th>bound</th>"
+        f"<h2>Best-of-n baseline</h2><p>For each n {_esc(selector)}. With each prompt's draws "
+        "ordered by the judge, best-of-n picks a score level with probability "
+        "p = F^n − F_prev^n (ties shared), for any real n ≥ 1: its expected reward and gold, "
+        "and its KL to the reference, Σ p log(p/q) with q the level's share of the draws "
+        "(Beirami et al. 2024), are exact functions of n, averaged over prompts; n = 1 is the "
+        "mean over all draws. The bound log n − (n − 1)/n holds only when no scores tie.</p>"
+        "<table><tr><th>n</th><th>KL, nats per sequence</th><th>bound</th>"
         "<th>mean reward</th><th>mean gold</th></tr>"
         f"{rows}</table>{versus}"
     )
+
+
+def _versus(summary: Mapping[str, Any]) -> str:
+    """The aligned gold gain against best-of-n's at the aligned KL: the any-n figure with its
+    interval, then what the chord and the bound would read."""
+    capped = _at(summary, "ppo_vs_best_of_n_capped")
+    note = " (beyond the largest n's KL: compared with the largest n)" if capped else ""
+    aligned, best = (
+        _figure(summary, f"ppo_vs_best_of_n_gains.{who}", "span")
+        for who in ("aligned", "best_of_n")
+    )
+    interval = ""
+    if _at(summary, "ppo_vs_best_of_n_interval") is not None:
+        low, high = (
+            _figure(summary, f"ppo_vs_best_of_n_interval.{end}", "span") for end in ("low", "high")
+        )
+        interval = f" [{low}, {high}]"
+    text = (
+        f"<p>The aligned policy's gold gain, {aligned}, is "
+        f"{_figure(summary, 'ppo_vs_best_of_n', 'span')}{interval} times best-of-n's gold "
+        f"gain at the same KL of {_figure(summary, 'kl.per_sequence', 'span')} nats per "
+        f"sequence, {best}, reached at n = {_figure(summary, 'best_of_n_at_kl.n', 'span')}"
+        f"{_esc(note)}.</p>"
+    )
+    others = [
+        ("ppo_vs_best_of_n_chord", "on the chord between the table's n (below best-of-n's "
+         "concave curve, which flatters the aligned policy)"),
+        ("ppo_vs_best_of_n_bound", "with best-of-n placed at the bound's KL (it overstates "
+         "best-of-n's KL when the judge's scores tie, which flatters the aligned policy)"),
+    ]  # fmt: skip
+    for key, how in others:
+        if _at(summary, key) is not None:
+            text += f"<p>The ratio {_esc(how)} would read {_figure(summary, key, 'span')}.</p>"
+    return text
 
 
 def _reward_cell(value: Any) -> str:

@@ -302,7 +302,9 @@ def sample_both(
     aligned = run_policy(
         "policy", models, prompts, prompt_texts, samples=config.samples_per_prompt, **common
     )
-    draws = max(config.samples_per_prompt, *config.best_of_n_sizes(), 0)
+    # Sampled at least twice: sample 0 of both policies shares its key, so one draw each
+    # would leave no independent pair for the win rate.
+    draws = max(config.samples_per_prompt, *config.best_of_n_sizes(), 1 if config.greedy else 2)
     reference = run_policy("reference", models, prompts, prompt_texts, samples=draws, **common)
     return aligned, reference
 
@@ -388,7 +390,7 @@ def measure_anchor(
     if "anchor" not in models:
         return anchor.from_reference(summary, "")
     drawn = run_policy(
-        "anchor", models, prompts, prompt_texts, samples=anchor.ANCHOR_SAMPLES_PER_PROMPT,
+        "anchor", models, prompts, prompt_texts, samples=anchor.anchor_draws(config),
         config=config, settings=_sampling(config, tokenizer), tokenizer=tokenizer, gold=gold,
     )  # fmt: skip
     return anchor.anchor_summary(

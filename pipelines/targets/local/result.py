@@ -75,6 +75,10 @@ class RunResult:
             "gold_outcomes": [evaluation.get(f"gold/win_rate/{n}") for n in _OUTCOMES],
             "ppo_vs_best_of_n": evaluation.get("ppo_vs_best_of_n"),
             "ppo_vs_best_of_n_bound": evaluation.get("ppo_vs_best_of_n_bound"),
+            "ppo_vs_best_of_n_chord": evaluation.get("ppo_vs_best_of_n_chord"),
+            "ppo_vs_best_of_n_low": evaluation.get("ppo_vs_best_of_n_interval/low"),
+            "ppo_vs_best_of_n_high": evaluation.get("ppo_vs_best_of_n_interval/high"),
+            "gold_win_rate_coupled": evaluation.get("gold/win_rate/coupled/value"),
             "gate_judge": record.get("gate_judge"),
             "gold_gain": evaluation.get("gold/difference/value"),
             "gold_gain_low": evaluation.get("gold/difference/low"),
@@ -138,12 +142,14 @@ def format_summary(result: RunResult) -> str:
         f"reward-model accuracy  {_num(f['reward_accuracy'])}",
         f"{f['algorithm'] or 'aligned':<22} {_training_status(f)}",
         f"win rate vs reference  {_interval(f, 'win_rate')} (judged by the {f['judge']})",
-        f"gold win rate          {_interval(f, 'gold_win_rate')}{_outcomes(f['gold_outcomes'])}",
+        f"gold win rate          {_interval(f, 'gold_win_rate')}{_outcomes(f['gold_outcomes'])}"
+        f" (independent pairs; {_num(f['gold_win_rate_coupled'])} paired by sampling key)",
         f"gold-reward gain       {_interval(f, 'gold_gain', signed=True)}",
         # The aligned policy's gold gain over best-of-n's at the same KL (> 1: it spends its
         # KL better than sampling n and keeping the judge's best).
-        f"vs best-of-n           {_num(f['ppo_vs_best_of_n'])} (gold gain / best-of-n's at "
-        f"the same KL, exact; {_num(f['ppo_vs_best_of_n_bound'])} on the bound)",
+        f"vs best-of-n           {_interval(f, 'ppo_vs_best_of_n')} (gold gain / best-of-n's "
+        f"at the same KL on its any-n curve; {_num(f['ppo_vs_best_of_n_chord'])} on the chord, "
+        f"{_num(f['ppo_vs_best_of_n_bound'])} on the bound)",
         # General format: a small KL stays visible instead of rounding to 0.000.
         f"KL per token           {_general(f['kl_per_token'])} nats",
         f"KL to the anchor       {_general(f['anchor_kl_per_token'])} nats/token"
@@ -221,8 +227,8 @@ def _interval(f: dict[str, Any], key: str, signed: bool = False) -> str:
 
 
 def _outcomes(counts: list[float | None]) -> str:
-    """The pairs behind a win rate: ties count half, and with the two policies' samples drawn
-    with the same keys, a policy close to its reference ties wherever both wrote the same."""
+    """The independent pairs behind a win rate (each aligned sample against each reference
+    draw of its prompt but the one of the same key): ties count half."""
     if any(count is None for count in counts):
         return ""
     return " (" + ", ".join(f"{int(c)} {n}" for c, n in zip(counts, _OUTCOMES, strict=True)) + ")"
