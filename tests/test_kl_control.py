@@ -10,8 +10,10 @@ import numpy as np
 import pytest
 
 from components.ppo.kl_control import (
+    MAX_INTEGRAL_FACTOR,
     KLControllerState,
     init_kl_controller,
+    resume_kl_controller,
     update_kl_controller,
 )
 
@@ -44,11 +46,12 @@ def test_kl_controller_state_is_a_small_checkpointable_pytree():
         assert len(jax.tree_util.tree_leaves(state)) == 5
         restored = KLControllerState.from_json_dict(json.loads(json.dumps(state.to_json_dict())))
         assert (restored.kind, restored.gains) == (kind, state.gains)
-        for name in ("kl_coef", "last_error", "reached"):
+        for name in ("kl_coef", "last_error", "integral"):
             np.testing.assert_allclose(getattr(restored, name), getattr(state, name))
-    # A checkpoint written before pid existed restores with pid's fields at their start.
-    old = {"kind": "adaptive", "kl_coef": 0.3, "target": 6.0, "horizon": 1000.0}
-    assert float(KLControllerState.from_json_dict(old).reached) == 0.0
+    # A checkpoint written before pid existed, or before its integral was state (its
+    # coefficient holds what the integral did), restores with the integral at 0.
+    old = {"kind": "pid", "kl_coef": 0.3, "target": 6.0, "horizon": 1000.0, "reached": 1.0}
+    assert float(KLControllerState.from_json_dict(old).integral) == 0.0
 
 
 def test_pid_steps_log_coefficient_by_hand():
@@ -65,23 +68,55 @@ def test_pid_steps_log_coefficient_by_hand():
     assert float(far.kl_coef) == pytest.approx(float(second.kl_coef) * math.exp(1.3), rel=1e-6)
 
 
-def test_pid_never_lowers_the_coefficient_before_the_kl_first_reaches_its_target():
-    """A policy that has not moved yet (KL ≈ 0, k1 even below) must not wind kl_coef down,
-    and noise on the way up must not ratchet it up: before the target is first reached the
-    coefficient is kl_coef · exp(k_p · (e + 1)), a function of the latest KL alone."""
-    state = init_kl_controller("pid", 0.5, target=0.02, gains=(1.5, 0.3))
-    for _ in range(3):  # a long warm-up: the policy does not move
-        for observed in (0.0, -0.001, 0.001, 0.015, 0.005):
-            state = update_kl_controller(state, observed, 64)
-            assert float(state.kl_coef) >= 0.5
-            error = max(math.log(max(observed, 0.02 / math.e) / 0.02), -1.0)
-            expected = 0.5 * math.exp(1.5 * (error + 1))
-            assert float(state.kl_coef) == pytest.approx(expected, rel=1e-5)
-    assert float(state.reached) == 0.0
-    reached = update_kl_controller(state, 0.03, 64)
-    fallen = update_kl_controller(reached, 0.005, 64)  # from then on it may fall
-    assert float(reached.reached) == 1.0 and float(fallen.kl_coef) < float(reached.kl_coef)
-    assert float(update_kl_controller(fallen, 0.005, 64).kl_coef) < float(fallen.kl_coef)
+def test_pid_integrates_below_the_target_as_above_it_within_its_bound():
+    """One rule both ways: a KL below the target winds the coefficient down from the first
+    rollout, as one above winds it up, each by k_i · e per rollout; a long saturated error
+    (anti-windup) stops the integral at ±log 20, and the other sign undoes it in at most
+    2 · log 20 / k_i rollouts."""
+    bound = math.log(MAX_INTEGRAL_FACTOR)
+    state = init_kl_controller("pid", 0.5, target=0.02, gains=(1.0, 0.3))
+    down = update_kl_controller(state, 0.0, 64)  # e = −1, as before: no proportional step
+    assert float(down.integral) == pytest.approx(-0.3)
+    assert float(down.kl_coef) == pytest.approx(0.5 * math.exp(-0.3), rel=1e-6)
+    up = update_kl_controller(state, 0.02 * math.e, 64)  # e = +1
+    assert float(up.integral) == pytest.approx(0.3)
+    for _ in range(200):  # saturated far above the target
+        up = update_kl_controller(up, 100.0, 64)
+        assert abs(float(up.integral)) <= bound + 1e-6
+    assert float(up.integral) == pytest.approx(bound, rel=1e-6)
+    top = float(up.kl_coef)
+    assert top == pytest.approx(0.5 * math.exp(2.0 + bound), rel=1e-5)  # P: 2 · k_p
+    flips = 0
+    while float(up.integral) > -bound + 1e-6:  # the error flips sign: a KL of 0
+        up, flips = update_kl_controller(up, 0.0, 64), flips + 1
+    assert flips <= math.ceil(2 * bound / 0.3)
+    assert float(up.kl_coef) == pytest.approx(0.5 / MAX_INTEGRAL_FACTOR, rel=1e-5)
+
+
+def _drifting_kl(start_kl: float, equilibrium: float, iterations: int = 60) -> np.ndarray:
+    """Rollout KLs of a plant that integrates log(equilibrium / kl_coef) (the policy drifts
+    from the reference while the coefficient is below its equilibrium, back above it), from a
+    KL of ``start_kl`` with the pid controller's defaults (kl_coef 0.5, target 0.02)."""
+    state = init_kl_controller("pid", 0.5, target=0.02)
+    kl, observed = start_kl, []
+    for _ in range(iterations):
+        observed.append(kl)
+        state = update_kl_controller(state, kl, 64)
+        kl = max(0.0, kl + 0.01 * math.log(equilibrium / float(state.kl_coef)))
+    return np.array(observed)
+
+
+@pytest.mark.parametrize(
+    ("start_kl", "factor"), [(0.08, 8.0), (0.005, 1 / 8), (0.005, 8.0), (0.08, 1 / 8)]
+)
+def test_pid_reaches_the_target_from_above_and_from_below(start_kl, factor):
+    """The KL starting at 4x the target with the coefficient's equilibrium 8x above where
+    the controller settles without integral (kl_coef · e^{k_p}), or at a quarter of it with
+    the equilibrium 8x below (which the one-sided rule never reached: its KL never rose to
+    the target), and crossed: each is within ±10% of the target after 25 rollouts."""
+    equilibrium = 0.5 * math.e * factor
+    ratio = _drifting_kl(start_kl, equilibrium) / 0.02
+    assert np.all(np.abs(ratio[25:] - 1) <= 0.1), ratio.round(2)
 
 
 def _integrating_plant(kind: str, seed: int, iterations: int = 50) -> np.ndarray:
@@ -122,3 +157,19 @@ def test_init_kl_controller_rejects_bad_settings(kwargs, message):
     """Bad settings fail with a message that names the field."""
     with pytest.raises(ValueError, match=message):
         init_kl_controller(**kwargs)
+
+
+def test_resume_takes_target_and_gains_from_the_configuration():
+    """A resumed run's configuration decides target, horizon and gains; the checkpoint's
+    coefficient and integral carry over when the kind is the same, and a changed kind starts
+    the configured controller afresh."""
+    saved = init_kl_controller("pid", 0.5, target=0.025, gains=(1.0, 0.3))
+    for observed in (0.05, 0.06, 0.04):
+        saved = update_kl_controller(saved, observed, 64)
+    configured = init_kl_controller("pid", 0.5, target=0.04, gains=(0.5, 0.1))
+    resumed = resume_kl_controller(saved, configured)
+    assert float(resumed.target) == pytest.approx(0.04) and resumed.gains == (0.5, 0.1)
+    for name in ("kl_coef", "last_error", "integral"):
+        assert float(getattr(resumed, name)) == float(getattr(saved, name))
+    fixed = init_kl_controller("fixed", 0.2)
+    assert resume_kl_controller(saved, fixed) is fixed

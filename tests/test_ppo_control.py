@@ -8,7 +8,9 @@ sequence, TRL's) disagreed with the config's (per token).
 
 from __future__ import annotations
 
+import logging
 import math
+from types import SimpleNamespace
 
 import jax.numpy as jnp
 import numpy as np
@@ -17,6 +19,7 @@ import pytest
 from components.core.model.artifact import create_model
 from components.ppo import PPOConfig
 from components.ppo.kl_control import init_kl_controller, raise_kl_coef, update_kl_controller
+from components.ppo.score_norm import SCORE_NORM_KEY, saved_score_stats
 from components.ppo.stage import fold_normalization
 
 
@@ -92,3 +95,22 @@ def test_auto_learning_rates_follow_the_starting_policy() -> None:
         assert group.resolved(pretrained=True).learning_rate == 1e-6
     # A rate the user set wins over auto.
     assert PPOConfig(learning_rate=3e-6).resolved(pretrained=True).learning_rate == 3e-6
+
+
+def test_score_statistics_come_from_the_checkpoint_or_are_computed_again(caplog) -> None:
+    """A resume reads the statistics its checkpoint holds; none without a checkpoint, and a
+    warning (then they are computed again) for one written before checkpoints held them or
+    with another score_norm."""
+
+    def checkpointer(extra: dict | None) -> SimpleNamespace:
+        return SimpleNamespace(directory="ckpt", latest_extra_json=lambda: extra)
+
+    saved = {SCORE_NORM_KEY: {"source": "policy", "mean": 0.125, "std": 3.0}}
+    assert saved_score_stats(checkpointer(saved), "policy") == {"mean": 0.125, "std": 3.0}
+    with caplog.at_level(logging.WARNING):
+        assert saved_score_stats(checkpointer(None), "policy") is None
+        assert not caplog.records
+        assert saved_score_stats(checkpointer({"kl_controller": {}}), "policy") is None
+        assert "written before checkpoints held them" in caplog.text
+        assert saved_score_stats(checkpointer(saved), "data") is None
+        assert "its: policy" in caplog.text

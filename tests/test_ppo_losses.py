@@ -449,6 +449,48 @@ def test_group_advantages_match_numpy_references():
         group_advantages(scores, 4, "ppo")
 
 
+def test_grpo_reward_scalings_none_group_and_batch():
+    """scale_rewards none: s − group mean exactly (Dr. GRPO); group: divided by the group's
+    Bessel std + 1e-4, as before; batch: by the Bessel std + 1e-4 of every score of the
+    batch, global over the devices under pmap (TRL's scale_rewards)."""
+    rng = np.random.default_rng(4)
+    scores = (rng.normal(size=(8, 8)) * np.arange(1, 9)[:, None]).astype(np.float32)
+    groups = scores.reshape(-1, 4)
+    centred = groups - groups.mean(axis=1, keepdims=True)
+    np.testing.assert_array_equal(
+        group_advantages(scores.reshape(-1), 4, "grpo", "none"), centred.reshape(-1)
+    )
+    by_group = centred / (groups.std(axis=1, ddof=1, keepdims=True) + 1e-4)
+    np.testing.assert_allclose(
+        group_advantages(scores.reshape(-1), 4, "grpo", "group"), by_group.reshape(-1), rtol=1e-5
+    )
+    by_batch = centred / (scores.astype(np.float64).std(ddof=1) + 1e-4)
+    global_scaled = jax.pmap(
+        lambda s: group_advantages(s, 4, "grpo", "batch", axis_name="data"), axis_name="data"
+    )(scores)
+    np.testing.assert_allclose(
+        np.asarray(global_scaled).reshape(-1), by_batch.reshape(-1), rtol=1e-5, atol=1e-6
+    )
+    np.testing.assert_allclose(
+        group_advantages(scores.reshape(-1), 4, "grpo", "batch"), by_batch.reshape(-1), rtol=1e-5
+    )
+    with pytest.raises(ValueError, match="reward scaling"):
+        group_advantages(scores.reshape(-1), 4, "grpo", "std")
+
+
+def test_scale_rewards_follows_the_dr_grpo_paper_by_default():
+    """auto: none with loss_type dr_grpo (Liu et al. 2025), group otherwise; grpo only."""
+    from components.ppo import PPOConfig
+
+    grpo = {"algorithm": "grpo", "group_size": 4}
+    assert PPOConfig(**grpo).reward_scaling == "group"
+    assert PPOConfig(**grpo, loss_type="dr_grpo").reward_scaling == "none"
+    assert PPOConfig(**grpo, loss_type="dr_grpo", scale_rewards="group").reward_scaling == "group"
+    assert PPOConfig(**grpo, scale_rewards="batch").reward_scaling == "batch"
+    with pytest.raises(ValueError, match="scale_rewards: 'none' applies to algorithm grpo"):
+        PPOConfig(algorithm="rloo", scale_rewards="none")
+
+
 def test_missing_eos_penalty_survives_the_clip():
     """Past clip + penalty, a truncated response still scores the penalty below a finished
     one (clip first, then subtract); within the clip the two orders agree."""

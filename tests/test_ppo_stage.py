@@ -303,17 +303,55 @@ def test_critic_free_algorithms_raise_gold_reward(group_runs, algorithm) -> None
         assert "validation" not in gold and "gold/validation_final" not in metrics
 
 
-def test_grpo_resumes_exactly(artifacts, group_runs, tmp_path) -> None:
-    """A checkpoint without a critic resumes to the uninterrupted run's parameters."""
-    uninterrupted = group_runs["grpo"][1]
-    output = str(tmp_path / "policy")
+def _halfway_copy(uninterrupted: str, output: str) -> None:
+    """``uninterrupted``'s training state as a run killed after its halfway checkpoint."""
     shutil.copytree(os.path.join(uninterrupted, "work"), os.path.join(output, "work"))
     for step in _checkpoint_steps(output):
         if step > RUN["save_every"]:
             shutil.rmtree(os.path.join(output, "work", "checkpoints", str(step)))
+
+
+def test_grpo_resumes_exactly(artifacts, group_runs, tmp_path, monkeypatch) -> None:
+    """A checkpoint without a critic resumes to the uninterrupted run's parameters, with the
+    score statistics the checkpoint holds: nothing is sampled to compute them again."""
+    import components.ppo.stage as stage
+
+    uninterrupted = group_runs["grpo"][1]
+    output = str(tmp_path / "policy")
+    _halfway_copy(uninterrupted, output)
+
+    def sampled_again(*args, **kwargs):
+        pytest.fail("the score statistics were sampled again on resume")
+
+    monkeypatch.setattr(stage, "policy_score_stats", sampled_again)
     _run(artifacts, output, algorithm="grpo")
+    assert _status(output)["score_norm"] == _status(uninterrupted)["score_norm"]
     assert [r["step"] for r in read_metrics(output)] == list(range(11, RUN["iterations"] + 1))
     jax.tree.map(np.testing.assert_array_equal, _params(output), _params(uninterrupted))
+
+
+def test_a_resume_honours_a_changed_kl_target(artifacts, group_runs, tmp_path) -> None:
+    """The resumed run's kl_target, not the checkpoint's, steers the coefficient from there
+    on (the controller's state carries over: same kind)."""
+    from components.ppo.loop import ppo_checkpointer
+
+    uninterrupted = group_runs["grpo"][1]
+    output = str(tmp_path / "policy")
+    _halfway_copy(uninterrupted, output)
+    config = PPOConfig(**RUN, algorithm="grpo")
+    with ppo_checkpointer(config, output) as checkpointer:
+        halfway = checkpointer.latest_extra_json()["kl_controller"]
+    assert halfway["target"] == pytest.approx(config.kl_target)
+    _run(artifacts, output, algorithm="grpo", kl_target=0.04)
+    with ppo_checkpointer(config, output) as checkpointer:
+        final = checkpointer.latest_extra_json()["kl_controller"]
+    assert final["target"] == pytest.approx(0.04) and final["kind"] == "pid"
+    # The first resumed iteration's coefficient: the checkpoint's stepped on the error
+    # against the new target (the error of the same KL is lower: so is the coefficient).
+    resumed, before = read_metrics(output)[0], read_metrics(uninterrupted)[RUN["save_every"]]
+    assert resumed["step"] == before["step"] == RUN["save_every"] + 1
+    assert resumed["objective/kl_per_token"] == before["objective/kl_per_token"]
+    assert resumed["objective/kl_coef"] < before["objective/kl_coef"]
 
 
 # Adapters at 5x RUN's policy rate, a shorter run than RUN's: measured gold +0.154 at KL 0.043.

@@ -335,3 +335,21 @@ def test_grpo_loss_types_eight_devices_equal_one(setup, loss_type) -> None:
     by_token, _ = _run(make_update(models, dapo), state, group_batch)
     moved = jax.tree.map(lambda a, b: float(np.abs(a - b).max()), new_8.policy, by_token.policy)
     assert max(jax.tree.leaves(moved)) > 1e-6
+
+
+@pytest.mark.parametrize("loss_type", ["grpo", "dr_grpo"])
+def test_entropy_bonus_is_a_token_mean_over_all_devices(setup, loss_type) -> None:
+    """With a per-response loss_type the entropy bonus is still Σ entropy / Σ tokens over the
+    global minibatch, not the mean of each device's mean: 8 devices holding unequal token
+    counts take the step 1 device takes on the same batch."""
+    models, config, state, group_batch = _group_case(
+        setup, algorithm="grpo", loss_type=loss_type, entropy_coef=0.5
+    )
+    per_device = group_batch["response_mask"].reshape(8, -1).sum(axis=1)
+    assert len(set(per_device.tolist())) > 1  # devices hold unequal token counts
+    (new_8, metrics_8), new_1 = _on_eight_and_one(models, config, state, group_batch)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=2e-4, atol=2e-5), new_8, new_1)
+    no_bonus = dataclasses.replace(config, entropy_coef=0.0)
+    without, _ = _run(make_update(models, no_bonus), state, group_batch)
+    moved = jax.tree.map(lambda a, b: float(np.abs(a - b).max()), new_8.policy, without.policy)
+    assert max(jax.tree.leaves(moved)) > 1e-4  # the bonus really changes the step

@@ -12,7 +12,8 @@ kl_control.py), which on the demo's training rollouts (after the first tenth of 
 3 seeds each of ppo, grpo and rloo; benchmarks/bench_algorithms.py) held all 405 rollouts
 within ±50% of the target (0.68-1.34x) and the runs' means within 0.89-1.02x, where
 Ziegler's controller overshot to 5x and averaged 2.6x; it starts at ``kl_coef`` 0.5, as the
-coefficient it settles at there is 1-2.
+coefficient it settles at there is 1-2. (Measured with the earlier one-sided integral, before
+it became symmetric and bounded; not rerun since.)
 
 Learning rates left at 0 (auto) are set by the stage from the policy it starts from:
 the demo's rates for models trained from scratch, the original design's pretrained-scale
@@ -122,6 +123,13 @@ class PPOConfig(
         help="grpo only, how per-token losses become one (TRL's names): dapo (mean over every "
         "token of the minibatch), grpo (each response's token mean, then their mean) or "
         "dr_grpo (token sum / (responses x max_new_tokens)); ppo and rloo use dapo",
+    )
+    scale_rewards: Literal["auto", "group", "batch", "none"] = field(
+        "auto",
+        help="grpo only, what a response's score minus its group's mean is divided by (TRL's "
+        "names): group (its group's std + 1e-4, the GRPO paper's), batch (the whole rollout "
+        "batch's std + 1e-4) or none (Dr. GRPO: no scaling); auto = none with loss_type "
+        "dr_grpo, as the Dr. GRPO paper pairs them, else group",
     )
     kl_estimator: Literal["k1", "k3"] = field(
         "k1", help="per-token KL estimator of the penalty: k1 (log-ratio) or k3 (always >= 0)"
@@ -296,6 +304,11 @@ class PPOConfig(
                 f"loss_type: {self.loss_type!r} applies to algorithm grpo only; with "
                 f"{self.algorithm} leave it at dapo (the mean over the minibatch's tokens)"
             )
+        if self.scale_rewards != "auto" and self.algorithm != "grpo":
+            raise ValueError(
+                f"scale_rewards: {self.scale_rewards!r} applies to algorithm grpo only; with "
+                f"{self.algorithm} leave it at auto"
+            )
         if self.kl_horizon < 0:
             raise ValueError(f"kl_horizon: {self.kl_horizon} must be >= 0 (0 = sized to the run)")
         if 0 < self.kl_horizon < self.rollout_batch_size:
@@ -325,6 +338,14 @@ class PPOConfig(
     def uses_groups(self) -> bool:
         """Whether advantages come from groups of responses (grpo, rloo) instead of a critic."""
         return self.algorithm in ("grpo", "rloo")
+
+    @property
+    def reward_scaling(self) -> str:
+        """grpo's advantage scaling, ``scale_rewards`` with auto resolved: none for
+        ``dr_grpo`` (Liu et al. 2025 drop both the length normalizer and the std), else group."""
+        if self.scale_rewards != "auto":
+            return self.scale_rewards
+        return "none" if self.loss_type == "dr_grpo" else "group"
 
     @property
     def prompts_per_iteration(self) -> int:

@@ -10,23 +10,40 @@ Three kinds:
   while the coefficient crawled up by at most 8% per iteration, then fell to half the target
   while the coefficient was far past its equilibrium.
 - ``pid``: proportional-integral control of log(coefficient) on the error
-  e = clip(log(KL / target), ±1), in velocity form: Δ log β = k_p · (e_t − e_{t−1}) +
-  k_i · e_t. The proportional term answers a rising KL at once and damps the integral's
-  oscillation (Stooke, Achiam and Abbeel, "Responsive Safety in Reinforcement Learning by
-  PID Lagrangian Methods", 2020, show the same for Lagrange multipliers); working in log
-  space makes a step a factor, whatever the coefficient's scale. The error starts at −1: the
-  policy starts at the reference, a KL of 0. Until the KL first reaches the target the
-  integral term is off, so the coefficient follows the proportional term alone:
-  kl_coef · exp(k_p · (e + 1)), never below its start, rising as the KL nears the target.
-  The integral would wind it down while the policy has not moved yet (KL ≈ 0 during the
-  learning-rate warm-up), just before its KL takes off; a rule that let the coefficient only
-  rise instead would ratchet it up on every upward blip of a noisy KL (at k_p = 2 it took
-  RLOO's from 0.5 to 5.0 on the demo before the KL had once reached the target, which held
-  the KL at a quarter of it).
+  e = clip(log(KL / target), ±1): log β = log β₀ + k_p · (e + 1) + I, with the integral
+  I = clip(I + k_i · e, ±log 20) kept as state and applied in velocity form,
+  Δ log β = k_p · (e_t − e_{t−1}) + ΔI, so the guard's raise of the coefficient carries over.
+  The proportional term answers a rising KL at once and damps the integral's oscillation
+  (Stooke, Achiam and Abbeel, "Responsive Safety in Reinforcement Learning by PID Lagrangian
+  Methods", 2020, show the same for Lagrange multipliers); working in log space makes a step
+  a factor, whatever the coefficient's scale. The error starts at −1: the policy starts at
+  the reference, a KL of 0, where the coefficient is β₀ (at the target, with I = 0, it is
+  β₀ · e^{k_p}).
+
+  One rule above and below the target: the integral runs from the first rollout, both ways.
+  An earlier rule kept it off until the KL first reached the target, so a start whose
+  equilibrium lay below β₀ · e^{k_p} never came down: the KL never reached the target, and
+  the coefficient never fell below β₀. Anti-windup by clamping: the
+  integral stops at ±log 20, so a long saturated error (the KL held at 0 while the
+  learning rate warms up, or far above the target after a jump) winds the coefficient by
+  at most a factor of 20 from where the proportional term puts it, and an error of the
+  other sign undoes it in at most 2 · log 20 / k_i rollouts (20 at k_i = 0.3), where an
+  unbounded integral would keep the coefficient wrong for as long as it had wound. With
+  β₀ = 0.5 and k_p = 1 the equilibrium can lie anywhere in 0.07-27. The warm-up's cost is
+  the wind-down before the KL takes off: on a model of the demo's KL (test_kl_control's
+  integrating plant, seeds 0-5) the worst rollout after the first tenth reached 1.8× the
+  target where the one-sided rule reached 1.5×, with 95% or more of them within ±50% of it
+  either way; the demo itself (benchmarks/bench_algorithms.py) was not rerun with this rule.
+
+A resumed run takes the kind, target, horizon and gains from its configuration, not from
+the checkpoint, and keeps the checkpoint's coefficient, last error and integral only when
+the kind is the same (``resume_kl_controller``): a changed ``kl_target`` is honoured.
 """
 
 from __future__ import annotations
 
+import logging
+import math
 from typing import Any, Literal
 
 import jax
@@ -34,6 +51,8 @@ import jax.numpy as jnp
 from flax import struct
 
 from components.ppo.config import DEFAULT_KL_TARGET
+
+log = logging.getLogger(__name__)
 
 KLControllerKind = Literal["fixed", "adaptive", "pid"]
 KINDS = ("fixed", "adaptive", "pid")
@@ -46,6 +65,9 @@ _MAX_PROPORTIONAL_ERROR = 0.2
 # pid: the gains (per rollout) and the clip of the log error; see the module docstring.
 DEFAULT_PID_GAINS = (1.0, 0.3)
 _MAX_LOG_ERROR = 1.0
+# pid's anti-windup: the integral moves the coefficient by at most this factor either way.
+MAX_INTEGRAL_FACTOR = 20.0
+_MAX_INTEGRAL = math.log(MAX_INTEGRAL_FACTOR)
 
 
 @struct.dataclass
@@ -57,13 +79,13 @@ class KLControllerState:
     horizon: jax.Array
     # Static: it selects the update rule at trace time and is not a checkpointed array.
     kind: str = struct.field(pytree_node=False, default="fixed")
-    # pid only: the gains, the last error (−1 before the first: a KL of 0) and whether the
-    # KL has reached the target yet (1.0) or not (0.0).
+    # pid only: the gains, the last error (−1 before the first: a KL of 0) and the integral
+    # term Σ k_i · e, clamped to ±log MAX_INTEGRAL_FACTOR.
     gains: tuple[float, float] = struct.field(pytree_node=False, default=DEFAULT_PID_GAINS)
     last_error: jax.Array = struct.field(
         default_factory=lambda: jnp.asarray(-_MAX_LOG_ERROR, jnp.float32)
     )
-    reached: jax.Array = struct.field(default_factory=lambda: jnp.zeros((), jnp.float32))
+    integral: jax.Array = struct.field(default_factory=lambda: jnp.zeros((), jnp.float32))
 
     def to_json_dict(self) -> dict[str, float | str | list[float]]:
         """Plain floats and the kind, for a JSON checkpoint."""
@@ -74,12 +96,13 @@ class KLControllerState:
             "horizon": float(self.horizon),
             "gains": list(self.gains),
             "last_error": float(self.last_error),
-            "reached": float(self.reached),
+            "integral": float(self.integral),
         }
 
     @classmethod
     def from_json_dict(cls, data: dict[str, Any]) -> KLControllerState:
-        """The state written by ``to_json_dict``."""
+        """The state written by ``to_json_dict`` (one written before the integral was state
+        restores with it at 0: its coefficient holds what the integral had done)."""
         state = init_kl_controller(
             str(data["kind"]),
             float(data["kl_coef"]),
@@ -89,7 +112,7 @@ class KLControllerState:
         )
         return state.replace(
             last_error=jnp.asarray(data.get("last_error", -_MAX_LOG_ERROR), jnp.float32),
-            reached=jnp.asarray(data.get("reached", 0.0), jnp.float32),
+            integral=jnp.asarray(data.get("integral", 0.0), jnp.float32),
         )
 
 
@@ -146,14 +169,45 @@ def update_kl_controller(
 
 
 def _update_pid(state: KLControllerState, observed_kl: float | jax.Array) -> KLControllerState:
-    """Δ log β = k_p · (e − e_last) + k_i · e, e = clip(log(KL / target), ±1); no integral
-    term before the KL first reaches the target."""
+    """Δ log β = k_p · (e − e_last) + ΔI, I = clip(I + k_i · e, ±log 20),
+    e = clip(log(KL / target), ±1): the same rule above and below the target."""
     k_p, k_i = state.gains
     # A KL of 0 (a policy that has not moved; a k1 estimate can even be < 0) is the clip's low end.
     floor = state.target * jnp.exp(-_MAX_LOG_ERROR)
     error = jnp.clip(
         jnp.log(jnp.maximum(observed_kl, floor) / state.target), -_MAX_LOG_ERROR, _MAX_LOG_ERROR
     )
-    reached = jnp.maximum(state.reached, (observed_kl >= state.target).astype(jnp.float32))
-    step = k_p * (error - state.last_error) + k_i * error * reached
-    return state.replace(kl_coef=state.kl_coef * jnp.exp(step), last_error=error, reached=reached)
+    integral = jnp.clip(state.integral + k_i * error, -_MAX_INTEGRAL, _MAX_INTEGRAL)
+    step = k_p * (error - state.last_error) + (integral - state.integral)
+    return state.replace(kl_coef=state.kl_coef * jnp.exp(step), last_error=error, integral=integral)
+
+
+def resume_kl_controller(
+    saved: KLControllerState, configured: KLControllerState
+) -> KLControllerState:
+    """The controller a resumed run goes on with: the configuration's kind, target, horizon
+    and gains; the checkpoint's coefficient, last error and integral when the kind is the
+    same, else the configuration's fresh controller (the other kind's state means nothing
+    to this one)."""
+    if saved.kind != configured.kind:
+        log.warning(
+            "ppo: the checkpoint's KL controller is %s, this run's %s: it starts afresh at "
+            "kl_coef %.4g (the checkpoint's was %.4g)",
+            saved.kind, configured.kind, float(configured.kl_coef), float(saved.kl_coef),
+        )  # fmt: skip
+        return configured
+    was, now = _settings(saved), _settings(configured)
+    changed = [f"{name} {was[name]} (now {now[name]})" for name in now if was[name] != now[name]]
+    if changed:
+        log.info(
+            "ppo: the checkpoint's KL controller had %s; resumed with this run's",
+            "; ".join(changed),
+        )
+    return saved.replace(
+        target=configured.target, horizon=configured.horizon, gains=configured.gains
+    )
+
+
+def _settings(state: KLControllerState) -> dict[str, Any]:
+    """The settings a configuration gives a controller, as plain values."""
+    return {"target": float(state.target), "horizon": float(state.horizon), "gains": state.gains}

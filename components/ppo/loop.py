@@ -13,8 +13,11 @@ an event in ``metrics.jsonl``.
 
 Randomness is a pure function of (seed, iteration, restorations), and every
 other input of an iteration (policy, critic, both optimizer states, reference,
-KL controller, guard state, prompt position) is in the checkpoint, so a killed
-and restarted run ends with the same parameters as an uninterrupted one.
+KL controller, guard state, prompt position, score statistics) is in the checkpoint,
+so a killed and restarted run ends with the same parameters as an uninterrupted one.
+A resume whose configuration changes the KL controller's target, kind or gains takes
+them from the configuration (kl_control.resume_kl_controller): it then continues
+differently from an uninterrupted run with the old ones, as asked.
 """
 
 from __future__ import annotations
@@ -43,8 +46,10 @@ from components.ppo.kl_control import (
     KLControllerState,
     init_kl_controller,
     raise_kl_coef,
+    resume_kl_controller,
 )
 from components.ppo.rollout import Frozen, Models, RolloutParams, ScoreNorm, TokenIds, make_rollout
+from components.ppo.score_norm import SCORE_NORM_KEY
 from components.ppo.update import PPOState, make_ema_update, make_update
 
 log = logging.getLogger(__name__)
@@ -103,6 +108,25 @@ def compiled_phases(config: PPOConfig, nets: Networks) -> tuple[Any, Any, Any]:
     return _PHASES[key]
 
 
+def ppo_checkpointer(
+    config: PPOConfig, output: str, inputs: dict[str, str] | None = None
+) -> TrainCheckpointer:
+    """The run's checkpointer. ``inputs`` (flag → folder: shards, policy, reward) are
+    fingerprinted into the checkpoints' identity, so a resume with other ones is refused."""
+    identity = {
+        "stage": "ppo",
+        "algorithm": config.algorithm,
+        "rollout_batch_size": config.rollout_batch_size,
+        "seed": config.seed,
+    }
+    return TrainCheckpointer(
+        training_state_dir(output),
+        CheckpointConfig(save_every=config.save_every, keep=config.keep_checkpoints),
+        identity,
+        inputs,
+    )
+
+
 def host_floats(metrics: dict[str, jax.Array]) -> dict[str, float]:
     """Replicated pmap metrics as Python floats (this process's first device)."""
     return {name: float(value) for name, value in parallel.unreplicate(metrics).items()}
@@ -117,24 +141,13 @@ class PPOLoop:
         nets: Networks,
         prompts: Any,
         output: str,
-        inputs: dict[str, str] | None = None,
+        checkpointer: TrainCheckpointer | None = None,
     ) -> None:
-        """``inputs`` (flag → folder: shards, policy, reward) are fingerprinted into the
-        checkpoints' identity, so a resume with other ones is refused."""
+        """``checkpointer``: ``ppo_checkpointer``'s (built before the networks, whose score
+        statistics a checkpoint holds), or None for one without input fingerprints."""
         self.config, self.nets, self.prompts, self.output = config, nets, prompts, output
         self.rollout, self.update, self.ema = compiled_phases(config, nets)
-        identity = {
-            "stage": "ppo",
-            "algorithm": config.algorithm,
-            "rollout_batch_size": config.rollout_batch_size,
-            "seed": config.seed,
-        }
-        self.checkpointer = TrainCheckpointer(
-            training_state_dir(output),
-            CheckpointConfig(save_every=config.save_every, keep=config.keep_checkpoints),
-            identity,
-            inputs,
-        )
+        self.checkpointer = checkpointer or ppo_checkpointer(config, output)
         self.guard = KLGuard(
             kl_stop=config.kl_stop,
             max_restores=config.max_restores,
@@ -195,7 +208,9 @@ class PPOLoop:
             )
         reference = restored.extra_trees["reference"] if self.ema else self.nets.reference
         meta = restored.extra_json
-        ctrl = KLControllerState.from_json_dict(meta["kl_controller"])
+        # The configuration's target, kind and gains; the checkpoint's state of the same kind.
+        saved = KLControllerState.from_json_dict(meta["kl_controller"])
+        ctrl = resume_kl_controller(saved, self._initial_controller())
         self._set(restored.state, reference, ctrl, restored.step)
         self.policy_updates = int(meta.get("policy_updates", restored.step))
         if "guard" in meta:  # older checkpoints: guard.json as it was read
@@ -214,6 +229,12 @@ class PPOLoop:
             "guard": self.guard.state.to_json_dict(),
             "rollout": self.good_rollout,
             "policy_updates": self.policy_updates,
+            # Read back before the networks are built on resume (score_norm.saved_score_stats).
+            SCORE_NORM_KEY: {
+                "source": self.config.score_norm,
+                "mean": self.nets.norm.mean,
+                "std": self.nets.norm.std,
+            },
         }
         self.checkpointer.save(
             self.iteration,

@@ -272,20 +272,45 @@ def entropy_from_logits(logits: jax.Array, mask: jax.Array) -> jax.Array:
     return masked_mean(token_entropy(logits), mask)
 
 
-def group_advantages(scores: jax.Array, group_size: int, kind: str) -> jax.Array:
-    """Per-sequence advantages [B] from groups of ``group_size`` consecutive responses to one
-    prompt: GRPO's (s − mean) / (std + 1e-4), or RLOO's s − mean of the other k − 1.
+REWARD_SCALINGS = ("group", "batch", "none")
 
-    GRPO's std is Bessel-corrected and its epsilon 1e-4, as TRL's GRPOTrainer computes them;
-    RLOO's leave-one-out baseline is k / (k − 1) · (s − group mean).
+
+def group_advantages(
+    scores: jax.Array,
+    group_size: int,
+    kind: str,
+    scale: str = "group",
+    axis_name: str | None = None,
+) -> jax.Array:
+    """Per-sequence advantages [B] from groups of ``group_size`` consecutive responses to one
+    prompt: GRPO's s − group mean, scaled as ``scale`` says, or RLOO's s − mean of the other
+    k − 1.
+
+    GRPO's ``scale`` (TRL's ``scale_rewards``): ``group`` divides by the group's std + 1e-4
+    (Bessel-corrected, as TRL's GRPOTrainer computes it), ``batch`` by the std + 1e-4 of
+    every score of the batch (global over ``axis_name``'s devices), ``none`` not at all
+    (Dr. GRPO). RLOO's leave-one-out baseline is k / (k − 1) · (s − group mean).
     """
     grouped = jnp.asarray(scores, jnp.float32).reshape(-1, group_size)
-    mean = jnp.mean(grouped, axis=1, keepdims=True)
-    if kind == "grpo":
-        std = jnp.std(grouped, axis=1, ddof=1, keepdims=True)
-        advantages = (grouped - mean) / (std + 1e-4)
-    elif kind == "rloo":
-        advantages = (grouped - mean) * (group_size / (group_size - 1))
-    else:
+    centred = grouped - jnp.mean(grouped, axis=1, keepdims=True)
+    if kind == "rloo":
+        return (centred * (group_size / (group_size - 1))).reshape(-1)
+    if kind != "grpo":
         raise ValueError(f"kind={kind!r} is not a group advantage; use 'grpo' or 'rloo'.")
-    return advantages.reshape(-1)
+    if scale == "none":
+        return centred.reshape(-1)
+    if scale == "group":
+        std = jnp.std(grouped, axis=1, ddof=1, keepdims=True)
+    elif scale == "batch":
+        std = _batch_std(grouped, axis_name)
+    else:
+        raise ValueError(f"scale={scale!r} is not a reward scaling; use one of {REWARD_SCALINGS}")
+    return (centred / (std + 1e-4)).reshape(-1)
+
+
+def _batch_std(scores: jax.Array, axis_name: str | None) -> jax.Array:
+    """The Bessel-corrected std of every element of ``scores``, over ``axis_name``'s devices."""
+    every = jnp.ones_like(scores)
+    mean = masked_mean(scores, every, axis_name)
+    squares, count = _sum_and_count(jnp.square(scores - mean), every, axis_name)
+    return jnp.sqrt(squares / jnp.maximum(count - 1.0, 1.0))

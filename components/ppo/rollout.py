@@ -178,7 +178,9 @@ def _group_advantages(
     non_score = -kl_coef * jnp.sum(kl, axis=1)
     if config.algorithm == "grpo":
         non_score = jnp.zeros_like(non_score)
-    sequence = losses.group_advantages(scores + non_score, config.group_size, config.algorithm)
+    sequence = losses.group_advantages(
+        scores + non_score, config.group_size, config.algorithm, config.reward_scaling, AXIS
+    )
     group_std = jnp.std(scores.reshape(-1, config.group_size), axis=1, ddof=1)
     advantages = jnp.where(mask != 0, sequence[:, None], 0.0)
     return advantages, non_score, group_std

@@ -9,12 +9,14 @@ holds them over the data's chosen and rejected responses instead, a distribution
 never samples (``score_norm = data`` keeps it).
 
 The samples are the first ``score_norm_samples`` unique train prompts, one response each at
-the rollouts' temperature, with keys from the run's seed: a resumed run computes the same
-figures, and so does any device or host count.
+the rollouts' temperature, with keys from the run's seed. Every checkpoint holds the figures, and a
+resumed run reads them back instead of sampling again (``saved_score_stats``): the same
+figures, bit for bit, and no sampling pass before the resume.
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import numpy as np
@@ -22,6 +24,11 @@ from flax import nnx
 
 from components.core.model import eval_sampling
 from components.core.training import parallel
+from components.core.training.checkpoint import TrainCheckpointer
+
+log = logging.getLogger(__name__)
+# The checkpoints' JSON entry of the statistics a run normalized with.
+SCORE_NORM_KEY = "score_norm"
 
 # Sampling keys of the normalisation: the run's seed folded with this, apart from the
 # rollouts' and the gold measure's.
@@ -67,3 +74,22 @@ def policy_score_stats(
             "check the reward model artifact (or pass --score-norm data)"
         )
     return {"mean": float(np.mean(scores)), "std": float(np.std(scores)), "samples": rows}
+
+
+def saved_score_stats(checkpointer: TrainCheckpointer, source: str) -> dict[str, float] | None:
+    """The score statistics ``source`` (``score_norm``) gave the run whose latest checkpoint
+    ``checkpointer`` holds, so a resume normalizes exactly as the first attempt did; None to
+    compute them: no checkpoint, one written before checkpoints held them, or another source."""
+    extra = checkpointer.latest_extra_json()
+    if extra is None:
+        return None
+    saved = extra.get(SCORE_NORM_KEY)
+    if saved is None or saved.get("source") != source:
+        log.warning(
+            "ppo: the checkpoint in %s holds no score statistics of score_norm %s (%s); "
+            "computing them again, so the resumed run may differ from an uninterrupted one",
+            checkpointer.directory, source,
+            "written before checkpoints held them" if saved is None else f"its: {saved['source']}",
+        )  # fmt: skip
+        return None
+    return {"mean": float(saved["mean"]), "std": float(saved["std"])}

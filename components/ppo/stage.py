@@ -39,9 +39,9 @@ from components.core.training.trainer import StreamBatches
 from components.hf.importer import remove_import, resolve_base
 from components.ppo.config import STATUS_STOPPED_KL_GUARD, PPOConfig
 from components.ppo.gold import mean_gold_reward
-from components.ppo.loop import Networks, PPOLoop
+from components.ppo.loop import Networks, PPOLoop, ppo_checkpointer
 from components.ppo.rollout import Frozen, Models, ScoreNorm, TokenIds
-from components.ppo.score_norm import policy_score_stats
+from components.ppo.score_norm import policy_score_stats, saved_score_stats
 
 log = logging.getLogger(__name__)
 STATUS_FILE = "ppo_status.json"
@@ -84,7 +84,13 @@ def fold_normalization(critic: nnx.Module, mean: float, std: float) -> None:
 
 
 def build_networks(
-    config: PPOConfig, manifest: dict, policy_dir: str, reward_dir: str, *, shards_dir: str = ""
+    config: PPOConfig,
+    manifest: dict,
+    policy_dir: str,
+    reward_dir: str,
+    *,
+    shards_dir: str = "",
+    score_stats: dict[str, float] | None = None,
 ) -> tuple[nnx.Module, Networks]:
     """The policy model and every network's graph and parameters, ready for the loop.
 
@@ -92,7 +98,8 @@ def build_networks(
     the critic get fresh adapters, and the bases are frozen, one copy each: the policy's
     (the reference's too) and the reward model's (the critic's too). Scores are normalized
     as ``config.score_norm`` says, on train prompts of ``shards_dir``; without one (shape
-    measurements) the reward stage's statistics stand in.
+    measurements) the reward stage's statistics stand in. ``score_stats`` (a resumed run's,
+    from its checkpoint) are taken as they are, and nothing is sampled for them.
     """
     policy, policy_info = _load(policy_dir, manifest, config, scalar_head=False)
     require_policy(policy_info, policy_dir, "--policy", " (the reward model goes as --reward)")
@@ -110,8 +117,13 @@ def build_networks(
         pad_id=int(tokenizer["pad_id"]),
         vocab_size=int(tokenizer["vocab_size"]),
     )
-    stats = read_reward_stats(reward_dir, reward_info)
-    if config.score_norm == "policy" and shards_dir:
+    stats = score_stats or read_reward_stats(reward_dir, reward_info)
+    if score_stats is not None:
+        log.info(
+            "ppo: scores normalized by the checkpoint's statistics (score_norm %s): mean %.4g, "
+            "std %.4g", config.score_norm, stats["mean"], stats["std"],
+        )  # fmt: skip
+    elif config.score_norm == "policy" and shards_dir:
         data_stats = stats
         # Fresh adapters start at zero: the policy samples as the artifact does.
         stats = policy_score_stats(
@@ -241,11 +253,15 @@ def run(
         prompt_len=config.prompt_len or prompt_max,
         max_new_tokens=config.max_new_tokens or response_max,
     )
-    policy, nets = build_networks(config, manifest, policy_dir, reward_dir, shards_dir=shards_dir)
+    inputs = {"--shards": shards_dir, "--policy": given_policy, "--reward": reward_dir}
+    checkpointer = ppo_checkpointer(config, output, inputs)
+    policy, nets = build_networks(
+        config, manifest, policy_dir, reward_dir, shards_dir=shards_dir,
+        score_stats=saved_score_stats(checkpointer, config.score_norm),
+    )  # fmt: skip
     prompts = prompt_streams(config, shards_dir)
     gold_before = _gold(nets, nets.whole_policy(nets.policy), shards_dir, manifest, config)
-    inputs = {"--shards": shards_dir, "--policy": given_policy, "--reward": reward_dir}
-    result = PPOLoop(config, nets, prompts, output, inputs).run(nets.reward)
+    result = PPOLoop(config, nets, prompts, output, checkpointer).run(nets.reward)
     gold_after = _gold(nets, result.policy, shards_dir, manifest, config)
     status = {
         "status": result.status,

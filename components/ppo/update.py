@@ -138,7 +138,7 @@ def _ppo_loss(
         loss_type=config.loss_type, max_len=config.max_new_tokens,
     )  # fmt: skip
     vf_loss, vf_metrics = _value_loss(critic_params, minibatch, models, config)
-    loss = pg_loss + config.vf_coef * vf_loss - config.entropy_coef * entropy
+    loss = pg_loss + config.vf_coef * vf_loss
     metrics = {**pg_metrics, **vf_metrics, "policy/entropy": entropy}
     if config.algorithm == "grpo":
         # GRPO's KL in the loss: k3 of the current policy to the reference, per token,
@@ -148,14 +148,17 @@ def _ppo_loss(
         kl = losses.aggregate(kl_terms, mask, config.loss_type, config.max_new_tokens)
         loss = loss + kl_coef * kl
         metrics["kl"] = losses.masked_mean(kl_terms, mask)  # TRL GRPO's name: per token
-    metrics["loss/total"] = loss
     mismatch = jnp.max(jnp.where(mask != 0, jnp.abs(logprobs - minibatch["logprobs"]), 0.0))
     # Local token mean × (local tokens / mean tokens per device): pmean gives the global mean.
-    # A per-response loss_type needs no weight: every device holds as many responses.
+    # A per-response loss_type needs no weight: every device holds as many responses. The
+    # entropy is a token mean whatever the loss_type: weighted by tokens, the pmean is
+    # Σ entropy / Σ tokens over the devices, not the mean of the devices' means.
     weight = minibatch["weight"]
+    metrics["loss/total"] = loss - config.entropy_coef * entropy
     weighted = {name: value * weight for name, value in metrics.items()}
     loss_weight = weight if config.loss_type == "dapo" else 1.0
-    return loss * loss_weight, (weighted, lax.stop_gradient(mismatch))
+    loss = loss * loss_weight - config.entropy_coef * entropy * weight
+    return loss, (weighted, lax.stop_gradient(mismatch))
 
 
 def _token_weights(minibatches: dict) -> jax.Array:

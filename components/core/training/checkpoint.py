@@ -248,9 +248,7 @@ class TrainCheckpointer:
         step = self._manager.latest_step()
         if step is None:
             return None
-        meta = self._manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
-        self._check_identity(step, meta["meta"].get("identity", {}))
-        chunks = int(meta["meta"].get("chunks", 0))
+        chunks = int(self._checked_meta(step).get("chunks", 0))
         whole = {"state": state_template, "extra": dict(extra_templates or {})}
         # A sharded run's checkpoint holds each tensor as its devices' chunks.
         stored = fsdp.chunk_template(whole, chunks) if chunks else whole
@@ -283,6 +281,19 @@ class TrainCheckpointer:
             extra_trees=dict(tree["extra"]),
             extra_json=dict(meta["extra"]),
         )
+
+    def latest_extra_json(self) -> dict[str, Any] | None:
+        """The ``extra_json`` of the latest complete checkpoint (its identity checked, as
+        ``restore_latest`` checks it), or None if none: what a run needs before it can build
+        the templates to restore into."""
+        step = self._manager.latest_step()
+        return None if step is None else dict(self._checked_meta(step)["extra"])
+
+    def _checked_meta(self, step: int) -> dict[str, Any]:
+        """Step ``step``'s JSON item, refused when another stage or settings wrote it."""
+        meta = self._manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
+        self._check_identity(step, meta["meta"].get("identity", {}))
+        return meta["meta"]
 
     def _check_identity(self, step: int, saved: dict[str, Any]) -> None:
         """Refuse a checkpoint saved with another stage or settings (see ``__init__``)."""
