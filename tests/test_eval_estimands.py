@@ -115,6 +115,16 @@ def test_ppo_vs_best_of_n_matches_the_closed_form_where_the_chord_does_not() -> 
     chord = best_of_n.best_of_n_kl_bound(n0) / best_of_n.best_of_n_kl_bound(2) * (2 / 3 - 0.5)
     assert part["ppo_vs_best_of_n_chord"] == pytest.approx(0.1 / chord, rel=0.03)
     assert part["ppo_vs_best_of_n_chord"] > 1.5
+    # The report's curve: real n from 1 to the number of draws, on the closed form.
+    dense = part["best_of_n_curve"]
+    assert len(dense) == best_of_n.CURVE_POINTS
+    assert (dense[0]["n"], dense[-1]["n"]) == (pytest.approx(1.0), pytest.approx(2000))
+    kls = [point["kl_per_sequence"] for point in dense]
+    assert kls == sorted(kls)
+    for point in dense[:12]:  # n up to 35: the plug-in's bias grows as n nears N
+        n = point["n"]
+        assert point["gold"] == pytest.approx(n / (n + 1), abs=0.01)
+        assert point["kl_per_sequence"] == pytest.approx(best_of_n.best_of_n_kl_bound(n), abs=2e-3)
 
 
 def test_ratio_interval_covers_the_truth_and_narrows_with_prompts() -> None:

@@ -34,6 +34,8 @@ from numpy.typing import ArrayLike
 # solves exactly); between grid points the curve's relative error is below 1e-5.
 _CURVE_GRID = 512
 _BISECTIONS = 60
+# Points of the curve the summary keeps for the report's plot (log-spaced n from 1).
+CURVE_POINTS = 25
 
 
 def best_of_n_kl_bound(n: float) -> float:
@@ -141,6 +143,21 @@ def best_of_n(
             }
         )
     return frontier
+
+
+def dense_curve(levels: ScoreLevels, n_max: float) -> list[dict[str, Any]]:
+    """Best-of-n at ``CURVE_POINTS`` log-spaced real n in [1, ``n_max``]: what the report
+    draws as best-of-n's curve (its table's n are points on it)."""
+    sizes = np.exp(np.linspace(0.0, math.log(n_max), CURVE_POINTS))
+    points = curve(levels, sizes)
+    gold = [None] * sizes.size if points.gold is None else np.mean(points.gold, axis=-1)
+    return [
+        {"n": float(n), "kl_per_sequence": float(kl), "reward": float(reward),
+         "gold": None if g is None else float(g)}
+        for n, kl, reward, g in zip(
+            sizes, np.mean(points.kl, axis=-1), np.mean(points.reward, axis=-1), gold, strict=True
+        )
+    ]  # fmt: skip
 
 
 def n_at_kl(levels: ScoreLevels, kl: float, n_max: float) -> tuple[float, bool]:
@@ -266,9 +283,9 @@ def versus_aligned(
 
 
 def _empty_part() -> dict[str, Any]:
-    keys = ("best_of_n", "best_of_n_at_kl", "ppo_vs_best_of_n", "ppo_vs_best_of_n_capped",
-            "ppo_vs_best_of_n_gains", "ppo_vs_best_of_n_interval", "ppo_vs_best_of_n_chord",
-            "ppo_vs_best_of_n_bound")  # fmt: skip
+    keys = ("best_of_n", "best_of_n_curve", "best_of_n_at_kl", "ppo_vs_best_of_n",
+            "ppo_vs_best_of_n_capped", "ppo_vs_best_of_n_gains", "ppo_vs_best_of_n_interval",
+            "ppo_vs_best_of_n_chord", "ppo_vs_best_of_n_bound")  # fmt: skip
     return dict.fromkeys(keys)
 
 
@@ -286,10 +303,10 @@ def summary_part(
         return _empty_part()
     levels = score_levels(draws.rewards, draws.gold_rewards)
     frontier = best_of_n(draws.rewards, draws.gold_rewards, sizes)
-    part = {**_empty_part(), "best_of_n": frontier}
+    n_max = float(max(max(sizes), np.asarray(draws.rewards).shape[1]))
+    part = {**_empty_part(), "best_of_n": frontier, "best_of_n_curve": dense_curve(levels, n_max)}
     if aligned is None or levels.gold is None:
         return part
-    n_max = float(max(max(sizes), np.asarray(draws.rewards).shape[1]))
     aligned_gain = float(np.mean(aligned.gold_gain))
     aligned_kl = float(np.mean(aligned.kl_per_sequence))
     at_kl = versus_aligned(levels, aligned_gain, aligned_kl, n_max)

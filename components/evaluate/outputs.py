@@ -46,7 +46,7 @@ def flat_figures(summary: dict[str, Any], gate: Gate) -> dict[str, float]:
             flat[path] = float(node)
 
     # Histogram counts are a plot's data, not figures; None (not measured, non-finite) drops out.
-    skip = ("reward_histogram", "schema_version")
+    skip = ("reward_histogram", "schema_version", "best_of_n_curve")
     walk({k: v for k, v in json_ready(summary).items() if k not in skip}, "")
     flat["blessed"] = 1.0 if gate.blessed else 0.0
     flat["judge_is_gold"] = 1.0 if summary.get("judge") == JUDGE_GOLD else 0.0

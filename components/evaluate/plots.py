@@ -181,15 +181,21 @@ def best_of_n_frontier(
     points: Sequence[tuple[int, float, float]],
     aligned: tuple[float, float] | None,
     metric: str,
+    curve: Sequence[tuple[float, float]] = (),
 ) -> bytes | None:
-    """Best-of-n's (KL per sequence, gain) curve, each point marked n, and the aligned policy."""
+    """Best-of-n's (KL per sequence, gain) curve (``curve``: its points at many real n,
+    else straight lines between ``points``), each of ``points`` marked n, and the aligned
+    policy."""
     shown = [p for p in points if _is_finite_number(p[1]) and _is_finite_number(p[2])]
     if not shown:
         return None
     figure = Figure(figsize=(6, 3.6))
     axes = figure.subplots()
-    kls, gains = [p[1] for p in shown], [p[2] for p in shown]
-    axes.plot(kls, gains, marker="o", color=REFERENCE_COLOR, label="best-of-n of the reference")
+    line = [p for p in curve if _is_finite_number(p[0]) and _is_finite_number(p[1])]
+    line = line or [(p[1], p[2]) for p in shown]
+    axes.plot(*zip(*line, strict=True), color=REFERENCE_COLOR, label="best-of-n of the reference")
+    axes.plot([p[1] for p in shown], [p[2] for p in shown], marker="o", linestyle="",
+              color=REFERENCE_COLOR)  # fmt: skip
     for n, kl, gain in shown:
         axes.annotate(f"n={n}", (kl, gain), textcoords="offset points", xytext=(4, -10))
     if aligned is not None and all(_is_finite_number(v) for v in aligned):

@@ -328,11 +328,12 @@ def _frontier_plot(summary: Mapping[str, Any]) -> str:
     if not points:
         return _image(None, "", "no best-of-n baseline measured")
     base = points[0][key]
-    curve = [(p["n"], p["kl_per_sequence"], p[key] - base) for p in points]
+    marked = [(p["n"], p["kl_per_sequence"], p[key] - base) for p in points]
+    dense = [(p["kl_per_sequence"], p[key] - base) for p in _at(summary, "best_of_n_curve") or []]
     aligned = (_at(summary, "kl.per_sequence"), _at(summary, aligned_path))
     name = f" ({_at(summary, 'gold.name')})" if key == "gold" else ""
     return _image(
-        plots.best_of_n_frontier(curve, aligned, label),
+        plots.best_of_n_frontier(marked, aligned, label, curve=dense),
         f"{label}{name} gain against KL per sequence: best-of-n of the reference and the "
         "aligned policy",
         "no best-of-n baseline measured",

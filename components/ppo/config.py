@@ -149,6 +149,13 @@ class PPOConfig(
     kl_i_gain: float = field(
         0.3, help="pid: change of log kl_coef per rollout per unit of log(KL / kl_target)"
     )
+    # The policy starts at the reference: its first rollouts' KL is ~0 because it has not
+    # moved, not because kl_coef is too high (kl_control.py says what integrating it did).
+    kl_i_delay: int = field(
+        5,
+        help="pid: rollouts before the integral term acts, whichever side of kl_target "
+        "the KL is on",
+    )
     kl_target: float = field(
         DEFAULT_KL_TARGET, help="adaptive KL target in nats per response token"
     )
@@ -283,7 +290,7 @@ class PPOConfig(
             raise ValueError(f"temperature: {self.temperature} must be > 0 for PPO rollouts")
         for name in (
             "kl_coef", "vf_coef", "entropy_coef", "missing_eos_penalty", "reward_clip",
-            "kl_p_gain", "kl_i_gain",
+            "kl_p_gain", "kl_i_gain", "kl_i_delay",
         ):  # fmt: skip
             if getattr(self, name) < 0:
                 raise ValueError(f"{name}: {getattr(self, name)} must be >= 0")

@@ -20,8 +20,14 @@ Three kinds:
   the reference, a KL of 0, where the coefficient is β₀ (at the target, with I = 0, it is
   β₀ · e^{k_p}).
 
-  One rule above and below the target: the integral runs from the first rollout, both ways.
-  An earlier rule kept it off until the KL first reached the target, so a start whose
+  One rule above and below the target: after its first ``integral_delay`` rollouts (5 by
+  default) the integral runs both ways, whatever side of the target the KL is on. The
+  policy starts at the reference, so for its first rollouts its KL is near 0 because it has
+  not moved yet, not because the coefficient is too high: integrating that error from the
+  first rollout wound the demo's coefficient down from 0.37 to 0.15 before the KL took off,
+  and the KL then overshot to 1.76× the target (11% of rollouts after the first tenth left
+  the ±50% band). A delay counted in rollouts does not depend on the error's sign. An
+  earlier rule kept the integral off until the KL first reached the target, so a start whose
   equilibrium lay below β₀ · e^{k_p} never came down: the KL never reached the target, and
   the coefficient never fell below β₀. Anti-windup by clamping: the
   integral stops at ±log 20, so a long saturated error (the KL held at 0 while the
@@ -33,7 +39,7 @@ Three kinds:
   the wind-down before the KL takes off: on a model of the demo's KL (test_kl_control's
   integrating plant, seeds 0-5) the worst rollout after the first tenth reached 1.8× the
   target where the one-sided rule reached 1.5×, with 95% or more of them within ±50% of it
-  either way; the demo itself (benchmarks/bench_algorithms.py) was not rerun with this rule.
+  either way.
 
 A resumed run takes the kind, target, horizon and gains from its configuration, not from
 the checkpoint, and keeps the checkpoint's coefficient, last error and integral only when
@@ -86,6 +92,9 @@ class KLControllerState:
         default_factory=lambda: jnp.asarray(-_MAX_LOG_ERROR, jnp.float32)
     )
     integral: jax.Array = struct.field(default_factory=lambda: jnp.zeros((), jnp.float32))
+    # pid only: rollouts observed so far, and how many pass before the integral acts.
+    rollouts: jax.Array = struct.field(default_factory=lambda: jnp.zeros((), jnp.float32))
+    integral_delay: int = struct.field(pytree_node=False, default=0)
 
     def to_json_dict(self) -> dict[str, float | str | list[float]]:
         """Plain floats and the kind, for a JSON checkpoint."""
@@ -97,6 +106,8 @@ class KLControllerState:
             "gains": list(self.gains),
             "last_error": float(self.last_error),
             "integral": float(self.integral),
+            "rollouts": float(self.rollouts),
+            "integral_delay": self.integral_delay,
         }
 
     @classmethod
@@ -109,10 +120,12 @@ class KLControllerState:
             target=float(data["target"]),
             horizon=float(data["horizon"]),
             gains=tuple(data.get("gains", DEFAULT_PID_GAINS)),
+            integral_delay=int(data.get("integral_delay", 0)),
         )
         return state.replace(
             last_error=jnp.asarray(data.get("last_error", -_MAX_LOG_ERROR), jnp.float32),
             integral=jnp.asarray(data.get("integral", 0.0), jnp.float32),
+            rollouts=jnp.asarray(data.get("rollouts", 0.0), jnp.float32),
         )
 
 
@@ -122,6 +135,7 @@ def init_kl_controller(
     target: float = DEFAULT_KL_TARGET,
     horizon: float = DEFAULT_KL_HORIZON,
     gains: tuple[float, float] = DEFAULT_PID_GAINS,
+    integral_delay: int = 0,
 ) -> KLControllerState:
     """A controller at ``kl_coef``; ``target`` (per token, as PPOConfig's) drives 'adaptive'
     with ``horizon`` (sequences) and 'pid' with ``gains`` (proportional, integral)."""
@@ -145,6 +159,7 @@ def init_kl_controller(
         horizon=jnp.asarray(horizon, jnp.float32),
         kind=kind,
         gains=(float(gains[0]), float(gains[1])),
+        integral_delay=int(integral_delay),
     )
 
 
@@ -169,17 +184,22 @@ def update_kl_controller(
 
 
 def _update_pid(state: KLControllerState, observed_kl: float | jax.Array) -> KLControllerState:
-    """Δ log β = k_p · (e − e_last) + ΔI, I = clip(I + k_i · e, ±log 20),
-    e = clip(log(KL / target), ±1): the same rule above and below the target."""
+    """Δ log β = k_p · (e − e_last) + ΔI, I = clip(I + k_i · e, ±log 20) once
+    ``integral_delay`` rollouts have passed, e = clip(log(KL / target), ±1): the same rule
+    above and below the target."""
     k_p, k_i = state.gains
     # A KL of 0 (a policy that has not moved; a k1 estimate can even be < 0) is the clip's low end.
     floor = state.target * jnp.exp(-_MAX_LOG_ERROR)
     error = jnp.clip(
         jnp.log(jnp.maximum(observed_kl, floor) / state.target), -_MAX_LOG_ERROR, _MAX_LOG_ERROR
     )
-    integral = jnp.clip(state.integral + k_i * error, -_MAX_INTEGRAL, _MAX_INTEGRAL)
+    active = (state.rollouts >= state.integral_delay).astype(jnp.float32)
+    integral = jnp.clip(state.integral + k_i * error * active, -_MAX_INTEGRAL, _MAX_INTEGRAL)
     step = k_p * (error - state.last_error) + (integral - state.integral)
-    return state.replace(kl_coef=state.kl_coef * jnp.exp(step), last_error=error, integral=integral)
+    return state.replace(
+        kl_coef=state.kl_coef * jnp.exp(step), last_error=error, integral=integral,
+        rollouts=state.rollouts + 1,
+    )  # fmt: skip
 
 
 def resume_kl_controller(
@@ -204,10 +224,14 @@ def resume_kl_controller(
             "; ".join(changed),
         )
     return saved.replace(
-        target=configured.target, horizon=configured.horizon, gains=configured.gains
-    )
+        target=configured.target, horizon=configured.horizon, gains=configured.gains,
+        integral_delay=configured.integral_delay,
+    )  # fmt: skip
 
 
 def _settings(state: KLControllerState) -> dict[str, Any]:
     """The settings a configuration gives a controller, as plain values."""
-    return {"target": float(state.target), "horizon": float(state.horizon), "gains": state.gains}
+    return {
+        "target": float(state.target), "horizon": float(state.horizon), "gains": state.gains,
+        "integral_delay": state.integral_delay,
+    }  # fmt: skip

@@ -174,7 +174,7 @@ class PPOLoop:
         kind = {"pid": "pid", "ziegler": "adaptive"}[c.kl_control] if c.adaptive_kl else "fixed"
         return init_kl_controller(
             kind, c.kl_coef, target=c.kl_target, horizon=c.kl_horizon_sequences,
-            gains=(c.kl_p_gain, c.kl_i_gain),
+            gains=(c.kl_p_gain, c.kl_i_gain), integral_delay=c.kl_i_delay,
         )  # fmt: skip
 
     def _place(self, tree: PyTree) -> PyTree:
