@@ -106,7 +106,17 @@ def test_score_statistics_come_from_the_checkpoint_or_are_computed_again(caplog)
         return SimpleNamespace(directory="ckpt", latest_extra_json=lambda: extra)
 
     saved = {SCORE_NORM_KEY: {"source": "policy", "mean": 0.125, "std": 3.0}}
-    assert saved_score_stats(checkpointer(saved), "policy") == {"mean": 0.125, "std": 3.0}
+    assert saved_score_stats(checkpointer(saved), "policy") == {
+        "mean": 0.125, "std": 3.0, "quantiles": [],
+    }  # fmt: skip
+    # score_norm quantile reads the starting policy's scores back; without them, recomputes.
+    scores = {"source": "quantile", "mean": 0.0, "std": 1.0, "quantiles": [-1.0, 0.5, 2.0]}
+    assert saved_score_stats(checkpointer({SCORE_NORM_KEY: scores}), "quantile")["quantiles"] == [
+        -1.0, 0.5, 2.0,
+    ]  # fmt: skip
+    no_scores = {SCORE_NORM_KEY: {**scores, "quantiles": []}}
+    assert saved_score_stats(checkpointer(no_scores), "quantile") is None
+    caplog.clear()
     with caplog.at_level(logging.WARNING):
         assert saved_score_stats(checkpointer(None), "policy") is None
         assert not caplog.records

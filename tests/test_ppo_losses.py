@@ -503,6 +503,24 @@ def test_missing_eos_penalty_survives_the_clip():
     np.testing.assert_allclose(scores, [5.0, 4.0, 2.0, 1.0, -5.0, -6.0])
 
 
+def test_quantile_scores_are_the_chance_of_beating_a_starting_sample():
+    """score_norm quantile: √12 (F − ½), F the share of the starting policy's scores below
+    (ties half); over the starting policy's own scores mean 0 and variance 1, whatever their
+    scale; then the clip and the missing-EOS penalty as for z-scores."""
+    from components.ppo.rollout import ScoreNorm, normalize_scores, quantile_scores
+
+    table = (0.0, 1.0, 2.0, 3.0)
+    raw = jnp.array([1.5, 10.0, -1.0, 1.0])
+    expected = np.sqrt(12) * (np.array([2 / 4, 1.0, 0.0, 3 / 8]) - 0.5)
+    np.testing.assert_allclose(quantile_scores(raw, table), expected, rtol=1e-6)
+    starting = np.random.default_rng(0).lognormal(3.0, 2.0, 4096)  # skewed, large scale
+    calibrated = np.asarray(quantile_scores(jnp.asarray(starting), tuple(sorted(starting))))
+    assert abs(calibrated.mean()) < 1e-3 and calibrated.var() == pytest.approx(1.0, abs=1e-3)
+    norm = ScoreNorm(mean=5.0, std=0.1, missing_eos_penalty=1.0, clip=1.5, quantiles=table)
+    scores = normalize_scores(raw, jnp.array([True, False, True, True]), norm)
+    np.testing.assert_allclose(scores, [0.0, 0.5, -1.5, expected[3]], rtol=1e-6)
+
+
 def test_loss_aggregations_by_hand():
     """Two responses of 1 and 3 tokens (of 4), losses 4 and 1, 1, 1."""
     from components.ppo.losses import aggregate

@@ -7,6 +7,7 @@ tests, so the rollout and update compile once for all of them.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -463,3 +464,12 @@ def test_scores_are_normalized_on_the_starting_policys_samples(artifacts, aligne
         config, manifest, artifacts["sft"], artifacts["reward"], shards_dir=artifacts["shards"]
     )
     assert (nets.norm.mean, nets.norm.std) == pytest.approx((data["mean"], data["std"]))
+    assert nets.norm.quantiles == ()  # z-scores
+    # score_norm quantile: the same samples' scores, ascending, make the calibration table.
+    quantile = dataclasses.replace(config, score_norm="quantile")
+    _, nets = build_networks(
+        quantile, manifest, artifacts["sft"], artifacts["reward"], shards_dir=artifacts["shards"]
+    )
+    assert len(nets.norm.quantiles) == training["score_norm_samples"]
+    assert list(nets.norm.quantiles) == sorted(again["quantiles"])
+    assert np.mean(nets.norm.quantiles) == pytest.approx(norm["mean"], rel=1e-5)

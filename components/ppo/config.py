@@ -211,14 +211,18 @@ class PPOConfig(
         1.0, help="subtracted from the normalized score of a response without EOS"
     )
     reward_clip: float = field(5.0, help="clip normalized scores to [-c, c] (0 = no clipping)")
-    score_norm: Literal["policy", "data"] = field(
+    score_norm: Literal["policy", "quantile", "data"] = field(
         "policy",
         help="normalize scores by their mean and std over the starting policy's samples of "
-        "train prompts (policy, as lm-human-preferences does) or over the data's chosen and "
-        "rejected responses (data: the reward stage's reward_stats.json)",
+        "train prompts (policy, as lm-human-preferences does), replace each by its quantile "
+        "among those samples' scores, scaled to unit variance (quantile: the reward is then the "
+        "reward model's win rate against the starting policy, InfAlign's calibrated reward) or "
+        "normalize over the data's chosen and rejected responses (data: the reward stage's "
+        "reward_stats.json)",
     )
     score_norm_samples: int = field(
-        256, help="score_norm policy: train prompts sampled once each for the statistics"
+        256,
+        help="score_norm policy or quantile: train prompts sampled once each for the statistics",
     )
     validation_fraction: float = field(
         0.0,

@@ -234,6 +234,7 @@ class PPOLoop:
                 "source": self.config.score_norm,
                 "mean": self.nets.norm.mean,
                 "std": self.nets.norm.std,
+                "quantiles": list(self.nets.norm.quantiles),
             },
         }
         self.checkpointer.save(

@@ -90,15 +90,31 @@ class ScoreNorm(NamedTuple):
     std: float
     missing_eos_penalty: float
     clip: float  # 0 = none
+    # score_norm quantile: the starting policy's sample scores, ascending; () = (raw − mean) / std.
+    quantiles: tuple[float, ...] = ()
+
+
+def quantile_scores(raw: jax.Array, quantiles: tuple[float, ...]) -> jax.Array:
+    """√12 · (F(raw) − ½), F the share of ``quantiles`` below raw (ties half): F's mean over
+    a sample of the starting policy is the chance of beating one of its responses, ½, and
+    √12 gives it unit variance there, the scale ``kl_coef`` and ``reward_clip`` expect."""
+    table = jnp.asarray(quantiles, jnp.float32)
+    below = jnp.searchsorted(table, raw, side="left") + jnp.searchsorted(table, raw, side="right")
+    share = below.astype(jnp.float32) / (2.0 * table.size)
+    return jnp.sqrt(12.0) * (share - 0.5)
 
 
 def normalize_scores(raw: jax.Array, has_eos: jax.Array, norm: ScoreNorm) -> jax.Array:
-    """(raw − mean) / std clipped to [−clip, clip], minus the penalty where EOS is missing.
+    """(raw − mean) / std, or the calibrated ``quantile_scores`` when ``norm.quantiles`` are
+    given, clipped to [−clip, clip], minus the penalty where EOS is missing.
 
     The penalty comes after the clip: subtracted before it, a truncated response whose score
     lies past clip + penalty would be clipped back to a finished one's score.
     """
-    scores = (raw - norm.mean) / max(norm.std, 1e-6)
+    if norm.quantiles:
+        scores = quantile_scores(raw, norm.quantiles)
+    else:
+        scores = (raw - norm.mean) / max(norm.std, 1e-6)
     if norm.clip > 0:
         scores = jnp.clip(scores, -norm.clip, norm.clip)
     return scores - norm.missing_eos_penalty * (~has_eos).astype(jnp.float32)

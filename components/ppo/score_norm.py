@@ -73,7 +73,10 @@ def policy_score_stats(
             "the reward model scored the starting policy's samples with non-finite values; "
             "check the reward model artifact (or pass --score-norm data)"
         )
-    return {"mean": float(np.mean(scores)), "std": float(np.std(scores)), "samples": rows}
+    return {
+        "mean": float(np.mean(scores)), "std": float(np.std(scores)), "samples": rows,
+        "quantiles": sorted(float(score) for score in np.reshape(scores, -1)),
+    }  # fmt: skip
 
 
 def saved_score_stats(checkpointer: TrainCheckpointer, source: str) -> dict[str, float] | None:
@@ -84,6 +87,8 @@ def saved_score_stats(checkpointer: TrainCheckpointer, source: str) -> dict[str,
     if extra is None:
         return None
     saved = extra.get(SCORE_NORM_KEY)
+    if source == "quantile" and saved is not None and not saved.get("quantiles"):
+        saved = None  # a quantile run needs the scores themselves
     if saved is None or saved.get("source") != source:
         log.warning(
             "ppo: the checkpoint in %s holds no score statistics of score_norm %s (%s); "
@@ -92,4 +97,7 @@ def saved_score_stats(checkpointer: TrainCheckpointer, source: str) -> dict[str,
             "written before checkpoints held them" if saved is None else f"its: {saved['source']}",
         )  # fmt: skip
         return None
-    return {"mean": float(saved["mean"]), "std": float(saved["std"])}
+    return {
+        "mean": float(saved["mean"]), "std": float(saved["std"]),
+        "quantiles": [float(score) for score in saved.get("quantiles", [])],
+    }  # fmt: skip

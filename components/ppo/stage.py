@@ -123,7 +123,7 @@ def build_networks(
             "ppo: scores normalized by the checkpoint's statistics (score_norm %s): mean %.4g, "
             "std %.4g", config.score_norm, stats["mean"], stats["std"],
         )  # fmt: skip
-    elif config.score_norm == "policy" and shards_dir:
+    elif config.score_norm in ("policy", "quantile") and shards_dir:
         data_stats = stats
         # Fresh adapters start at zero: the policy samples as the artifact does.
         stats = policy_score_stats(
@@ -161,7 +161,13 @@ def build_networks(
         critic=None if critic_params is None else jax.device_get(critic_params),
         reward=jax.device_get(reward_params),
         ids=ids,
-        norm=ScoreNorm(stats["mean"], stats["std"], config.missing_eos_penalty, config.reward_clip),
+        norm=ScoreNorm(
+            stats["mean"],
+            stats["std"],
+            config.missing_eos_penalty,
+            config.reward_clip,
+            quantiles=tuple(stats.get("quantiles", ())) if config.score_norm == "quantile" else (),
+        ),  # fmt: skip
         frozen=frozen,
     )
     return policy, nets
