@@ -42,12 +42,13 @@ if TYPE_CHECKING:
     from components.core.training.optim import OptimConfig
 
 # The adaptive controller's target, nats per response token, and the default of both
-# PPOConfig and kl_control's controllers (one place). The original design's 0.02 was raised
-# to 0.025 on the demo's validation prompts (validation_fraction 0.15, ppo over 3 seeds):
-# gold gain +0.195 against +0.177, with the evaluation's KL inside the demo's 0.03 budget
-# now that the controller holds the mean within a few percent. The other settings tried
-# there gained nothing for their cost: 75 iterations +0.166, learning rate 3e-5 +0.196.
-DEFAULT_KL_TARGET = 0.025
+# PPOConfig and kl_control's controllers (one place). Chosen on the demo's validation prompts
+# (validation_fraction 0.15 of the train prompts, ppo, seeds 0 and 1; never the eval prompts)
+# for issue 48's budget of 0.05 on the evaluation's KL: gold win rate of independent pairs
+# 0.657 at 0.025, 0.678 at 0.035, 0.692 at 0.045 (gold gain +0.211, +0.242, +0.266); at
+# 0.045, 75 iterations (+0.265) and learning rate 3e-5 (+0.264) gained nothing. The
+# evaluation's KL reads about 1.06x the rollouts' mean, so 0.045 keeps it under 0.05.
+DEFAULT_KL_TARGET = 0.045
 
 # Responses per rollout. 64 (16 prompts x 4 for grpo/rloo) was raised to 128 on the same
 # validation prompts (target 0.025, ppo, grpo and rloo over 3 seeds each): validation gold gain
@@ -211,8 +212,10 @@ class PPOConfig(
         1.0, help="subtracted from the normalized score of a response without EOS"
     )
     reward_clip: float = field(5.0, help="clip normalized scores to [-c, c] (0 = no clipping)")
+    # quantile on the demo's validation prompts (kl_target 0.045, seeds 0 and 1): gold win
+    # rate 0.697 against policy's 0.692, the same gold gain (+0.268, +0.266).
     score_norm: Literal["policy", "quantile", "data"] = field(
-        "policy",
+        "quantile",
         help="normalize scores by their mean and std over the starting policy's samples of "
         "train prompts (policy, as lm-human-preferences does), replace each by its quantile "
         "among those samples' scores, scaled to unit variance (quantile: the reward is then the "

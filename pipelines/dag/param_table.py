@@ -90,7 +90,10 @@ PARAMS: tuple[Param, ...] = (
         help="preference files (JSONL/Parquet), comma-separated paths or globs, local or gs://; "
         "'' = generate the built-in task into the run",
     ),
-    Param("builtin_pairs", default=2000, kind=int, help="pairs of the built-in task (data_uri '')"),
+    # 4000 (was 2000): the same sft and reward steps see more distinct pairs; on the demo's
+    # validation prompts ppo's gold win rate of independent pairs rose from 0.697 to 0.706
+    # (kl_target 0.045, score_norm quantile, seeds 0 and 1).
+    Param("builtin_pairs", default=4000, kind=int, help="pairs of the built-in task (data_uri '')"),
     Param("data_format", (("shard", "format"),)),
     Param(
         "tokenizer",
