@@ -35,14 +35,14 @@ from components.evaluate.best_of_n import (  # noqa: F401 (re-exported: measures
 )
 from components.evaluate.best_of_n import summary_part as best_of_n_summary
 from components.evaluate.config import EvalConfig
+from components.evaluate.judges import (  # noqa: F401 (re-exported: measures is the API)
+    JUDGE_GOLD,
+    JUDGE_REWARD_MODEL,
+    JUDGES,
+)
 
 SCHEMA_VERSION = 1
 HISTOGRAM_BINS = 20
-# Who scores the responses (win rate, rewards, best-of-n selection): the learned reward
-# model, or, when none is given, the gold reward itself.
-JUDGE_REWARD_MODEL = "reward_model"
-JUDGE_GOLD = "gold"
-JUDGES = (JUDGE_REWARD_MODEL, JUDGE_GOLD)
 
 
 def _paired(aligned: ArrayLike, reference: ArrayLike) -> tuple[np.ndarray, np.ndarray]:

@@ -9,7 +9,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from components.evaluate.measures import JUDGE_GOLD
+from components.evaluate.judges import JUDGE_GOLD
 
 
 def esc(value: Any) -> str:
