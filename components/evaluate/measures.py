@@ -19,7 +19,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 from numpy.typing import ArrayLike
@@ -111,9 +111,28 @@ def win_shares(
     """Per prompt, the share of its independent (aligned, reference) pairs aligned wins, a
     tie counting half: the two-sample U-statistic of P(y > y′) + ½ P(y = y′), [P]."""
     a, r = _samples_by_prompt(aligned_rewards, reference_rewards)
-    pairs = independent_pairs(a.shape[1], r.shape[1], shared_keys=shared_keys)
-    outcome = (a[:, :, None] > r[:, None, :]) + 0.5 * (a[:, :, None] == r[:, None, :])
-    shares = np.sum(outcome * pairs, axis=(1, 2)) / pairs.sum()
+    return _shares(a, r, _outcomes(a, r, shared_keys))
+
+
+class _Outcomes(NamedTuple):
+    """Each prompt's [P, S, N] comparisons and the [S, N] mask of its independent pairs."""
+
+    above: np.ndarray
+    equal: np.ndarray
+    pairs: np.ndarray
+
+
+def _outcomes(a: np.ndarray, r: np.ndarray, shared_keys: bool) -> _Outcomes:
+    above, equal = a[:, :, None] > r[:, None, :], a[:, :, None] == r[:, None, :]
+    return _Outcomes(
+        above, equal, independent_pairs(a.shape[1], r.shape[1], shared_keys=shared_keys)
+    )
+
+
+def _shares(a: np.ndarray, r: np.ndarray, outcomes: _Outcomes) -> np.ndarray:
+    """Per prompt, wins + ties / 2 over its independent pairs; NaN where a score is NaN."""
+    won = np.sum((outcomes.above + 0.5 * outcomes.equal) * outcomes.pairs, axis=(1, 2))
+    shares = won / outcomes.pairs.sum()
     broken = np.isnan(a).any(axis=1) | np.isnan(r).any(axis=1)
     return np.where(broken, math.nan, shares)  # a NaN is neither win nor tie: never a loss
 
@@ -178,21 +197,20 @@ def win_rate_with_interval(
     with sample s) win rate and ties, which ``shared_keys`` sampling makes identical
     wherever the policies agree: a diagnostic, not the estimand."""
     a, r = _samples_by_prompt(aligned_rewards, reference_rewards)
-    shares = win_shares(a, r, shared_keys=shared_keys)
+    outcomes = _outcomes(a, r, shared_keys)
+    shares = _shares(a, r, outcomes)
     low, high = bootstrap_interval(
         np.mean, shares, n_resamples=n_resamples, confidence=confidence, seed=seed
     )
-    pairs = independent_pairs(a.shape[1], r.shape[1], shared_keys=shared_keys)
-    above, equal = a[:, :, None] > r[:, None, :], a[:, :, None] == r[:, None, :]
-    below = a[:, :, None] < r[:, None, :]
+    pairs, below = outcomes.pairs, a[:, :, None] < r[:, None, :]
     result: dict[str, Any] = {
         "value": float(np.mean(shares)),
         "low": low,
         "high": high,
         "pairing": "independent",
         "pairs": int(pairs.sum()) * len(a),
-        "wins": int(np.sum(above & pairs)),
-        "ties": int(np.sum(equal & pairs)),
+        "wins": int(np.sum(outcomes.above & pairs)),
+        "ties": int(np.sum(outcomes.equal & pairs)),
         "losses": int(np.sum(below & pairs)),
         "coupled": None,
     }
