@@ -1,10 +1,14 @@
 """Write the Hugging Face fixtures of tests/test_hf_*.py (run by hand; needs torch + transformers).
 
-For each family (Llama 3.1, Qwen2, Gemma 2) a tiny randomly initialised
-checkpoint, saved as ``transformers`` saves it, with a byte-level BPE tokenizer,
-its chat template, reference logits and tokenizer cases::
+For each family (Llama 3.1, Qwen2, Gemma 2, and Qwen3 tied and untied, Mistral, Gemma 3
+text and multimodal) a tiny randomly initialised checkpoint, saved as ``transformers``
+saves it, with a byte-level BPE tokenizer, its chat template (the newer families' in
+``chat_template.jinja``, as transformers 5 saves it, written to reproduce the real
+template's structure), its stop tokens in ``generation_config.json``, reference logits
+and tokenizer cases::
 
     .venv/bin/python tests/make_hf_fixtures.py            # (re)write tests/fixtures/hf
+    .venv/bin/python tests/make_hf_fixtures.py qwen3 gemma3   # only these
     .venv/bin/python tests/make_hf_fixtures.py --verify-export
 
 ``--verify-export`` imports each fixture with alignpipe, exports it back, and
@@ -12,6 +16,7 @@ checks that ``transformers`` loads the export unchanged (model, tokenizer, chat
 template) and computes the reference logits from it.
 """
 
+# ruff: noqa: E501 -- the chat templates are kept verbatim, one Jinja statement a line
 from __future__ import annotations
 
 import argparse
@@ -72,6 +77,137 @@ GEMMA_TEMPLATE = (
     "{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}"
 )
 
+# Qwen3's structure (Qwen/Qwen3-0.6B): an optional system turn, <think> blocks on the
+# assistant turns after the last user query (from reasoning_content or split out of the
+# content; the last turn always gets one, empty without reasoning), and
+# enable_thinking=false closing an empty think block in the generation prompt.
+QWEN3_TEMPLATE = """{%- if messages[0].role == 'system' %}
+{{- '<|im_start|>system\n' + messages[0].content + '<|im_end|>\n' }}
+{%- endif %}
+{%- set ns = namespace(last_query_index=messages|length - 1) %}
+{%- for message in messages[::-1] %}
+{%- set index = (messages|length - 1) - loop.index0 %}
+{%- if message.role == 'user' and ns.last_query_index == messages|length - 1 %}
+{%- set ns.last_query_index = index %}
+{%- endif %}
+{%- endfor %}
+{%- for message in messages %}
+{%- set content = message.content if message.content is string else '' %}
+{%- if message.role == 'user' or (message.role == 'system' and not loop.first) %}
+{{- '<|im_start|>' + message.role + '\n' + content + '<|im_end|>\n' }}
+{%- elif message.role == 'assistant' %}
+{%- set reasoning_content = '' %}
+{%- if message.reasoning_content is string %}
+{%- set reasoning_content = message.reasoning_content %}
+{%- elif '</think>' in content %}
+{%- set reasoning_content = content.split('</think>')[0].rstrip('\n').split('<think>')[-1].lstrip('\n') %}
+{%- set content = content.split('</think>')[-1].lstrip('\n') %}
+{%- endif %}
+{%- if loop.index0 > ns.last_query_index and (loop.last or reasoning_content) %}
+{{- '<|im_start|>assistant\n<think>\n' + reasoning_content.strip('\n') + '\n</think>\n\n' + content.lstrip('\n') }}
+{%- else %}
+{{- '<|im_start|>assistant\n' + content }}
+{%- endif %}
+{{- '<|im_end|>\n' }}
+{%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}
+{{- '<|im_start|>assistant\n' }}
+{%- if enable_thinking is defined and enable_thinking is false %}
+{{- '<think>\n\n</think>\n\n' }}
+{%- endif %}
+{%- endif %}
+"""
+# Gemma 3's structure (google/gemma-3-1b-it): no system role, its text folded into the
+# first user turn; "model" turns; text parts of list content; roles must alternate.
+GEMMA3_TEMPLATE = """{{ bos_token }}
+{%- if messages[0]['role'] == 'system' -%}
+{%- if messages[0]['content'] is string -%}
+{%- set first_user_prefix = messages[0]['content'] + '\n\n' -%}
+{%- else -%}
+{%- set first_user_prefix = messages[0]['content'][0]['text'] + '\n\n' -%}
+{%- endif -%}
+{%- set loop_messages = messages[1:] -%}
+{%- else -%}
+{%- set first_user_prefix = "" -%}
+{%- set loop_messages = messages -%}
+{%- endif -%}
+{%- for message in loop_messages -%}
+{%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) -%}
+{{ raise_exception("Conversation roles must alternate user/assistant/user/assistant/...") }}
+{%- endif -%}
+{%- set role = "model" if message['role'] == 'assistant' else message['role'] -%}
+{{ '<start_of_turn>' + role + '\n' + (first_user_prefix if loop.first else "") }}
+{%- if message['content'] is string -%}
+{{ message['content'] | trim }}
+{%- elif message['content'] is iterable -%}
+{%- for item in message['content'] -%}
+{%- if item['type'] == 'image' -%}
+{{ '<start_of_image>' }}
+{%- elif item['type'] == 'text' -%}
+{{ item['text'] | trim }}
+{%- endif -%}
+{%- endfor -%}
+{%- else -%}
+{{ raise_exception("Invalid content type") }}
+{%- endif -%}
+{{ '<end_of_turn>\n' }}
+{%- endfor -%}
+{%- if add_generation_prompt -%}
+{{ '<start_of_turn>model\n' }}
+{%- endif -%}
+"""
+# Mistral's structure (mistralai/Mistral-7B-Instruct-v0.3): [INST] ... [/INST], the system
+# message joined to the last user turn, each assistant turn ended by the eos token.
+MISTRAL_TEMPLATE = """{%- if messages[0]["role"] == "system" %}
+{%- set system_message = messages[0]["content"] %}
+{%- set loop_messages = messages[1:] %}
+{%- else %}
+{%- set loop_messages = messages %}
+{%- endif %}
+{{- bos_token }}
+{%- for message in loop_messages %}
+{%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}
+{{- raise_exception('After the optional system message, conversation roles must alternate user/assistant/user/assistant/...') }}
+{%- endif %}
+{%- if message["role"] == "user" %}
+{%- if loop.last and system_message is defined %}
+{{- "[INST] " + system_message + "\n\n" + message["content"] + "[/INST]" }}
+{%- else %}
+{{- "[INST] " + message["content"] + "[/INST]" }}
+{%- endif %}
+{%- elif message["role"] == "assistant" %}
+{{- " " + message["content"]|trim + eos_token }}
+{%- else %}
+{{- raise_exception("Only user and assistant roles are supported, with the exception of an initial optional system message!") }}
+{%- endif %}
+{%- endfor %}
+"""
+QWEN3 = dict(
+    specials=["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>"],
+    bos=None,
+    eos="<|im_end|>",
+    pad="<|endoftext|>",
+    stop=["<|im_end|>", "<|endoftext|>"],
+    template=QWEN3_TEMPLATE,
+    template_file=True,
+    dtype=torch.bfloat16,
+    extra_rows=20,
+    shard_size="10MB",
+)
+GEMMA3 = dict(
+    specials=["<pad>", "<eos>", "<bos>", "<start_of_turn>", "<end_of_turn>", "<start_of_image>"],
+    bos="<bos>",
+    eos="<eos>",
+    pad="<pad>",
+    stop=["<eos>", "<end_of_turn>"],
+    template=GEMMA3_TEMPLATE,
+    template_file=True,
+    dtype=torch.bfloat16,
+    extra_rows=8,  # Gemma 3 4B's embedding has rows past its tokenizer (262208)
+    shard_size="10MB",
+)
+
 FAMILIES = {
     "llama": dict(
         specials=[
@@ -110,6 +246,22 @@ FAMILIES = {
         extra_rows=0,
         shard_size="10MB",
     ),
+    "qwen3": QWEN3,
+    "qwen3_untied": QWEN3,
+    "mistral": dict(
+        specials=["<unk>", "<s>", "</s>", "[INST]", "[/INST]"],
+        bos="<s>",
+        eos="</s>",
+        pad=None,
+        stop=["</s>"],
+        template=MISTRAL_TEMPLATE,
+        template_file=True,
+        dtype=torch.bfloat16,
+        extra_rows=0,
+        shard_size="10MB",
+    ),
+    "gemma3": GEMMA3,
+    "gemma3_mm": GEMMA3,
 }
 
 
@@ -143,10 +295,12 @@ def write_tokenizer(out: pathlib.Path, spec: dict) -> Tokenizer:
         "eos_token": spec["eos"],
         "pad_token": spec["pad"],
         "model_max_length": 128,
-        "chat_template": spec["template"],
+        "chat_template": None if spec.get("template_file") else spec["template"],
     }
     text = json.dumps({k: v for k, v in config.items() if v is not None}, indent=2)
     (out / "tokenizer_config.json").write_text(text + "\n")
+    if spec.get("template_file"):  # transformers 5 saves the template beside the config
+        (out / "chat_template.jinja").write_text(spec["template"])
     return tokenizer
 
 
@@ -181,6 +335,55 @@ def hf_config(family: str, vocab: int, ids: dict) -> transformers.PretrainedConf
             tie_word_embeddings=True,
             rms_norm_eps=1e-6,
         )
+    if family.startswith("qwen3"):
+        return transformers.Qwen3Config(
+            **common,
+            head_dim=16,  # != hidden / heads, as Qwen3's (128 at hidden 1024, 16 heads)
+            rope_parameters=dict(rope_type="default", rope_theta=1e6),
+            tie_word_embeddings=family == "qwen3",
+            rms_norm_eps=1e-6,
+        )
+    if family == "mistral":
+        return transformers.MistralConfig(
+            **common,
+            head_dim=16,  # != hidden / heads, as Mistral Small 3's
+            sliding_window=4,  # < SEQ_LEN: the window really masks (Mistral 7B v0.1's 4096)
+            rope_parameters=dict(rope_type="default", rope_theta=1e6),
+            tie_word_embeddings=False,
+            rms_norm_eps=1e-5,
+        )
+    if family.startswith("gemma3"):
+        text = transformers.Gemma3TextConfig(
+            **{**common, "num_hidden_layers": 4},
+            head_dim=16,
+            query_pre_attn_scalar=24,  # != head_dim, so the scale is really read
+            sliding_window=4,  # < SEQ_LEN, so the local layers differ from global ones
+            # Both layer types, not in Gemma 2's alternation: the pattern is really read.
+            layer_types=["sliding_attention"] * 2 + ["full_attention", "sliding_attention"],
+            rope_parameters={  # a base per layer type; the global one linearly scaled (4B+)
+                "full_attention": dict(rope_type="linear", factor=8.0, rope_theta=1e6),
+                "sliding_attention": dict(rope_type="default", rope_theta=1e4),
+            },
+            rms_norm_eps=1e-6,
+        )
+        if family == "gemma3":
+            return text
+        vision = transformers.SiglipVisionConfig(
+            hidden_size=16,
+            intermediate_size=32,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            image_size=28,
+            patch_size=14,
+        )
+        return transformers.Gemma3Config(
+            text_config=text,
+            vision_config=vision,
+            mm_tokens_per_image=4,
+            image_token_index=ids["eos_token_id"],  # any id in the tiny vocabulary
+            boi_token_index=ids["bos_token_id"],
+            eoi_token_index=ids["bos_token_id"],
+        )
     return transformers.Gemma2Config(
         **common,
         head_dim=16,  # != hidden / heads, as Gemma 2 9B's
@@ -199,7 +402,7 @@ def randomise(model: torch.nn.Module, family: str) -> None:
         for name, param in model.named_parameters():
             noise = torch.randn(param.shape, generator=generator)
             if "norm" in name:
-                base = 0.0 if family == "gemma2" else 1.0
+                base = 0.0 if family.startswith("gemma") else 1.0
                 param.copy_(base + 0.2 * noise)
             elif name.endswith("bias"):
                 param.copy_(0.2 * noise)
@@ -220,20 +423,24 @@ def write_family(family: str, spec: dict) -> None:
         for k in ("bos", "eos", "pad")
     }
     torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(
-        hf_config(family, vocab, ids), attn_implementation="eager"
+    config = hf_config(family, vocab, ids)
+    model_class = (
+        transformers.AutoModelForImageTextToText
+        if family == "gemma3_mm"
+        else transformers.AutoModelForCausalLM
     )
+    model = model_class.from_config(config, attn_implementation="eager")
     randomise(model, family)
+    if spec.get("stop"):  # the stop set as the real checkpoints' generation_config.json
+        model.generation_config.eos_token_id = [tokenizer.token_to_id(t) for t in spec["stop"]]
     model.to(spec["dtype"]).save_pretrained(out, max_shard_size=spec["shard_size"])
-    write_reference(out, family, tokenizer.get_vocab_size())
+    write_reference(out, family, tokenizer.get_vocab_size(), model_class)
     write_tokenizer_cases(out, tokenizer)
 
 
-def write_reference(out: pathlib.Path, family: str, token_count: int) -> None:
+def write_reference(out: pathlib.Path, family: str, token_count: int, model_class) -> None:
     """Logits of the saved checkpoint loaded in fp32 (as alignpipe will load it)."""
-    model = transformers.AutoModelForCausalLM.from_pretrained(
-        out, dtype=torch.float32, attn_implementation="eager"
-    )
+    model = model_class.from_pretrained(out, dtype=torch.float32, attn_implementation="eager")
     tokens = np.random.default_rng(0).integers(0, token_count, size=(2, SEQ_LEN))
     with torch.no_grad():
         logits = model(torch.tensor(tokens)).logits.numpy()
@@ -292,13 +499,15 @@ def main() -> None:
     """Write every family's fixture, or verify exports with ``--verify-export``."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--verify-export", action="store_true")
+    parser.add_argument("families", nargs="*", help="only these (default: every family)")
     args = parser.parse_args()
     if args.verify_export:
         verify_export()
         return
     torch.set_num_threads(1)
     for family, spec in FAMILIES.items():
-        write_family(family, spec)
+        if not args.families or family in args.families:
+            write_family(family, spec)
     total = sum(p.stat().st_size for p in ROOT.rglob("*") if p.is_file())
     print(f"wrote {ROOT} ({total / 1024:.0f} KiB)")
 

@@ -14,13 +14,14 @@ from pathlib import Path
 import pytest
 
 from components.core.data.tokenizers import load_tokenizer
-from components.shard.formats import to_text_pair
+from components.shard.formats import Invalid, to_text_pair
+from components.shard.records import response_ids
 
 transformers = pytest.importorskip("transformers")
 from jinja2.exceptions import TemplateError  # noqa: E402
 
 FIXTURES = Path(__file__).parent / "fixtures" / "hf"
-FAMILIES = ("llama", "qwen2", "gemma2")
+FAMILIES = ("llama", "qwen2", "gemma2", "qwen3", "mistral", "gemma3")
 SYSTEM = {"role": "system", "content": "You are a kind assistant.  "}
 TURNS = [
     {"role": "user", "content": "  Name a colour, please."},
@@ -48,9 +49,9 @@ def renderers() -> dict:
     }
 
 
-def _theirs(tokenizer, messages, add_generation_prompt: bool) -> str:
+def _theirs(tokenizer, messages, add_generation_prompt: bool, **kwargs) -> str:
     return tokenizer.apply_chat_template(
-        messages, tokenize=False, add_generation_prompt=add_generation_prompt
+        messages, tokenize=False, add_generation_prompt=add_generation_prompt, **kwargs
     )
 
 
@@ -67,6 +68,8 @@ def test_the_rendering_is_transformers_own(renderers, family, name, add_generati
         with pytest.raises(TemplateError, match="System role not supported"):
             ours.render_chat(messages, add_generation_prompt)
         return
+    if family == "gemma3" and messages[0]["role"] == "system":
+        assert messages[0]["content"] in _theirs(theirs, messages, add_generation_prompt)
     expected = _theirs(theirs, messages, add_generation_prompt)
     assert ours.render_chat(messages, add_generation_prompt) == expected
     assert ours.chat_template == theirs.chat_template
@@ -79,10 +82,71 @@ def test_a_conversational_pair_is_sharded_as_transformers_renders_it(renderers, 
     """The shard stage's prompt is the rendering with the generation prompt, and each
     response the rest of the rendered conversation (its end-of-turn tokens included)."""
     ours, theirs = renderers[family]
-    prompt = TURNS if family == "gemma2" else [SYSTEM, *TURNS]
+    prompt = TURNS if family in ("gemma2", "mistral") else [SYSTEM, *TURNS]
     rejected = [{"role": "assistant", "content": "Grey, I suppose."}]
     record = {"prompt": prompt, "chosen": REPLY, "rejected": rejected}
+    if family == "mistral":  # its template moves the system message once a reply follows
+        with pytest.raises(Invalid, match="as a prefix") as refused:
+            to_text_pair({**record, "prompt": [SYSTEM, *TURNS]}, FORMAT, ours)
+        assert refused.value.reason == "chat_template"
     pair = to_text_pair(record, "conversational", ours)
     assert pair.prompt == _theirs(theirs, prompt, True)
     assert pair.prompt + pair.chosen == _theirs(theirs, prompt + REPLY, False)
     assert pair.prompt + pair.rejected == _theirs(theirs, prompt + rejected, False)
+
+
+FORMAT = "conversational"
+REASONING = [
+    TURNS[0],
+    {"role": "assistant", "content": "Blue.", "reasoning_content": "A colour: pick one."},
+    TURNS[2],
+    {"role": "assistant", "content": "<think>\nMore colours.\n</think>\n\nGreen."},
+]
+
+
+@pytest.mark.parametrize("enable_thinking", [True, False, None])
+@pytest.mark.parametrize("name", sorted(CONVERSATIONS))
+def test_qwen3_thinking_renders_as_transformers_does(renderers, enable_thinking, name):
+    """Qwen3's template argument ``enable_thinking`` both ways (and unset), its think blocks
+    from ``reasoning_content`` and from the content, as transformers renders them."""
+    ours, theirs = renderers["qwen3"]
+    kwargs = {} if enable_thinking is None else {"enable_thinking": enable_thinking}
+    for messages in (CONVERSATIONS[name], [SYSTEM, *REASONING]):
+        for generation in (True, False):
+            expected = _theirs(theirs, messages, generation, **kwargs)
+            assert ours.render_chat(messages, generation, **kwargs) == expected
+    closed = "<think>\n\n</think>\n\n"
+    prompt = ours.render_chat(TURNS[:1], True, **kwargs)
+    assert prompt.endswith(closed) == (enable_thinking is False)
+
+
+def test_reasoning_content_and_text_parts_reach_the_template(renderers):
+    ours, _ = renderers["qwen3"]
+    record = {
+        "prompt": [{"role": "user", "content": [{"type": "text", "text": "Name a colour."}]}],
+        "chosen": [{"role": "assistant", "content": "Blue.", "reasoning_content": "Think."}],
+        "rejected": [{"role": "assistant", "content": "Grey."}],
+    }
+    pair = to_text_pair(record, "conversational", ours)
+    assert "Name a colour." in pair.prompt
+    assert pair.chosen.startswith("<think>\nThink.\n</think>\n\nBlue.<|im_end|>")
+    assert pair.rejected.startswith("<think>\n\n</think>\n\nGrey.")
+    image = [{"type": "image", "url": "x.png"}, {"type": "text", "text": "What is it?"}]
+    with pytest.raises(Invalid, match="image part") as refused:
+        to_text_pair({**record, "prompt": [{"role": "user", "content": image}]}, FORMAT, ours)
+    assert refused.value.reason == "unsupported_content"
+
+
+@pytest.mark.parametrize("family", ["qwen3", "gemma3", "mistral", "llama"])
+def test_a_response_ends_where_the_template_ends_the_turn(renderers, family):
+    """The shard's response ids end with the template's end-of-turn (a stop id), nothing
+    appended after: Gemma's ``<end_of_turn>``, not ``<end_of_turn>\\n<eos>``."""
+    ours, _ = renderers[family]
+    prompt = TURNS[:1]
+    record = {"prompt": prompt, "chosen": REPLY, "rejected": [REPLY[0] | {"content": "No."}]}
+    pair = to_text_pair(record, "conversational", ours)
+    ids = response_ids(ours, pair.chosen)
+    assert ids[-1] in ours.stop_ids and sum(i in ours.stop_ids for i in ids) == 1
+    assert ours.decode(ids).strip() == ours.decode(ours.encode(pair.chosen)).strip()
+    plain = response_ids(ours, "Green, like grass.")
+    assert plain[-1] == ours.eos_id and plain[:-1] == ours.encode("Green, like grass.")

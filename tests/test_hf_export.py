@@ -20,12 +20,16 @@ from components.core.model.artifact import create_model, load_model, save_model
 from components.core.training.checkpoint import read_model_config
 from components.hf import safetensors_io
 from components.hf.export import ExportError, export_hf
-from components.hf.families import family_of_config, model_config_from_hf
+from components.hf.families import (
+    LANGUAGE_MODEL_PREFIXES,
+    family_of_config,
+    model_config_from_hf,
+)
 from components.hf.importer import import_hf
 from pipelines.cli.main import main
 
 FIXTURES = pathlib.Path(__file__).parent / "fixtures" / "hf"
-FAMILIES = ("llama", "qwen2", "gemma2")
+FAMILIES = ("llama", "qwen2", "gemma2", "qwen3", "qwen3_untied", "mistral", "gemma3")
 CONFIG_KEYS = (
     "architectures",
     "vocab_size",
@@ -52,7 +56,7 @@ def round_trips(tmp_path_factory) -> dict[str, tuple[str, str]]:
     """Each fixture imported, then exported: family -> (artifact, export folder)."""
     root = tmp_path_factory.mktemp("round_trip")
     done = {}
-    for family in FAMILIES:
+    for family in (*FAMILIES, "gemma3_mm"):
         artifact, exported = str(root / family), str(root / f"{family}_hf")
         import_hf(str(FIXTURES / family), artifact)
         export_hf(artifact, exported)
@@ -99,7 +103,51 @@ def test_exported_tokenizer_is_the_original(round_trips, family):
     expected = json.loads((original / "tokenizer_config.json").read_text())
     if family == "llama":  # import names the reserved pad token Llama 3 leaves unset
         expected["pad_token"] = "<|finetune_right_pad_id|>"
+    if family == "mistral":  # Mistral has none either: its <unk> serves
+        expected["pad_token"] = "<unk>"
     assert config == expected
+    template = original / "chat_template.jinja"  # transformers 5's place for the template
+    assert (exported / "chat_template.jinja").exists() == template.exists()
+    if template.exists():
+        assert (exported / "chat_template.jinja").read_text() == template.read_text()
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_exported_generation_config_keeps_the_stop_set(round_trips, family):
+    original = json.loads((FIXTURES / family / "generation_config.json").read_text())
+    exported = json.loads(
+        (pathlib.Path(round_trips[family][1]) / "generation_config.json").read_text()
+    )
+    listed = [exported["eos_token_id"], original["eos_token_id"]]
+    listed = [ids if isinstance(ids, list) else [ids] for ids in listed]
+    assert listed[0] == listed[1]
+    if family in ("qwen3", "gemma3"):  # the end-of-turn token and eos
+        assert len(listed[0]) == 2
+
+
+def test_a_multimodal_gemma3_exports_its_language_model_as_gemma3_for_causal_lm(round_trips):
+    artifact, exported = round_trips["gemma3_mm"]
+    original = all_tensors(str(FIXTURES / "gemma3_mm"))
+    # transformers 5 saves the language model under 4.x's names (language_model.model.)
+    text = {
+        "model." + name[len(prefix) :]: array
+        for name, array in original.items()
+        for prefix in LANGUAGE_MODEL_PREFIXES
+        if name.startswith(prefix)
+    }
+    tensors = all_tensors(exported)
+    assert sorted(tensors) == sorted(text) and len(original) > len(text)
+    for name, array in text.items():
+        np.testing.assert_array_equal(tensors[name], array, err_msg=name)
+    config = json.loads((pathlib.Path(exported) / "config.json").read_text())
+    text_config = json.loads((FIXTURES / "gemma3_mm" / "config.json").read_text())["text_config"]
+    assert config["architectures"] == ["Gemma3ForCausalLM"]
+    assert config["model_type"] == "gemma3_text"
+    for key in ("layer_types", "sliding_window", "rope_parameters", "query_pre_attn_scalar"):
+        assert config[key] == text_config[key], key
+    assert read_model_config(artifact)["hf"]["text_only"]["tensors_left_out"] == len(
+        original
+    ) - len(text)
 
 
 def test_sharded_export_reimports_to_the_same_params(round_trips, tmp_path):

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import pathlib
+import re
 import shutil
 
 import jax
@@ -27,7 +28,7 @@ from components.hf.importer import import_hf, resolve_base
 from pipelines.cli.main import main
 
 FIXTURES = pathlib.Path(__file__).parent / "fixtures" / "hf"
-FAMILIES = ("llama", "qwen2", "gemma2")
+FAMILIES = ("llama", "qwen2", "gemma2", "qwen3", "qwen3_untied", "mistral", "gemma3", "gemma3_mm")
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +53,7 @@ def test_logits_match_transformers(artifacts, family):
     model, info = load_model(artifacts[family], dtype="float32")
     tokens, expected = reference(family)
     np.testing.assert_allclose(fp32_logits(model, tokens), expected, atol=1e-4, rtol=0)
-    assert info["hf"]["family"] == family and info["stage"] == "import"
+    assert info["hf"]["family"] == family.split("_")[0] and info["stage"] == "import"
 
 
 def test_imported_config_carries_the_family_features(artifacts):
@@ -108,14 +109,7 @@ def test_tokenization_equals_the_tokenizers_library(artifacts, family):
         assert tokenizer.encode(case["text"]) == case["ids"], case["text"]
 
 
-@pytest.mark.parametrize(
-    "family",
-    [
-        "llama",
-        "qwen2",
-        "gemma2",
-    ],
-)
+@pytest.mark.parametrize("family", FAMILIES)
 def test_chat_template_renders_as_transformers_does(artifacts, family):
     tokenizer = load_tokenizer(f"{artifacts[family]}/tokenizer")
     cases = json.loads((FIXTURES / family / "tokenizer_cases.json").read_text())
@@ -133,14 +127,7 @@ def test_llama_pad_is_the_reserved_token_not_a_new_row(artifacts):
     assert tokenizer.pad_id == 5 and tokenizer.pad_id != tokenizer.eos_id
 
 
-@pytest.mark.parametrize(
-    "family",
-    [
-        "llama",
-        "gemma2",
-        "qwen2",
-    ],
-)
+@pytest.mark.parametrize("family", ["llama", "gemma2", "qwen2", "qwen3", "gemma3"])
 def test_a_stage_starts_from_the_imported_model(artifacts, family):
     tokenizer = load_tokenizer(f"{artifacts[family]}/tokenizer")
     manifest = {"tokenizer": tokenizer.info()}  # what shard --tokenizer ARTIFACT/tokenizer records
@@ -156,7 +143,7 @@ def test_resolve_base_imports_an_hf_folder_once(tmp_path, artifacts):
 
 
 def test_transformers_4_config_keys_read_the_same():
-    for family in FAMILIES:
+    for family in ("llama", "qwen2", "gemma2", "qwen3", "mistral"):
         current = json.loads((FIXTURES / family / "config.json").read_text())
         legacy = {k: v for k, v in current.items() if k not in ("rope_parameters", "dtype")}
         rope = dict(current["rope_parameters"])
@@ -196,8 +183,12 @@ def rewrite_weights(folder: pathlib.Path, drop: str = "", reshape: str = "") -> 
 
 BAD_INPUTS = {
     "unknown_architecture": (
-        lambda d: edit_json(d / "config.json", architectures=["MistralForCausalLM"]),
-        ["MistralForCausalLM", "Qwen2ForCausalLM"],
+        lambda d: edit_json(d / "config.json", architectures=["FalconForCausalLM"]),
+        ["FalconForCausalLM", "Qwen2ForCausalLM", "Gemma3ForCausalLM"],
+    ),
+    "qwen3_moe_by_name": (
+        lambda d: edit_json(d / "config.json", architectures=["Qwen3MoeForCausalLM"]),
+        ["Qwen3MoeForCausalLM", "mixture-of-experts", "dense Qwen3"],
     ),
     "unmodelled_rope": (
         lambda d: edit_json(
@@ -246,6 +237,52 @@ def test_bad_input_is_refused_before_anything_is_written(tmp_path, case):
     for fragment in fragments:
         assert fragment in str(raised.value), str(raised.value)
     assert not (tmp_path / "out").exists()
+
+
+# One refusal per family: a config field that changes the computation, named with its reason.
+REFUSED = {
+    "llama": ({"attention_bias": True}, "attention_bias=true"),
+    "mistral": ({"hidden_act": "gelu"}, 'hidden_act="gelu"'),
+    "qwen2": ({"use_sliding_window": True}, "use_sliding_window=true"),
+    "qwen3": ({"use_sliding_window": True}, "use_sliding_window=true"),
+    "gemma2": ({"use_bidirectional_attention": True}, "use_bidirectional_attention=true"),
+    "gemma3": (
+        {
+            "rope_parameters": {
+                "full_attention": {"rope_type": "default", "rope_theta": 1e6},
+                "sliding_attention": {"rope_type": "yarn", "factor": 2.0, "rope_theta": 1e4},
+            }
+        },
+        "scaled rotary on Gemma 3's sliding layers",
+    ),
+}
+
+
+@pytest.mark.parametrize("family", sorted(REFUSED))
+def test_each_family_refuses_an_unmodelled_field_by_name(family):
+    changes, fragment = REFUSED[family]
+    hf = {**json.loads((FIXTURES / family / "config.json").read_text()), **changes}
+    with pytest.raises(HFImportError, match=re.escape(fragment)):
+        model_config_from_hf(hf, dtype="float32")
+
+
+def test_gemma3_older_layout_reads_its_pattern_and_local_base():
+    """Gemma 3 configs written by transformers 4.x: sliding_window_pattern (not hard-coded
+    2), rope_local_base_freq and the global rope_scaling read as the per-type layout is."""
+    current = json.loads((FIXTURES / "gemma3" / "config.json").read_text())
+    legacy = {k: v for k, v in current.items() if k not in ("rope_parameters", "layer_types")}
+    legacy.update(
+        sliding_window_pattern=3,  # the fixture's layer_types: [s, s, full, s]
+        rope_theta=1e6,
+        rope_local_base_freq=1e4,
+        rope_scaling={"rope_type": "linear", "factor": 8.0},
+    )
+    ours = model_config_from_hf(legacy, dtype="float32")
+    assert ours == model_config_from_hf(current, dtype="float32")
+    assert ours.sliding_layers() == [True, True, False, True]
+    assert (ours.rope_local_theta, ours.rope_linear_factor, ours.qk_norm) == (1e4, 8.0, True)
+    multimodal = json.loads((FIXTURES / "gemma3_mm" / "config.json").read_text())
+    assert model_config_from_hf(multimodal, dtype="float32") == ours
 
 
 def test_cli_import_prints_a_summary_and_reports_errors(tmp_path, capsys):

@@ -327,15 +327,16 @@ def response_lengths(mask: ArrayLike) -> np.ndarray:
     return real.reshape(-1, real.shape[-1]).sum(axis=-1)
 
 
-def ends_with_eos(tokens: ArrayLike, mask: ArrayLike, eos_id: int) -> np.ndarray:
-    """Whether each response's last real token (of a prefix mask) is EOS, flattened to [N]."""
+def ends_with_eos(tokens: ArrayLike, mask: ArrayLike, eos_id: int | tuple[int, ...]) -> np.ndarray:
+    """Whether each response's last real token (of a prefix mask) is a stop id (EOS, or one
+    of the tokenizer's ``stop_ids``), flattened to [N]."""
     tokens = np.asarray(tokens)
     real = np.asarray(mask) != 0
     tokens = tokens.reshape(-1, tokens.shape[-1])
     real = real.reshape(-1, real.shape[-1])
     last = np.maximum(real.sum(axis=-1) - 1, 0)
     has_token = real.any(axis=-1)
-    return has_token & (tokens[np.arange(len(tokens)), last] == eos_id)
+    return has_token & np.isin(tokens[np.arange(len(tokens)), last], np.asarray(eos_id))
 
 
 def eos_rate(ended_with_eos: ArrayLike) -> float:

@@ -258,7 +258,7 @@ def run_policy(
     return PolicyResult(responses, texts, rewards, gold_rewards)
 
 
-def _outputs(result: PolicyResult, eos_id: int) -> PolicyOutputs:
+def _outputs(result: PolicyResult, eos_id: int | tuple[int, ...]) -> PolicyOutputs:
     """What ``summarize`` reads of one policy."""
     tokens, mask = result.responses
     ended = ends_with_eos(tokens, mask, eos_id).reshape(mask.shape[:2])
@@ -281,7 +281,7 @@ def report_samples(
 
 def _sampling(config: EvalConfig, tokenizer: Tokenizer) -> eval_sampling.SamplingSettings:
     return eval_sampling.SamplingSettings(
-        max_new_tokens=config.max_new_tokens, eos_id=tokenizer.eos_id, pad_id=tokenizer.pad_id,
+        max_new_tokens=config.max_new_tokens, eos_id=tokenizer.stop_ids, pad_id=tokenizer.pad_id,
         temperature=0.0 if config.greedy else config.temperature,
         vocab_size=tokenizer.vocab_size,
     )  # fmt: skip
@@ -348,7 +348,7 @@ def measure(
             models["reward"], shards_dir, max_len=pair_len, batch_size=config.batch_size
         )
     summary = summarize(
-        _outputs(aligned, tokenizer.eos_id), _outputs(reference, tokenizer.eos_id),
+        _outputs(aligned, tokenizer.stop_ids), _outputs(reference, tokenizer.stop_ids),
         aligned_logprobs=logprobs["policy"], reference_logprobs=logprobs["reference"],
         config=config, chosen_rewards=chosen, rejected_rewards=rejected, gold_name=gold_name,
         best_of_n_draws=BestOfNDraws(drawn.rewards, drawn.gold), judge=judge_of(models),
@@ -394,7 +394,7 @@ def measure_anchor(
         config=config, settings=_sampling(config, tokenizer), tokenizer=tokenizer, gold=gold,
     )  # fmt: skip
     return anchor.anchor_summary(
-        _outputs(aligned, tokenizer.eos_id), drawn.rewards, drawn.gold,
+        _outputs(aligned, tokenizer.stop_ids), drawn.rewards, drawn.gold,
         aligned_logprobs=logprobs["policy"], anchor_logprobs=logprobs["anchor"],
         config=config, uri="",
     )  # fmt: skip

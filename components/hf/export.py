@@ -33,7 +33,12 @@ EXPORT_DTYPES = {
     "bfloat16": np.dtype(ml_dtypes.bfloat16),
     "float16": np.dtype(np.float16),
 }
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "chat_template.jinja",  # transformers 5 keeps the template here
+)
 DEFAULT_SHARD_BYTES = 5 * 2**30  # transformers' customary shard size
 
 
@@ -68,6 +73,16 @@ def _token_ids(tokenizer_dir: str) -> dict[str, int | None]:
     count = RustTokenizer.from_str(text).get_vocab_size(with_added_tokens=True)
     pad = tokenizer.pad_id if tokenizer.pad_id < count else None
     return {"bos_token_id": tokenizer.bos_id, "eos_token_id": tokenizer.eos_id, "pad_token_id": pad}
+
+
+def _generation_config(policy: Policy, token_ids: dict[str, int | None]) -> dict[str, Any]:
+    """generation_config.json: the special ids, eos as the model's whole stop set (the
+    template's end-of-turn token and eos), so ``generate`` stops where alignpipe stopped."""
+    generation: dict[str, Any] = {k: v for k, v in token_ids.items() if v is not None}
+    stops = list(load_tokenizer(policy.tokenizer_dir).stop_ids)
+    if len(stops) > 1:
+        generation["eos_token_id"] = stops
+    return generation
 
 
 def _hf_tensors(config: ModelConfig, family: str, params: dict, dtype: np.dtype) -> dict:
@@ -107,7 +122,7 @@ def read_policy(model_dir: str, *, tokenizer_dir: str = "", dtype: str = "") -> 
         )
     config = ModelConfig.from_dict(info["model"])
     try:
-        family = family_of_config(config)
+        family = family_of_config(config, info.get("hf", {}).get("family", ""))
     except ValueError as error:
         raise ExportError(f"{model_dir}: {error}") from error
     dtype = dtype or info.get("hf", {}).get("dtype", "bfloat16")
@@ -137,8 +152,7 @@ def write_hf(out: str, policy: Policy, model: Transformer, max_shard_bytes: int)
     token_ids = _token_ids(policy.tokenizer_dir)
     hf_config = hf_config_from_model(policy.config, policy.family, token_ids, policy.dtype)
     write_json(os.path.join(out, "config.json"), hf_config)
-    generation = {k: v for k, v in token_ids.items() if v is not None}
-    write_json(os.path.join(out, "generation_config.json"), generation)
+    write_json(os.path.join(out, "generation_config.json"), _generation_config(policy, token_ids))
     for name in TOKENIZER_FILES:
         source = fileio.join(policy.tokenizer_dir, name)
         if fileio.exists(source):

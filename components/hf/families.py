@@ -1,28 +1,93 @@
 """The supported Hugging Face families: config mapping both ways and tensor name maps.
 
-Llama (3.x, incl. Llama 3.1 rotary scaling), Qwen2/2.5 (q/k/v biases) and Gemma 2
+Llama (3.x, incl. Llama 3.1 rotary scaling), Mistral (Llama's blocks, a sliding window on
+every layer when set), Qwen2/2.5 (q/k/v biases), Qwen3 (per-head q/k norms), Gemma 2
 ((1 + w) norms, post-norms, soft-capping, scaled embeddings, GeGLU, query scalar,
-sliding window on alternate layers) map onto ``ModelConfig`` fields; anything
-else in a checkpoint's ``config.json`` that would change the computation is
-refused here, by name, rather than silently ignored.
+sliding window on alternate layers) and Gemma 3 (Gemma 2's blocks with q/k norms, local
+and global layers in the config's pattern, a rotary table per layer type) map onto
+``ModelConfig`` fields. Gemma 3's multimodal checkpoints (4B and up) import their
+language model, text only. Anything else in a checkpoint's ``config.json`` that would
+change the computation is refused here, by name, with the reason: each family's list is
+in ``REFUSALS``.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
+from collections.abc import Callable
 from typing import Any
 
 from components.core.model.config import ModelConfig
 
 ARCHITECTURES = {
     "LlamaForCausalLM": "llama",
+    "MistralForCausalLM": "mistral",
     "Qwen2ForCausalLM": "qwen2",
+    "Qwen3ForCausalLM": "qwen3",
     "Gemma2ForCausalLM": "gemma2",
+    "Gemma3ForCausalLM": "gemma3",
+    "Gemma3ForConditionalGeneration": "gemma3",
 }
-FAMILY_ARCHITECTURE = {family: arch for arch, family in ARCHITECTURES.items()}
-# Per family: tied embeddings when config.json does not say, and the rotary base default.
-TIE_DEFAULT = {"llama": False, "qwen2": False, "gemma2": True}
+# What an export writes: Gemma 3's multimodal checkpoints come back as the text model.
+FAMILY_ARCHITECTURE = {
+    "llama": "LlamaForCausalLM",
+    "mistral": "MistralForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+    "gemma2": "Gemma2ForCausalLM",
+    "gemma3": "Gemma3ForCausalLM",
+}
+MODEL_TYPES = {"gemma3": "gemma3_text"}
+# Architectures met in the field that alignpipe does not model, and why.
+REFUSED_ARCHITECTURES = {
+    "Qwen3MoeForCausalLM": "Qwen3 MoE: mixture-of-experts layers are not modelled; "
+    "use a dense Qwen3 (0.6B-32B)",
+    "Qwen2MoeForCausalLM": "Qwen2 MoE: mixture-of-experts layers are not modelled",
+    "MixtralForCausalLM": "Mixtral: mixture-of-experts layers are not modelled",
+    "Mistral3ForConditionalGeneration": "Mistral Small 3.1+ (multimodal): its wrapper is not "
+    "read; use the text-only Mistral Small 3 (MistralForCausalLM)",
+    "Gemma3nForCausalLM": "Gemma 3n: per-layer embeddings and AltUp are not modelled",
+    "Gemma3nForConditionalGeneration": "Gemma 3n: per-layer embeddings and AltUp are not modelled",
+}
+# Multimodal checkpoints whose language model alignpipe reads: the name prefixes their
+# language model's tensors carry (transformers 5, then 4.x), and the towers left out.
+LANGUAGE_MODEL_PREFIXES = ("model.language_model.", "language_model.model.")
+# Per family: tied embeddings when config.json does not say.
+TIE_DEFAULT = {
+    "llama": False,
+    "mistral": False,
+    "qwen2": False,
+    "qwen3": True,
+    "gemma2": True,
+    "gemma3": True,
+}
 GEMMA_ACTIVATIONS = ("gelu_pytorch_tanh", "gelu_tanh")
+GEMMAS = ("gemma2", "gemma3")
+# Gemma3TextConfig's defaults: a multimodal checkpoint's text_config leaves out the fields
+# that equal them (Gemma 3 4B's has no vocab_size), and they are what it means.
+GEMMA3_TEXT_DEFAULTS = {
+    "vocab_size": 262208,
+    "hidden_size": 2304,
+    "intermediate_size": 9216,
+    "num_hidden_layers": 26,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 4,
+    "head_dim": 256,
+    "hidden_activation": "gelu_pytorch_tanh",
+    "max_position_embeddings": 131072,
+    "rms_norm_eps": 1e-6,
+    "tie_word_embeddings": True,
+    "query_pre_attn_scalar": 256,
+    "sliding_window": 4096,
+    "rope_theta": 1_000_000.0,
+    "rope_local_base_freq": 10_000.0,
+}
+ROPE_TYPES = {  # rope_type: families that model it
+    "default": ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3"),
+    "linear": ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3"),
+    "llama3": ("llama",),
+}
 
 
 class HFImportError(ValueError):
@@ -39,16 +104,103 @@ class TensorSpec:
     layer: int | None = None
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class Refusal:
+    """A config field whose value alignpipe does not model: ``refused(value)`` says when."""
+
+    field: str
+    refused: Callable[[Any], bool]
+    reason: str
+
+
+def _truthy(value: Any) -> bool:
+    return bool(value)
+
+
+def _not_silu(value: Any) -> bool:
+    return value not in (None, "silu")
+
+
+_COMMON = [
+    Refusal("quantization_config", lambda v: v is not None, "quantized weights"),
+    Refusal("mlp_bias", _truthy, "biases on the MLP projections"),
+    Refusal("partial_rotary_factor", lambda v: v not in (None, 1, 1.0), "partial rotary"),
+]
+_SILU = [Refusal("hidden_act", _not_silu, "activations other than silu")]
+_GEMMA = [
+    Refusal("attention_bias", _truthy, "biases on the attention projections"),
+    Refusal(
+        "hidden_activation",
+        lambda v: v is not None and v not in GEMMA_ACTIVATIONS,
+        f"activations other than {GEMMA_ACTIVATIONS}",
+    ),
+    Refusal("use_bidirectional_attention", _truthy, "bidirectional attention (an encoder)"),
+]
+# Every config field that changes the computation and is not read, per family, in one place.
+REFUSALS: dict[str, list[Refusal]] = {
+    "llama": [
+        *_COMMON,
+        *_SILU,
+        Refusal("attention_bias", _truthy, "Llama with biases on the attention projections"),
+    ],
+    "mistral": [
+        *_COMMON,
+        *_SILU,
+        Refusal("attention_bias", _truthy, "biases on the attention projections"),
+    ],
+    "qwen2": [
+        *_COMMON,
+        *_SILU,
+        Refusal(
+            "use_sliding_window",
+            _truthy,
+            "Qwen2's sliding window (released Qwen2/2.5 checkpoints set it false)",
+        ),
+    ],
+    "qwen3": [
+        *_COMMON,
+        *_SILU,
+        Refusal("attention_bias", _truthy, "biases on the attention projections"),
+        Refusal(
+            "use_sliding_window",
+            _truthy,
+            "Qwen3's sliding window (released Qwen3 checkpoints set it false)",
+        ),
+    ],
+    "gemma2": [*_COMMON, *_GEMMA],
+    "gemma3": [*_COMMON, *_GEMMA],
+}
+
+
 def family_of_hf(hf: dict[str, Any]) -> str:
     """The family of an HF ``config.json``, or HFImportError naming what is supported."""
     architectures = hf.get("architectures") or []
     for arch in architectures:
         if arch in ARCHITECTURES:
             return ARCHITECTURES[arch]
+    for arch in architectures:
+        if arch in REFUSED_ARCHITECTURES:
+            raise HFImportError(f"unsupported architecture {arch}: {REFUSED_ARCHITECTURES[arch]}")
     raise HFImportError(
         f"unsupported architecture {architectures or hf.get('model_type')!r}; alignpipe imports "
-        f"{sorted(ARCHITECTURES)} (Llama 3.x, Qwen2/2.5, Gemma 2)"
+        f"{sorted(ARCHITECTURES)} (Llama 3.x, Mistral, Qwen2/2.5, Qwen3, Gemma 2, Gemma 3)"
     )
+
+
+def is_multimodal(hf: dict[str, Any]) -> bool:
+    """Whether ``hf`` wraps a language model in a multimodal checkpoint (Gemma 3 4B+)."""
+    return "text_config" in hf and "Gemma3ForConditionalGeneration" in (
+        hf.get("architectures") or []
+    )
+
+
+def language_model_config(hf: dict[str, Any]) -> dict[str, Any]:
+    """The language model's config: ``hf`` itself, or a multimodal checkpoint's
+    ``text_config`` with Gemma3TextConfig's defaults for the fields it leaves out."""
+    if not is_multimodal(hf):
+        return hf
+    text = {**GEMMA3_TEXT_DEFAULTS, **(hf.get("text_config") or {})}
+    return {**text, "architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text"}
 
 
 def _refuse(condition: bool, what: str) -> None:
@@ -56,21 +208,27 @@ def _refuse(condition: bool, what: str) -> None:
         raise HFImportError(f"unsupported checkpoint: {what}")
 
 
-def _rope_fields(hf: dict[str, Any], family: str) -> dict[str, Any]:
-    """Rotary base and Llama 3.1 scaling from ``rope_parameters`` (v5) or the legacy keys."""
-    rope = dict(hf.get("rope_parameters") or hf.get("rope_scaling") or {})
-    _refuse(
-        any(isinstance(v, dict) for v in rope.values()),
-        "rotary parameters per layer type (as in Gemma 3) are not modelled",
-    )
+def _check_refusals(hf: dict[str, Any], family: str) -> None:
+    for refusal in REFUSALS[family]:
+        value = hf.get(refusal.field)
+        _refuse(
+            refusal.refused(value),
+            f"{refusal.field}={json.dumps(value)}: {refusal.reason} (not modelled for {family})",
+        )
+
+
+def _rope_table(rope: dict[str, Any], family: str, default_theta: float) -> dict[str, Any]:
+    """One rotary table's ModelConfig fields from its parameters, refusing unmodelled types."""
     rope_type = rope.get("rope_type", rope.get("type", "default"))
-    theta = float(rope.get("rope_theta", hf.get("rope_theta", 10000.0)))
     _refuse(
-        rope_type not in ("default", "llama3") or (rope_type == "llama3" and family != "llama"),
-        f"rope_type {rope_type!r}; alignpipe models plain rotary and Llama 3.1's 'llama3' scaling",
+        family not in ROPE_TYPES.get(rope_type, ()),
+        f"rope_type {rope_type!r}; alignpipe models plain rotary, linear scaling and Llama "
+        "3.1's 'llama3' scaling (Llama only)",
     )
     _refuse(float(rope.get("partial_rotary_factor", 1.0)) != 1.0, "partial rotary embeddings")
-    fields: dict[str, Any] = {"rope_theta": theta}
+    fields: dict[str, Any] = {"rope_theta": float(rope.get("rope_theta", default_theta))}
+    if rope_type == "linear":
+        fields["rope_linear_factor"] = float(rope["factor"])
     if rope_type == "llama3":
         fields.update(
             rope_scaling_factor=float(rope["factor"]),
@@ -81,49 +239,92 @@ def _rope_fields(hf: dict[str, Any], family: str) -> dict[str, Any]:
     return fields
 
 
+def _rope_fields(hf: dict[str, Any], family: str) -> dict[str, Any]:
+    """Rotary base and scaling from ``rope_parameters`` (v5) or the legacy keys; Gemma 3:
+    the global table, and the sliding layers' own base."""
+    rope = dict(hf.get("rope_parameters") or hf.get("rope_scaling") or {})
+    per_type = any(isinstance(v, dict) for v in rope.values())
+    theta = float(hf.get("rope_theta", 10000.0))
+    if family != "gemma3":
+        _refuse(per_type, f"rotary parameters per layer type for {family}")
+        return _rope_table(rope, family, theta)
+    if per_type:  # transformers 5: {"full_attention": {...}, "sliding_attention": {...}}
+        unknown = sorted(set(rope) - {"full_attention", "sliding_attention"})
+        _refuse(bool(unknown), f"rotary parameters for layer types {unknown}")
+        full, local = rope.get("full_attention") or {}, rope.get("sliding_attention") or {}
+    else:  # 4.x: rope_theta and rope_scaling are the global layers', rope_local_base_freq
+        full = {**(hf.get("rope_scaling") or {}), "rope_theta": theta}
+        local = {"rope_type": "default"}
+    local_theta = float(local.get("rope_theta", hf.get("rope_local_base_freq", 10000.0)))
+    _refuse(
+        local.get("rope_type", "default") != "default" or "factor" in local,
+        f"scaled rotary on Gemma 3's sliding layers ({local})",
+    )
+    return {**_rope_table(full, family, theta), "rope_local_theta": local_theta}
+
+
+def _layer_types(hf: dict[str, Any], family: str) -> tuple[str, ...]:
+    """Per layer sliding or full attention, from ``layer_types`` or the older fields."""
+    n_layers = int(hf["num_hidden_layers"])
+    if hf.get("layer_types"):
+        types = tuple(hf["layer_types"])
+        _refuse(len(types) != n_layers, f"{len(types)} layer_types for {n_layers} layers")
+        return types
+    if family in GEMMAS:  # Gemma 2's alternation; Gemma 3's sliding_window_pattern (6)
+        pattern = int(hf.get("sliding_window_pattern") or (2 if family == "gemma2" else 6))
+        return tuple(
+            "sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(n_layers)
+        )
+    kind = "sliding_attention" if hf.get("sliding_window") else "full_attention"
+    return (kind,) * n_layers  # Mistral: the window, when set, is every layer's
+
+
 def _family_fields(hf: dict[str, Any], family: str) -> dict[str, Any]:
     """The ModelConfig fields that differ by family, refusing unmodelled options."""
-    _refuse("quantization_config" in hf, "quantized weights (quantization_config)")
-    if family in ("llama", "qwen2"):
-        _refuse(hf.get("hidden_act", "silu") != "silu", f"hidden_act {hf.get('hidden_act')!r}")
-        _refuse(bool(hf.get("mlp_bias")), "mlp_bias=true")
-    if family == "llama":
-        _refuse(bool(hf.get("attention_bias")), "Llama with attention_bias=true")
-        return {}
-    if family == "qwen2":
-        _refuse(
-            bool(hf.get("use_sliding_window")),
-            "Qwen2 with use_sliding_window=true (released Qwen2/2.5 checkpoints set it false)",
-        )
-        return {"qkv_bias": True}
-    activation = hf.get("hidden_activation") or hf.get("hidden_act") or "gelu_pytorch_tanh"
-    _refuse(activation not in GEMMA_ACTIVATIONS, f"Gemma 2 activation {activation!r}")
-    _refuse(bool(hf.get("attention_bias")), "Gemma 2 with attention_bias=true")
-    _refuse(bool(hf.get("use_bidirectional_attention")), "bidirectional attention")
-    n_layers = int(hf["num_hidden_layers"])
-    expected = ["sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(n_layers)]
-    layer_types = hf.get("layer_types") or expected
+    _check_refusals(hf, family)
     window = hf.get("sliding_window")
+    if family in ("qwen2", "qwen3", "llama"):
+        window = None  # Qwen: only with use_sliding_window (refused); Llama has none
     _refuse(
-        layer_types != expected and window is not None,
-        f"layer_types {layer_types}; alignpipe models Gemma 2's alternation (even layers slide)",
+        family == "gemma3" and window is None,
+        "Gemma 3 with sliding_window=null (its local layers would attend globally)",
     )
+    types = _layer_types(hf, family) if window is not None else ()
+    _refuse(
+        family == "llama" and bool(hf.get("sliding_window")),
+        "Llama with a sliding_window (a Mistral checkpoint saved as Llama?)",
+    )
+    fields: dict[str, Any] = {
+        "sliding_window": None if window is None else int(window),
+        "layer_types": types,
+    }
+    if family == "qwen2":
+        fields["qkv_bias"] = True
+    if family == "qwen3":
+        fields["qk_norm"] = True
+    if family not in GEMMAS:
+        return fields
+    if family == "gemma2" and types == _layer_types({"num_hidden_layers": len(types)}, family):
+        fields["layer_types"] = ()  # the default alternation: sliding_window_pattern 2
     return dict(
+        fields,
         mlp_activation="gelu_tanh",
         norm_scale_offset=1.0,
         post_norms=True,
         embed_scale=True,
+        qk_norm=family == "gemma3",
         query_pre_attn_scalar=float(hf.get("query_pre_attn_scalar", 256)),
         attn_logit_softcap=hf.get("attn_logit_softcapping"),
         final_logit_softcap=hf.get("final_logit_softcapping"),
-        sliding_window=None if window is None else int(window),
         sliding_window_pattern=2,
     )
 
 
 def model_config_from_hf(hf: dict[str, Any], *, dtype: str, remat: str = "full") -> ModelConfig:
-    """Our ModelConfig for an HF ``config.json`` of a supported family."""
+    """Our ModelConfig for an HF ``config.json`` of a supported family (a multimodal
+    checkpoint's: its language model's)."""
     family = family_of_hf(hf)
+    hf = language_model_config(hf)
     try:
         dim, n_heads = int(hf["hidden_size"]), int(hf["num_attention_heads"])
         fields = dict(
@@ -147,12 +348,21 @@ def model_config_from_hf(hf: dict[str, Any], *, dtype: str, remat: str = "full")
     return ModelConfig(**fields)
 
 
-def family_of_config(config: ModelConfig) -> str:
-    """Which HF family a ModelConfig exports as (its variation fields decide)."""
-    if config.norm_scale_offset == 1.0 and config.post_norms and config.embed_scale:
-        if not config.qkv_bias and config.mlp_activation == "gelu_tanh":
-            if config.rope_scaling_factor is None and config.sliding_window_pattern == 2:
-                return "gemma2"
+def _exportable_as(config: ModelConfig) -> list[str]:
+    """The HF families whose architecture computes what ``config`` computes."""
+    gemma = (
+        config.norm_scale_offset == 1.0
+        and config.post_norms
+        and config.embed_scale
+        and not config.qkv_bias
+        and config.mlp_activation == "gelu_tanh"
+        and config.rope_scaling_factor is None
+    )
+    if gemma and config.qk_norm:
+        return ["gemma3"] if config.sliding_window is not None else []
+    if gemma:
+        plain_rope = config.rope_local_theta is None and config.rope_linear_factor == 1.0
+        return ["gemma2"] if plain_rope else []
     plain = (
         config.norm_scale_offset == 0.0
         and not config.post_norms
@@ -161,16 +371,31 @@ def family_of_config(config: ModelConfig) -> str:
         and config.query_pre_attn_scalar is None
         and config.attn_logit_softcap is None
         and config.final_logit_softcap is None
-        and config.sliding_window is None
+        and config.rope_local_theta is None
     )
-    if plain and config.qkv_bias and config.rope_scaling_factor is None:
-        return "qwen2"
-    if plain and not config.qkv_bias:
-        return "llama"
-    raise ValueError(
-        "this model's configuration mixes family features no Hugging Face architecture has "
-        f"({config}); export supports Llama, Qwen2 and Gemma 2 layouts"
-    )
+    if not plain or (config.qkv_bias and config.qk_norm):
+        return []
+    scaled = config.rope_scaling_factor is not None
+    every_layer_slides = config.sliding_window is not None and all(config.sliding_layers())
+    if config.sliding_window is not None:
+        return ["mistral"] if every_layer_slides and not config.qkv_bias else []
+    if config.qkv_bias:
+        return [] if scaled else ["qwen2"]
+    if config.qk_norm:
+        return [] if scaled else ["qwen3"]
+    return ["llama"] if scaled else ["llama", "mistral"]
+
+
+def family_of_config(config: ModelConfig, prefer: str = "") -> str:
+    """Which HF family a ModelConfig exports as: its variation fields decide; where two
+    families compute the same (Llama and Mistral), ``prefer`` (the imported family) does."""
+    families = _exportable_as(config)
+    if not families:
+        raise ValueError(
+            "this model's configuration mixes family features no Hugging Face architecture "
+            f"has ({config}); export supports the {sorted(FAMILY_ARCHITECTURE)} layouts"
+        )
+    return prefer if prefer in families else families[0]
 
 
 def tensor_specs(config: ModelConfig, family: str) -> list[TensorSpec]:
@@ -181,10 +406,10 @@ def tensor_specs(config: ModelConfig, family: str) -> list[TensorSpec]:
     ]
     if not config.tie_embeddings:
         specs.append(TensorSpec("lm_head.weight", ("lm_head",), True))
-    # Gemma 2 names its pre-MLP norm pre_feedforward_layernorm and uses
+    # Gemma 2 and 3 name their pre-MLP norm pre_feedforward_layernorm and uses
     # post_attention_layernorm for the attention output; Llama/Qwen2 use it pre-MLP.
     norms = {"input_layernorm": "attn_norm"}
-    if family == "gemma2":
+    if family in GEMMAS:
         norms.update(
             post_attention_layernorm="post_attn_norm",
             pre_feedforward_layernorm="mlp_norm",
@@ -201,12 +426,13 @@ def tensor_specs(config: ModelConfig, family: str) -> list[TensorSpec]:
         "mlp.up_proj": ("mlp", "w_up"),
         "mlp.down_proj": ("mlp", "w_down"),
     }
+    if config.qk_norm:
+        norms.update({"self_attn.q_norm": "attn/q_norm", "self_attn.k_norm": "attn/k_norm"})
     for i in range(config.n_layers):
         prefix = f"model.layers.{i}."
         for hf_norm, ours in norms.items():
-            specs.append(
-                TensorSpec(f"{prefix}{hf_norm}.weight", ("blocks", ours, "scale"), False, i)
-            )
+            path = ("blocks", *ours.split("/"), "scale")
+            specs.append(TensorSpec(f"{prefix}{hf_norm}.weight", path, False, i))
         for hf_linear, ours in linears.items():
             path = ("blocks", *ours)
             specs.append(TensorSpec(f"{prefix}{hf_linear}.weight", (*path, "kernel"), True, i))
@@ -220,11 +446,58 @@ def _int_if_whole(value: float | None) -> int | float | None:
     return int(value) if value is not None and float(value).is_integer() else value
 
 
+def _layer_type_names(config: ModelConfig) -> list[str]:
+    return [
+        "sliding_attention" if sliding else "full_attention" for sliding in config.sliding_layers()
+    ]
+
+
+def _rope_parameters(config: ModelConfig) -> dict[str, Any]:
+    """The global rotary table as ``rope_parameters`` describes it (transformers 5)."""
+    rope: dict[str, Any] = {"rope_type": "default", "rope_theta": config.rope_theta}
+    if config.rope_linear_factor != 1.0:
+        rope.update(rope_type="linear", factor=config.rope_linear_factor)
+    if config.rope_scaling_factor is not None:
+        rope.update(
+            rope_type="llama3",
+            factor=config.rope_scaling_factor,
+            low_freq_factor=config.rope_low_freq_factor,
+            high_freq_factor=config.rope_high_freq_factor,
+            original_max_position_embeddings=config.rope_original_max_len,
+        )
+    return rope
+
+
+def _gemma_fields(config: ModelConfig, family: str, rope: dict[str, Any]) -> dict[str, Any]:
+    fields: dict[str, Any] = dict(
+        hidden_activation="gelu_pytorch_tanh",
+        query_pre_attn_scalar=_int_if_whole(config.query_pre_attn_scalar),
+        attn_logit_softcapping=config.attn_logit_softcap,
+        final_logit_softcapping=config.final_logit_softcap,
+        sliding_window=config.sliding_window,
+        layer_types=_layer_type_names(config) if config.sliding_window is not None else None,
+        attention_bias=False,
+    )
+    if family == "gemma3":  # a table per layer type; 4.x reads the top-level fields
+        local = config.rope_local_theta or config.rope_theta
+        fields.update(
+            rope_parameters={
+                "full_attention": rope,
+                "sliding_attention": {"rope_type": "default", "rope_theta": local},
+            },
+            rope_local_base_freq=local,
+            use_bidirectional_attention=False,
+        )
+        if rope["rope_type"] == "linear":
+            fields["rope_scaling"] = {"rope_type": "linear", "factor": rope["factor"]}
+    return fields
+
+
 def hf_config_from_model(config: ModelConfig, family: str, token_ids: dict, dtype: str) -> dict:
     """An HF ``config.json`` for ``config`` that transformers 4.4x and 5.x both read."""
     hf: dict[str, Any] = {
         "architectures": [FAMILY_ARCHITECTURE[family]],
-        "model_type": family,
+        "model_type": MODEL_TYPES.get(family, family),
         "vocab_size": config.vocab_size,
         "hidden_size": config.dim,
         "intermediate_size": config.hidden_dim,
@@ -240,36 +513,21 @@ def hf_config_from_model(config: ModelConfig, family: str, token_ids: dict, dtyp
         "rope_theta": config.rope_theta,
         **token_ids,
     }
-    rope: dict[str, Any] = {"rope_type": "default", "rope_theta": config.rope_theta}
-    if config.rope_scaling_factor is not None:
-        rope.update(
-            rope_type="llama3",
-            factor=config.rope_scaling_factor,
-            low_freq_factor=config.rope_low_freq_factor,
-            high_freq_factor=config.rope_high_freq_factor,
-            original_max_position_embeddings=config.rope_original_max_len,
-        )
+    rope = _rope_parameters(config)
+    if rope["rope_type"] != "default":
         hf["rope_scaling"] = {k: v for k, v in rope.items() if k != "rope_theta"}
     hf["rope_parameters"] = rope
-    if family == "gemma2":
-        hf.update(
-            hidden_activation="gelu_pytorch_tanh",
-            query_pre_attn_scalar=_int_if_whole(config.query_pre_attn_scalar),
-            attn_logit_softcapping=config.attn_logit_softcap,
-            final_logit_softcapping=config.final_logit_softcap,
-            sliding_window=config.sliding_window,
-            layer_types=[
-                "sliding_attention" if sliding else "full_attention"
-                for sliding in config.sliding_layers()
-            ]
-            if config.sliding_window is not None
-            else None,
-        )
-    elif family == "qwen2":
+    if family in GEMMAS:
+        hf.update(_gemma_fields(config, family, rope))
+    elif family in ("qwen2", "qwen3"):
         hf.update(hidden_act="silu", use_sliding_window=False, sliding_window=None)
         hf["layer_types"] = ["full_attention"] * config.n_layers
-        if config.resolved_head_dim == config.dim // config.n_heads:
+        if family == "qwen3":
+            hf.update(attention_bias=False, max_window_layers=config.n_layers)
+        elif config.resolved_head_dim == config.dim // config.n_heads:
             del hf["head_dim"]  # transformers 4.x Qwen2 derives it and has no such field
+    elif family == "mistral":
+        hf.update(hidden_act="silu", sliding_window=config.sliding_window)
     else:
         hf.update(hidden_act="silu", attention_bias=False, mlp_bias=False)
     return {k: v for k, v in hf.items() if v is not None or k == "sliding_window"}

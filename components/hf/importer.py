@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
 from typing import Any
 
@@ -25,18 +26,23 @@ from components.core.data.tokenizers import (
     HFTokenizer,
     TokenizerError,
     fit_to_embedding,
+    side_files,
 )
 from components.core.model.hf_folder import is_hf_dir
 from components.core.model.transformer import ModelConfig, Transformer
 from components.core.training.checkpoint import export_model, read_model_config
 from components.hf import safetensors_io
 from components.hf.families import (
+    LANGUAGE_MODEL_PREFIXES,
     HFImportError,
     TensorSpec,
     family_of_hf,
+    is_multimodal,
     model_config_from_hf,
     tensor_specs,
 )
+
+log = logging.getLogger(__name__)
 
 # Buffers some checkpoints carry that are not parameters.
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
@@ -80,9 +86,20 @@ def import_tokenizer(hf_dir: str, embedding_rows: int) -> HFTokenizer:
     config_path = os.path.join(hf_dir, "tokenizer_config.json")
     config_bytes = fileio.read_bytes(config_path) if os.path.exists(config_path) else None
     try:
-        return fit_to_embedding(fileio.read_bytes(json_path), config_bytes, embedding_rows, hf_dir)
+        tokenizer = fit_to_embedding(
+            fileio.read_bytes(json_path), config_bytes, embedding_rows, hf_dir, side_files(hf_dir)
+        )
     except TokenizerError as error:
         raise HFImportError(str(error)) from None
+    if not tokenizer.chat_template:
+        log.warning(
+            "%s has no chat template (neither chat_template.jinja nor tokenizer_config.json's "
+            "chat_template): conversational data will be rendered with alignpipe's default "
+            "template, which this model was not trained on; copy the template the model was "
+            "released with into the folder",
+            hf_dir,
+        )
+    return tokenizer
 
 
 def _expected_shapes(config: ModelConfig, specs: list[TensorSpec]) -> dict[str, tuple]:
@@ -168,11 +185,14 @@ def read_params(
             flat[spec.path] = np.empty((n_layers, *shape), np.float32)
     by_name = {spec.hf_name: spec for spec in specs}
     by_file: dict[str, list[str]] = {}
+    ours = {}  # the name in the file -> ours (they differ in a multimodal checkpoint)
     for name in by_name:
-        by_file.setdefault(infos[name].file, []).append(name)
+        stored = infos[name].stored_as or name
+        ours[stored] = name
+        by_file.setdefault(infos[name].file, []).append(stored)
     for path, names in sorted(by_file.items()):
-        for name, array in safetensors_io.read_file_tensors(path, names):
-            spec = by_name[name]
+        for stored, array in safetensors_io.read_file_tensors(path, names):
+            spec = by_name[ours[stored]]
             value = np.asarray(array, dtype=np.float32)
             value = value.T if spec.transpose else value
             if spec.layer is None:
@@ -188,6 +208,30 @@ def read_params(
     return nested
 
 
+def language_model_tensors(
+    infos: dict[str, safetensors_io.TensorInfo],
+) -> tuple[dict[str, safetensors_io.TensorInfo], int]:
+    """A multimodal checkpoint's language-model tensors under a causal LM's names, and how
+    many tensors (the vision tower, the projector) are left out."""
+    for prefix in LANGUAGE_MODEL_PREFIXES:
+        if f"{prefix}embed_tokens.weight" in infos:
+            break
+    else:
+        raise HFImportError(
+            "a multimodal checkpoint without its language model's embed_tokens under "
+            f"{' or '.join(LANGUAGE_MODEL_PREFIXES)}; re-download it"
+        )
+    text = {
+        "model." + name[len(prefix) :]: dataclasses.replace(info, stored_as=name)
+        for name, info in infos.items()
+        if name.startswith(prefix)
+    }
+    for head in ("lm_head.weight", "language_model.lm_head.weight"):
+        if head in infos:
+            text["lm_head.weight"] = dataclasses.replace(infos[head], stored_as=head)
+    return text, len(infos) - len(text)
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class Checked:
     """A Hugging Face folder that passed every check of an import; no weight read yet."""
@@ -200,6 +244,7 @@ class Checked:
     infos: dict[str, safetensors_io.TensorInfo]
     specs: list[TensorSpec]
     expected: dict[str, tuple]
+    left_out: int  # tensors of a multimodal checkpoint's other towers, not imported
 
 
 def check_hf(hf_dir: str, *, dtype: str = "", remat: str = "full") -> Checked:
@@ -209,6 +254,9 @@ def check_hf(hf_dir: str, *, dtype: str = "", remat: str = "full") -> Checked:
     hf = read_hf_config(hf_dir)
     family = family_of_hf(hf)
     infos = safetensors_io.tensor_infos(safetensors_io.checkpoint_files(hf_dir))
+    left_out = 0
+    if is_multimodal(hf):
+        infos, left_out = language_model_tensors(infos)
     embed = infos.get("model.embed_tokens.weight")
     source_dtype = SOURCE_DTYPES.get(embed.dtype, "float32") if embed else "float32"
     if not dtype:
@@ -221,7 +269,7 @@ def check_hf(hf_dir: str, *, dtype: str = "", remat: str = "full") -> Checked:
     specs = tensor_specs(config, family)
     expected = _expected_shapes(config, specs)
     check_tensors(infos, expected, config.tie_embeddings)
-    return Checked(hf, family, source_dtype, config, tokenizer, infos, specs, expected)
+    return Checked(hf, family, source_dtype, config, tokenizer, infos, specs, expected, left_out)
 
 
 def import_hf(hf_dir: str, out: str, *, dtype: str = "", remat: str = "full") -> dict[str, Any]:
@@ -239,6 +287,8 @@ def import_hf(hf_dir: str, out: str, *, dtype: str = "", remat: str = "full") ->
     state = nnx.state(abstract, nnx.Param)
     nnx.replace_by_pure_dict(state, params)
     source = {"family": family, "architecture": hf["architectures"][0], "dtype": source_dtype}
+    if checked.left_out:  # a multimodal checkpoint: the run is text-only
+        source["text_only"] = {"tensors_left_out": checked.left_out}
     export_model(
         out,
         model_config=config.to_dict(),

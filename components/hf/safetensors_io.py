@@ -39,6 +39,7 @@ class TensorInfo:
     file: str
     dtype: str
     shape: tuple[int, ...]
+    stored_as: str = ""  # its name in the file when it is known by another ('' = the same)
 
 
 def checkpoint_files(hf_dir: str) -> list[str]:

@@ -22,7 +22,7 @@ from flax import nnx
 from jax import lax
 
 from components.core.model import lora, scoring
-from components.core.model.sampler import generate
+from components.core.model.sampler import generate, is_stop
 from components.core.training import fsdp
 from components.ppo import losses
 from components.ppo.config import PPOConfig
@@ -78,7 +78,7 @@ class RolloutParams(NamedTuple):
 class TokenIds(NamedTuple):
     """Special token ids of the tokenizer, and its vocabulary size (0 = the embedding's)."""
 
-    eos_id: int
+    eos_id: int | tuple[int, ...]  # the tokenizer's stop ids (eos and end-of-turn)
     pad_id: int
     vocab_size: int = 0
 
@@ -251,7 +251,7 @@ def rollout_step(
     controller = update_kl_controller(controller, exact_kl, config.rollout_batch_size)
     kl_coef = controller.kl_coef
     values, raw_scores = _score(models, params, batch, config, ref_logprobs)
-    has_eos = jnp.any((batch["response_tokens"] == ids.eos_id) & real, axis=1)
+    has_eos = jnp.any(is_stop(batch["response_tokens"], ids.eos_id) & real, axis=1)
     scores = normalize_scores(raw_scores, has_eos, norm)
     kl = losses.kl_penalty(logprobs, ref_logprobs, mask, config.kl_estimator)
     extra = dict(scores=scores, raw_scores=raw_scores, has_eos=has_eos, exact_kl=exact_kl)

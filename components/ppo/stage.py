@@ -113,7 +113,7 @@ def build_networks(
     reward = lora.merge(reward)
     tokenizer = manifest["tokenizer"]
     ids = TokenIds(
-        eos_id=int(tokenizer["eos_id"]),
+        eos_id=tuple(int(i) for i in tokenizer.get("stop_ids") or [tokenizer["eos_id"]]),
         pad_id=int(tokenizer["pad_id"]),
         vocab_size=int(tokenizer["vocab_size"]),
     )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 from typing import Literal
 
 from components.core.config import check_finite
@@ -31,6 +32,12 @@ class ShardConfig:
         "truncate",
         help="over-long records: 'truncate' keeps the prompt's end and the responses' start; "
         "'reject' sends them to rejected/",
+    )
+    chat_template_kwargs: str = field(
+        "",
+        help="JSON object of the chat template's own arguments, passed to every rendering "
+        "of conversational data (Qwen3: '{\"enable_thinking\": false}'); recorded in the "
+        "manifest, so every later stage reads prompts rendered the same way",
     )
     num_shards: int = field(8, help="TFRecord files per split")
     eval_fraction: float = field(0.1, help="share of prompts (by prompt hash) held out for eval")
@@ -65,7 +72,23 @@ class ShardConfig:
         for name in ("max_prompt_tokens", "max_response_tokens"):
             if getattr(self, name) < 2:
                 raise ValueError(f"{name}: {getattr(self, name)} must be at least 2 tokens")
+        self.template_kwargs()  # refuses what is not a JSON object
         if self.num_workers < 1:
             raise ValueError(f"num_workers: {self.num_workers} must be at least 1")
         if self.lines_per_bundle < 1:
             raise ValueError(f"lines_per_bundle: {self.lines_per_bundle} must be at least 1")
+
+    def template_kwargs(self) -> dict:
+        """``chat_template_kwargs`` as a dict (``{}`` when unset), or a ValueError."""
+        if not self.chat_template_kwargs.strip():
+            return {}
+        try:
+            value = json.loads(self.chat_template_kwargs)
+        except ValueError as error:
+            value = error
+        if not isinstance(value, dict):
+            raise ValueError(
+                f"chat_template_kwargs: {self.chat_template_kwargs!r} must be a JSON object, "
+                "such as '{\"enable_thinking\": false}'"
+            )
+        return value

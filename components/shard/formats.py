@@ -135,17 +135,52 @@ def _common_prefix(a: str, b: str) -> str:
     return a[:n]
 
 
-def _messages(obj: dict[str, Any], key: str) -> list[dict[str, str]]:
+# Parts of a message's list content that carry no text: a text-only run refuses them.
+MEDIA_PARTS = ("image", "image_url", "audio", "input_audio", "video")
+
+
+def _content(part_list: list, where: str) -> str | list[dict[str, str]]:
+    """A message's list-of-parts content: one text part as its text, several as the list
+    (the template joins them, as transformers passes them); media parts refused by name."""
+    parts = []
+    for j, part in enumerate(part_list):
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind in MEDIA_PARTS:
+            raise Invalid(
+                "unsupported_content",
+                f"{where}[{j}] is an {kind} part; alignpipe trains text-only: drop the part "
+                "or keep the record out",
+            )
+        if kind != "text" or not isinstance(part.get("text"), str):
+            raise Invalid("wrong_type", f"{where}[{j}] must be {{'type': 'text', 'text': str}}")
+        parts.append({"type": "text", "text": part["text"]})
+    return parts[0]["text"] if len(parts) == 1 else parts
+
+
+def _messages(obj: dict[str, Any], key: str) -> list[dict[str, Any]]:
     messages = _require(obj, key, list)
+    out = []
     for i, message in enumerate(messages):
         if not isinstance(message, dict) or not isinstance(message.get("role"), str):
             raise Invalid("wrong_type", f"{key}[{i}] must be an object with a string 'role'")
-        if not isinstance(message.get("content"), str):
-            raise Invalid("wrong_type", f"{key}[{i}]['content'] must be a string")
-    return [{"role": m["role"], "content": m["content"]} for m in messages]
+        content = message.get("content")
+        if isinstance(content, list):
+            content = _content(content, f"{key}[{i}]['content']")
+        elif not isinstance(content, str):
+            raise Invalid("wrong_type", f"{key}[{i}]['content'] must be a string or text parts")
+        kept: dict[str, Any] = {"role": message["role"], "content": content}
+        reasoning = message.get("reasoning_content")
+        if reasoning is not None:  # Qwen3's templates render it in a <think> block
+            if not isinstance(reasoning, str):
+                raise Invalid("wrong_type", f"{key}[{i}]['reasoning_content'] must be a string")
+            kept["reasoning_content"] = reasoning
+        out.append(kept)
+    return out
 
 
-def _conversational(obj: dict[str, Any], tokenizer: Tokenizer) -> TextPair:
+def _conversational(
+    obj: dict[str, Any], tokenizer: Tokenizer, template_kwargs: dict[str, Any]
+) -> TextPair:
     chosen = _messages(obj, "chosen")
     rejected = _messages(obj, "rejected")
     if "prompt" in obj:
@@ -160,20 +195,27 @@ def _conversational(obj: dict[str, Any], tokenizer: Tokenizer) -> TextPair:
     if not prompt:
         raise Invalid("empty_prompt", "prompt has no messages")
     try:
-        prompt_text = tokenizer.render_chat(prompt, add_generation_prompt=True)
-        chosen_text = _reply_text(tokenizer, prompt, chosen, prompt_text)
-        rejected_text = _reply_text(tokenizer, prompt, rejected, prompt_text)
+        prompt_text = tokenizer.render_chat(prompt, True, **template_kwargs)
+        chosen_text = _reply_text(tokenizer, prompt, chosen, prompt_text, template_kwargs)
+        rejected_text = _reply_text(tokenizer, prompt, rejected, prompt_text, template_kwargs)
     except Invalid:
         raise
     except Exception as error:  # a template can raise anything on odd input
-        raise Invalid("wrong_type", f"chat template failed: {error}") from error
+        raise Invalid("chat_template", f"the model's chat template refused: {error}") from error
     return TextPair(prompt_text, chosen_text, rejected_text, _margin(obj), _gold(obj))
 
 
-def _reply_text(tokenizer: Tokenizer, prompt: list, reply: list, prompt_text: str) -> str:
-    full = tokenizer.render_chat(prompt + reply, add_generation_prompt=False)
+def _reply_text(
+    tokenizer: Tokenizer, prompt: list, reply: list, prompt_text: str, template_kwargs: dict
+) -> str:
+    full = tokenizer.render_chat(prompt + reply, False, **template_kwargs)
     if not full.startswith(prompt_text):
-        raise Invalid("wrong_type", "chat template does not render the prompt as a prefix")
+        raise Invalid(
+            "chat_template",
+            "the chat template does not render the prompt as a prefix of the conversation (it "
+            "moves or drops a turn once the reply follows, as Mistral's does with a system "
+            "message): drop the system message, or prepend it to the first user turn",
+        )
     return full[len(prompt_text) :]
 
 
@@ -186,8 +228,11 @@ def _vertex(obj: dict[str, Any]) -> TextPair:
     return TextPair(prompt, candidates[choice], candidates[1 - choice], 0.0, _gold(obj))
 
 
-def to_text_pair(obj: Any, fmt: str | None, tokenizer: Tokenizer) -> TextPair:
-    """Convert a parsed object of format ``fmt`` to a TextPair, or raise Invalid."""
+def to_text_pair(
+    obj: Any, fmt: str | None, tokenizer: Tokenizer, template_kwargs: dict | None = None
+) -> TextPair:
+    """Convert a parsed object of format ``fmt`` to a TextPair, or raise Invalid;
+    ``template_kwargs``: the chat template's own arguments (conversational records)."""
     if not isinstance(obj, dict):
         raise Invalid("not_object", f"expected a JSON object, got {type(obj).__name__}")
     if fmt is None:
@@ -197,7 +242,7 @@ def to_text_pair(obj: Any, fmt: str | None, tokenizer: Tokenizer) -> TextPair:
     elif fmt == "implicit":
         pair = _implicit(obj)
     elif fmt == "conversational":
-        pair = _conversational(obj, tokenizer)
+        pair = _conversational(obj, tokenizer, template_kwargs or {})
     else:
         pair = _vertex(obj)
     if not pair.prompt.strip():

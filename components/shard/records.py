@@ -79,15 +79,30 @@ def place(hash_value: int, eval_fraction: float, num_shards: int) -> tuple[str, 
     return ("eval" if in_eval else "train"), (hash_value >> 32) % num_shards
 
 
+def response_ids(tokenizer: Tokenizer, text: str) -> list[int]:
+    """A response's ids, ending as the model ends a turn: a chat template's rendering ends
+    with its end-of-turn token (one of the tokenizer's ``stop_ids``: Gemma's
+    ``<end_of_turn>``, Qwen's ``<|im_end|>``, Mistral's ``</s>``), and the response ends
+    there: the separator the template writes after it is not the model's to say. A response
+    without a stop token (plain text) gets eos. So a policy is taught to stop where its
+    sampler stops it, not to say ``<end_of_turn><eos>``."""
+    ids = tokenizer.encode(text)
+    stops = set(tokenizer.stop_ids)
+    last = max((i for i, token in enumerate(ids) if token in stops), default=-1)
+    if last >= 0 and not tokenizer.decode(ids[last + 1 :]).strip():
+        return ids[: last + 1]
+    return ids + [tokenizer.eos_id]
+
+
 def tokenize(
     pair: TextPair, tokenizer: Tokenizer, config: ShardConfig
 ) -> tuple[list, list, list, bool]:
-    """Token ids of prompt (bos first) and responses (eos last), cut or refused when too long."""
+    """Token ids of prompt (bos first) and responses (ending as the template ends a turn, or
+    with eos), cut or refused when too long."""
     prompt = tokenizer.encode(pair.prompt)
     if tokenizer.bos_id is not None and prompt[:1] != [tokenizer.bos_id]:
         prompt = [tokenizer.bos_id] + prompt  # chat templates may already start with bos
-    chosen = tokenizer.encode(pair.chosen) + [tokenizer.eos_id]
-    rejected = tokenizer.encode(pair.rejected) + [tokenizer.eos_id]
+    chosen, rejected = (response_ids(tokenizer, text) for text in (pair.chosen, pair.rejected))
     limits = (config.max_prompt_tokens, config.max_response_tokens, config.max_response_tokens)
     lengths = (len(prompt), len(chosen), len(rejected))
     if all(n <= cap for n, cap in zip(lengths, limits, strict=True)):
@@ -112,7 +127,7 @@ def process_object(
     obj: Any, fmt: str | None, source: str, line: int, tokenizer: Tokenizer, config: ShardConfig
 ) -> TokenPair:
     """Validate and tokenize one parsed record and place it; raises Invalid."""
-    pair = to_text_pair(obj, fmt, tokenizer)
+    pair = to_text_pair(obj, fmt, tokenizer, config.template_kwargs())
     prompt_ids, chosen_ids, rejected_ids, truncated = tokenize(pair, tokenizer, config)
     hash_value = prompt_hash(pair.prompt)
     split, shard = place(hash_value, config.eval_fraction, config.num_shards)

@@ -158,6 +158,13 @@ def _import(args: argparse.Namespace, rest: list[str]) -> int:
         summary = import_hf(args.hf_dir, args.out, dtype=args.dtype, remat=args.remat)
     except _errors() as error:
         return _refuse(str(error))
+    if "text_only" in summary:
+        print(
+            f"{args.hf_dir} is a multimodal {summary['architecture']}: imported its language "
+            f"model only ({summary['text_only']['tensors_left_out']} vision tensors left out); "
+            "the run is text-only, and export writes a text-only Gemma3ForCausalLM",
+            file=sys.stderr,
+        )
     print(json.dumps(summary))
     return 0
 

@@ -31,6 +31,7 @@ def shard(
     tokenizer: str,
     max_prompt_tokens: int,
     max_response_tokens: int,
+    chat_template_kwargs: str,
     num_shards: int,
     eval_fraction: float,
     min_eval_pairs: int,

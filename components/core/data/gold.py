@@ -177,7 +177,7 @@ def policy_gold_scores(
         shards_dir, prompt_len=prompt_len, **(prompt_set or {"split": "eval"})
     )
     settings = eval_sampling.SamplingSettings(
-        max_new_tokens, tokenizer.eos_id, tokenizer.pad_id, temperature, tokenizer.vocab_size
+        max_new_tokens, tokenizer.stop_ids, tokenizer.pad_id, temperature, tokenizer.vocab_size
     )
     responses = eval_sampling.sample_responses(
         graphdef, params, prompts, settings=settings, samples_per_prompt=samples_per_prompt,

@@ -7,6 +7,12 @@ one id past its vocabulary is added, and ``vocab_size`` counts it.
 A tokenizer saves itself into a folder (the shard stage's ``tokenizer/``), with
 ``alignpipe_tokenizer.json`` recording its kind, special ids, fingerprint and
 chat template, so later stages load it from that folder alone.
+
+A Hugging Face tokenizer carries its model folder's side files: ``chat_template.jinja``
+(transformers 5 saves the template there; it wins over ``tokenizer_config.json``'s, as in
+transformers) and ``generation_config.json``, whose ``eos_token_id`` list is the model's
+stop set (Llama 3 instruct: ``<|eot_id|>`` and ``<|end_of_text|>``; Gemma: ``<end_of_turn>``
+and ``<eos>``; Qwen: ``<|im_end|>`` and ``<|endoftext|>``): ``stop_ids``.
 """
 
 from __future__ import annotations
@@ -14,18 +20,31 @@ from __future__ import annotations
 import abc
 import hashlib
 import json
+import logging
 import os
 from typing import Any
 
 from components.core import fileio
 
+log = logging.getLogger(__name__)
+
 INFO_FILE = "alignpipe_tokenizer.json"
+# A Hugging Face folder's files beside tokenizer.json that a tokenizer carries along.
+SIDE_FILES = ("chat_template.jinja", "generation_config.json")
 SCHEMA_VERSION = 1
 # A model folder's tokenizer lives here (an imported or trained alignpipe model artifact).
 MODEL_TOKENIZER_DIR = "tokenizer"
 # Reserved tokens that serve as pad when the tokenizer names none apart from eos and the
 # embedding has no spare row (Llama 3.1+ ships <|finetune_right_pad_id|> for exactly this).
-PAD_CANDIDATES = ("<|finetune_right_pad_id|>", "<|reserved_special_token_0|>", "<pad>", "[PAD]")
+# Reserved tokens a model without a pad lends to padding (pads are masked everywhere):
+# Llama 3's, then the usual names; Mistral's <unk> last (its byte fallback never emits it).
+PAD_CANDIDATES = (
+    "<|finetune_right_pad_id|>",
+    "<|reserved_special_token_0|>",
+    "<pad>",
+    "[PAD]",
+    "<unk>",
+)
 
 # The documented default chat template (Jinja, as Hugging Face applies it):
 # one block per message, then the assistant tag when a reply is to follow.
@@ -50,6 +69,11 @@ class Tokenizer(abc.ABC):
     eos_id: int
     bos_id: int | None
     chat_template: str | None = None
+
+    @property
+    def stop_ids(self) -> tuple[int, ...]:
+        """Every id that ends a response: eos, and the model's other stop tokens."""
+        return (self.eos_id,)
 
     @abc.abstractmethod
     def encode(self, text: str) -> list[int]:
@@ -85,6 +109,7 @@ class Tokenizer(abc.ABC):
         """What the manifest and model configs record of this tokenizer."""
         return {
             **self._special(),
+            "stop_ids": list(self.stop_ids),
             "fingerprint": self.fingerprint,
             "schema_version": SCHEMA_VERSION,
         }
@@ -93,13 +118,17 @@ class Tokenizer(abc.ABC):
         """``bos_token``/``eos_token``/``pad_token`` strings, as chat templates expect them."""
         return {}
 
-    def render_chat(self, messages: list[dict[str, str]], add_generation_prompt: bool) -> str:
-        """Messages rendered with the tokenizer's chat template (or the default one)."""
+    def render_chat(
+        self, messages: list[dict[str, Any]], add_generation_prompt: bool, **template_kwargs: Any
+    ) -> str:
+        """Messages rendered with the tokenizer's chat template (or the default one);
+        ``template_kwargs`` are the template's own arguments (Qwen3's ``enable_thinking``),
+        passed as transformers' ``apply_chat_template`` passes its extra keywords."""
         return render_chat_template(
             self.chat_template or DEFAULT_CHAT_TEMPLATE,
             messages,
             add_generation_prompt,
-            **self.special_tokens(),
+            **{**self.special_tokens(), **template_kwargs},
         )
 
     def save(self, directory: str) -> None:
@@ -140,14 +169,27 @@ class HFTokenizer(Tokenizer):
 
     kind = "hf"
 
-    def __init__(self, tokenizer_json: bytes, tokenizer_config: bytes | None = None) -> None:
+    def __init__(
+        self,
+        tokenizer_json: bytes,
+        tokenizer_config: bytes | None = None,
+        side_files: dict[str, bytes] | None = None,
+    ) -> None:
+        """``side_files``: the folder's :data:`SIDE_FILES` that exist, by name."""
         from tokenizers import Tokenizer as RustTokenizer
 
         self._json = tokenizer_json
         self._config_bytes = tokenizer_config
+        self._side = {name: data for name, data in (side_files or {}).items() if data}
         self._tok = RustTokenizer.from_str(tokenizer_json.decode("utf-8"))
         config = json.loads(tokenizer_config) if tokenizer_config else {}
-        self.chat_template = config.get("chat_template") if isinstance(config, dict) else None
+        config = config if isinstance(config, dict) else {}
+        self.chat_template = config.get("chat_template")
+        if isinstance(self.chat_template, list):  # named templates: transformers' "default"
+            named = {t.get("name"): t.get("template") for t in self.chat_template}
+            self.chat_template = named.get("default")
+        if "chat_template.jinja" in self._side:
+            self.chat_template = self._side["chat_template.jinja"].decode("utf-8")
         base_vocab = self._tok.get_vocab_size(with_added_tokens=True)
         self.eos_id = self._special_id(config, "eos_token", ["</s>", "<|endoftext|>", "<eos>"])
         if self.eos_id is None:
@@ -162,6 +204,38 @@ class HFTokenizer(Tokenizer):
             base_vocab += 1
         self.pad_id = pad
         self.vocab_size = base_vocab
+        self._stops = self._generation_stops()
+
+    def _generation_stops(self) -> tuple[int, ...]:
+        """eos, then generation_config.json's other ``eos_token_id`` entries in its order."""
+        raw = self._side.get("generation_config.json")
+        try:
+            config = json.loads(raw) if raw else {}
+        except ValueError as error:
+            raise TokenizerError(
+                f"generation_config.json is not valid JSON ({error}); download it again"
+            ) from None
+        ids = config.get("eos_token_id") if isinstance(config, dict) else None
+        ids = ids if isinstance(ids, list) else [ids] if ids is not None else []
+        limit = self._tok.get_vocab_size(with_added_tokens=True)
+        stops = [self.eos_id]
+        for token_id in ids:
+            if not isinstance(token_id, int) or isinstance(token_id, bool):
+                raise TokenizerError(
+                    f"generation_config.json: eos_token_id {ids} must be token ids (integers)"
+                )
+            if not 0 <= token_id < limit:
+                raise TokenizerError(
+                    f"generation_config.json: eos_token_id {token_id} is not an id of the "
+                    f"tokenizer (0..{limit - 1}); use the files released with the model"
+                )
+            if token_id not in stops:
+                stops.append(token_id)
+        return tuple(stops)
+
+    @property
+    def stop_ids(self) -> tuple[int, ...]:
+        return self._stops
 
     def _special_id(self, config: dict, key: str, fallbacks: list[str]) -> int | None:
         names = [_token_content(config.get(key))] + fallbacks
@@ -185,7 +259,7 @@ class HFTokenizer(Tokenizer):
         return self._tok.decode([int(i) for i in ids if int(i) < limit], skip_special_tokens=True)
 
     def _files(self) -> dict[str, bytes]:
-        files = {"tokenizer.json": self._json}
+        files = {"tokenizer.json": self._json, **self._side}
         if self._config_bytes:
             files["tokenizer_config.json"] = self._config_bytes
         return files
@@ -261,7 +335,11 @@ def render_chat_template(
 
 
 def fit_to_embedding(
-    tokenizer_json: bytes, config_bytes: bytes | None, embedding_rows: int, where: str
+    tokenizer_json: bytes,
+    config_bytes: bytes | None,
+    embedding_rows: int,
+    where: str,
+    side_files: dict[str, bytes] | None = None,
 ) -> HFTokenizer:
     """A model's own tokenizer, with a pad id inside its ``embedding_rows``.
 
@@ -274,7 +352,7 @@ def fit_to_embedding(
 
     try:
         vocab = RustTokenizer.from_str(tokenizer_json.decode()).get_vocab(with_added_tokens=True)
-        tokenizer = HFTokenizer(tokenizer_json, config_bytes)
+        tokenizer = HFTokenizer(tokenizer_json, config_bytes, side_files)
     except TokenizerError:
         raise
     except Exception as error:  # the tokenizers library raises bare Exceptions on bad files
@@ -301,7 +379,13 @@ def fit_to_embedding(
     config = json.loads(config_bytes) if config_bytes else {}
     config["pad_token"] = pad
     config_bytes = (json.dumps(config, indent=2, ensure_ascii=False) + "\n").encode()
-    return HFTokenizer(tokenizer_json, config_bytes)
+    return HFTokenizer(tokenizer_json, config_bytes, side_files)
+
+
+def side_files(folder: str) -> dict[str, bytes]:
+    """The :data:`SIDE_FILES` of a Hugging Face folder that exist, by name."""
+    paths = {name: fileio.join(folder, name) for name in SIDE_FILES} if folder else {}
+    return {name: fileio.read_bytes(path) for name, path in paths.items() if fileio.exists(path)}
 
 
 def model_embedding_rows(directory: str) -> int | None:
@@ -314,6 +398,8 @@ def model_embedding_rows(directory: str) -> int | None:
         config = json.loads(fileio.read_text(path))
     except ValueError as error:
         raise TokenizerError(f"{path} is not valid JSON ({error}); download it again") from None
+    if isinstance(config, dict) and isinstance(config.get("text_config"), dict):
+        config = config["text_config"]  # a multimodal checkpoint: its language model's
     rows = config.get("vocab_size") if isinstance(config, dict) else None
     return rows if isinstance(rows, int) and not isinstance(rows, bool) else None
 
@@ -341,11 +427,12 @@ def _load_files(directory: str, kind: str) -> Tokenizer:
         config_path = fileio.join(directory, "tokenizer_config.json")
         config = fileio.read_bytes(config_path) if fileio.exists(config_path) else None
         tokenizer_json = fileio.read_bytes(fileio.join(directory, "tokenizer.json"))
+        side = side_files(directory)
         rows = model_embedding_rows(directory)
         if rows is None:
-            return HFTokenizer(tokenizer_json, config)
+            return HFTokenizer(tokenizer_json, config, side)
         # A model folder: its tokenizer as the model uses it (a pad that fits the embedding).
-        return fit_to_embedding(tokenizer_json, config, rows, directory)
+        return fit_to_embedding(tokenizer_json, config, rows, directory, side)
     if kind == "sentencepiece":
         return SentencePieceTokenizer(fileio.read_bytes(fileio.join(directory, "tokenizer.model")))
     raise TokenizerError(f"tokenizer {directory}: unknown kind {kind!r}")
@@ -402,7 +489,7 @@ def _load_tokenizer(spec: str) -> Tokenizer:
         config = (
             fileio.read_bytes(config_path) if config_path and fileio.exists(config_path) else None
         )
-        return HFTokenizer(fileio.read_bytes(spec), config)
+        return HFTokenizer(fileio.read_bytes(spec), config, side_files(folder))
     if spec.endswith(".model"):
         return SentencePieceTokenizer(fileio.read_bytes(spec))
     raise TokenizerError(

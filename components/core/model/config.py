@@ -10,6 +10,7 @@ import jax.numpy as jnp
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 MLP_ACTIVATIONS = ("silu", "gelu_tanh")
+LAYER_TYPES = ("sliding_attention", "full_attention")
 
 # None: keep every activation; full: keep only layer inputs; dots_saveable: keep matmul
 # outputs (less recompute, more memory). Batch-dim dots (attention) are recomputed.
@@ -24,7 +25,7 @@ REMAT_POLICIES = {
 class ModelConfig:
     """Shape and numerics of a decoder-only transformer; the defaults are Llama's.
 
-    The fields after ``remat`` describe the Llama 3.1, Qwen2 and Gemma 2 variations
+    The fields after ``remat`` describe the Llama 3.1, Qwen2/3, Gemma 2/3 and Mistral variations
     (see ``components/hf``), so one model class serves every imported family.
     """
 
@@ -58,6 +59,15 @@ class ModelConfig:
     # sliding_window tokens (Gemma 2: every even layer, pattern 2); None: every layer global.
     sliding_window: int | None = None
     sliding_window_pattern: int = 2
+    # Per layer "sliding_attention" or "full_attention", as Hugging Face's ``layer_types``
+    # (Gemma 3: five local layers to one global; Mistral: every layer); () follows the pattern.
+    layer_types: tuple[str, ...] = ()
+    # Qwen3, Gemma 3: an RMSNorm over each head's queries and keys before the rotation.
+    qk_norm: bool = False
+    # Gemma 3: the sliding layers rotate with their own base (no scaling); None: one table.
+    rope_local_theta: float | None = None
+    # rope_type "linear": positions divided by this factor (Gemma 3's global layers).
+    rope_linear_factor: float = 1.0
     # Low-rank adapters (core/model/lora.py): rank 0 = none; targets by Hugging Face name.
     lora_rank: int = 0
     lora_alpha: float = 16.0
@@ -133,6 +143,14 @@ class ModelConfig:
                 "ModelConfig.sliding_window_pattern must be >= 1, "
                 f"got {self.sliding_window_pattern}"
             )
+        unknown = sorted(set(self.layer_types) - set(LAYER_TYPES))
+        if unknown or (self.layer_types and len(self.layer_types) != self.n_layers):
+            raise ValueError(
+                f"ModelConfig.layer_types must give one of {LAYER_TYPES} per layer "
+                f"({self.n_layers}), got {list(self.layer_types)}"
+            )
+        if self.rope_linear_factor <= 0 or (self.rope_local_theta or 1.0) <= 0:
+            raise ValueError("ModelConfig.rope_linear_factor and rope_local_theta must be positive")
         if self.rope_scaling_factor is not None and not (
             self.rope_scaling_factor > 0 and self.rope_high_freq_factor > self.rope_low_freq_factor
         ):
@@ -145,6 +163,8 @@ class ModelConfig:
         """Per layer: whether it uses the sliding window (all False without one)."""
         if self.sliding_window is None:
             return [False] * self.n_layers
+        if self.layer_types:
+            return [kind == "sliding_attention" for kind in self.layer_types]
         pattern = self.sliding_window_pattern
         return [(i + 1) % pattern != 0 for i in range(self.n_layers)]
 
@@ -176,8 +196,9 @@ class ModelConfig:
             raise ValueError(
                 f"unknown ModelConfig fields {unknown}; known fields are {sorted(known)}"
             )
-        if "lora_targets" in d:  # a JSON list
-            d = {**d, "lora_targets": tuple(d["lora_targets"])}
+        for name in ("lora_targets", "layer_types"):  # JSON lists
+            if name in d:
+                d = {**d, name: tuple(d[name])}
         return cls(**d)
 
 

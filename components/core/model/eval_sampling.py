@@ -51,7 +51,7 @@ class SamplingSettings(NamedTuple):
     """The sampler's settings (hashable: a static argument of the pmapped sampler)."""
 
     max_new_tokens: int
-    eos_id: int
+    eos_id: int | tuple[int, ...]  # the tokenizer's stop_ids
     pad_id: int
     temperature: float  # 0 = greedy
     vocab_size: int = 0  # the tokenizer's: ids past it are never sampled (0 = no limit)

@@ -113,10 +113,15 @@ class RMSNorm(nnx.Module):
         return (x * (self.offset + self.scale[...])).astype(self.dtype)
 
 
-def rope_inv_freq(config: ModelConfig) -> np.ndarray:
-    """Rotary inverse frequencies [head_dim / 2] (fp32), with Llama 3.1's scaling if set."""
+def rope_inv_freq(config: ModelConfig, *, local: bool = False) -> np.ndarray:
+    """Rotary inverse frequencies [head_dim / 2] (fp32) of the global layers, with Llama
+    3.1's or linear scaling if set; ``local``: of the sliding layers when they have their
+    own base (Gemma 3's ``rope_local_base_freq``: plain, unscaled)."""
     half = config.resolved_head_dim // 2
-    inv_freq = 1.0 / (config.rope_theta ** (np.arange(half, dtype=np.float32) / half))
+    exponents = np.arange(half, dtype=np.float32) / half
+    if local and config.rope_local_theta is not None:
+        return (1.0 / (config.rope_local_theta**exponents)).astype(np.float32)
+    inv_freq = 1.0 / (config.rope_theta**exponents) / config.rope_linear_factor
     if config.rope_scaling_factor is None:
         return inv_freq.astype(np.float32)
     # Llama 3.1: long wavelengths slowed by `factor`, short ones kept, a smooth blend between.
@@ -134,24 +139,44 @@ def rope_inv_freq(config: ModelConfig) -> np.ndarray:
     return np.where(medium, blended, scaled).astype(np.float32)
 
 
-Rotary = tuple[jax.Array, jax.Array]  # (sin, cos) [B, T, head_dim / 2] float32
+# (sin, cos) [B, T, K, head_dim / 2] float32: K = 1 table, or 2 when the sliding layers
+# rotate with their own base (index 0 global, 1 local); ``layer_rotary`` picks a layer's.
+Rotary = tuple[jax.Array, jax.Array]
+
+
+def _inv_freq_tables(config: ModelConfig) -> np.ndarray:
+    """[K, head_dim / 2]: the global frequencies, and the local ones when they differ."""
+    tables = [rope_inv_freq(config)]
+    if config.rope_local_theta is not None:
+        tables.append(rope_inv_freq(config, local=True))
+    return np.stack(tables)
 
 
 def rope_tables(positions: jax.Array, config: ModelConfig) -> Rotary:
-    """sin and cos of ``positions`` [B, T] times the rotary frequencies, [B, T, half] each.
+    """sin and cos of ``positions`` [B, T] times the rotary frequencies, [B, T, K, half] each.
 
     Computed once per pass and given to every layer. A caller that runs many passes over
     the same rows (PPO's update: every epoch and minibatch) computes them once for all:
     XLA:CPU fuses them into each layer's rotation and evaluates sin and cos for every
     element of q and k (every head), which at the demo shape cost ~12% of the update.
     """
-    angles = positions[..., None].astype(jnp.float32) * jnp.asarray(rope_inv_freq(config))
+    frequencies = jnp.asarray(_inv_freq_tables(config))
+    angles = positions[..., None, None].astype(jnp.float32) * frequencies
     return jnp.sin(angles), jnp.cos(angles)
+
+
+def layer_rotary(rotary: Rotary, is_sliding: jax.Array | bool) -> Rotary:
+    """One layer's (sin, cos) [..., T, half]: the local table for a sliding layer when the
+    model has two, else the one table (``is_sliding`` may be traced, inside a scan)."""
+    if rotary[0].shape[-2] == 1:
+        return rotary[0][..., 0, :], rotary[1][..., 0, :]
+    index = jnp.asarray(is_sliding, jnp.int32)
+    return tuple(jnp.take(table, index, axis=-2) for table in rotary)
 
 
 def rotary_key(config: ModelConfig) -> str:
     """Names ``config``'s rotary frequencies: networks whose keys match share tables."""
-    return "rotary-" + rope_inv_freq(config).tobytes().hex()
+    return "rotary-" + _inv_freq_tables(config).tobytes().hex()
 
 
 def apply_rope(x: jax.Array, rotary: Rotary) -> jax.Array:
@@ -223,6 +248,9 @@ class Attention(nnx.Module):
         self.wk = dense(dim, n_kv * head_dim, config, rngs, qkv_bias, target="k_proj")
         self.wv = dense(dim, n_kv * head_dim, config, rngs, qkv_bias, target="v_proj")
         self.wo = dense(n_heads * head_dim, dim, config, rngs, target="o_proj")
+        # Qwen3 and Gemma 3 norm each head's queries and keys (one [head_dim] scale each).
+        self.q_norm = RMSNorm(head_dim, config) if config.qk_norm else None
+        self.k_norm = RMSNorm(head_dim, config) if config.qk_norm else None
 
     def __call__(
         self,
@@ -243,6 +271,8 @@ class Attention(nnx.Module):
         q = on_rows(self.wq, x).reshape(batch, length, self.n_heads, self.head_dim)
         k = on_rows(self.wk, x).reshape(batch, length, self.n_kv_heads, self.head_dim)
         v = on_rows(self.wv, x).reshape(batch, length, self.n_kv_heads, self.head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
         q = apply_rope(q, rotary)
         k = apply_rope(k, rotary)
         softcap = self.config.attn_logit_softcap

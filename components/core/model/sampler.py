@@ -83,8 +83,25 @@ def filter_logits(logits: jax.Array, temperature: float, top_k: int, top_p: floa
     return logits
 
 
+StopIds = int | tuple[int, ...]  # the id, or ids, that end a response
+
+
+def stop_tuple(eos_id: StopIds) -> tuple[int, ...]:
+    """``eos_id`` as a tuple of ids (a tokenizer's ``stop_ids``, or one eos id)."""
+    return (int(eos_id),) if isinstance(eos_id, int) else tuple(int(i) for i in eos_id)
+
+
+def is_stop(tokens: jax.Array, eos_id: StopIds) -> jax.Array:
+    """Where ``tokens`` are among the stop ids (the model's eos and end-of-turn tokens)."""
+    stops = stop_tuple(eos_id)
+    hit = tokens == stops[0]
+    for stop in stops[1:]:
+        hit = hit | (tokens == stop)
+    return hit
+
+
 class _Settings(NamedTuple):
-    eos_id: int
+    eos_id: tuple[int, ...]  # every id that ends a response
     pad_id: int
     temperature: float
     top_k: int
@@ -113,7 +130,7 @@ def _choose(
     token = jnp.where(done, settings.pad_id, token)
     logprob = jnp.where(done, 0.0, logprob)
     mask = (~done).astype(jnp.int32)
-    return token, logprob, mask, done | (token == settings.eos_id)
+    return token, logprob, mask, done | is_stop(token, settings.eos_id)
 
 
 class _Decoding(NamedTuple):
@@ -152,7 +169,7 @@ def generate(
     rng: jax.Array,
     *,
     max_new_tokens: int,
-    eos_id: int,
+    eos_id: StopIds,
     pad_id: int,
     temperature: float = 1.0,
     top_k: int = 0,
@@ -165,7 +182,8 @@ def generate(
     ``temperature == 0`` is greedy; ``top_k=0`` and ``top_p=1.0`` disable those filters.
     ``vocab_size`` (the tokenizer's; 0 = no limit) keeps ids past it from being chosen; the
     logprobs stay those of the whole, untempered distribution.
-    After a sequence emits ``eos_id`` it emits ``pad_id`` with mask 0. The decode stops
+    After a sequence emits ``eos_id`` (an id, or the tokenizer's ``stop_ids``: eos and the
+    template's end-of-turn token) it emits ``pad_id`` with mask 0. The decode stops
     once every sequence has ended; ``stop_when_done=False`` runs all ``max_new_tokens``
     steps (same outputs: tests and benchmarks measure the difference).
     """
@@ -180,7 +198,7 @@ def generate(
             f"prompt length {prompt_len} + max_new_tokens {max_new_tokens} exceeds "
             f"max_seq_len {config.max_seq_len}: shorten one or raise ModelConfig.max_seq_len"
         )
-    settings = _Settings(eos_id, pad_id, temperature, top_k, top_p, vocab_size)
+    settings = _Settings(stop_tuple(eos_id), pad_id, temperature, top_k, top_p, vocab_size)
     keys = jax.random.split(rng, max_new_tokens)
     # The last sampled token is never fed back, so the cache needs N - 1 decode slots.
     hidden, cache = model.prefill(prompt_tokens, prompt_mask, prompt_len + max_new_tokens - 1)
@@ -241,7 +259,7 @@ def generate_without_cache(
     prompt_mask: jax.Array,
     *,
     max_new_tokens: int,
-    eos_id: int,
+    eos_id: StopIds,
     pad_id: int,
 ) -> SampleOutput:
     """Greedy reference: recompute the whole sequence each step (no cache). Tests and benchmarks.
@@ -252,7 +270,7 @@ def generate_without_cache(
     _check_settings(max_new_tokens, 0.0, 0, 1.0)
     graphdef, params = _as_split(model)
     batch, prompt_len = prompt_tokens.shape
-    settings = _Settings(eos_id, pad_id, 0.0, 0, 1.0, 0)
+    settings = _Settings(stop_tuple(eos_id), pad_id, 0.0, 0, 1.0, 0)
     pad = [(0, 0), (0, max_new_tokens)]
     tokens = jnp.pad(prompt_tokens.astype(jnp.int32), pad, constant_values=pad_id)
     mask = jnp.pad(prompt_mask.astype(jnp.int32), pad)

@@ -18,8 +18,9 @@ The KV-cache decode runs the layers unrolled, each on its own cache array (``KVC
 Under fsdp (fsdp.py) the stack's parameters arrive as chunks: each scan step
 gathers one layer's weights, inside the remat, so only one layer is whole at a time.
 
-Gemma 2's sliding-window layers run inside the same scan: each layer gets a flag,
-and picks the windowed or the full attention mask with it.
+Sliding-window layers (Gemma 2 and 3, Mistral) run inside the same scan: each layer gets
+a flag, and picks the windowed or the full attention mask with it, and, where the model
+has two rotary tables (Gemma 3), its table.
 """
 
 from __future__ import annotations
@@ -31,7 +32,14 @@ import jax.numpy as jnp
 from flax import nnx
 
 from components.core.model.config import PRESETS, REMAT_POLICIES, ModelConfig, model_config
-from components.core.model.layers import INIT_STD, Block, RMSNorm, Rotary, rope_tables
+from components.core.model.layers import (
+    INIT_STD,
+    Block,
+    RMSNorm,
+    Rotary,
+    layer_rotary,
+    rope_tables,
+)
 from components.core.training import fsdp
 
 __all__ = ["PRESETS", "KVCache", "ModelConfig", "Transformer", "model_config"]
@@ -158,7 +166,9 @@ class Transformer(nnx.Module):
         def layer(x: jax.Array, inputs: tuple[nnx.State, jax.Array]) -> tuple[jax.Array, None]:
             layer_params, is_sliding = inputs
             block = nnx.merge(graphdef, fsdp.gather(layer_params))
-            x, _ = block(x, rotary, layer_allowed(allowed, window, is_sliding))
+            x, _ = block(
+                x, layer_rotary(rotary, is_sliding), layer_allowed(allowed, window, is_sliding)
+            )
             return x, None
 
         # See the module's docstring. Sharded layers stay scanned: one whole at a time.
@@ -220,7 +230,9 @@ class Transformer(nnx.Module):
         def layer(x: jax.Array, inputs: tuple[nnx.State, jax.Array]):
             layer_params, is_sliding = inputs
             block = nnx.merge(graphdef, fsdp.gather(layer_params))
-            return block(x, rotary, layer_allowed(allowed, window, is_sliding))
+            return block(
+                x, layer_rotary(rotary, is_sliding), layer_allowed(allowed, window, is_sliding)
+            )
 
         x, (k, v) = jax.lax.scan(layer, self._embed(tokens), (layers, self._sliding_flags()))
         grow = cache_size - length
@@ -277,7 +289,7 @@ class Transformer(nnx.Module):
             # Sharded (fsdp): a layer is gathered after the last one ran, one whole at a time.
             block = nnx.merge(graphdef, fsdp.gather(fsdp.after(params, x)))
             layer_mask = layer_allowed(allowed, window, sliding)
-            x, (k, v) = block(x, rotary, layer_mask, (k, v), cache.length)
+            x, (k, v) = block(x, layer_rotary(rotary, sliding), layer_mask, (k, v), cache.length)
             keys.append(k)
             values.append(v)
         cache = KVCache(
