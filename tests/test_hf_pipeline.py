@@ -1,12 +1,18 @@
 """A Hugging Face checkpoint in, an aligned Hugging Face model out, through the whole pipeline.
 
-For each fixture family (Llama 3.1, Qwen2, Gemma 2): conversational pairs and a gold judge
+For Llama 3.1, Qwen3 and Gemma 3 fixtures: conversational pairs and a gold judge
 given as ``PATH.py:FUNCTION``, the fixture folder as ``base_policy`` and
 ``reward_base_policy`` with no import step, kfp.local from shard to promote, then
 ``alignpipe model export`` of the promotion root, loaded by ``transformers``: greedy, it
-generates the tokens alignpipe's sampler generates on the eval prompts, and its logits match.
-Llama fine-tunes its base with sft first (``sft_on_base``), Qwen2 is aligned as given, and
-Gemma 2 with LoRA adapters, exported merged and as a PEFT adapter (loaded by ``peft``).
+generates the tokens alignpipe's sampler generates on the eval prompts, both stopping on the
+model's stop set (``generation_config.json``: Qwen3's ``<|im_end|>`` and ``<|endoftext|>``,
+Gemma 3's ``<eos>`` and ``<end_of_turn>``), and its logits match. Llama fine-tunes its base
+with sft first (``sft_on_base``), Qwen3 is aligned as given with its template's
+``enable_thinking`` off, and Gemma 3 (its system message folded into the first user turn
+by its template) with LoRA adapters, exported merged and as a PEFT adapter (loaded by
+``peft``). Qwen2 and Gemma 2 share these code paths; their import and export are tested
+in test_hf_import.py and test_hf_export.py, which keeps this module's three runs in the
+suite's time.
 ``transformers``, ``torch`` and ``peft`` are imported in this module only.
 """
 
@@ -26,6 +32,7 @@ from components.core.data.prompts import left_pad, unique_prompts
 from components.core.data.tokenizers import load_tokenizer
 from components.core.model.artifact import load_model
 from components.core.model.sampler import generate
+from components.hf.importer import import_hf
 from pipelines.cli.main import main
 from pipelines.releases import promotion
 from pipelines.targets.local.result import format_summary
@@ -71,10 +78,10 @@ SMALL = {
 }
 FAMILIES = {
     "llama": {"sft_on_base": True},
-    "qwen2": {},
-    "gemma2": {"lora_rank": 4, "lora_alpha": 8.0},
+    "qwen3": {"chat_template_kwargs": '{"enable_thinking": false}'},
+    "gemma3": {"lora_rank": 4, "lora_alpha": 8.0},
 }
-SYSTEM = {"llama": "You are a kind assistant.", "qwen2": "Answer kindly.", "gemma2": ""}
+SYSTEM = {"llama": "You are a kind assistant.", "qwen3": "Answer kindly.", "gemma3": "Be kind."}
 PROMPTS, NEW_TOKENS = 4, 12
 LOGIT_ATOL = 1e-4  # fp32 on both sides; the import tests measure ~1e-6
 
@@ -87,7 +94,6 @@ def aligned(request, tmp_path_factory, monkeypatch_module) -> dict:
     gold = root / "gold.py"
     gold.write_text(GOLD)
     data = root / "pairs.jsonl"
-    # Gemma 2's template refuses a system role; the others get one before each prompt.
     write_jsonl(str(data), 240, seed=1, conversational=True, system=SYSTEM[family])
     folder = str(FIXTURES / family)
     values = {
@@ -134,7 +140,7 @@ def _ours(policy_dir: str, prompts: list[np.ndarray]) -> list[list[int]]:
     mask = jnp.asarray(np.stack([r[1] for r in rows]), jnp.int32)
     out = generate(
         model, tokens, mask, jax.random.key(0), max_new_tokens=NEW_TOKENS,
-        eos_id=tokenizer["eos_id"], pad_id=tokenizer["pad_id"], temperature=0.0,
+        eos_id=tuple(tokenizer["stop_ids"]), pad_id=tokenizer["pad_id"], temperature=0.0,
     )  # fmt: skip
     sampled = np.asarray(out.tokens)
     kept = np.asarray(out.mask)
@@ -144,15 +150,20 @@ def _ours(policy_dir: str, prompts: list[np.ndarray]) -> list[list[int]]:
     ]
 
 
-def _theirs(model, prompt: np.ndarray, eos_id: int) -> list[int]:
+def _theirs(model, prompt: np.ndarray, stops=None) -> list[int]:
+    """transformers' greedy generation, stopping on the export's generation_config.json
+    stop set (or ``stops``), cut after the first stop token."""
     ids = torch.tensor([prompt.tolist()])
+    stops = stops or model.generation_config.eos_token_id
+    stops = list(stops) if isinstance(stops, list | tuple) else [stops]
     with torch.no_grad():
         out = model.generate(
             ids, attention_mask=torch.ones_like(ids), max_new_tokens=NEW_TOKENS,
-            do_sample=False, eos_token_id=eos_id, pad_token_id=eos_id,
+            do_sample=False, eos_token_id=stops, pad_token_id=stops[0],
         )  # fmt: skip
     new = out[0, len(prompt) :].tolist()
-    return new[: new.index(eos_id) + 1] if eos_id in new else new
+    ends = [i for i, token in enumerate(new) if token in stops]
+    return new[: ends[0] + 1] if ends else new
 
 
 def _logits(model, tokens: list[int]) -> np.ndarray:
@@ -211,11 +222,14 @@ def test_the_export_generates_in_transformers_what_alignpipe_generated(aligned):
     tokenizer = transformers.AutoTokenizer.from_pretrained(str(out))
     ours = load_tokenizer(str(Path(version) / "tokenizer"))
     assert tokenizer.eos_token_id == ours.eos_id
+    # The export's stop set is the model's: eos and, for Qwen3 and Gemma 3, the end of turn.
+    stops = model.generation_config.eos_token_id
+    assert sorted(stops if isinstance(stops, list) else [stops]) == sorted(ours.stop_ids)
     prompts = _eval_prompts(aligned)
     assert len(prompts) == PROMPTS
     generated = _ours(version, prompts)
     for prompt, tokens in zip(prompts, generated, strict=True):
-        assert _theirs(model, prompt, ours.eos_id) == tokens
+        assert _theirs(model, prompt) == tokens
         sequence = [*prompt.tolist(), *tokens]
         np.testing.assert_allclose(
             _logits(model, sequence), _our_logits(version, sequence), atol=LOGIT_ATOL, rtol=0
@@ -244,3 +258,30 @@ def test_a_lora_policy_exports_merged_and_as_a_peft_adapter(aligned):
     # The adapters matter: the base alone computes something else.
     base = _logits(_hf_model(out / "base"), sequence)
     assert np.abs(base - ours).max() > 10 * LOGIT_ATOL
+
+
+CHAT = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello world!"}]
+
+
+@pytest.mark.parametrize("family", ["qwen3", "gemma3"])
+def test_sampling_stops_on_any_stop_id_as_transformers_does(tmp_path, family):
+    """The sampler ends a response on any id of the stop set, as ``generate`` does with an
+    ``eos_token_id`` list: a stop id the greedy path meets mid-way (here the third token
+    it generates) ends that row there, pads after, and transformers stops at the same place."""
+    folder = FIXTURES / family
+    model = _hf_model(folder)
+    tokenizer = load_tokenizer(str(folder))
+    prompt = np.asarray(tokenizer.encode(tokenizer.render_chat(CHAT, True)), np.int32)
+    free = _theirs(model, prompt, stops=[10**6])  # an id it never emits: NEW_TOKENS tokens
+    stops = (tokenizer.eos_id, free[2])
+    theirs = _theirs(model, prompt, stops=stops)
+    assert theirs == free[: free.index(free[2]) + 1] and len(theirs) < NEW_TOKENS
+    ours, _ = load_model(import_hf(str(folder), str(tmp_path / "m"))["out"], dtype="float32")
+    tokens = jnp.asarray(prompt[None], jnp.int32)
+    out = generate(
+        ours, tokens, jnp.ones_like(tokens), jax.random.key(0), max_new_tokens=NEW_TOKENS,
+        eos_id=stops, pad_id=tokenizer.pad_id, temperature=0.0,
+    )  # fmt: skip
+    kept = np.asarray(out.mask[0]).astype(bool)
+    assert np.asarray(out.tokens[0])[kept].tolist() == theirs
+    assert not kept[len(theirs) :].any()
