@@ -260,3 +260,24 @@ def test_a_hugging_face_base_policy_is_checked_as_its_import_would(tmp_path):
     )
     message = _refused({"base_policy": str(broken)}, tmp_path / "runs")
     assert message.startswith("--base-policy: ") and "GPT2LMHeadModel" in message
+
+
+def test_a_chat_template_that_refuses_the_data_stops_the_run_with_its_message(tmp_path):
+    """The README walkthrough's conversational data (a system turn) with Gemma 2, whose
+    template has no system role: refused before the Beam job with the template's message
+    and the fix, not 3,000 records in rejected/; folded into the first user turn, it runs."""
+    from components.core.data.builtin_task import write_jsonl
+
+    data = tmp_path / "pairs.jsonl"
+    write_jsonl(str(data), 8, seed=0, conversational=True, system="You are kind.")
+    values = {"data_uri": str(data), "base_policy": str(FIXTURES / "gemma2")}
+    message = _refused(values, tmp_path / "runs")
+    assert message.startswith(f"--data-uri: {data} line 1: the chat template of")
+    assert "System role not supported" in message and "--system-message fold" in message
+    for mode in ("fold", "drop"):
+        preflight.check(params.validate({**values, "system_message": mode}, 8))
+    # Qwen3's template takes a system turn, and its arguments come along.
+    qwen3 = {**values, "base_policy": str(FIXTURES / "qwen3")}
+    preflight.check(
+        params.validate({**qwen3, "chat_template_kwargs": '{"enable_thinking": false}'}, 8)
+    )

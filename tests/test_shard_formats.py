@@ -7,7 +7,13 @@ import pytest
 
 from components.core.data.tokenizers import ByteTokenizer
 from components.shard.config import ShardConfig
-from components.shard.formats import REASONS, Invalid, detect_format, to_text_pair
+from components.shard.formats import (
+    REASONS,
+    Invalid,
+    detect_format,
+    to_text_pair,
+    with_system_message,
+)
 from components.shard.records import (
     Rejection,
     TokenPair,
@@ -17,6 +23,19 @@ from components.shard.records import (
 )
 
 TOKENIZER = ByteTokenizer()
+
+
+class NoSystemRole(ByteTokenizer):
+    """A template that refuses a system role, as Gemma 2's does."""
+
+    chat_template = (
+        "{% for m in messages %}{% if m['role'] == 'system' %}"
+        "{{ raise_exception('System role not supported') }}{% endif %}"
+        "<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}"
+        "{% if add_generation_prompt %}<assistant>{% endif %}"
+    )
+
+
 CONFIG = ShardConfig(max_prompt_tokens=32, max_response_tokens=16)
 
 
@@ -86,6 +105,29 @@ CASES = {
         '{"prompt": "p", "chosen": "c", "rejected": "r", "margin": NaN}',
         "explicit",
     ),
+    "chat_template": (
+        json.dumps(
+            {
+                "prompt": [
+                    {"role": "system", "content": "Be kind."},
+                    {"role": "user", "content": "Hi"},
+                ],
+                "chosen": [{"role": "assistant", "content": "Hello!"}],
+                "rejected": [{"role": "assistant", "content": "Go."}],
+            }
+        ),
+        "conversational",
+    ),
+    "unsupported_content": (
+        json.dumps(
+            {
+                "prompt": [{"role": "user", "content": [{"type": "image", "url": "a.png"}]}],
+                "chosen": [{"role": "assistant", "content": "A cat."}],
+                "rejected": [{"role": "assistant", "content": "A dog."}],
+            }
+        ),
+        "conversational",
+    ),
 }
 
 
@@ -97,7 +139,8 @@ def test_every_reason_has_a_case():
 def test_each_rejection_reason(reason):
     raw, fmt = CASES[reason]
     config = ShardConfig(max_prompt_tokens=32, max_response_tokens=16, too_long="reject")
-    result = process_item((7, raw, None, fmt), "data.jsonl", TOKENIZER, config)
+    tokenizer = NoSystemRole() if reason == "chat_template" else TOKENIZER
+    result = process_item((7, raw, None, fmt), "data.jsonl", tokenizer, config)
     assert isinstance(result, Rejection)
     assert (result.reason, result.source, result.line, result.raw) == (reason, "data.jsonl", 7, raw)
     assert result.detail
@@ -144,3 +187,17 @@ def test_place_respects_eval_fraction_and_shard_range():
     assert math.isclose(eval_share, 0.25, abs_tol=0.03)
     assert {shard for _, shard in placed} == set(range(5))
     assert all(split == "train" for split, _ in (place(h, 0.0, 3) for h in hashes))
+
+
+@pytest.mark.parametrize("mode", ["fold", "drop"])
+def test_a_system_message_folds_into_the_first_user_turn_or_drops(mode):
+    """For a template without a system role: 'fold' puts its text before the first user
+    turn's (as Gemma 3's template does), 'drop' leaves it out; the template then renders."""
+    system = {"role": "system", "content": "Be kind."}
+    record = json.loads(CASES["chat_template"][0])
+    with pytest.raises(Invalid, match="System role not supported"):
+        to_text_pair(record, "conversational", NoSystemRole())
+    pair = to_text_pair(record, "conversational", NoSystemRole(), system_message=mode)
+    expected = "<user>Be kind.\n\nHi\n<assistant>" if mode == "fold" else "<user>Hi\n<assistant>"
+    assert pair.prompt == expected and pair.chosen == "Hello!\n"
+    assert with_system_message([system], mode) == []

@@ -10,6 +10,7 @@ from components.core.config import check_finite
 from components.core.flags import field
 
 FORMATS = ("auto", "explicit", "implicit", "conversational", "vertex")
+SYSTEM_MESSAGES = ("keep", "fold", "drop")
 
 
 @dataclasses.dataclass(slots=True, kw_only=True)
@@ -38,6 +39,12 @@ class ShardConfig:
         help="JSON object of the chat template's own arguments, passed to every rendering "
         "of conversational data (Qwen3: '{\"enable_thinking\": false}'); recorded in the "
         "manifest, so every later stage reads prompts rendered the same way",
+    )
+    system_message: Literal["keep", "fold", "drop"] = field(
+        "keep",
+        help="a conversation's leading system message: 'keep' it for the template, 'fold' it "
+        "into the first user turn (as Gemma 3's template does; for templates without a "
+        "system role, such as Gemma 2's), or 'drop' it",
     )
     num_shards: int = field(8, help="TFRecord files per split")
     eval_fraction: float = field(0.1, help="share of prompts (by prompt hash) held out for eval")
@@ -73,6 +80,10 @@ class ShardConfig:
             if getattr(self, name) < 2:
                 raise ValueError(f"{name}: {getattr(self, name)} must be at least 2 tokens")
         self.template_kwargs()  # refuses what is not a JSON object
+        if self.system_message not in SYSTEM_MESSAGES:
+            raise ValueError(
+                f"system_message: {self.system_message!r} must be one of {SYSTEM_MESSAGES}"
+            )
         if self.num_workers < 1:
             raise ValueError(f"num_workers: {self.num_workers} must be at least 1")
         if self.lines_per_bundle < 1:

@@ -48,6 +48,8 @@ REASONS = (
     "too_long",
     "invalid_choice",
     "non_finite_margin",
+    "chat_template",  # the model's template refused the conversation (its message kept)
+    "unsupported_content",  # an image, audio or video part in a text-only run
 )
 
 
@@ -178,8 +180,29 @@ def _messages(obj: dict[str, Any], key: str) -> list[dict[str, Any]]:
     return out
 
 
+def with_system_message(prompt: list[dict[str, Any]], mode: str) -> list[dict[str, Any]]:
+    """``prompt`` with its leading system message kept, dropped, or folded into the first
+    user turn as Gemma 3's template folds it (its text, a blank line, the user's text)."""
+    if mode == "keep" or not prompt or prompt[0]["role"] != "system":
+        return prompt
+    system, rest = prompt[0], prompt[1:]
+    if mode == "drop" or not rest or rest[0]["role"] != "user":
+        return rest
+    text = (
+        system["content"]
+        if isinstance(system["content"], str)
+        else "".join(part["text"] for part in system["content"])
+    )
+    user = dict(rest[0])
+    if isinstance(user["content"], str):
+        user["content"] = f"{text}\n\n{user['content']}"
+    else:
+        user["content"] = [{"type": "text", "text": f"{text}\n\n"}, *user["content"]]
+    return [user, *rest[1:]]
+
+
 def _conversational(
-    obj: dict[str, Any], tokenizer: Tokenizer, template_kwargs: dict[str, Any]
+    obj: dict[str, Any], tokenizer: Tokenizer, template_kwargs: dict[str, Any], system: str
 ) -> TextPair:
     chosen = _messages(obj, "chosen")
     rejected = _messages(obj, "rejected")
@@ -192,6 +215,7 @@ def _conversational(
         if n == 0:
             raise Invalid("no_common_prompt", "chosen and rejected share no leading message")
         prompt, chosen, rejected = chosen[:n], chosen[n:], rejected[n:]
+    prompt = with_system_message(prompt, system)
     if not prompt:
         raise Invalid("empty_prompt", "prompt has no messages")
     try:
@@ -229,10 +253,15 @@ def _vertex(obj: dict[str, Any]) -> TextPair:
 
 
 def to_text_pair(
-    obj: Any, fmt: str | None, tokenizer: Tokenizer, template_kwargs: dict | None = None
+    obj: Any,
+    fmt: str | None,
+    tokenizer: Tokenizer,
+    template_kwargs: dict | None = None,
+    system_message: str = "keep",
 ) -> TextPair:
     """Convert a parsed object of format ``fmt`` to a TextPair, or raise Invalid;
-    ``template_kwargs``: the chat template's own arguments (conversational records)."""
+    ``template_kwargs``: the chat template's own arguments, ``system_message``: what becomes
+    of a leading system message (:func:`with_system_message`), for conversational records."""
     if not isinstance(obj, dict):
         raise Invalid("not_object", f"expected a JSON object, got {type(obj).__name__}")
     if fmt is None:
@@ -242,7 +271,7 @@ def to_text_pair(
     elif fmt == "implicit":
         pair = _implicit(obj)
     elif fmt == "conversational":
-        pair = _conversational(obj, tokenizer, template_kwargs or {})
+        pair = _conversational(obj, tokenizer, template_kwargs or {}, system_message)
     else:
         pair = _vertex(obj)
     if not pair.prompt.strip():

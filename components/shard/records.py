@@ -127,7 +127,7 @@ def process_object(
     obj: Any, fmt: str | None, source: str, line: int, tokenizer: Tokenizer, config: ShardConfig
 ) -> TokenPair:
     """Validate and tokenize one parsed record and place it; raises Invalid."""
-    pair = to_text_pair(obj, fmt, tokenizer, config.template_kwargs())
+    pair = to_text_pair(obj, fmt, tokenizer, config.template_kwargs(), config.system_message)
     prompt_ids, chosen_ids, rejected_ids, truncated = tokenize(pair, tokenizer, config)
     hash_value = prompt_hash(pair.prompt)
     split, shard = place(hash_value, config.eval_fraction, config.num_shards)

@@ -32,6 +32,7 @@ def shard(
     max_prompt_tokens: int,
     max_response_tokens: int,
     chat_template_kwargs: str,
+    system_message: str,
     num_shards: int,
     eval_fraction: float,
     min_eval_pairs: int,

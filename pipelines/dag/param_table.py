@@ -105,7 +105,7 @@ PARAMS: tuple[Param, ...] = (
         "SentencePiece .model",
     ),
     *_stage("shard", "max_prompt_tokens", "max_response_tokens", "num_shards"),
-    *_stage("shard", "chat_template_kwargs"),
+    *_stage("shard", "chat_template_kwargs", "system_message"),
     *_stage("shard", "eval_fraction", "max_invalid_fraction"),
     Param(
         "min_eval_pairs",

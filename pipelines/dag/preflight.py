@@ -9,6 +9,7 @@ URI is left to the task that reads it: nothing here reaches the network.
 
 from __future__ import annotations
 
+import json
 import shlex
 from collections.abc import Callable
 from typing import Any
@@ -47,6 +48,7 @@ def check(values: dict[str, Any]) -> None:
             raise PreflightError(f"{flag(name)}: {error}") from None
     try:
         check_tokenizers(values)
+        check_chat_template(values)
     except (ValueError, FileNotFoundError) as error:
         raise PreflightError(str(error)) from None
 
@@ -80,6 +82,50 @@ def check_tokenizers(values: dict[str, Any]) -> None:
                 f"{shards} ({origin}); every model of a run must share the shards' tokenizer: "
                 f"pass models that share one, or --tokenizer with {flag(name)}'s own"
             )
+
+
+def check_chat_template(values: dict[str, Any]) -> None:
+    """Render the data's first record with the shards' chat template (its arguments and
+    the system-message rule included) before the Beam job: a template that refuses the
+    data's shape (Gemma 2's "System role not supported") stops the run here with the
+    template's own message and the fix, not after every record went to rejected/."""
+    from components.core.data.tokenizers import load_tokenizer
+    from components.shard.config import ShardConfig
+    from components.shard.formats import Invalid, to_text_pair
+    from components.shard.sources import read_source
+
+    data_uri = values["data_uri"]
+    if not data_uri or not _applies("data_uri", values):
+        return  # the built-in task, or remote data only its task lists
+    spec, origin = _shards_tokenizer(values)
+    if spec is None or not is_local(spec):
+        return
+    config = ShardConfig(
+        format=values["data_format"],
+        chat_template_kwargs=values["chat_template_kwargs"],
+        system_message=values["system_message"],
+    )
+    first = stage_io.find_sources(data_uri)[0]["uri"]
+    bundle = next(read_source(first, config.format, 1))
+    if not isinstance(bundle, list):
+        return  # an empty file: the shard stage reports it
+    line, raw, obj, fmt = bundle[0]
+    if fmt != "conversational" or isinstance(obj, Invalid):
+        return
+    record = json.loads(raw) if obj is None else obj
+    try:
+        to_text_pair(
+            record, fmt, load_tokenizer(spec), config.template_kwargs(), config.system_message
+        )
+    except Invalid as invalid:
+        if invalid.reason != "chat_template":
+            return  # one bad record goes to rejected/ with its reason
+        raise PreflightError(
+            f"{flag('data_uri')}: {first} line {line}: the chat template of {origin} refuses "
+            f"the data: {invalid.detail}. Fix: {flag('system_message')} fold (the system "
+            "message into the first user turn) or drop, if the template has no system role; "
+            "else give data in the shape the template takes"
+        ) from None
 
 
 def _shards_tokenizer(values: dict[str, Any]) -> tuple[str | None, str]:
