@@ -289,6 +289,11 @@ def import_hf(hf_dir: str, out: str, *, dtype: str = "", remat: str = "full") ->
     source = {"family": family, "architecture": hf["architectures"][0], "dtype": source_dtype}
     if checked.left_out:  # a multimodal checkpoint: the run is text-only
         source["text_only"] = {"tensors_left_out": checked.left_out}
+        log.warning(
+            "%s is a multimodal %s: its language model is imported and the run is text-only "
+            "(%d vision and projector tensors left out); export writes Gemma3ForCausalLM",
+            hf_dir, source["architecture"], checked.left_out,
+        )  # fmt: skip
     export_model(
         out,
         model_config=config.to_dict(),
