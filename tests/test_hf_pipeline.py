@@ -263,11 +263,13 @@ def test_a_lora_policy_exports_merged_and_as_a_peft_adapter(aligned):
 CHAT = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello world!"}]
 
 
-@pytest.mark.parametrize("family", ["qwen3", "gemma3"])
+@pytest.mark.parametrize("family", ["qwen3", "qwen3_untied", "mistral", "gemma3"])
 def test_sampling_stops_on_any_stop_id_as_transformers_does(tmp_path, family):
     """The sampler ends a response on any id of the stop set, as ``generate`` does with an
     ``eos_token_id`` list: a stop id the greedy path meets mid-way (here the third token
-    it generates) ends that row there, pads after, and transformers stops at the same place."""
+    it generates) ends that row there, pads after, and transformers stops at the same place.
+    Before it, greedy tokens equal ``generate``'s through the KV cache: Mistral's window (4
+    tokens) and Gemma 3's local layers and two rotary tables act on every decode step."""
     folder = FIXTURES / family
     model = _hf_model(folder)
     tokenizer = load_tokenizer(str(folder))
@@ -278,6 +280,11 @@ def test_sampling_stops_on_any_stop_id_as_transformers_does(tmp_path, family):
     assert theirs == free[: free.index(free[2]) + 1] and len(theirs) < NEW_TOKENS
     ours, _ = load_model(import_hf(str(folder), str(tmp_path / "m"))["out"], dtype="float32")
     tokens = jnp.asarray(prompt[None], jnp.int32)
+    unstopped = generate(
+        ours, tokens, jnp.ones_like(tokens), jax.random.key(0), max_new_tokens=NEW_TOKENS,
+        eos_id=10**6, pad_id=tokenizer.pad_id, temperature=0.0,
+    )  # fmt: skip
+    assert np.asarray(unstopped.tokens[0]).tolist() == free
     out = generate(
         ours, tokens, jnp.ones_like(tokens), jax.random.key(0), max_new_tokens=NEW_TOKENS,
         eos_id=stops, pad_id=tokenizer.pad_id, temperature=0.0,
