@@ -25,6 +25,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from components.core.model.vocab_tiles import exact_kl, token_entropy  # noqa: F401 (re-exported)
+
 KLEstimator = Literal["k1", "k3"]
 
 # TRL's whitening epsilon: keeps rsqrt finite when every real token has the same value.
@@ -235,36 +237,6 @@ def value_loss(
         "val/clipfrac": masked_mean((clipped > unclipped).astype(jnp.float32), mask),
     }
     return loss, metrics
-
-
-def token_entropy(logits: jax.Array, log_z: jax.Array | None = None) -> jax.Array:
-    """Entropy (nats) [...] of each next-token distribution ``logits`` [..., V], in float32.
-
-    ``log_z`` is logsumexp(logits) when the caller has it already (the log-probs need it too):
-    one full-vocabulary reduction instead of two.
-    """
-    logits = jnp.asarray(logits, jnp.float32)
-    if log_z is None:
-        log_z = jax.nn.logsumexp(logits, axis=-1)
-    log_probs = logits - log_z[..., None]
-    # where(): a −inf logit has p = 0, and 0·(−inf) would be nan instead of 0.
-    plogp = jnp.where(log_probs > -jnp.inf, jnp.exp(log_probs) * log_probs, 0.0)
-    return -jnp.sum(plogp, axis=-1)
-
-
-def exact_kl(logits: jax.Array, ref_logits: jax.Array) -> jax.Array:
-    """KL(p ‖ q) in nats [...] of each pair of next-token distributions ``logits`` and
-    ``ref_logits`` [..., V], summed over the whole vocabulary, in float32.
-
-    Along sampled responses, its sum over a response's tokens is an unbiased estimate of the
-    sequence KL (the chain rule), like k1's and k3's, but without their noise of the sampled
-    token: on the demo's final policy a sequence's spread is 0.04 nats, k3's 0.11, k1's 0.5.
-    """
-    log_p = jax.nn.log_softmax(jnp.asarray(logits, jnp.float32), axis=-1)
-    log_q = jax.nn.log_softmax(jnp.asarray(ref_logits, jnp.float32), axis=-1)
-    # where(): a token p gives no mass adds nothing, even where q gives it none either.
-    terms = jnp.where(log_p > -jnp.inf, jnp.exp(log_p) * (log_p - log_q), 0.0)
-    return jnp.sum(terms, axis=-1)
 
 
 def entropy_from_logits(logits: jax.Array, mask: jax.Array) -> jax.Array:

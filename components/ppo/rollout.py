@@ -237,17 +237,16 @@ def rollout_step(
     batch = _sample(models, params, prompts, rng, config, ids)
     mask = batch["response_mask"]
     real = mask != 0
-    # One network at a time: under fsdp each pass may gather its network only once the
-    # previous pass is done, so the networks' embeddings are never whole together.
+    # One network's pass at a time: under fsdp each pass gathers its network only once the
+    # previous pass is done (the two output heads are then whole together in the tiles).
     policy = fsdp.after(params.policy, batch["response_tokens"])
-    temperature = config.temperature
-    logits = scoring.response_logits(models.policy, policy, batch, temperature)
-    logprobs = scoring.logprobs_of(logits, batch["response_tokens"])
-    reference = fsdp.after(params.reference, logprobs)
-    ref_logits = scoring.response_logits(models.policy, reference, batch, temperature)
-    ref_logprobs = scoring.logprobs_of(ref_logits, batch["response_tokens"])
-    # The controller's and the guard's measure: the whole next-token distributions' KL.
-    exact_kl = losses.masked_mean(losses.exact_kl(logits, ref_logits), mask, axis_name=AXIS)
+    # Both networks' log-probs and the KL of their whole next-token distributions (the
+    # controller's and the guard's measure), a tile of logits at a time (vocab_tiles).
+    stats = scoring.response_stats(
+        models.policy, policy, batch, config.temperature, reference=params.reference
+    )
+    logprobs, ref_logprobs = stats.logprobs, stats.ref_logprobs
+    exact_kl = losses.masked_mean(stats.kl, mask, axis_name=AXIS)
     controller = update_kl_controller(controller, exact_kl, config.rollout_batch_size)
     kl_coef = controller.kl_coef
     values, raw_scores = _score(models, params, batch, config, ref_logprobs)

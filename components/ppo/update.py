@@ -107,14 +107,16 @@ def _policy_terms(
 ) -> tuple[jax.Array, jax.Array]:
     """Log-probs [b, N] of the response tokens, and the policy's mean entropy over real tokens.
 
-    One logsumexp serves both. The entropy is differentiated only when it is in the loss
-    (``entropy_coef`` > 0); otherwise it is a logged figure and its backward pass is dropped.
+    One logsumexp serves both, in each tile of logits. The entropy is differentiated only
+    when it is in the loss (``entropy_coef`` > 0); otherwise it is a logged figure and its
+    backward pass is dropped.
     """
-    # Tempered as the sampler drew them (TRL divides the logits by T here too).
-    logits = scoring.response_logits(models.policy, policy_params, minibatch, config.temperature)
-    log_z = jax.nn.logsumexp(logits, axis=-1)
-    logprobs = scoring.logprobs_of(logits, minibatch["response_tokens"], log_z)
-    token_entropy = losses.token_entropy(logits, log_z)
+    # Tempered as the sampler drew them (TRL divides the logits by T here too); a tile of
+    # logits at a time (vocab_tiles), recomputed in the backward pass.
+    stats = scoring.response_stats(
+        models.policy, policy_params, minibatch, config.temperature, entropy=True
+    )
+    logprobs, token_entropy = stats.logprobs, stats.entropy
     if config.entropy_coef == 0:
         token_entropy = lax.stop_gradient(token_entropy)
     return logprobs, losses.masked_mean(token_entropy, minibatch["response_mask"])

@@ -68,6 +68,10 @@ class ModelConfig:
     rope_local_theta: float | None = None
     # rope_type "linear": positions divided by this factor (Gemma 3's global layers).
     rope_linear_factor: float = 1.0
+    # Logits live a tile of at most this many elements (positions × vocabulary) at a time
+    # wherever log-probs, entropy or KL are reduced (core/model/vocab_tiles.py): 2**24 fp32
+    # = 64 MiB; 0 = whole. The sampler's one position a step is never tiled.
+    logits_tile: int = 2**24
     # Low-rank adapters (core/model/lora.py): rank 0 = none; targets by Hugging Face name.
     lora_rank: int = 0
     lora_alpha: float = 16.0
@@ -148,6 +152,10 @@ class ModelConfig:
             raise ValueError(
                 f"ModelConfig.layer_types must give one of {LAYER_TYPES} per layer "
                 f"({self.n_layers}), got {list(self.layer_types)}"
+            )
+        if self.logits_tile < 0:
+            raise ValueError(
+                f"ModelConfig.logits_tile must be >= 0 (0 = whole logits), got {self.logits_tile}"
             )
         if self.rope_linear_factor <= 0 or (self.rope_local_theta or 1.0) <= 0:
             raise ValueError("ModelConfig.rope_linear_factor and rope_local_theta must be positive")

@@ -30,6 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from components.core.model import vocab_tiles
 from components.core.model.layers import rotary_key
 from components.core.training import fsdp
 
@@ -86,12 +87,37 @@ def logprobs_of(logits: jax.Array, tokens: jax.Array, log_z: jax.Array | None = 
     return picked - (jax.nn.logsumexp(logits, axis=-1) if log_z is None else log_z)
 
 
+def response_stats(
+    graphdef: nnx.GraphDef,
+    params: PyTree,
+    batch: dict[str, jax.Array],
+    temperature: float = 1.0,
+    *,
+    entropy: bool = False,
+    reference: PyTree | None = None,
+) -> vocab_tiles.TokenStats:
+    """log p_T(response token) [B, N], and where asked the entropy and, with ``reference``
+    (the reference network's parameters, same graph), the exact KL and the reference's
+    log-probs: reduced a tile of logits at a time (``vocab_tiles``), so no [B, N, V] tensor
+    lives whole. Padding positions hold garbage; mask them. Under fsdp the reference's pass
+    starts after the policy's (its parameters gathered then), and the two output heads
+    are whole together while the tiles run."""
+    model, hidden = _response_hidden(graphdef, params, batch)
+    ref = None
+    if reference is not None:
+        ref_model, ref_hidden = _response_hidden(graphdef, fsdp.after(reference, hidden), batch)
+        ref = (vocab_tiles.head_of(ref_model), ref_hidden)
+    return vocab_tiles.token_stats(
+        vocab_tiles.head_of(model), hidden, batch["response_tokens"],
+        tile=model.config.logits_tile, temperature=temperature, entropy=entropy, ref=ref,
+    )  # fmt: skip
+
+
 def response_logprobs(
     graphdef: nnx.GraphDef, params: PyTree, batch: dict[str, jax.Array], temperature: float = 1.0
 ) -> jax.Array:
     """log p_T(response token) [B, N] (padding positions hold garbage; mask them)."""
-    logits = response_logits(graphdef, params, batch, temperature)
-    return logprobs_of(logits, batch["response_tokens"])
+    return response_stats(graphdef, params, batch, temperature).logprobs
 
 
 def response_values(

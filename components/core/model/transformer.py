@@ -31,6 +31,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from components.core.model import vocab_tiles
 from components.core.model.config import PRESETS, REMAT_POLICIES, ModelConfig, model_config
 from components.core.model.layers import (
     INIT_STD,
@@ -189,15 +190,7 @@ class Transformer(nnx.Module):
 
     def lm_logits(self, hidden: jax.Array) -> jax.Array:
         """Next-token logits [..., V] in float32 (fp32 accumulation of a compute-dtype matmul)."""
-        dtype = self.config.compute_dtype
-        if self.lm_head is None:
-            table = self.embed.embedding[...].astype(dtype)
-            logits = jnp.einsum("...d,vd->...v", hidden, table, preferred_element_type=jnp.float32)
-        else:
-            kernel = self.lm_head[...].astype(dtype)
-            logits = jnp.einsum("...d,dv->...v", hidden, kernel, preferred_element_type=jnp.float32)
-        cap = self.config.final_logit_softcap
-        return logits if cap is None else jnp.tanh(logits / cap) * cap
+        return vocab_tiles.head_logits(vocab_tiles.head_of(self), hidden)
 
     def scalar(self, hidden: jax.Array, mask: jax.Array) -> jax.Array:
         """Scalar head (reward / value) [B] float32 on the hidden state of the last real token."""
@@ -208,11 +201,13 @@ class Transformer(nnx.Module):
         return self.scalar_head(last.astype(jnp.float32))[:, 0]
 
     def token_logprobs(self, tokens: jax.Array, mask: jax.Array) -> jax.Array:
-        """log p(tokens[:, t+1] | tokens[:, :t+1]) as [B, T-1] float32 (pads not masked)."""
-        logits = self.lm_logits(self(tokens, mask)[:, :-1])
-        targets = tokens[:, 1:, None]
-        picked = jnp.take_along_axis(logits, targets, axis=-1)[..., 0]
-        return picked - jax.nn.logsumexp(logits, axis=-1)
+        """log p(tokens[:, t+1] | tokens[:, :t+1]) as [B, T-1] float32 (pads not masked),
+        a tile of logits at a time (``vocab_tiles``; ``ModelConfig.logits_tile``)."""
+        hidden = self(tokens, mask)[:, :-1]
+        head = vocab_tiles.head_of(self)
+        return vocab_tiles.token_stats(
+            head, hidden, tokens[:, 1:], tile=self.config.logits_tile
+        ).logprobs
 
     def prefill(
         self, tokens: jax.Array, mask: jax.Array, cache_size: int
