@@ -81,12 +81,6 @@ def response_logits(
     return logits if temperature == 1.0 else logits / temperature
 
 
-def logprobs_of(logits: jax.Array, tokens: jax.Array, log_z: jax.Array | None = None) -> jax.Array:
-    """log p(token) [B, N] under ``logits`` [B, N, V]; ``log_z`` = logsumexp(logits) if known."""
-    picked = jnp.take_along_axis(logits, tokens[..., None], axis=-1)[..., 0]
-    return picked - (jax.nn.logsumexp(logits, axis=-1) if log_z is None else log_z)
-
-
 def response_stats(
     graphdef: nnx.GraphDef,
     params: PyTree,
