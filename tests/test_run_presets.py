@@ -137,7 +137,9 @@ def test_half_b_needs_fsdp_for_ppo():
     budget = HEADROOM * CHIP_HBM["v5e"]
     assert estimate(replicated, "ppo")["state"] == pytest.approx(48 * 0.494e9, rel=1e-2)
     assert estimate(replicated, "ppo")["state"] > budget
-    assert not fits(replicated, "sft") and fits(replicated, "reward")
+    # Its logits a tile at a time, sft fits replicated at the preset's batch (whole, its
+    # 32 / 8 sequences' 768 × 151,936 fp32 logits and their gradient took 3.7 GB more).
+    assert fits(replicated, "sft") and fits(replicated, "reward")
 
 
 def test_evaluate_spreads_each_hosts_batch_over_its_own_chips():
@@ -230,7 +232,7 @@ def test_seven_b_lora_fits_one_v5p_host_with_fsdp_for_evaluate():
     # Replicated: the trained stages fit (PPO's state 28.6 GB instead of 48 N), evaluate not.
     replicated = _variant("v5p-8-7b-lora", fsdp=False)
     assert estimate(replicated, "ppo")["state"] / GB == pytest.approx(28.6, abs=0.05)
-    assert estimate(replicated, "ppo")["total"] / GB == pytest.approx(64.5, abs=0.05)
+    assert estimate(replicated, "ppo")["total"] / GB == pytest.approx(62.4, abs=0.05)
     assert all(fits(replicated, s) for s in ("sft", "reward", "ppo"))
     assert estimate(replicated, "evaluate")["state"] > budget
     # Full fine-tuning on the same host: PPO's 48 N / 4 = 80.9 GB of state alone is too much.
@@ -264,7 +266,7 @@ def test_one_b_lora_fits_a_v5e_4_with_fsdp_for_evaluate():
     assert estimate(replicated, "evaluate")["state"] == pytest.approx(12 * n, rel=1e-3)
     assert estimate(replicated, "evaluate")["state"] > budget
     full = _variant("v5e-4-1b-lora", lora_rank=0)
-    assert not fits(full, "sft") and not fits(full, "ppo")
+    assert not fits(full, "ppo")  # sft fits since its logits live a tile at a time
     assert estimate(full, "ppo")["state"] == pytest.approx(48 * n / 4, rel=1e-3)
     assert estimate(full, "ppo")["state"] > budget
 

@@ -12,7 +12,7 @@ import math
 import sys
 from typing import Any
 
-from pipelines.dag import param_table, params
+from pipelines.dag import fit, param_table, params
 from pipelines.dag.run_presets import RUN_PRESETS
 from pipelines.dag.stages import STAGES
 from pipelines.targets.placement import TPU_GENERATIONS, Placement, slice_topology
@@ -149,7 +149,12 @@ def values(args: argparse.Namespace) -> dict[str, Any]:
     given = {k[len(prefix) :]: v for k, v in vars(args).items() if k.startswith(prefix)}
     values = {name: params.coerce(name, text) for name, text in given.items()}
     preset = run_preset(args)
-    return values if preset is None else {**preset.pipeline_params(), **values}
+    if preset is None:
+        return values
+    # Every flag over the preset re-estimates each stage: one that cannot fit is refused
+    # here, before a slice is taken (pipelines/dag/fit.py).
+    fit.check(preset, values)
+    return {**preset.pipeline_params(), **values}
 
 
 def run_preset(args: argparse.Namespace) -> Any:

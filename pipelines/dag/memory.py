@@ -30,14 +30,17 @@ gradients.
 
 Activations (``activation_bytes``): with ``remat="full"`` the scan keeps each
 layer's input (L·B·T·D in the compute dtype) and recomputes one layer at a time
-in the backward pass; attention probabilities cost B·H·T²·(4 + c); the LM logits
-and the gradient of their softmax cost 2·B·T·V·4 bytes, which for 128k-256k
-vocabularies is the largest activation by far. PPO's rollout adds the KV cache.
+in the backward pass; attention probabilities cost B·H·T²·(4 + c). The LM logits never
+live whole: a few [tile, V] fp32 blocks of ``ModelConfig.logits_tile`` elements (64 MiB)
+at a time (``logits_bytes``); whole, B·T·V·4 bytes a tensor is the largest activation by
+far at 128k-256k vocabularies. The sampler holds one position's logits a step. PPO's
+rollout adds the KV cache.
 """
 
 from __future__ import annotations
 
 from components.core.model.config import ModelConfig
+from components.core.model.vocab_tiles import positions_per_tile
 
 GB = 1e9
 # HBM per chip as Google lists it; a run may use HEADROOM of it (XLA's own buffers,
@@ -48,6 +51,11 @@ TRAINED_BYTES_PER_PARAM = 20  # fp32 params, grads, two Adam moments, update tem
 FROZEN_BYTES_PER_PARAM = 4
 PARAM_BYTES = 4  # gathered tensors and their gradients are float32
 LAYERS_GATHERED = 3  # the running layer, its gradient, the next one prefetched
+# Logits tiles live at once, as XLA keeps them (benchmarks/bench_vocab_tiles.py, vocab 151,936,
+# 64 MiB tiles): a forward pass 1 (its log-softmax reuses it); a loss's gradient 3 (the tile,
+# its recomputation, its gradient: 196 MiB); PPO's scoring 4 (the policy's and the
+# reference's tiles and their log-softmaxes for the exact KL: 270 MiB).
+INFERENCE_TILES, TRAIN_TILES, SCORING_TILES = 1, 3, 4
 # Networks each stage holds with full fine-tuning: (trained, frozen).
 FULL_MODELS = {"sft": (1, 0), "reward": (1, 0), "ppo": (2, 2), "evaluate": (0, 3)}
 # Frozen bases each stage holds with LoRA. PPO: the policy's (its reference is the same base
@@ -111,9 +119,9 @@ def activation_bytes(
     matmuls = b * t * (2 * heads * hd + 2 * kv * hd + 3 * config.hidden_dim + 2 * d) * c
     scores = b * heads * t * t * (4 + c)  # fp32 attention logits and their probabilities
     one_layer = matmuls + scores
-    logits = b * logits_len * config.vocab_size * 4
     if not train:
-        return one_layer + logits
+        return one_layer + logits_bytes(config, b * logits_len, INFERENCE_TILES)
+    logits = logits_bytes(config, b * logits_len, TRAIN_TILES)
     inputs = config.n_layers * b * t * d * c
     if config.remat == "full":
         kept = inputs
@@ -121,8 +129,15 @@ def activation_bytes(
         kept = inputs + config.n_layers * matmuls
     else:
         kept = config.n_layers * one_layer
-    # The recomputed layer and its gradients; logits and the softmax of their gradient.
-    return kept + 2 * one_layer + 2 * logits
+    # The recomputed layer and its gradients; the logits tiles of the loss.
+    return kept + 2 * one_layer + logits
+
+
+def logits_bytes(config: ModelConfig, positions: int, tiles: int) -> float:
+    """Full-vocabulary fp32 blocks live at once: ``tiles`` tiles of ``positions`` (at most
+    ``ModelConfig.logits_tile`` elements each, core/model/vocab_tiles.py)."""
+    per_tile = positions_per_tile(config.logits_tile, config.vocab_size) or positions
+    return tiles * min(positions, per_tile) * config.vocab_size * 4
 
 
 def kv_cache_bytes(config: ModelConfig, sequences: int, length: int) -> float:

@@ -10,12 +10,12 @@ stage; tests/test_run_presets.py checks each claim):
   state per chip, PPO 20.2 GB; every stage fits with room for long sequences.
   A single v5p-8 host (4 chips) would hold 81 GB of PPO state per chip: it does not.
 * 0.5B-class (Qwen2.5-0.5B, N = 0.49e9) on v5e-8: replicated, PPO's 48 N = 23.7 GB
-  exceeds a chip, and sft at the preset's batch needs 16 GB; with fsdp every stage fits.
+  exceeds a chip; with fsdp every stage fits.
 * 7B-class with LoRA (rank 16 on all seven projections: A = 40.0e6, 0.6 % of N) on one
   host. PPO's state is 2 c N + 40 A = 28.6 GB instead of 48 N = 323 GB. A v5e-8 (8 chips of
   16 GB) cannot hold evaluate: its merged float32 models (12 N / 8 = 10.1 GB per chip) and
   what fsdp gathers (3.5 GB) leave 0.01 GB of a chip's 13.6 GB for activations. So v5p-8 (4
-  chips of 95 GB): sft, reward and PPO would fit replicated (PPO peaks at 64.5 GB), but
+  chips of 95 GB): sft, reward and PPO would fit replicated (PPO peaks at 62.4 GB), but
   evaluate's 12 N = 80.9 GB does not, so fsdp is on: PPO holds 7.1 GB of state per chip,
   evaluate 20.2 GB, and every stage peaks under 60 GB. Full fine-tuning on the same host
   does not fit PPO (48 N / 4 = 80.9 GB of state alone).
@@ -23,7 +23,7 @@ stage; tests/test_run_presets.py checks each claim):
   PPO fit replicated (PPO 5.4 GB of state), but evaluate's 12 N = 14.8 GB exceeds a chip's
   13.6 GB, so fsdp is on; every stage fits with 512-token responses, twice v5e-8-1b's
   (fsdp gathers the frozen embeddings in bf16, without a gradient). Full fine-tuning at
-  the same flags fits neither sft nor PPO (PPO's 48 N / 4 = 14.8 GB of state alone).
+  the same flags does not fit PPO (PPO's 48 N / 4 = 14.8 GB of state alone).
 
 Checked against XLA on 8 CPU devices, one sft step of a 29M-parameter model
 (bench_fsdp_memory.py): the compiled step needs 0.73x the estimate sharded and
@@ -175,12 +175,15 @@ def state_bytes(preset: RunPreset, stage: str) -> tuple[float, float]:
     return frozen * memory.compute_bytes(config), trained * memory.TRAINED_BYTES_PER_PARAM
 
 
-def estimate(preset: RunPreset, stage: str) -> dict[str, float]:
-    """Bytes per chip of ``stage`` under ``preset``: state (frozen + trained), gathered,
+def estimate(
+    preset: RunPreset, stage: str, overrides: dict[str, Any] | None = None
+) -> dict[str, float]:
+    """Bytes per chip of ``stage`` under ``preset``, with ``overrides`` of the stage's config
+    fields (flags given over the preset: ``fit.py``): state (frozen + trained), gathered,
     activations, total."""
     config = preset.config()
     frozen, trained = state_bytes(preset, stage)
-    flags = {"prompt_len": preset.prompt_len, **preset.flags(stage)}
+    flags = {"prompt_len": preset.prompt_len, **preset.flags(stage), **(overrides or {})}
     adapters = preset.adapter_params() if preset.lora_rank and stage != "evaluate" else None
     phases = _phases(config, stage, flags, preset.chips, preset.hosts, adapters=adapters)
     if preset.fsdp:
@@ -229,16 +232,17 @@ def _phases(
     # Sampling and scoring run one network at a time (PPO's rollout orders them with
     # fsdp.after; evaluate scores in separate programs): the KV cache and one forward pass.
     sampling = memory.kv_cache_bytes(config, sequences, length)
-    sampling += memory.activation_bytes(config, sequences, length, logits_len=response, train=False)
+    # Prefill: the prompt's forward pass, logits of its last position only; each decode
+    # step then holds one position's logits a sequence.
+    sampling += memory.activation_bytes(config, sequences, length, logits_len=1, train=False)
     gathered = memory.gathered_bytes(config, networks=1, trained=False, adapters=adapters)
     phases = [(sampling, gathered)]
     if stage == "ppo":
-        # Scoring: the policy's next-token distributions stay while the reference's forward
-        # pass runs, for the exact KL of the two (rollout.py); the KV cache is gone by then.
-        scoring = memory.activation_bytes(
-            config, sequences, length, logits_len=response, train=False
-        )
-        phases.append((scoring + sequences * response * config.vocab_size * 4, gathered))
+        # Scoring: both networks' forward passes, then their logits a tile at a time for the
+        # log-probs and the exact KL (rollout.py, vocab_tiles.py); the KV cache is gone.
+        scoring = memory.activation_bytes(config, sequences, length, logits_len=0, train=False)
+        tiles = memory.logits_bytes(config, sequences * response, memory.SCORING_TILES)
+        phases.append((scoring + tiles, gathered))
         # The update: policy and critic forward and backward on one minibatch, each holding
         # its outer tensors and their gradients.
         minibatch = sequences // flags["minibatches"]
