@@ -150,9 +150,10 @@ def _ours(policy_dir: str, prompts: list[np.ndarray]) -> list[list[int]]:
     ]
 
 
-def _theirs(model, prompt: np.ndarray, stops=None) -> list[int]:
+def _theirs(model, prompt: np.ndarray, stops=None, suppress=()) -> list[int]:
     """transformers' greedy generation, stopping on the export's generation_config.json
-    stop set (or ``stops``), cut after the first stop token."""
+    stop set (or ``stops``), cut after the first stop token; ``suppress``: ids it may not
+    choose (embedding rows past the tokenizer, which alignpipe's sampler never picks)."""
     ids = torch.tensor([prompt.tolist()])
     stops = stops or model.generation_config.eos_token_id
     stops = list(stops) if isinstance(stops, list | tuple) else [stops]
@@ -160,6 +161,7 @@ def _theirs(model, prompt: np.ndarray, stops=None) -> list[int]:
         out = model.generate(
             ids, attention_mask=torch.ones_like(ids), max_new_tokens=NEW_TOKENS,
             do_sample=False, eos_token_id=stops, pad_token_id=stops[0],
+            suppress_tokens=list(suppress) or None,
         )  # fmt: skip
     new = out[0, len(prompt) :].tolist()
     ends = [i for i, token in enumerate(new) if token in stops]
@@ -292,3 +294,25 @@ def test_sampling_stops_on_any_stop_id_as_transformers_does(tmp_path, family):
     kept = np.asarray(out.mask[0]).astype(bool)
     assert np.asarray(out.tokens[0])[kept].tolist() == theirs
     assert not kept[len(theirs) :].any()
+
+
+@pytest.mark.parametrize("family", ["qwen3", "gemma3"])
+def test_generate_prints_what_transformers_generates(family, capsys):
+    """``alignpipe generate FOLDER PROMPT``: the folder's template (Gemma 3 folds the system
+    message into the user turn), greedy to the model's stop set, as transformers does."""
+    folder = FIXTURES / family
+    tokenizer = transformers.AutoTokenizer.from_pretrained(str(folder))
+    chat = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi!"}]
+    text = tokenizer.apply_chat_template(chat, add_generation_prompt=True, tokenize=False)
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    model = _hf_model(folder)
+    rows = range(len(tokenizer), model.config.get_text_config().vocab_size)  # past the tokenizer
+    theirs = _theirs(model, np.asarray(ids), suppress=rows)
+    args = ["generate", str(folder), "Hi!", "--system", "Be brief.", "--dtype", "float32"]
+    args.append("--max-new-tokens")
+    assert main([*args, str(NEW_TOKENS)]) == 0
+    assert capsys.readouterr().out == tokenizer.decode(theirs, skip_special_tokens=True) + "\n"
+    # --compare: a second policy's answer beside the first, each under its name.
+    assert main([*args, "4", "--compare", str(FIXTURES / "qwen2")]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"── {folder}\n") and f"\n── {FIXTURES / 'qwen2'}\n" in out

@@ -96,6 +96,13 @@ def commands() -> tuple[Command, ...]:
         ),  # fmt: skip
         Command(
             "model",
+            "generate",
+            "print a policy's answer to a prompt: its chat template, its stop tokens "
+            "(--compare: another policy's beside it)",
+            model.add_generate,
+        ),  # fmt: skip
+        Command(
+            "model",
             "report",
             "print the path of a local run's report.html (newest first)",
             model.add_report,
@@ -136,6 +143,24 @@ def command_listing(table: tuple[Command, ...]) -> str:
     return "\n".join(lines)
 
 
+def _version() -> str:
+    """The installed distribution's version, with the git commit of a source checkout."""
+    import subprocess
+    from importlib import metadata
+    from pathlib import Path
+
+    version = metadata.version("alignpipe")
+    root = Path(__file__).resolve().parents[2]
+    try:
+        commit = subprocess.run(
+            ["git", "-C", str(root), "describe", "--always", "--dirty"],
+            capture_output=True, text=True, timeout=5, check=True,
+        ).stdout.strip()  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        return version
+    return f"{version} ({commit})" if commit else version
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The top-level parser with every command of the table registered."""
     table = commands()
@@ -150,6 +175,7 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(
         dest="command", required=True, metavar="COMMAND", help=argparse.SUPPRESS
     )
+    parser.add_argument("--version", action="version", version=f"alignpipe {_version()}")
     # Set after the subparsers take their prog ("alignpipe"), or theirs would repeat it.
     parser.usage = "alignpipe [-h] COMMAND ..."
     for command in table:

@@ -88,6 +88,85 @@ def _add_export(sub: argparse._SubParsersAction) -> None:
     exp.set_defaults(handler=_export)
 
 
+def add_generate(parser: argparse.ArgumentParser) -> None:
+    """``alignpipe generate POLICY PROMPT``: a policy's answer, as its users will see it."""
+    parser.description = (
+        "Print a policy's answer to PROMPT: rendered with the model's chat template (a "
+        "system message first with --system), sampled until the model's stop tokens "
+        "(eos and the template's end of turn). POLICY: a model artifact (sft, ppo, an "
+        "import), a promoted_policy_uri (its current version) or a Hugging Face folder."
+    )
+    parser.add_argument("policy", metavar="POLICY")
+    parser.add_argument("prompt", metavar="PROMPT", help="the user's message")
+    parser.add_argument("--system", default="", help="a system message before it")
+    parser.add_argument(
+        "--raw", action="store_true", help="PROMPT is the model's input as it is (no template)"
+    )
+    parser.add_argument(
+        "--chat-template-kwargs", default="",
+        help='JSON object of the template\'s own arguments (Qwen3: \'{"enable_thinking": false}\')',
+    )  # fmt: skip
+    parser.add_argument("--max-new-tokens", type=int, default=256)
+    parser.add_argument("--temperature", type=float, default=0.0, help="0: greedy (default)")
+    parser.add_argument("--top-p", type=float, default=1.0)
+    parser.add_argument("--top-k", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--dtype", choices=sorted(DTYPES), default="",
+        help="compute dtype (default: the model's; a 16-bit checkpoint computes in bfloat16)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--compare", default="", metavar="REFERENCE",
+        help="also print REFERENCE's answer (e.g. the sft policy or the base), same sampling",
+    )  # fmt: skip
+    parser.set_defaults(handler=_generate)
+
+
+def _policy_for_chat(path: str, workdir: str, dtype: str):
+    """(model, tokenizer) of ``path``: an artifact, a promotion root or an HF folder."""
+    from components.core.data.tokenizers import load_tokenizer
+    from components.core.model.artifact import load_model
+    from components.hf.importer import resolve_base
+    from pipelines.releases import promotion
+
+    folder = resolve_base(promotion.resolve_policy(path), workdir)
+    model, info = load_model(folder, **({"dtype": dtype} if dtype else {}))
+    if info.get("scalar_head"):
+        raise ValueError(f"{path} is a reward or value model (a scalar head); pass a policy")
+    return model, load_tokenizer(folder)
+
+
+def _generate(args: argparse.Namespace, rest: list[str]) -> int:
+    import tempfile
+
+    from components.core.model.respond import Sampling, render, respond
+    from components.shard.config import ShardConfig
+
+    sampling = Sampling(
+        max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
+        top_k=args.top_k, seed=args.seed,
+    )  # fmt: skip
+    try:
+        kwargs = ShardConfig(chat_template_kwargs=args.chat_template_kwargs).template_kwargs()
+        answers = []
+        for path in filter(None, (args.policy, args.compare)):
+            with tempfile.TemporaryDirectory() as workdir:
+                model, tokenizer = _policy_for_chat(path, workdir, args.dtype)
+                prompt = render(
+                    tokenizer, args.prompt, system=args.system, template_kwargs=kwargs,
+                    raw=args.raw,
+                )  # fmt: skip
+                answers.append((path, respond(model, tokenizer, prompt, sampling)))
+    except (*_errors(), ValueError, FileNotFoundError) as error:
+        return _refuse(str(error))
+    if len(answers) == 1:
+        print(answers[0][1])
+        return 0
+    for path, answer in answers:
+        print(f"── {path}\n{answer}\n")
+    return 0
+
+
 def add_evaluate(parser: argparse.ArgumentParser) -> None:
     """``alignpipe evaluate …``: the evaluate stage's own entry point parses the flags, so the
     two never drift apart."""
