@@ -26,7 +26,8 @@ from components.core.model import lora
 from components.core.model.transformer import ModelConfig, Transformer
 from components.core.training.checkpoint import load_model_params, read_model_config
 from components.hf import safetensors_io
-from components.hf.families import family_of_config, hf_config_from_model, tensor_specs
+from components.hf.families import family_of_config, tensor_specs
+from components.hf.hf_config import hf_config_from_model
 
 EXPORT_DTYPES = {
     "float32": np.dtype(np.float32),

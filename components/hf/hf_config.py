@@ -1,0 +1,102 @@
+"""The ``config.json`` an export writes for each family: what transformers 4.4x and 5.x both
+read back as the architecture alignpipe computed (the reverse of ``families.py``'s reading).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from components.core.model.config import ModelConfig
+from components.hf.families import FAMILY_ARCHITECTURE, GEMMAS, MODEL_TYPES
+
+
+def _int_if_whole(value: float | None) -> int | float | None:
+    # transformers' strict Gemma2Config types query_pre_attn_scalar as int.
+    return int(value) if value is not None and float(value).is_integer() else value
+
+
+def _layer_type_names(config: ModelConfig) -> list[str]:
+    return [
+        "sliding_attention" if sliding else "full_attention" for sliding in config.sliding_layers()
+    ]
+
+
+def _rope_parameters(config: ModelConfig) -> dict[str, Any]:
+    """The global rotary table as ``rope_parameters`` describes it (transformers 5)."""
+    rope: dict[str, Any] = {"rope_type": "default", "rope_theta": config.rope_theta}
+    if config.rope_linear_factor != 1.0:
+        rope.update(rope_type="linear", factor=config.rope_linear_factor)
+    if config.rope_scaling_factor is not None:
+        rope.update(
+            rope_type="llama3",
+            factor=config.rope_scaling_factor,
+            low_freq_factor=config.rope_low_freq_factor,
+            high_freq_factor=config.rope_high_freq_factor,
+            original_max_position_embeddings=config.rope_original_max_len,
+        )
+    return rope
+
+
+def _gemma_fields(config: ModelConfig, family: str, rope: dict[str, Any]) -> dict[str, Any]:
+    fields: dict[str, Any] = dict(
+        hidden_activation="gelu_pytorch_tanh",
+        query_pre_attn_scalar=_int_if_whole(config.query_pre_attn_scalar),
+        attn_logit_softcapping=config.attn_logit_softcap,
+        final_logit_softcapping=config.final_logit_softcap,
+        sliding_window=config.sliding_window,
+        layer_types=_layer_type_names(config) if config.sliding_window is not None else None,
+        attention_bias=False,
+    )
+    if family == "gemma3":  # a table per layer type; 4.x reads the top-level fields
+        local = config.rope_local_theta or config.rope_theta
+        fields.update(
+            rope_parameters={
+                "full_attention": rope,
+                "sliding_attention": {"rope_type": "default", "rope_theta": local},
+            },
+            rope_local_base_freq=local,
+            use_bidirectional_attention=False,
+        )
+        if rope["rope_type"] == "linear":
+            fields["rope_scaling"] = {"rope_type": "linear", "factor": rope["factor"]}
+    return fields
+
+
+def hf_config_from_model(config: ModelConfig, family: str, token_ids: dict, dtype: str) -> dict:
+    """An HF ``config.json`` for ``config`` that transformers 4.4x and 5.x both read."""
+    hf: dict[str, Any] = {
+        "architectures": [FAMILY_ARCHITECTURE[family]],
+        "model_type": MODEL_TYPES.get(family, family),
+        "vocab_size": config.vocab_size,
+        "hidden_size": config.dim,
+        "intermediate_size": config.hidden_dim,
+        "num_hidden_layers": config.n_layers,
+        "num_attention_heads": config.n_heads,
+        "num_key_value_heads": config.n_kv_heads,
+        "head_dim": config.resolved_head_dim,
+        "max_position_embeddings": config.max_seq_len,
+        "rms_norm_eps": config.norm_eps,
+        "tie_word_embeddings": config.tie_embeddings,
+        "torch_dtype": dtype,
+        "dtype": dtype,
+        "rope_theta": config.rope_theta,
+        **token_ids,
+    }
+    rope = _rope_parameters(config)
+    if rope["rope_type"] != "default":
+        hf["rope_scaling"] = {k: v for k, v in rope.items() if k != "rope_theta"}
+    hf["rope_parameters"] = rope
+    if family in GEMMAS:
+        hf.update(_gemma_fields(config, family, rope))
+    elif family in ("qwen2", "qwen3"):
+        hf.update(hidden_act="silu", use_sliding_window=False, sliding_window=None)
+        hf["layer_types"] = ["full_attention"] * config.n_layers
+        if family == "qwen3":
+            hf.update(attention_bias=False, max_window_layers=config.n_layers)
+        elif config.resolved_head_dim == config.dim // config.n_heads:
+            del hf["head_dim"]  # transformers 4.x Qwen2 derives it and has no such field
+    elif family == "mistral":
+        hf.update(hidden_act="silu", sliding_window=config.sliding_window)
+    else:
+        hf.update(hidden_act="silu", attention_bias=False, mlp_bias=False)
+    return {k: v for k, v in hf.items() if v is not None or k == "sliding_window"}

@@ -1,0 +1,131 @@
+# ruff: noqa: E501 -- the chat templates are kept verbatim, one Jinja statement a line
+"""The fixtures' chat templates (tests/make_hf_fixtures.py writes them into the folders),
+each written to reproduce its family's real template's structure."""
+
+LLAMA_TEMPLATE = (
+    "{{ bos_token }}{% for message in messages %}"
+    "<|start_header_id|>{{ message['role'] }}<|end_header_id|>\n\n"
+    "{{ message['content'] | trim }}<|eot_id|>{% endfor %}"
+    "{% if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>\n\n{% endif %}"
+)
+QWEN_TEMPLATE = (
+    "{% for message in messages %}"
+    "{% if loop.first and message['role'] != 'system' %}"
+    "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n{% endif %}"
+    "<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+GEMMA_TEMPLATE = (
+    "{{ bos_token }}{% for message in messages %}"
+    "{% if message['role'] == 'system' %}{{ raise_exception('System role not supported') }}"
+    "{% endif %}{% set role = 'model' if message['role'] == 'assistant' else message['role'] %}"
+    "<start_of_turn>{{ role }}\n{{ message['content'] | trim }}<end_of_turn>\n{% endfor %}"
+    "{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}"
+)
+
+# Qwen3's structure (Qwen/Qwen3-0.6B): an optional system turn, <think> blocks on the
+# assistant turns after the last user query (from reasoning_content or split out of the
+# content; the last turn always gets one, empty without reasoning), and
+# enable_thinking=false closing an empty think block in the generation prompt.
+QWEN3_TEMPLATE = """{%- if messages[0].role == 'system' %}
+{{- '<|im_start|>system\n' + messages[0].content + '<|im_end|>\n' }}
+{%- endif %}
+{%- set ns = namespace(last_query_index=messages|length - 1) %}
+{%- for message in messages[::-1] %}
+{%- set index = (messages|length - 1) - loop.index0 %}
+{%- if message.role == 'user' and ns.last_query_index == messages|length - 1 %}
+{%- set ns.last_query_index = index %}
+{%- endif %}
+{%- endfor %}
+{%- for message in messages %}
+{%- set content = message.content if message.content is string else '' %}
+{%- if message.role == 'user' or (message.role == 'system' and not loop.first) %}
+{{- '<|im_start|>' + message.role + '\n' + content + '<|im_end|>\n' }}
+{%- elif message.role == 'assistant' %}
+{%- set reasoning_content = '' %}
+{%- if message.reasoning_content is string %}
+{%- set reasoning_content = message.reasoning_content %}
+{%- elif '</think>' in content %}
+{%- set reasoning_content = content.split('</think>')[0].rstrip('\n').split('<think>')[-1].lstrip('\n') %}
+{%- set content = content.split('</think>')[-1].lstrip('\n') %}
+{%- endif %}
+{%- if loop.index0 > ns.last_query_index and (loop.last or reasoning_content) %}
+{{- '<|im_start|>assistant\n<think>\n' + reasoning_content.strip('\n') + '\n</think>\n\n' + content.lstrip('\n') }}
+{%- else %}
+{{- '<|im_start|>assistant\n' + content }}
+{%- endif %}
+{{- '<|im_end|>\n' }}
+{%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}
+{{- '<|im_start|>assistant\n' }}
+{%- if enable_thinking is defined and enable_thinking is false %}
+{{- '<think>\n\n</think>\n\n' }}
+{%- endif %}
+{%- endif %}
+"""
+# Gemma 3's structure (google/gemma-3-1b-it): no system role, its text folded into the
+# first user turn; "model" turns; text parts of list content; roles must alternate.
+GEMMA3_TEMPLATE = """{{ bos_token }}
+{%- if messages[0]['role'] == 'system' -%}
+{%- if messages[0]['content'] is string -%}
+{%- set first_user_prefix = messages[0]['content'] + '\n\n' -%}
+{%- else -%}
+{%- set first_user_prefix = messages[0]['content'][0]['text'] + '\n\n' -%}
+{%- endif -%}
+{%- set loop_messages = messages[1:] -%}
+{%- else -%}
+{%- set first_user_prefix = "" -%}
+{%- set loop_messages = messages -%}
+{%- endif -%}
+{%- for message in loop_messages -%}
+{%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) -%}
+{{ raise_exception("Conversation roles must alternate user/assistant/user/assistant/...") }}
+{%- endif -%}
+{%- set role = "model" if message['role'] == 'assistant' else message['role'] -%}
+{{ '<start_of_turn>' + role + '\n' + (first_user_prefix if loop.first else "") }}
+{%- if message['content'] is string -%}
+{{ message['content'] | trim }}
+{%- elif message['content'] is iterable -%}
+{%- for item in message['content'] -%}
+{%- if item['type'] == 'image' -%}
+{{ '<start_of_image>' }}
+{%- elif item['type'] == 'text' -%}
+{{ item['text'] | trim }}
+{%- endif -%}
+{%- endfor -%}
+{%- else -%}
+{{ raise_exception("Invalid content type") }}
+{%- endif -%}
+{{ '<end_of_turn>\n' }}
+{%- endfor -%}
+{%- if add_generation_prompt -%}
+{{ '<start_of_turn>model\n' }}
+{%- endif -%}
+"""
+# Mistral's structure (mistralai/Mistral-7B-Instruct-v0.3): [INST] ... [/INST], the system
+# message joined to the last user turn, each assistant turn ended by the eos token.
+MISTRAL_TEMPLATE = """{%- if messages[0]["role"] == "system" %}
+{%- set system_message = messages[0]["content"] %}
+{%- set loop_messages = messages[1:] %}
+{%- else %}
+{%- set loop_messages = messages %}
+{%- endif %}
+{{- bos_token }}
+{%- for message in loop_messages %}
+{%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}
+{{- raise_exception('After the optional system message, conversation roles must alternate user/assistant/user/assistant/...') }}
+{%- endif %}
+{%- if message["role"] == "user" %}
+{%- if loop.last and system_message is defined %}
+{{- "[INST] " + system_message + "\n\n" + message["content"] + "[/INST]" }}
+{%- else %}
+{{- "[INST] " + message["content"] + "[/INST]" }}
+{%- endif %}
+{%- elif message["role"] == "assistant" %}
+{{- " " + message["content"]|trim + eos_token }}
+{%- else %}
+{{- raise_exception("Only user and assistant roles are supported, with the exception of an initial optional system message!") }}
+{%- endif %}
+{%- endfor %}
+"""
