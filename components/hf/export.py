@@ -1,8 +1,9 @@
 """Export a policy artifact as a Hugging Face folder that ``transformers`` loads unchanged.
 
-The HF family (Llama, Qwen2 or Gemma 2) follows from the model's config, so a
-policy trained by sft or ppo exports as well as a freshly imported one. The
-folder gets ``config.json``, ``generation_config.json``, safetensors weights
+The HF family follows from the model's config (and, where two compute alike, the imported
+one), so a policy trained by sft or ppo exports as well as a freshly imported one. The
+folder gets ``config.json``, ``generation_config.json``, a model card (``README.md``:
+``model_card.py``; a promoted version's with its evaluation), safetensors weights
 (sharded with an index above ``max_shard_bytes``) and the tokenizer files the
 model was trained with, checked against the fingerprint in its ``config.json``.
 A model trained with LoRA adapters exports merged; ``peft.py`` writes the adapters
@@ -28,6 +29,7 @@ from components.core.training.checkpoint import load_model_params, read_model_co
 from components.hf import safetensors_io
 from components.hf.families import family_of_config, tensor_specs
 from components.hf.hf_config import hf_config_from_model
+from components.hf.model_card import model_card
 
 EXPORT_DTYPES = {
     "float32": np.dtype(np.float32),
@@ -109,6 +111,7 @@ class Policy:
     family: str
     dtype: str
     tokenizer_dir: str
+    info: dict[str, Any]  # the artifact's config.json
 
 
 def read_policy(model_dir: str, *, tokenizer_dir: str = "", dtype: str = "") -> Policy:
@@ -133,7 +136,7 @@ def read_policy(model_dir: str, *, tokenizer_dir: str = "", dtype: str = "") -> 
         folder = _tokenizer_dir(model_dir, info, tokenizer_dir)
     except TokenizerError as error:
         raise ExportError(str(error)) from error
-    return Policy(model_dir, config, family, dtype, folder)
+    return Policy(model_dir, config, family, dtype, folder, info)
 
 
 def load_policy(policy: Policy) -> Transformer:
@@ -158,7 +161,26 @@ def write_hf(out: str, policy: Policy, model: Transformer, max_shard_bytes: int)
         source = fileio.join(policy.tokenizer_dir, name)
         if fileio.exists(source):
             fileio.write_bytes(os.path.join(out, name), fileio.read_bytes(source))
+    card = model_card(policy.info, policy.family, _promotion_record(policy.model_dir), _title(out))
+    with open(os.path.join(out, "README.md"), "w") as handle:
+        handle.write(card)
     return files
+
+
+def _promotion_record(model_dir: str) -> dict[str, Any] | None:
+    """A promoted version's record (its PROMOTED.json), or None for any other folder."""
+    path = fileio.join(model_dir, "PROMOTED.json")
+    if not fileio.exists(path):
+        return None
+    try:
+        record = json.loads(fileio.read_text(path))
+    except ValueError:
+        return None  # a damaged record: the card says what the config says
+    return record if isinstance(record, dict) else None
+
+
+def _title(out: str) -> str:
+    return os.path.basename(os.path.normpath(out)) or "policy"
 
 
 def export_hf(

@@ -15,6 +15,7 @@ import dataclasses
 import json
 import logging
 import os
+import re
 from typing import Any
 
 import numpy as np
@@ -287,6 +288,8 @@ def import_hf(hf_dir: str, out: str, *, dtype: str = "", remat: str = "full") ->
     state = nnx.state(abstract, nnx.Param)
     nnx.replace_by_pure_dict(state, params)
     source = {"family": family, "architecture": hf["architectures"][0], "dtype": source_dtype}
+    if hub := hub_id(hf_dir):
+        source["hub_id"] = hub
     if checked.left_out:  # a multimodal checkpoint: the run is text-only
         source["text_only"] = {"tensors_left_out": checked.left_out}
         log.warning(
@@ -310,6 +313,13 @@ def import_hf(hf_dir: str, out: str, *, dtype: str = "", remat: str = "full") ->
     tokenizer.save(fileio.join(out, MODEL_TOKENIZER_DIR))
     count = sum(int(np.prod(expected[spec.hf_name])) for spec in specs)
     return {**source, "params": count, "vocab_size": config.vocab_size, "out": out}
+
+
+def hub_id(hf_dir: str) -> str | None:
+    """The Hub id of a folder in the Hugging Face cache (``…/models--ORG--NAME/snapshots/…``,
+    where ``huggingface_hub`` downloads), or None: an export's model card names its base."""
+    match = re.search(r"models--([^/]+?)--([^/]+)/snapshots/", os.path.abspath(hf_dir) + "/")
+    return f"{match.group(1)}/{match.group(2)}" if match else None
 
 
 def resolve_base(path: str, workdir: str) -> str:
