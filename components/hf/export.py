@@ -22,7 +22,12 @@ import numpy as np
 from flax import nnx
 
 from components.core import fileio
-from components.core.data.tokenizers import MODEL_TOKENIZER_DIR, TokenizerError, load_tokenizer
+from components.core.data.tokenizers import (
+    MODEL_TOKENIZER_DIR,
+    Tokenizer,
+    TokenizerError,
+    load_tokenizer,
+)
 from components.core.model import lora
 from components.core.model.transformer import ModelConfig, Transformer
 from components.core.training.checkpoint import load_model_params, read_model_config
@@ -67,22 +72,21 @@ def _tokenizer_dir(model_dir: str, info: dict[str, Any], tokenizer_dir: str) -> 
     return folder
 
 
-def _token_ids(tokenizer_dir: str) -> dict[str, int | None]:
+def _token_ids(tokenizer_dir: str, tokenizer: Tokenizer) -> dict[str, int | None]:
     """bos/eos/pad ids for config.json; a pad past the tokenizer's own ids is left out."""
     from tokenizers import Tokenizer as RustTokenizer
 
-    tokenizer = load_tokenizer(tokenizer_dir)
     text = fileio.read_text(fileio.join(tokenizer_dir, "tokenizer.json"))
     count = RustTokenizer.from_str(text).get_vocab_size(with_added_tokens=True)
     pad = tokenizer.pad_id if tokenizer.pad_id < count else None
     return {"bos_token_id": tokenizer.bos_id, "eos_token_id": tokenizer.eos_id, "pad_token_id": pad}
 
 
-def _generation_config(policy: Policy, token_ids: dict[str, int | None]) -> dict[str, Any]:
+def _generation_config(tokenizer: Tokenizer, token_ids: dict[str, int | None]) -> dict[str, Any]:
     """generation_config.json: the special ids, eos as the model's whole stop set (the
     template's end-of-turn token and eos), so ``generate`` stops where alignpipe stopped."""
     generation: dict[str, Any] = {k: v for k, v in token_ids.items() if v is not None}
-    stops = list(load_tokenizer(policy.tokenizer_dir).stop_ids)
+    stops = list(tokenizer.stop_ids)
     if len(stops) > 1:
         generation["eos_token_id"] = stops
     return generation
@@ -153,10 +157,12 @@ def write_hf(out: str, policy: Policy, model: Transformer, max_shard_bytes: int)
     del params
     os.makedirs(out, exist_ok=True)
     files = safetensors_io.write_checkpoint(out, tensors, max_shard_bytes)
-    token_ids = _token_ids(policy.tokenizer_dir)
+    tokenizer = load_tokenizer(policy.tokenizer_dir)
+    token_ids = _token_ids(policy.tokenizer_dir, tokenizer)
     hf_config = hf_config_from_model(policy.config, policy.family, token_ids, policy.dtype)
     write_json(os.path.join(out, "config.json"), hf_config)
-    write_json(os.path.join(out, "generation_config.json"), _generation_config(policy, token_ids))
+    generation = _generation_config(tokenizer, token_ids)
+    write_json(os.path.join(out, "generation_config.json"), generation)
     for name in TOKENIZER_FILES:
         source = fileio.join(policy.tokenizer_dir, name)
         if fileio.exists(source):

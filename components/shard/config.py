@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 from typing import Literal
 
@@ -91,15 +92,24 @@ class ShardConfig:
 
     def template_kwargs(self) -> dict:
         """``chat_template_kwargs`` as a dict (``{}`` when unset), or a ValueError."""
-        if not self.chat_template_kwargs.strip():
-            return {}
-        try:
-            value = json.loads(self.chat_template_kwargs)
-        except ValueError as error:
-            value = error
-        if not isinstance(value, dict):
-            raise ValueError(
-                f"chat_template_kwargs: {self.chat_template_kwargs!r} must be a JSON object, "
-                "such as '{\"enable_thinking\": false}'"
-            )
-        return value
+        return parse_template_kwargs(self.chat_template_kwargs)
+
+
+@functools.lru_cache(maxsize=8)
+def _parsed(text: str) -> tuple:
+    try:
+        value = json.loads(text)
+    except ValueError:
+        value = None
+    if not isinstance(value, dict):
+        raise ValueError(
+            f"chat_template_kwargs: {text!r} must be a JSON object, such as "
+            "'{\"enable_thinking\": false}'"
+        )
+    return tuple(value.items())
+
+
+def parse_template_kwargs(text: str) -> dict:
+    """A chat template's arguments from their JSON text ('' = none), parsed once per text:
+    the shard stage asks for them with every record."""
+    return dict(_parsed(text)) if text.strip() else {}

@@ -140,14 +140,14 @@ def _generate(args: argparse.Namespace, rest: list[str]) -> int:
     import tempfile
 
     from components.core.model.respond import Sampling, render, respond
-    from components.shard.config import ShardConfig
+    from components.shard.config import parse_template_kwargs
 
     sampling = Sampling(
         max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
         top_k=args.top_k, seed=args.seed,
     )  # fmt: skip
     try:
-        kwargs = ShardConfig(chat_template_kwargs=args.chat_template_kwargs).template_kwargs()
+        kwargs = parse_template_kwargs(args.chat_template_kwargs)
         answers = []
         for path in filter(None, (args.policy, args.compare)):
             with tempfile.TemporaryDirectory() as workdir:
