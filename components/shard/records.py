@@ -99,9 +99,7 @@ def tokenize(
 ) -> tuple[list, list, list, bool]:
     """Token ids of prompt (bos first) and responses (ending as the template ends a turn, or
     with eos), cut or refused when too long."""
-    prompt = tokenizer.encode(pair.prompt)
-    if tokenizer.bos_id is not None and prompt[:1] != [tokenizer.bos_id]:
-        prompt = [tokenizer.bos_id] + prompt  # chat templates may already start with bos
+    prompt = tokenizer.encode_prompt(pair.prompt)
     chosen, rejected = (response_ids(tokenizer, text) for text in (pair.chosen, pair.rejected))
     limits = (config.max_prompt_tokens, config.max_response_tokens, config.max_response_tokens)
     lengths = (len(prompt), len(chosen), len(rejected))

@@ -79,6 +79,13 @@ class Tokenizer(abc.ABC):
     def encode(self, text: str) -> list[int]:
         """Token ids of ``text`` without special tokens."""
 
+    def encode_prompt(self, text: str) -> list[int]:
+        """Token ids of a prompt, bos first, once: a chat template may already write it."""
+        ids = self.encode(text)
+        if self.bos_id is not None and ids[:1] != [self.bos_id]:
+            ids = [self.bos_id, *ids]
+        return ids
+
     @abc.abstractmethod
     def decode(self, ids: Any) -> str:
         """Text of ``ids``; special ids are dropped."""

@@ -26,14 +26,6 @@ class Sampling:
     seed: int = 0
 
 
-def prompt_ids(tokenizer: Tokenizer, text: str) -> list[int]:
-    """Token ids of a rendered prompt, bos first as the shard stage writes prompts."""
-    ids = tokenizer.encode(text)
-    if tokenizer.bos_id is not None and ids[:1] != [tokenizer.bos_id]:
-        ids = [tokenizer.bos_id, *ids]
-    return ids
-
-
 def render(
     tokenizer: Tokenizer,
     user: str,
@@ -55,7 +47,7 @@ def render(
 def respond(model: Transformer, tokenizer: Tokenizer, prompt: str, sampling: Sampling) -> str:
     """The model's response to the rendered ``prompt``, ended at its first stop token (the
     tokenizer's ``stop_ids``: eos and the template's end of turn), special tokens dropped."""
-    ids = prompt_ids(tokenizer, prompt)
+    ids = tokenizer.encode_prompt(prompt)  # as the shard stage writes prompts
     room = model.config.max_seq_len - sampling.max_new_tokens
     if len(ids) > room:
         raise ValueError(
