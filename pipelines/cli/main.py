@@ -41,7 +41,7 @@ class Command:
 
 def commands() -> tuple[Command, ...]:
     """Every command, in the order ``alignpipe --help`` lists them."""
-    from pipelines.cli import cloud, data, model, releases, run, run_presets
+    from pipelines.cli import cloud, data, model, plan, releases, run, run_presets
 
     return (
         Command("run", "run", "run the whole pipeline locally (kfp.local, cached)", run.add_run),
@@ -72,6 +72,13 @@ def commands() -> tuple[Command, ...]:
             "run-presets",
             "run presets (model class on a TPU slice): memory per chip and the flags",
             run_presets.add_run_presets,
+        ),  # fmt: skip
+        Command(
+            "cloud",
+            "plan",
+            "each stage's memory per chip, phase by phase, with the flags over a run preset "
+            "(--compile: beside XLA's figures of the compiled programs)",
+            plan.add_plan,
         ),  # fmt: skip
         Command(
             "cloud",

@@ -12,15 +12,17 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from pipelines.dag.memory import CHIP_HBM, GB, HEADROOM
-from pipelines.dag.run_presets import RUN_PRESETS, STAGES, RunPreset, estimate
+from pipelines.dag.memory import CHIP_HBM, HEADROOM, GiB
+from pipelines.dag.run_presets import RL_ALGORITHMS, RUN_PRESETS, STAGES, RunPreset, estimate
 
 STAGE_MODULES = {s: f"components.{s}" for s in STAGES}
+PHASES = ("train", "reference", "prefill", "decode", "scoring", "update")
 SHARD_PATHS = "--input PREFS --output SHARDS --tokenizer BASE/tokenizer"
 STAGE_PATHS = {
     "sft": "--shards SHARDS --base-policy BASE --output SFT",
     "reward": "--shards SHARDS --base-policy BASE --output RM",
     "ppo": "--shards SHARDS --policy SFT --reward RM --output ALIGNED",
+    "dpo": "--shards SHARDS --policy SFT --output ALIGNED",
     "evaluate": "--shards SHARDS --policy ALIGNED --reference SFT --reward RM --output EVAL",
 }
 
@@ -32,15 +34,24 @@ def add_run_presets(parser: argparse.ArgumentParser) -> None:
     parser.set_defaults(handler=_presets)
 
 
+# The rows of the summary: each stage, and the ppo stage once per RL algorithm.
+UNITS = (("sft", "sft", "ppo"), ("reward", "reward", "ppo"),
+         *((name, "ppo", name) for name in RL_ALGORITHMS),
+         ("dpo", "dpo", "ppo"), ("evaluate", "evaluate", "ppo"))  # fmt: skip
+
+
 def summary_line(name: str, preset: RunPreset) -> str:
-    """``name  model  slice  stage peak GB ...  / budget``."""
-    peaks = "  ".join(f"{s} {estimate(preset, s)['total'] / GB:5.1f}" for s in STAGES)
-    budget = HEADROOM * CHIP_HBM[preset.chip] / GB
+    """``name  model  slice  peak GiB per algorithm ...  / budget``."""
+    peaks = "  ".join(
+        f"{unit} {estimate(preset, stage, algorithm=algorithm)['total'] / GiB:5.1f}"
+        for unit, stage, algorithm in UNITS
+    )
+    budget = HEADROOM * CHIP_HBM[preset.chip] / GiB
     hosts = f"{preset.hosts} host" + ("s" if preset.hosts > 1 else "")
     tuning = f"LoRA r{preset.lora_rank}" if preset.lora_rank else "full"
     return (
         f"{name:14s} {preset.example:34s} {preset.slice_name:7s} {hosts:7s} {tuning:8s} "
-        f"GB per chip: {peaks}  (budget {budget:.1f})"
+        f"GiB per chip: {peaks}  (budget {budget:.1f})"
     )
 
 
@@ -71,24 +82,26 @@ def describe(name: str) -> str:
         f"{name}: the model class of {preset.example} ({preset.model} preset, vocab "
         f"{preset.vocab_size}) on "
         f"{preset.slice_name}: {preset.chips} {preset.chip} chips of "
-        f"{CHIP_HBM[preset.chip] / GB:.0f} GB on {preset.hosts} host(s); a run may use "
-        f"{HEADROOM:.0%} = {budget / GB:.1f} GB per chip",
+        f"{CHIP_HBM[preset.chip] / GiB:.0f} GiB on {preset.hosts} host(s); a run may use "
+        f"{HEADROOM:.0%} = {budget / GiB:.1f} GiB per chip",
         f"  {config.n_layers} layers, dim {config.dim}, {config.dtype} compute, remat "
         f"{config.remat}, fsdp {str(preset.fsdp).lower()}; prompts {preset.prompt_len} + "
         f"responses {preset.response_len} tokens",
         tuning_line(preset),
         "",
-        f"  stage      params {'base' if preset.lora_rank else 'frozen':>7s} "
-        f"{'adapters' if preset.lora_rank else 'trained':>8s}  state  gathered  activations"
-        "  total GB per chip",
+        f"  {'stage':10s} params {'base' if preset.lora_rank else 'frozen':>7s} "
+        f"{'adapters' if preset.lora_rank else 'trained':>8s}  state  "
+        + "".join(f"{phase:>10s}" for phase in PHASES)
+        + "  peak GiB per chip",
     ]
-    for stage in STAGES:
-        e = estimate(preset, stage)
-        gb = {k: v / GB for k, v in e.items()}
+    for unit, stage, algorithm in UNITS:
+        e = estimate(preset, stage, algorithm=algorithm)
+        cells = "".join(
+            f"{e['phases'][p] / GiB:10.2f}" if p in e["phases"] else f"{'':10s}" for p in PHASES
+        )
         lines.append(
-            f"  {stage:9s} {e['params'] / 1e9:6.2f}B {gb['frozen']:7.2f} {gb['trained']:8.2f}"
-            f" {gb['state']:6.2f} {gb['gathered']:9.2f} {gb['activations']:12.2f}"
-            f" {gb['total']:6.2f}"
+            f"  {unit:10s}{e['params'] / 1e9:6.2f}B {e['frozen'] / GiB:7.2f} "
+            f"{e['trained'] / GiB:8.2f} {e['state'] / GiB:6.2f}{cells} {e['total'] / GiB:6.2f}"
         )
     params = " ".join(_flag(k, v) for k, v in preset.pipeline_params().items())
     lines += ["", "  pipeline parameters (compile, submit and schedule --run-preset set them):"]

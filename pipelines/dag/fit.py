@@ -15,7 +15,7 @@ import dataclasses
 from typing import Any
 
 from pipelines.dag import memory, param_table
-from pipelines.dag.run_presets import STAGES, RunPreset, estimate
+from pipelines.dag.run_presets import ALGORITHM_STAGES, STAGES, RunPreset, estimate
 
 # Pipeline-wide fields a preset holds itself (the stages share them).
 PRESET_FIELDS = ("remat", "dtype", "fsdp", "lora_rank", "lora_alpha", "lora_targets")
@@ -24,6 +24,7 @@ BATCH = {
     "sft": ("batch_size", "sft_batch_size"),
     "reward": ("batch_size", "reward_batch_size"),
     "ppo": ("rollout_batch_size", "ppo_rollout_batch_size"),
+    "dpo": ("batch_size", "dpo_batch_size"),
     "evaluate": ("batch_size", "eval_batch_size"),
 }
 # The length field a stage is cut down by, and its pipeline parameter.
@@ -31,6 +32,7 @@ LENGTH = {
     "sft": ("max_len", "max_len"),
     "reward": ("max_len", "max_len"),
     "ppo": ("max_new_tokens", "max_new_tokens"),
+    "dpo": ("max_len", "max_len"),
     "evaluate": ("max_new_tokens", "eval_max_new_tokens"),
 }
 LORA_FIX = 16  # the rank the LoRA presets use
@@ -66,7 +68,9 @@ def budget(preset: RunPreset) -> float:
 
 
 def _total(preset: RunPreset, stage: str, overrides: dict[str, Any]) -> float:
-    return estimate(preset, stage, overrides)["total"]
+    algorithm = overrides.get("algorithm", "ppo") if stage == "ppo" else "ppo"
+    rest = {k: v for k, v in overrides.items() if k != "algorithm"}
+    return estimate(preset, stage, rest, algorithm=algorithm)["total"]
 
 
 def _smaller_batch(preset: RunPreset, stage: str, overrides: dict[str, Any]) -> str | None:
@@ -118,13 +122,15 @@ def check(preset: RunPreset, values: dict[str, Any]) -> None:
     preset, stages = applied(preset, values)
     limit = budget(preset)
     problems = []
-    for stage in STAGES:
+    algorithm = stages["ppo"].get("algorithm", "ppo")
+    for stage in ALGORITHM_STAGES[algorithm]:
         total = _total(preset, stage, stages[stage])
         if total > limit:
+            name = f"{stage} ({algorithm})" if stage == "ppo" and algorithm != "ppo" else stage
             problems.append(
-                f"{stage} needs {total / memory.GB:.1f} GB per chip, over the "
-                f"{limit / memory.GB:.1f} GB a {preset.chip} chip "
-                f"({memory.CHIP_HBM[preset.chip] / memory.GB:.0f} GB) gives a run; fix: "
+                f"{name} needs {total / memory.GiB:.1f} GiB per chip, over the "
+                f"{limit / memory.GiB:.1f} GiB a {preset.chip} chip "
+                f"({memory.CHIP_HBM[preset.chip] / memory.GiB:.0f} GiB) gives a run; fix: "
                 f"{_fix(preset, stage, stages[stage])}"
             )
     if problems:

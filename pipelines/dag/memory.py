@@ -42,11 +42,13 @@ from __future__ import annotations
 from components.core.model.config import ModelConfig
 from components.core.model.vocab_tiles import positions_per_tile
 
-GB = 1e9
-# HBM per chip as Google lists it; a run may use HEADROOM of it (XLA's own buffers,
-# fragmentation and the estimate's rough edges take the rest).
-CHIP_HBM = {"v5e": 16 * GB, "v6e": 32 * GB, "v5p": 95 * GB}
-HEADROOM = 0.85
+GiB = 2**30
+# Physical HBM per chip (Google's TPU pages: v5e 16 GiB, v6e 32 GiB, v5p 95 GiB); a run may
+# use HEADROOM of it, the rest left for XLA's own buffers, fragmentation and the estimate's
+# error (within 15% of XLA's compiled figure at the calibration shapes,
+# tests/test_memory_calibration.py).
+CHIP_HBM = {"v5e": 16 * GiB, "v6e": 32 * GiB, "v5p": 95 * GiB}
+HEADROOM = 0.90
 TRAINED_BYTES_PER_PARAM = 20  # fp32 params, grads, two Adam moments, update temporaries
 FROZEN_BYTES_PER_PARAM = 4
 PARAM_BYTES = 4  # gathered tensors and their gradients are float32
@@ -56,11 +58,22 @@ LAYERS_GATHERED = 3  # the running layer, its gradient, the next one prefetched
 # its recomputation, its gradient: 196 MiB); PPO's scoring 4 (the policy's and the
 # reference's tiles and their log-softmaxes for the exact KL: 270 MiB).
 INFERENCE_TILES, TRAIN_TILES, SCORING_TILES = 1, 3, 4
+# Copies of the embedding [V, D] a program holds besides its parameters (XLA's compiled
+# programs, the same source): fp32 gradients in the backward pass (the scatter-add of the
+# lookup's gradient, its accumulation, the cross-device mean), 3 in the sft,
+# reward and dpo train step and 1 in RL's update; and with a bf16 compute dtype, the weights
+# cast to it: 1 in a forward pass, 4 in the RL rollout (each network's sampling and scoring
+# casts) and in RL's update (the cast and its gradient, policy and critic).
+EMBEDDING_GRADIENTS = {"train": 3, "update": 1}
+EMBEDDING_CASTS = {"train": 0, "forward": 1, "rollout": 4, "update": 4}
 # Networks each stage holds with full fine-tuning: (trained, frozen).
-FULL_MODELS = {"sft": (1, 0), "reward": (1, 0), "ppo": (2, 2), "evaluate": (0, 3)}
+FULL_MODELS = {
+    "sft": (1, 0), "reward": (1, 0), "ppo": (2, 2), "grpo": (1, 2), "rloo": (1, 2),
+    "dpo": (1, 1), "evaluate": (0, 3),
+}  # fmt: skip
 # Frozen bases each stage holds with LoRA. PPO: the policy's (its reference is the same base
 # with the adapters off) and the reward model's (the critic's adapters sit on it).
-LORA_BASES = {"sft": 1, "reward": 1, "ppo": 2}
+LORA_BASES = {"sft": 1, "reward": 1, "ppo": 2, "grpo": 2, "rloo": 2, "dpo": 1}
 
 
 def param_count(config: ModelConfig) -> int:
@@ -109,35 +122,79 @@ def compute_bytes(config: ModelConfig) -> int:
     return 2 if config.dtype == "bfloat16" else 4
 
 
+def attention_bytes(config: ModelConfig, sequences: int, seq_len: int, *, train: bool) -> float:
+    """One layer's attention scores [B, H, T, T] live at once: the fp32 scores and their
+    probabilities in the compute dtype, and in the backward pass the fp32 gradient too."""
+    per_score = 4 + compute_bytes(config) + (4 if train else 0)
+    return per_score * sequences * config.n_heads * seq_len * seq_len
+
+
+def _layer_matmuls(config: ModelConfig, sequences: int, seq_len: int) -> float:
+    """One layer's projection outputs live at once, in the compute dtype: the attention
+    block's (queries and keys, values) or one of the MLP's hidden activations, whichever is
+    wider, and the residual stream with its normed copy (XLA fuses the rest away)."""
+    hd, kv = config.resolved_head_dim, config.n_kv_heads
+    attention = config.n_heads * hd + 2 * kv * hd
+    widths = max(attention, config.hidden_dim) + 2 * config.dim
+    return sequences * seq_len * widths * compute_bytes(config)
+
+
+def forward_bytes(
+    config: ModelConfig, sequences: int, seq_len: int, *, logits_len: int, tiles: int
+) -> float:
+    """Temporaries of a forward pass without gradient on one chip: one layer at a time (its
+    projections and attention scores), then ``tiles`` logits tiles over ``logits_len``
+    positions a sequence."""
+    return (
+        _layer_matmuls(config, sequences, seq_len)
+        + attention_bytes(config, sequences, seq_len, train=False)
+        + logits_bytes(config, sequences * logits_len, tiles)
+    )
+
+
+def backward_bytes(config: ModelConfig, sequences: int, seq_len: int, *, logits_len: int) -> float:
+    """Activations of a forward and backward pass on one chip, besides the gradients: what the
+    remat policy keeps of every layer, the layer being recomputed (its attention scores,
+    probabilities and their gradient), the loss's logits tiles."""
+    one_layer = _layer_matmuls(config, sequences, seq_len)
+    recomputed = one_layer + attention_bytes(config, sequences, seq_len, train=True)
+    inputs = config.n_layers * sequences * seq_len * config.dim * compute_bytes(config)
+    if config.remat == "full":
+        kept = inputs
+    elif config.remat == "dots_saveable":
+        kept = inputs + config.n_layers * one_layer
+    else:
+        kept = config.n_layers * recomputed
+    return kept + recomputed + logits_bytes(config, sequences * logits_len, TRAIN_TILES)
+
+
 def activation_bytes(
     config: ModelConfig, sequences: int, seq_len: int, *, logits_len: int, train: bool
 ) -> float:
     """Peak activations of one forward (and backward when ``train``) on one chip."""
-    c = compute_bytes(config)
-    b, t, d, hd = sequences, seq_len, config.dim, config.resolved_head_dim
-    heads, kv = config.n_heads, config.n_kv_heads
-    matmuls = b * t * (2 * heads * hd + 2 * kv * hd + 3 * config.hidden_dim + 2 * d) * c
-    scores = b * heads * t * t * (4 + c)  # fp32 attention logits and their probabilities
-    one_layer = matmuls + scores
-    if not train:
-        return one_layer + logits_bytes(config, b * logits_len, INFERENCE_TILES)
-    logits = logits_bytes(config, b * logits_len, TRAIN_TILES)
-    inputs = config.n_layers * b * t * d * c
-    if config.remat == "full":
-        kept = inputs
-    elif config.remat == "dots_saveable":
-        kept = inputs + config.n_layers * matmuls
-    else:
-        kept = config.n_layers * one_layer
-    # The recomputed layer and its gradients; the logits tiles of the loss.
-    return kept + 2 * one_layer + logits
+    if train:
+        return backward_bytes(config, sequences, seq_len, logits_len=logits_len)
+    return forward_bytes(config, sequences, seq_len, logits_len=logits_len, tiles=INFERENCE_TILES)
 
 
 def logits_bytes(config: ModelConfig, positions: int, tiles: int) -> float:
     """Full-vocabulary fp32 blocks live at once: ``tiles`` tiles of ``positions`` (at most
     ``ModelConfig.logits_tile`` elements each, core/model/vocab_tiles.py)."""
+    if positions <= 0:
+        return 0.0
     per_tile = positions_per_tile(config.logits_tile, config.vocab_size) or positions
     return tiles * min(positions, per_tile) * config.vocab_size * 4
+
+
+def embedding_bytes(config: ModelConfig, dtype_bytes: int = PARAM_BYTES) -> int:
+    """One copy of the input embedding [V, D] (fp32 unless ``dtype_bytes`` says)."""
+    return config.vocab_size * config.dim * dtype_bytes
+
+
+def cast_bytes(config: ModelConfig, program: str) -> int:
+    """The embedding's copies cast to the compute dtype in ``program`` (none in fp32)."""
+    c = compute_bytes(config)
+    return 0 if c == PARAM_BYTES else EMBEDDING_CASTS[program] * embedding_bytes(config, c)
 
 
 def kv_cache_bytes(config: ModelConfig, sequences: int, length: int) -> float:

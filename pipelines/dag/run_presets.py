@@ -39,9 +39,16 @@ from typing import Any
 from components.core.config import ALL_LINEAR, LoRASettings
 from components.core.model.config import ModelConfig, model_config
 from components.core.training.config import PRETRAINED_LEARNING_RATE
-from pipelines.dag import memory, param_table
+from pipelines.dag import memory, param_table, phases
+from pipelines.dag.phases import Phase, Placement
 
-STAGES = ("sft", "reward", "ppo", "evaluate")
+STAGES = ("sft", "reward", "ppo", "dpo", "evaluate")
+# The stages a run of each algorithm takes (dpo replaces the reward and ppo stages).
+RL_ALGORITHMS = ("ppo", "grpo", "rloo")
+ALGORITHM_STAGES = {
+    **{name: ("sft", "reward", "ppo", "evaluate") for name in RL_ALGORITHMS},
+    "dpo": ("sft", "dpo", "evaluate"),
+}
 # A preset runs an imported model: every stage fine-tunes pretrained weights, at rates that
 # keep what they know (sft and reward: TrainConfig's auto rate for them; PPO's policy: 1e-6).
 PPO_PRETRAINED_LEARNING_RATE = 1e-6
@@ -49,6 +56,7 @@ PRETRAINED_RATES = {
     "sft": {"learning_rate": PRETRAINED_LEARNING_RATE},
     "reward": {"learning_rate": PRETRAINED_LEARNING_RATE},
     "ppo": {"learning_rate": PPO_PRETRAINED_LEARNING_RATE},
+    "dpo": {"learning_rate": PRETRAINED_LEARNING_RATE},
     "evaluate": {},
 }
 # Adapters start at zero (B = 0) and train few parameters: LoRA's usual rates are about ten
@@ -57,6 +65,7 @@ LORA_PRETRAINED_RATES = {
     "sft": {"learning_rate": 1e-4},
     "reward": {"learning_rate": 1e-4},
     "ppo": {"learning_rate": 1e-5},
+    "dpo": {"learning_rate": 1e-5},
     "evaluate": {},
 }
 
@@ -122,7 +131,7 @@ class RunPreset:
         numerics = {"remat": self.remat, "dtype": self.dtype, "fsdp": self.fsdp}
         if self.lora_rank:
             numerics |= dataclasses.asdict(self.lora())
-        if stage in ("sft", "reward"):
+        if stage in ("sft", "reward", "dpo"):
             # The shape of a fresh model; a base policy brings its own.
             lengths = {"preset": self.model, "max_len": self.prompt_len + self.response_len}
         elif stage == "ppo":
@@ -160,7 +169,8 @@ def params_for(stage_fields: dict[str, dict[str, Any]]) -> dict[str, Any]:
 
 
 def state_bytes(preset: RunPreset, stage: str) -> tuple[float, float]:
-    """(frozen, trained) bytes of the networks ``stage`` holds, before fsdp divides them."""
+    """(frozen, trained) bytes of the networks ``stage`` (the ppo stage: an RL algorithm's
+    name) holds, before fsdp divides them."""
     config = preset.config()
     n = memory.param_count(config)
     if not preset.lora_rank or stage == "evaluate":  # evaluate loads merged models
@@ -170,92 +180,64 @@ def state_bytes(preset: RunPreset, stage: str) -> tuple[float, float]:
     head, adapters = config.dim + 1, preset.adapter_params()
     # Trained: an adapter set per network trained, and the reward or critic head; PPO's
     # reward head is frozen beside the bases.
-    trained = {"sft": adapters, "reward": adapters + head, "ppo": 2 * adapters + head}[stage]
-    frozen = memory.LORA_BASES[stage] * n + (head if stage == "ppo" else 0)
+    trained = {
+        "sft": adapters, "reward": adapters + head, "dpo": adapters, "ppo": 2 * adapters + head,
+        "grpo": adapters, "rloo": adapters,
+    }[stage]  # fmt: skip
+    rl = stage in RL_ALGORITHMS
+    frozen = memory.LORA_BASES[stage] * n + (head if rl else 0)
     return frozen * memory.compute_bytes(config), trained * memory.TRAINED_BYTES_PER_PARAM
 
 
-def estimate(
-    preset: RunPreset, stage: str, overrides: dict[str, Any] | None = None
-) -> dict[str, float]:
-    """Bytes per chip of ``stage`` under ``preset``, with ``overrides`` of the stage's config
-    fields (flags given over the preset: ``fit.py``): state (frozen + trained), gathered,
-    activations, total."""
-    config = preset.config()
-    frozen, trained = state_bytes(preset, stage)
+def placement(preset: RunPreset) -> Placement:
+    """How the preset's networks sit on its chips."""
+    adapters = preset.adapter_params() if preset.lora_rank else None
+    return Placement(preset.chips, preset.hosts, preset.fsdp, adapters)
+
+
+def stage_phases(
+    preset: RunPreset, stage: str, overrides: dict[str, Any] | None = None, *,
+    algorithm: str = "ppo",
+) -> list[Phase]:  # fmt: skip
+    """The phases of ``stage`` (the ppo stage: of the RL ``algorithm``) under ``preset``
+    with ``overrides`` of the stage's config fields (flags given over the preset)."""
+    if stage == "ppo" and algorithm not in RL_ALGORITHMS:
+        raise ValueError(
+            f"algorithm: the ppo stage runs {', '.join(RL_ALGORITHMS)}, not {algorithm}"
+        )
     flags = {"prompt_len": preset.prompt_len, **preset.flags(stage), **(overrides or {})}
-    adapters = preset.adapter_params() if preset.lora_rank and stage != "evaluate" else None
-    phases = _phases(config, stage, flags, preset.chips, preset.hosts, adapters=adapters)
+    return phases.phases(
+        preset.config(), algorithm if stage == "ppo" else stage, flags, placement(preset)
+    )
+
+
+def estimate(
+    preset: RunPreset, stage: str, overrides: dict[str, Any] | None = None, *,
+    algorithm: str = "ppo",
+) -> dict[str, Any]:  # fmt: skip
+    """Bytes per chip of ``stage`` under ``preset`` (:func:`stage_phases`): the networks'
+    state (frozen + trained, fsdp's share), each phase's total, and the peak (``total``,
+    in its phase ``peak``)."""
+    frozen, trained = state_bytes(preset, algorithm if stage == "ppo" else stage)
     if preset.fsdp:
         frozen, trained = frozen / preset.chips, trained / preset.chips
-    else:
-        phases = [(acts, 0.0) for acts, _ in phases]
-    acts, gathered = max(phases, key=sum)
+    found = stage_phases(preset, stage, overrides, algorithm=algorithm)
+    top = phases.peak(found)
     return {
-        "params": memory.param_count(config),
+        "params": memory.param_count(preset.config()),
         "frozen": frozen,
         "trained": trained,
         "state": frozen + trained,
-        "gathered": gathered,
-        "activations": acts,
-        "total": frozen + trained + gathered + acts,
+        "phases": {phase.name: phase.total for phase in found},
+        "peak": top.name,
+        "total": top.total,
     }
 
 
-def _phases(
-    config: ModelConfig,
-    stage: str,
-    flags: dict,
-    chips: int,
-    hosts: int,
-    *,
-    adapters: int | None,
-) -> list[tuple[float, float]]:
-    """(activations, fsdp-gathered bytes) of each phase of ``stage``: the largest is the peak.
-    ``adapters``: a LoRA network's adapter parameters (None: full fine-tuning). Activations
-    are the same with LoRA: the gradient still flows back through the frozen base."""
-    if stage in ("sft", "reward"):
-        per_chip = flags["batch_size"] // chips
-        sequences = 2 * per_chip if stage == "reward" else per_chip  # chosen + rejected
-        logits_len = 0 if stage == "reward" else flags["max_len"]  # the reward head is a scalar
-        acts = memory.activation_bytes(
-            config, sequences, flags["max_len"], logits_len=logits_len, train=True
-        )
-        return [(acts, memory.gathered_bytes(config, networks=1, trained=True, adapters=adapters))]
-    response = flags["max_new_tokens"]
-    if stage == "evaluate":
-        # Every host evaluates every row, its batch spread over its own chips.
-        sequences = -(-flags["batch_size"] // (chips // hosts))
-    else:
-        sequences = flags["rollout_batch_size"] // chips
-    length = flags["prompt_len"] + response
-    # Sampling and scoring run one network at a time (PPO's rollout orders them with
-    # fsdp.after; evaluate scores in separate programs): the KV cache and one forward pass.
-    sampling = memory.kv_cache_bytes(config, sequences, length)
-    # Prefill: the prompt's forward pass, logits of its last position only; each decode
-    # step then holds one position's logits a sequence.
-    sampling += memory.activation_bytes(config, sequences, length, logits_len=1, train=False)
-    gathered = memory.gathered_bytes(config, networks=1, trained=False, adapters=adapters)
-    phases = [(sampling, gathered)]
-    if stage == "ppo":
-        # Scoring: both networks' forward passes, then their logits a tile at a time for the
-        # log-probs and the exact KL (rollout.py, vocab_tiles.py); the KV cache is gone.
-        scoring = memory.activation_bytes(config, sequences, length, logits_len=0, train=False)
-        tiles = memory.logits_bytes(config, sequences * response, memory.SCORING_TILES)
-        phases.append((scoring + tiles, gathered))
-        # The update: policy and critic forward and backward on one minibatch, each holding
-        # its outer tensors and their gradients.
-        minibatch = sequences // flags["minibatches"]
-        policy = memory.activation_bytes(config, minibatch, length, logits_len=response, train=True)
-        critic = memory.activation_bytes(config, minibatch, length, logits_len=0, train=True)
-        gathered = memory.gathered_bytes(config, networks=2, trained=True, adapters=adapters)
-        phases.append((policy + critic, gathered))
-    return phases
-
-
-def fits(preset: RunPreset, stage: str) -> bool:
+def fits(preset: RunPreset, stage: str, *, algorithm: str = "ppo") -> bool:
     """Whether ``stage`` stays within HEADROOM (memory.py) of one chip's HBM."""
-    return estimate(preset, stage)["total"] <= memory.HEADROOM * memory.CHIP_HBM[preset.chip]
+    total = estimate(preset, stage, algorithm=algorithm)["total"]
+    return total <= memory.HEADROOM * memory.CHIP_HBM[preset.chip]
 
 
 _BF16_FULL = {"remat": "full", "dtype": "bfloat16"}
@@ -275,6 +257,7 @@ RUN_PRESETS: dict[str, RunPreset] = {
         stages={
             "sft": {"batch_size": 32},
             "reward": {"batch_size": 32},
+            "dpo": {"batch_size": 32},
             "ppo": {"rollout_batch_size": 64, "minibatches": 8},
             "evaluate": {"batch_size": 64},
         },
@@ -293,6 +276,7 @@ RUN_PRESETS: dict[str, RunPreset] = {
         stages={
             "sft": {"batch_size": 128},
             "reward": {"batch_size": 64},
+            "dpo": {"batch_size": 64},
             "ppo": {"rollout_batch_size": 256, "minibatches": 4},
             "evaluate": {"batch_size": 64},  # per host: 16 sequences on each of its 4 chips
         },
@@ -311,6 +295,7 @@ RUN_PRESETS: dict[str, RunPreset] = {
         stages={
             "sft": {"batch_size": 32},
             "reward": {"batch_size": 32},
+            "dpo": {"batch_size": 32},
             "ppo": {"rollout_batch_size": 64, "minibatches": 4},
             "evaluate": {"batch_size": 64},
         },
@@ -331,6 +316,7 @@ RUN_PRESETS: dict[str, RunPreset] = {
         stages={
             "sft": {"batch_size": 32},
             "reward": {"batch_size": 32},
+            "dpo": {"batch_size": 32},
             "ppo": {"rollout_batch_size": 64, "minibatches": 4},
             "evaluate": {"batch_size": 64},
         },
@@ -351,6 +337,7 @@ RUN_PRESETS: dict[str, RunPreset] = {
         stages={
             "sft": {"batch_size": 16},
             "reward": {"batch_size": 16},
+            "dpo": {"batch_size": 16},
             "ppo": {"rollout_batch_size": 32, "minibatches": 4},
             "evaluate": {"batch_size": 32},
         },

@@ -1,0 +1,17 @@
+"""The planner's train steps (sft, reward, dpo's reference pass and step) within 15% of what
+XLA's compiled programs hold, at three shapes that vary vocabulary, length and batch
+(tests/memory_shapes.py). The RL algorithms: test_memory_calibration_rl.py."""
+
+from __future__ import annotations
+
+import pytest
+from memory_shapes import SHAPES, TOLERANCE, ratios
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("algorithm", ["sft", "reward", "dpo"])
+def test_the_planner_is_within_15_percent_of_xla(algorithm, shape):
+    found = ratios(algorithm, shape)
+    assert set(found) == ({"reference", "update"} if algorithm == "dpo" else {"update"})
+    for program, ratio in found.items():
+        assert abs(ratio - 1) <= TOLERANCE, f"{algorithm} {program} at {shape}: {ratio:.3f}x"

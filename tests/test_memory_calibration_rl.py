@@ -1,0 +1,20 @@
+"""The planner's RL phases (the rollout's prefill, decode and scoring in one program, the
+update) within 15% of what XLA's compiled programs hold, for ppo with its critic and grpo
+and rloo without, at three shapes that vary vocabulary, length and batch
+(tests/memory_shapes.py). rloo's programs differ from grpo's only in the advantages' formula:
+one shape."""
+
+from __future__ import annotations
+
+import pytest
+from memory_shapes import SHAPES, TOLERANCE, ratios
+
+CASES = [(a, s) for a in ("ppo", "grpo") for s in SHAPES] + [("rloo", "base")]
+
+
+@pytest.mark.parametrize(("algorithm", "shape"), CASES)
+def test_the_planner_is_within_15_percent_of_xla(algorithm, shape):
+    found = ratios(algorithm, shape)
+    assert set(found) == {"rollout", "update"}
+    for program, ratio in found.items():
+        assert abs(ratio - 1) <= TOLERANCE, f"{algorithm} {program} at {shape}: {ratio:.3f}x"
