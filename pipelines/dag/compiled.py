@@ -241,34 +241,47 @@ def stage_programs(
     )  # fmt: skip
 
 
-def main() -> None:
-    """``python -m pipelines.dag.compiled PRESET VALUES_JSON``: one JSON line per compiled
-    program of the preset's stages with the pipeline parameters given. ``alignpipe plan
-    --compile`` runs it in a process of its own, with one CPU device per chip of the slice."""
-    import json
-    import sys
-
+def preset_programs(preset: Any, values: dict) -> list[dict]:
+    """XLA's figures of every compiled program of a run preset's stages with the pipeline
+    parameters ``values`` over it (``alignpipe plan --compile``), on this process's devices:
+    one per chip of the slice."""
     from pipelines.dag import fit
-    from pipelines.dag.run_presets import ALGORITHM_STAGES, RUN_PRESETS
+    from pipelines.dag.run_presets import ALGORITHM_STAGES
 
-    name, values = sys.argv[1], json.loads(sys.argv[2])
-    preset, stages = fit.applied(RUN_PRESETS[name], values)
+    preset, stages = fit.applied(preset, values)
     if jax.local_device_count() != preset.chips:
-        raise SystemExit(f"{jax.local_device_count()} devices here; {name} needs {preset.chips}")
+        raise ValueError(
+            f"{jax.local_device_count()} devices here; the preset's slice has {preset.chips} chips"
+        )
     algorithm = values.get("algorithm", "ppo")
+    found = []
     for stage in ALGORITHM_STAGES[algorithm]:
         if stage == "evaluate":
             continue
         if preset.lora_rank:
-            print(json.dumps({"stage": stage, "skipped": "LoRA programs are not compiled here"}))
+            found.append({"stage": stage, "skipped": "LoRA programs are not compiled here"})
             continue
         flags = {"prompt_len": preset.prompt_len, **preset.flags(stage), **stages[stage]}
         programs = stage_programs(
             preset.config(), stage, flags, algorithm=algorithm, fsdp_=preset.fsdp
         )
         for program, figures in programs.items():
-            line = {"stage": stage, "program": program, **figures._asdict()}
-            print(json.dumps(line), flush=True)
+            found.append({"stage": stage, "program": program, **figures._asdict()})
+    return found
+
+
+def main() -> None:
+    """``python -m pipelines.dag.compiled PRESET VALUES_JSON``: one JSON line per compiled
+    program (:func:`preset_programs`). ``alignpipe plan --compile`` runs it in a process of
+    its own, with one CPU device per chip of the slice."""
+    import json
+    import sys
+
+    from pipelines.dag.run_presets import RUN_PRESETS
+
+    name, values = sys.argv[1], json.loads(sys.argv[2])
+    for line in preset_programs(RUN_PRESETS[name], values):
+        print(json.dumps(line), flush=True)
 
 
 if __name__ == "__main__":

@@ -28,13 +28,18 @@ and a few layers of the stack (the layer running, its gradient, the next one
 prefetched), all float32; with LoRA the base's tensors in the compute dtype, without
 gradients.
 
-Activations (``activation_bytes``): with ``remat="full"`` the scan keeps each
-layer's input (L·B·T·D in the compute dtype) and recomputes one layer at a time
-in the backward pass; attention probabilities cost B·H·T²·(4 + c). The LM logits never
-live whole: a few [tile, V] fp32 blocks of ``ModelConfig.logits_tile`` elements (64 MiB)
-at a time (``logits_bytes``); whole, B·T·V·4 bytes a tensor is the largest activation by
-far at 128k-256k vocabularies. The sampler holds one position's logits a step. PPO's
-rollout adds the KV cache.
+Activations (``forward_bytes``, ``backward_bytes``): with ``remat="full"`` the scan keeps
+each layer's input (L·B·T·D in the compute dtype) and recomputes one layer at a time in the
+backward pass; its attention scores cost B·H·T²·(4 + c) bytes forward and 4 more with their
+gradient. The LM logits never live whole: a few [tile, V] fp32 blocks of
+``ModelConfig.logits_tile`` elements (64 MiB) at a time (``logits_bytes``). The sampler holds
+one position's logits a step; the rollout adds the KV cache. Besides these, a program holds
+copies of the embedding (its gradients, its casts to bf16: ``EMBEDDING_GRADIENTS``,
+``EMBEDDING_CASTS``), which at 128k-256k vocabularies are the largest tensors after the state.
+
+How these add up per algorithm and phase, and what stays resident beside each program:
+``phases.py``. The constants were read off XLA's compiled programs (``compiled.py``);
+tests/test_memory_calibration*.py hold the sum within 15% of XLA's figure.
 """
 
 from __future__ import annotations
@@ -123,9 +128,10 @@ def compute_bytes(config: ModelConfig) -> int:
 
 
 def attention_bytes(config: ModelConfig, sequences: int, seq_len: int, *, train: bool) -> float:
-    """One layer's attention scores [B, H, T, T] live at once: the fp32 scores and their
-    probabilities in the compute dtype, and in the backward pass the fp32 gradient too."""
-    per_score = 4 + compute_bytes(config) + (4 if train else 0)
+    """One layer's attention scores [B, H, T, T] live at once: forward, the fp32 scores and
+    their probabilities in the compute dtype; recomputed for the gradient, the scores, the
+    probabilities and their gradient all in fp32 (as XLA keeps them, whatever the dtype)."""
+    per_score = 12 if train else 4 + compute_bytes(config)
     return per_score * sequences * config.n_heads * seq_len * seq_len
 
 

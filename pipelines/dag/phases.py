@@ -77,10 +77,14 @@ class Placement:
         n, share = memory.param_count(config), self.chips if self.fsdp else 1
         if self.adapters is None:
             held = trained * TRAINED_ARGUMENT_BYTES * n + frozen * memory.FROZEN_BYTES_PER_PARAM * n
-            return held / share, trained * (memory.TRAINED_BYTES_PER_PARAM - 12) * n / share
+            return held / share, trained * (
+                memory.TRAINED_BYTES_PER_PARAM - TRAINED_ARGUMENT_BYTES
+            ) * n / share
         a = self.adapters + config.dim + 1  # an adapter set and its head, if any
         held = trained * TRAINED_ARGUMENT_BYTES * a + frozen * memory.compute_bytes(config) * n
-        return held / share, trained * (memory.TRAINED_BYTES_PER_PARAM - 12) * a / share
+        return held / share, trained * (
+            memory.TRAINED_BYTES_PER_PARAM - TRAINED_ARGUMENT_BYTES
+        ) * a / share
 
     def moments(self, config: ModelConfig, trained: int) -> float:
         """Adam moments of ``trained`` networks (LoRA: adapter sets) on a chip."""
@@ -187,8 +191,10 @@ def _sampling(
         sequences = flags["rollout_batch_size"] // place.chips
         trained = 1 if algorithm in ("grpo", "rloo") else 2
         networks = ROLLOUT_NETWORKS[algorithm]
-        if lora:  # the bases and every adapter set (the reward model's head only)
-            frozen, _ = place.state(config, trained=trained, frozen=_lora_bases(algorithm))
+        if lora:  # the bases and every adapter set's weights (their moments are resident)
+            bases, _ = place.state(config, trained=0, frozen=_lora_bases(algorithm))
+            adapters = trained * (place.adapters + config.dim + 1) * memory.PARAM_BYTES
+            frozen = bases + adapters / (place.chips if place.fsdp else 1)
         else:
             frozen, _ = place.state(config, trained=0, frozen=networks)
         resident = place.moments(config, trained)

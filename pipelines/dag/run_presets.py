@@ -1,34 +1,33 @@
 """Presets for real runs on TPU slices: a model class, a slice, and each stage's flags
-chosen so its memory fits (the arithmetic: ``memory.py``; ``estimate`` below sums it per
-stage; tests/test_run_presets.py checks each claim):
+chosen so its memory fits (per algorithm and phase: ``phases.py``, calibrated against XLA's
+compiled programs; ``estimate`` below gives a stage's peak; tests/test_run_presets.py
+checks each claim). Figures are per chip; a run may use 90% of a chip's physical HBM
+(v5e 16 GiB, v5p 95 GiB: 14.4 and 85.5 GiB).
 
-* 1B-class (Llama-3.2-1B, N = 1.24e9) on v5e-8 (8 chips of 16 GB): 20 N = 24.7 GB
-  replicated exceeds a chip before any activation; with fsdp sft and reward hold
-  3.1 GB of state, PPO 7.4 GB, evaluate 1.9 GB per chip, and every stage fits.
-* 7B-class (Llama-2-7B, N = 6.74e9): 20 N = 135 GB exceeds every chip replicated.
-  On v5p-32 (16 chips of 95 GB, 4 hosts) with fsdp: sft and reward 8.4 GB of
-  state per chip, PPO 20.2 GB; every stage fits with room for long sequences.
-  A single v5p-8 host (4 chips) would hold 81 GB of PPO state per chip: it does not.
-* 0.5B-class (Qwen2.5-0.5B, N = 0.49e9) on v5e-8: replicated, PPO's 48 N = 23.7 GB
-  exceeds a chip; with fsdp every stage fits.
+* 1B-class (Llama-3.2-1B, N = 1.24e9) on v5e-8: 20 N = 24.7 GB replicated exceeds a chip
+  before any activation; with fsdp every stage fits, PPO's update the largest phase (its two
+  networks' gathered embeddings, with their gradients). 1,024-token responses would fit,
+  2,048 would not.
+* 7B-class (Llama-2-7B, N = 6.74e9): 20 N = 135 GB exceeds every chip replicated. On
+  v5p-32 (16 chips, 4 hosts) with fsdp every stage fits. A single v5p-8 host (4 chips) does
+  not: 64 rollouts a chip of 2,048 tokens hold a 69 GB KV cache (no grouped-query
+  attention) beside 48 N / 4 = 81 GB of PPO state.
+* 0.5B-class (Qwen2.5-0.5B, N = 0.49e9) on v5e-8: replicated, PPO's 48 N = 23.7 GB exceeds
+  a chip; with fsdp every stage fits.
 * 7B-class with LoRA (rank 16 on all seven projections: A = 40.0e6, 0.6 % of N) on one
-  host. PPO's state is 2 c N + 40 A = 28.6 GB instead of 48 N = 323 GB. A v5e-8 (8 chips of
-  16 GB) cannot hold evaluate: its merged float32 models (12 N / 8 = 10.1 GB per chip) and
-  what fsdp gathers (3.5 GB) leave 0.01 GB of a chip's 13.6 GB for activations. So v5p-8 (4
-  chips of 95 GB): sft, reward and PPO would fit replicated (PPO peaks at 62.4 GB), but
-  evaluate's 12 N = 80.9 GB does not, so fsdp is on: PPO holds 7.1 GB of state per chip,
-  evaluate 20.2 GB, and every stage peaks under 60 GB. Full fine-tuning on the same host
-  does not fit PPO (48 N / 4 = 80.9 GB of state alone).
-* 1B-class with LoRA (rank 16, A = 11.3e6) on v5e-4 (4 chips of 16 GB): sft, reward and
-  PPO fit replicated (PPO 5.4 GB of state), but evaluate's 12 N = 14.8 GB exceeds a chip's
-  13.6 GB, so fsdp is on; every stage fits with 512-token responses, twice v5e-8-1b's
-  (fsdp gathers the frozen embeddings in bf16, without a gradient). Full fine-tuning at
-  the same flags does not fit PPO (PPO's 48 N / 4 = 14.8 GB of state alone).
+  v5p-8 host: PPO's state is 2 c N + 40 A = 28.6 GB instead of 48 N = 323 GB. sft, reward
+  and PPO would fit replicated, evaluate's merged float32 models (12 N = 80.9 GB and their
+  activations) do not, so fsdp is on. On a v5e-8 evaluate would fit one sequence a chip,
+  not the preset's eight.
+* 1B-class with LoRA on v5e-4: evaluate's 12 N = 14.8 GB and its activations exceed a chip
+  replicated, so fsdp is on; every stage fits with 512-token responses. Full fine-tuning at
+  the same flags does not fit PPO (its critic's update); GRPO, without one, fits.
 
-Checked against XLA on 8 CPU devices, one sft step of a 29M-parameter model
-(bench_fsdp_memory.py): the compiled step needs 0.73x the estimate sharded and
-1.29x replicated; PPO's rollout holds one gathered embedding at a time
-(tests/test_fsdp.py). No TPU has measured these presets.
+Where the planner stands against XLA: within 15% of the compiled programs replicated at the
+calibration shapes (tests/test_memory_calibration*.py); with fsdp it counts gathered
+tensors and casts apart that XLA partly overlaps, 0.9-1.2x at those shapes. ``alignpipe plan
+--run-preset NAME --compile`` prints XLA's figures at a preset's own shapes. No TPU has
+measured these presets.
 """
 
 from __future__ import annotations
