@@ -95,6 +95,14 @@ def test_local_run_cache_and_rerun(runs_dir, monkeypatch, capsys):
     assert record["run_id"] == first.run_dir.name and len(record["data_fingerprint"]) == 16
     assert record["figures"]["win_rate/value"] == figures["win_rate"]
 
+    # The run's record: every parameter with its source, versions, inputs, stages, outcome.
+    run = json.loads((first.run_dir / "run.json").read_text())
+    assert run["outcome"] == "succeeded" and run["code"]["alignpipe"]
+    assert run["libraries"]["jax"] and run["stages"]["ppo"]["status"] == "ran"
+    assert run["parameters"]["ppo_iterations"] == {"value": 2, "source": "flag"}
+    assert run["parameters"]["kl_coef"]["source"] == "default"
+    assert run["parameters"]["kl_coef"]["value"] != 0.05
+
     # One PPO parameter changed: shard, sft and reward come from the cache.
     second = run_local({**TINY, "kl_coef": 0.05}, runs_dir=tmp_path, echo=False)
     assert not second.error, second.error
@@ -116,10 +124,19 @@ def test_local_run_cache_and_rerun(runs_dir, monkeypatch, capsys):
     outcomes = re.search(r"gold win rate .*\((\d+) wins, (\d+) ties, (\d+) losses\)", summary)
     assert outcomes and sum(map(int, outcomes.groups())) > 0
 
-    # rerun --from evaluate: the last run's values again, caching off from evaluate on.
+    # rerun --run FIRST --from evaluate: the first run's values again (its run.json),
+    # caching off from evaluate on.
     capsys.readouterr()
-    assert main(["rerun", "--from", "evaluate", "--runs-dir", str(tmp_path)]) == 0
+    rerun = ["rerun", "--from", "evaluate", "--runs-dir", str(tmp_path)]
+    assert main([*rerun, "--run", first.run_dir.name]) == 0
     printed, errors = capsys.readouterr()
+    newest = json.loads(sorted(tmp_path.glob("alignpipe-*/run.json"))[-1].read_text())
+    assert newest["parameters"]["kl_coef"] == {
+        "value": run["parameters"]["kl_coef"]["value"],
+        "source": "last run",
+    }
+    assert main(["runs", "--runs-dir", str(tmp_path)]) == 0
+    assert len(capsys.readouterr().out.splitlines()) == 3
     assert "ppo        cached" in printed and "evaluate   ran" in printed
     assert "win rate vs reference" in printed and "gold win rate" in printed
     assert "vs best-of-n" in printed

@@ -7,6 +7,7 @@ from unittest import mock
 import pytest
 import yaml
 
+from pipelines import run_record
 from pipelines.cli.main import main
 
 IMAGE = "us-docker.pkg.dev/p/alignpipe/train:1"
@@ -58,7 +59,9 @@ def test_submit_vertex_pipeline_job(vertex_job):
     assert kwargs["labels"] == {
         "pipeline": "alignpipe", "target": "vertex", "tpu": "v5e", "tpu_topology": "2x2",
         "tpu_chips": "4", "tpu_hosts": "1", "machine_type": "ct5lp-hightpu-4t", "team": "align",
+        **run_record.cloud_labels(),
     }  # fmt: skip
+    assert kwargs["labels"]["alignpipe_version"]
     assert vertex_job.seen["spec"]["pipelineInfo"]["name"] == "alignpipe"
     vertex_job.return_value.submit.assert_called_once_with(service_account=RUNNER)
 

@@ -41,7 +41,7 @@ class Command:
 
 def commands() -> tuple[Command, ...]:
     """Every command, in the order ``alignpipe --help`` lists them."""
-    from pipelines.cli import cloud, data, model, plan, releases, run, run_presets
+    from pipelines.cli import cloud, data, model, plan, releases, run, run_presets, runs
 
     return (
         Command("run", "run", "run the whole pipeline locally (kfp.local, cached)", run.add_run),
@@ -50,6 +50,19 @@ def commands() -> tuple[Command, ...]:
             "rerun",
             "repeat the last local run, recomputing from one stage on",
             run.add_rerun,
+        ),  # fmt: skip
+        Command(
+            "run",
+            "runs",
+            "the local runs and their records (run.json): list, or show one",
+            runs.add_runs,
+        ),  # fmt: skip
+        Command(
+            "run",
+            "config",
+            "config dump: a YAML file of every pipeline parameter (run, compile, submit, "
+            "schedule and plan read it with --config)",
+            runs.add_config,
         ),  # fmt: skip
         Command("cloud", "compile", "write the pipeline spec for vertex or gke", cloud.add_compile),
         Command("cloud", "submit", "compile and start one run on vertex or gke", cloud.add_submit),

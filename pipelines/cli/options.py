@@ -12,7 +12,7 @@ import math
 import sys
 from typing import Any
 
-from pipelines.dag import fit, param_table, params
+from pipelines.dag import config_file, fit, param_table, params
 from pipelines.dag.run_presets import RUN_PRESETS
 from pipelines.dag.stages import STAGES
 from pipelines.targets.placement import TPU_GENERATIONS, Placement, slice_topology
@@ -25,6 +25,11 @@ DEFAULT_IMAGE = "alignpipe/train:0.1.0"
 def add_param_flags(parser: argparse.ArgumentParser, note: str = "") -> None:
     """One ``--flag`` per pipeline parameter (unset keeps the default)."""
     group = parser.add_argument_group("pipeline parameters" + (f" (each {note})" if note else ""))
+    group.add_argument(
+        "--config", default=None, metavar="FILE",
+        help="a YAML file of pipeline parameters nested by stage (`alignpipe config dump` "
+        "writes one with every default); flags given beside it override it",
+    )  # fmt: skip
     for p in param_table.PARAMS:
         group.add_argument(
             "--" + p.name.replace("_", "-"),
@@ -143,18 +148,38 @@ def add_cloud_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def values(args: argparse.Namespace) -> dict[str, Any]:
-    """The parameters given as flags, converted to their types, over the run preset's."""
+def given(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, str]]:
+    """The parameters a config file (``--config``) and the flags set, flags over the file,
+    in their types; and where each came from."""
     prefix = "param_"
-    given = {k[len(prefix) :]: v for k, v in vars(args).items() if k.startswith(prefix)}
-    values = {name: params.coerce(name, text) for name, text in given.items()}
+    flags = {
+        k[len(prefix) :]: params.coerce(k[len(prefix) :], v)
+        for k, v in vars(args).items()
+        if k.startswith(prefix)
+    }
+    path = getattr(args, "config", None)
+    config = config_file.read(path) if path else {}
+    sources = {name: "config" for name in config} | {name: "flag" for name in flags}
+    return {**config, **flags}, sources
+
+
+def sourced_values(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, str]]:
+    """:func:`values`, and where each value came from (run_record.SOURCES)."""
+    values, sources = given(args)
     preset = run_preset(args)
     if preset is None:
-        return values
+        return values, sources
     # Every flag over the preset re-estimates each stage: one that cannot fit is refused
     # here, before a slice is taken (pipelines/dag/fit.py).
     fit.check(preset, values)
-    return {**preset.pipeline_params(), **values}
+    from_preset = preset.pipeline_params()
+    return {**from_preset, **values}, {name: "run preset" for name in from_preset} | sources
+
+
+def values(args: argparse.Namespace) -> dict[str, Any]:
+    """The parameters given in a config file and as flags, converted to their types, over
+    the run preset's."""
+    return sourced_values(args)[0]
 
 
 def run_preset(args: argparse.Namespace) -> Any:

@@ -54,11 +54,7 @@ def _plan(args: argparse.Namespace, rest: list[str]) -> int:
 
 
 def plan(args: argparse.Namespace) -> int:
-    prefix = "param_"
-    given = {k[len(prefix) :]: v for k, v in vars(args).items() if k.startswith(prefix)}
-    from pipelines.dag import params
-
-    values = {name: params.coerce(name, text) for name, text in given.items()}
+    values, _ = options.given(args)
     preset, stages = fit.applied(RUN_PRESETS[args.run_preset], values)
     algorithm = values.get("algorithm", "ppo")
     hbm, budget = memory.CHIP_HBM[preset.chip], fit.budget(preset)

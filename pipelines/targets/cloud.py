@@ -116,9 +116,12 @@ def kfp_client(s: CloudSettings) -> Any:
 
 
 def run_labels(placement: Placement, settings: CloudSettings) -> dict[str, str]:
-    """The user's labels plus the placement (TPU, topology, machine type) for finding runs."""
+    """The user's labels plus the placement (TPU, topology, machine type) and the code's
+    version and commit (run_record.cloud_labels), for finding runs."""
+    from pipelines import run_record
+
     placed = {key.replace("-", "_"): value for key, value in placement.describe().items()}
-    return {"pipeline": PIPELINE_NAME, **placed, **settings.labels}
+    return {"pipeline": PIPELINE_NAME, **placed, **run_record.cloud_labels(), **settings.labels}
 
 
 def _vertex_job(package: str, values: dict[str, Any], labels: dict[str, str], s: CloudSettings):

@@ -28,7 +28,7 @@ from typing import Any, TextIO
 
 import components
 from components.core.entry import CPU_DEVICES_ENV, cpu_device_count
-from pipelines import PIPELINE_NAME, stage_io
+from pipelines import PIPELINE_NAME, run_record, stage_io
 from pipelines.dag import params, preflight
 from pipelines.dag.pipeline import build_pipeline
 from pipelines.dag.stages import STAGE_TASKS, STAGES
@@ -128,12 +128,15 @@ def run_local(
     fresh_from: str | None = None,
     cpu_devices: int | None = None,
     echo: bool = True,
+    sources: dict[str, str] | None = None,
 ) -> RunResult:
     """Run the pipeline with kfp.local under ``runs_dir``; caching on except ``fresh_from`` on.
 
     Parameters and local inputs are checked before anything runs (ParamError,
-    PreflightError); the values are saved so that ``rerun`` repeats this run. The
-    terminal gets progress lines (``echo``); the tasks' output goes to the run's log.
+    PreflightError); the values are saved so that ``rerun`` repeats this run, and the run
+    folder gets ``run.json`` (pipelines/run_record.py; ``sources``: where each value came
+    from, a flag where none is said). The terminal gets progress lines (``echo``); the
+    tasks' output goes to the run's log.
     """
     from kfp import local
 
@@ -141,6 +144,8 @@ def run_local(
     root = Path(runs_dir).resolve()
     if root.exists() and not root.is_dir():
         raise params.ParamError(f"--runs-dir {runs_dir} is a file; pass a folder for the runs")
+    sources = {name: "flag" for name in values} | (sources or {})
+    sources.setdefault("promoted_policy_uri", "default")
     values = {"promoted_policy_uri": str(root / PROMOTED_DIR), **values}
     placement = Placement(target="local", cpu_devices=devices, image=source_image())
     preflight.check(params.validate(values, placement.chips))
@@ -157,6 +162,7 @@ def run_local(
     partial = root / f"running-{stamp}.log"
     watcher.say(f"full log: {partial} (moves into the run folder at the end)")
     started, outputs, error = time.monotonic(), {}, ""
+    began = datetime.datetime.now().astimezone()
     try:
         with _watched(watcher), run_log.capture(partial):
             outputs = dict(pipeline(**values).outputs)
@@ -168,9 +174,11 @@ def run_local(
         if partial.exists():
             partial.replace(log)
     executed = executed_tasks(run_dir)
+    stages = _reconcile(watcher.records, executed)
+    _write_record(run_dir, values, sources, began, stages, _ANSI.sub("", error))
     return RunResult(
         run_dir=run_dir,
-        stages=_reconcile(watcher.records, executed),
+        stages=stages,
         executed=executed,
         outputs=outputs,
         seconds=time.monotonic() - started,
@@ -208,6 +216,20 @@ def _cpu_devices(requested: int | None) -> int:
         raise params.ParamError(str(error)) from None
 
 
+def _write_record(
+    run_dir: Path, values: dict, sources: dict, began: datetime.datetime, stages: dict,
+    error: str,
+) -> None:  # fmt: skip
+    """The run's ``run.json`` (pipelines/run_record.py)."""
+    stage_table = {name: {"status": s.status, "seconds": s.seconds} for name, s in stages.items()}
+    record = run_record.record(
+        values, sources, started=began, ended=datetime.datetime.now().astimezone(),
+        outcome="failed" if error else "succeeded", stages=stage_table, error=error,
+    )  # fmt: skip
+    path = run_dir / run_record.RECORD_FILE
+    path.write_text(json.dumps(record, indent=2, sort_keys=True, default=str))
+
+
 def _run_folder(root: Path, before: set[Path], stamp: str) -> Path:
     """The folder kfp.local made for this run; one named like it when it made none (the run
     failed before any task wrote an output), to hold the run's log."""
@@ -238,6 +260,36 @@ def _reconcile(records: dict[str, StageRecord], executed: set[str]) -> dict[str,
         elif not ran and record.status in ("ran", "running"):
             record.status = "failed"
     return records
+
+
+def run_folders(runs_dir: str | os.PathLike = "runs") -> list[Path]:
+    """The run folders under ``runs_dir`` that hold a run record, oldest first."""
+    found = Path(runs_dir).glob(f"{PIPELINE_NAME}-*/{run_record.RECORD_FILE}")
+    return sorted(path.parent for path in found)
+
+
+def read_record(runs_dir: str | os.PathLike, run: str) -> dict[str, Any]:
+    """The run record of ``run``: a run folder's name under ``runs_dir``, or its path."""
+    folder = Path(run) if Path(run).is_dir() else Path(runs_dir) / run
+    path = folder / run_record.RECORD_FILE
+    if not path.exists():
+        known = ", ".join(p.name for p in run_folders(runs_dir)[-5:]) or "none"
+        raise FileNotFoundError(
+            f"--run {run}: no {run_record.RECORD_FILE} in {folder} (the latest runs under "
+            f"{runs_dir}: {known}; `alignpipe runs` lists them)"
+        )
+    try:
+        record = json.loads(path.read_text())
+    except ValueError as error:
+        raise ValueError(f"{path} is not a run record ({error})") from None
+    if not isinstance(record, dict) or "parameters" not in record:
+        raise ValueError(f"{path} is not a run record: it has no parameters")
+    return record
+
+
+def run_values(runs_dir: str | os.PathLike, run: str) -> dict[str, Any]:
+    """The parameters ``run`` ran with (its run.json), as rerun passes them again."""
+    return run_record.values_of(read_record(runs_dir, run))
 
 
 def last_values(runs_dir: str | os.PathLike = "runs") -> dict[str, Any]:

@@ -1,0 +1,157 @@
+"""What a run was: every pipeline parameter with its value and where it came from, the code
+and library versions, the inputs with their digests, the times and the outcome.
+
+A local run writes it as ``run.json`` in its run folder (``alignpipe runs`` lists and shows
+them, ``alignpipe rerun --run RUN`` repeats one); a cloud run carries the code's version and
+commit as labels (``cloud_labels``).
+"""
+
+from __future__ import annotations
+
+import datetime
+import glob
+import hashlib
+import os
+import re
+import subprocess
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from components.core import fileio
+from components.core.file_digest import file_digest, weights_digest
+from pipelines.dag import param_table
+
+RECORD_FILE = "run.json"
+SCHEMA_VERSION = 1
+LIBRARIES = ("jax", "flax", "optax", "orbax-checkpoint", "kfp", "apache-beam", "transformers")
+# Where a value came from, weakest first: a later source overrides an earlier one.
+SOURCES = ("default", "run preset", "last run", "config", "flag")
+# Parameters that name inputs: their digests are recorded.
+INPUT_PARAMS = ("data_uri", "base_policy", "reward_base_policy", "tokenizer", "gold_reward")
+
+
+def code_version() -> dict[str, Any]:
+    """alignpipe's version, and the git commit of a source checkout (dirty or not)."""
+    root = Path(__file__).resolve().parents[1]
+    found: dict[str, Any] = {"alignpipe": metadata.version("alignpipe"), "commit": None}
+    if not (root / ".git").exists():
+        return found
+    try:
+        commit = _git(root, "rev-parse", "HEAD")
+        found |= {"commit": commit, "dirty": bool(_git(root, "status", "--porcelain", "-uno"))}
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return found
+
+
+def _git(root: Path, *args: str) -> str:
+    done = subprocess.run(
+        ["git", "-C", str(root), *args], capture_output=True, text=True, timeout=10, check=True
+    )
+    return done.stdout.strip()
+
+
+def library_versions() -> dict[str, str | None]:
+    """The installed versions of the libraries a run's results depend on."""
+    found = {}
+    for name in LIBRARIES:
+        try:
+            found[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            found[name] = None
+    return found
+
+
+def parameters(values: dict[str, Any], sources: dict[str, str]) -> dict[str, dict[str, Any]]:
+    """Every pipeline parameter: its value and its source (``default`` where none set it)."""
+    table = {}
+    for param in param_table.PARAMS:
+        if param.name in values:
+            table[param.name] = {"value": values[param.name], "source": sources.get(param.name)}
+        else:
+            table[param.name] = {"value": param.default_value(), "source": "default"}
+    return table
+
+
+def input_digests(values: dict[str, Any]) -> dict[str, dict[str, str]]:
+    """For each input parameter set: each path it names and that path's digest (a file's
+    sha256, a folder's weights or files; gs:// objects by size and update time)."""
+    found = {}
+    for name in INPUT_PARAMS:
+        text = str(values.get(name) or "")
+        if name == "gold_reward":  # PATH.py:FUNCTION names a file; a module or built-in not
+            text = text.split(".py:")[0] + ".py" if ".py:" in text else ""
+        paths = [p.strip() for p in text.split(",") if p.strip()]
+        digests = {}
+        for path in paths:
+            for match in _matches(path):
+                digests[match] = _digest(match)
+        if digests:
+            found[name] = digests
+    return found
+
+
+def _matches(path: str) -> list[str]:
+    if "://" in path:
+        return fileio.glob(path) if any(c in path for c in "*?[") else [path]
+    if any(c in path for c in "*?["):
+        return sorted(glob.glob(path))
+    return [path] if os.path.exists(path) else []
+
+
+def _digest(path: str) -> str:
+    """A file's digest; a folder's: its weight files', else every file's under it."""
+    try:
+        if not fileio.isdir(path):
+            return f"sha256:{file_digest(path)}" if "://" not in path else file_digest(path)
+        weights = weights_digest(path)
+        if weights:
+            return f"weights:{weights}"
+        digest = hashlib.sha256()
+        for file in sorted(fileio.glob(fileio.join(path, "**", "*"))):
+            if not fileio.isdir(file):
+                digest.update(f"{os.path.relpath(file, path)}\0{file_digest(file)}\0".encode())
+        return f"files:{digest.hexdigest()[:16]}"
+    except (OSError, ValueError) as error:
+        return f"unread: {error}"
+
+
+def record(
+    values: dict[str, Any],
+    sources: dict[str, str],
+    *,
+    started: datetime.datetime,
+    ended: datetime.datetime,
+    outcome: str,
+    stages: dict[str, dict[str, Any]] | None = None,
+    error: str = "",
+) -> dict[str, Any]:
+    """The run's record: what ``run.json`` holds."""
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "code": code_version(),
+        "libraries": library_versions(),
+        "parameters": parameters(values, sources),
+        "inputs": input_digests(values),
+        "started": started.isoformat(timespec="seconds"),
+        "ended": ended.isoformat(timespec="seconds"),
+        "seconds": round((ended - started).total_seconds(), 1),
+        "outcome": outcome,
+        "stages": stages or {},
+        "error": error,
+    }
+
+
+def values_of(run: dict[str, Any]) -> dict[str, Any]:
+    """The parameter values a record ran with, as ``rerun`` passes them again."""
+    return {name: entry["value"] for name, entry in run["parameters"].items()}
+
+
+def cloud_labels() -> dict[str, str]:
+    """alignpipe's version and commit as Vertex/Kubeflow labels (lowercase, 63 characters)."""
+    code = code_version()
+    labels = {"alignpipe_version": re.sub(r"[^a-z0-9_-]", "-", code["alignpipe"].lower())}
+    if code.get("commit"):
+        labels["alignpipe_commit"] = code["commit"][:12] + ("-dirty" if code.get("dirty") else "")
+    return {k: v.lower()[:63] for k, v in labels.items()}

@@ -1,0 +1,112 @@
+"""Run records (run.json), ``alignpipe runs`` and configuration files (``--config``,
+``alignpipe config dump``)."""
+
+from __future__ import annotations
+
+import datetime
+import json
+
+import pytest
+import yaml
+
+from pipelines import run_record
+from pipelines.cli.main import main
+from pipelines.dag import config_file, param_table
+
+
+def test_a_config_file_nests_parameters_by_stage(tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_text(
+        "seed: 3\nppo_epochs: 2\nppo:\n  rollout_batch_size: 32\n  kl_coef: 1\n"
+        "evaluate:\n  max_new_tokens: 24\nsft:\n  steps: '7'\n"
+    )
+    values = config_file.read(str(path))
+    assert values == {
+        "seed": 3, "ppo_epochs": 2, "ppo_rollout_batch_size": 32, "kl_coef": 1.0,
+        "eval_max_new_tokens": 24, "sft_steps": 7,
+    }  # fmt: skip
+    assert isinstance(values["kl_coef"], float)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("ppo:\n  rolout_batch_size: 8\n", "unknown parameter ppo.rolout_batch_size; did you "
+         "mean ppo.rollout_batch_size?"),
+        ("sft:\n  seed: 1\n", "sft.seed is seed, which sits at the top level as seed"),
+        ("learning_rate: 1e-5\n", "unknown parameter learning_rate; did you mean"),
+        ("ppo:\n  iterations: many\n", "ppo_iterations: expected int, got 'many'"),
+        ("- 1\n- 2\n", "expected a mapping of parameters"),
+        ("ppo: 3\n", "ppo must hold a mapping of its parameters"),
+    ],
+)  # fmt: skip
+def test_a_config_file_refuses_what_it_cannot_place(tmp_path, text, message):
+    path = tmp_path / "bad.yaml"
+    path.write_text(text)
+    with pytest.raises(config_file.ConfigFileError, match=message.replace("?", r"\?")):
+        config_file.read(str(path))
+
+
+def test_config_dump_reads_back_as_every_default(tmp_path, capsys):
+    out = tmp_path / "all.yaml"
+    assert main(["config", "dump", "-o", str(out), "--sft-steps", "9"]) == 0
+    values = config_file.read(str(out))
+    defaults = {p.name: p.default_value() for p in param_table.PARAMS}
+    assert values == {**defaults, "sft_steps": 9}
+    assert "  # optimizer steps" in out.read_text()  # each with its help
+    assert yaml.safe_load(out.read_text())["sft"]["steps"] == 9
+
+
+def test_compile_takes_a_config_file_under_its_flags(tmp_path, capsys):
+    config = tmp_path / "run.yaml"
+    config.write_text("ppo:\n  iterations: 7\n  ppo_epochs: 3\nseed: 5\n")
+    spec = tmp_path / "p.yaml"
+    argv = ["compile", "--target", "vertex", "-o", str(spec), "--config", str(config)]
+    assert main([*argv, "--seed", "6"]) == 0
+    compiled = yaml.safe_load_all(spec.read_text()).__next__()["root"]["inputDefinitions"]
+    defaults = {k: v.get("defaultValue") for k, v in compiled["parameters"].items()}
+    assert (defaults["ppo_iterations"], defaults["ppo_epochs"], defaults["seed"]) == (7, 3, 6)
+    config.write_text("ppo:\n  iteration: 7\n")
+    assert main(argv) == 2
+    assert "did you mean ppo.iterations?" in capsys.readouterr().err
+
+
+def test_a_record_holds_every_parameter_its_source_and_its_inputs(tmp_path, capsys):
+    data = tmp_path / "prefs.jsonl"
+    data.write_text('{"prompt": "p", "chosen": "a", "rejected": "b"}\n')
+    gold = tmp_path / "gold.py"
+    gold.write_text("def score(prompt, response):\n    return 0.0\n")
+    values = {"data_uri": str(data), "gold_reward": f"{gold}:score", "seed": 4}
+    started = datetime.datetime(2026, 12, 5, 1, 0, tzinfo=datetime.UTC)
+    record = run_record.record(
+        values, {"data_uri": "config", "seed": "flag"}, started=started,
+        ended=started + datetime.timedelta(seconds=90), outcome="succeeded",
+        stages={"ppo": {"status": "ran", "seconds": 12.5}},
+    )  # fmt: skip
+    assert set(record["parameters"]) == {p.name for p in param_table.PARAMS}
+    assert record["parameters"]["seed"] == {"value": 4, "source": "flag"}
+    assert record["parameters"]["data_uri"]["source"] == "config"
+    assert record["parameters"]["kl_coef"]["source"] == "default"
+    digest = record["inputs"]["data_uri"][str(data)]
+    assert digest.startswith("sha256:") and len(digest) == 7 + 64
+    assert list(record["inputs"]["gold_reward"]) == [str(gold)]
+    assert record["seconds"] == 90.0 and record["libraries"]["jax"]
+    assert run_record.values_of(record)["seed"] == 4
+    # alignpipe runs lists it; runs show prints it with each parameter's source.
+    folder = tmp_path / "runs" / "alignpipe-2026-12-05-01-00-00-000000"
+    folder.mkdir(parents=True)
+    (folder / "run.json").write_text(json.dumps(record))
+    assert main(["runs", "--runs-dir", str(tmp_path / "runs")]) == 0
+    listing = capsys.readouterr().out
+    assert folder.name in listing and "succeeded" in listing and "seed=4" in listing
+    assert main(["runs", "show", folder.name, "--runs-dir", str(tmp_path / "runs")]) == 0
+    shown = capsys.readouterr().out
+    assert "  seed = 4  (flag)" in shown and "ppo ran 12.5 s" in shown
+    assert main(["runs", "show", "nope", "--runs-dir", str(tmp_path / "runs")]) == 2
+    assert "alignpipe runs` lists them" in capsys.readouterr().err
+
+
+def test_cloud_labels_name_the_code():
+    labels = run_record.cloud_labels()
+    assert labels["alignpipe_version"]
+    assert all(len(v) <= 63 and v == v.lower() for v in labels.values())
