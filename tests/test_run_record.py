@@ -110,3 +110,34 @@ def test_cloud_labels_name_the_code():
     labels = run_record.cloud_labels()
     assert labels["alignpipe_version"]
     assert all(len(v) <= 63 and v == v.lower() for v in labels.values())
+
+
+ORBAX_SAVE = """
+import logging, sys
+logging.basicConfig(level=logging.INFO, format="[task %(levelname)s]: %(message)s")
+from components.core.entry import start_process
+start_process()
+import numpy as np, orbax.checkpoint as ocp
+manager = ocp.CheckpointManager(sys.argv[1], options=ocp.CheckpointManagerOptions(max_to_keep=1))
+manager.save(1, args=ocp.args.StandardSave({"a": np.ones(3)}))
+manager.wait_until_finished()
+"""
+
+
+@pytest.mark.parametrize("verbose", [False, True])
+def test_orbax_info_lines_stay_out_of_a_task_log_unless_verbose(tmp_path, verbose):
+    """A task's log (kfp's executor logs at INFO) gets Orbax's per-checkpoint lines only
+    with ``alignpipe run --verbose`` (ALIGNPIPE_VERBOSE)."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "ALIGNPIPE_VERBOSE"}
+    if verbose:
+        env["ALIGNPIPE_VERBOSE"] = "1"
+    done = subprocess.run(
+        [sys.executable, "-c", ORBAX_SAVE, str(tmp_path / "checkpoints")],
+        env=env, capture_output=True, text=True, check=True, timeout=120,
+    )  # fmt: skip
+    saved = "Finished saving checkpoint" in done.stderr
+    assert saved is verbose

@@ -47,6 +47,10 @@ def add_local_options(parser: argparse.ArgumentParser) -> None:
         "--cpu-devices", type=int, default=None,
         help="virtual CPU devices per training task (default: $ALIGNPIPE_CPU_DEVICES or 8)",
     )  # fmt: skip
+    parser.add_argument(
+        "--verbose", action="store_true",
+        help="the run's log keeps the libraries' INFO lines too (Orbax's per-checkpoint lines)",
+    )  # fmt: skip
 
 
 def add_placement_options(parser: argparse.ArgumentParser) -> None:

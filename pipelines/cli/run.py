@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 from typing import Any
 
 from pipelines.cli import options
@@ -42,6 +43,10 @@ def _local(
     from pipelines.targets.local.run import run_local
 
     values, sources = sourced
+    if args.verbose:  # the tasks inherit it (components/core/entry.py)
+        from components.core.entry import VERBOSE_ENV
+
+        os.environ[VERBOSE_ENV] = "1"
     result = run_local(
         values, runs_dir=args.runs_dir, fresh_from=fresh_from, cpu_devices=args.cpu_devices,
         sources=sources,
