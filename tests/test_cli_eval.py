@@ -37,7 +37,7 @@ def artifacts(tmp_path_factory):
 def _evaluate_args(a, output, policy=None):
     return [
         "evaluate", "--shards", a["shards"], "--policy", policy or a["policy"],
-        "--reference", a["policy"], "--reward", a["rm"], "--output", output,
+        "--reference", a["policy"], "--reward-model", a["rm"], "--output", output,
         "--max-new-tokens", "16", "--bootstrap-samples", "50", "--greedy",
     ]  # fmt: skip
 
@@ -72,7 +72,7 @@ def test_evaluate_runs_the_stage_and_report_finds_it(artifacts, capsys):
 
 def test_evaluate_without_a_reward_model_uses_the_gold_reward(artifacts, tmp_path, capsys):
     args = _evaluate_args(artifacts, str(tmp_path / "gold"))
-    at = args.index("--reward")
+    at = args.index("--reward-model")
     del args[at : at + 2]
     assert main(args) == 0
     printed = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
@@ -87,7 +87,7 @@ def test_evaluate_without_a_reward_model_uses_the_gold_reward(artifacts, tmp_pat
     assert main(args) == 1
     err = capsys.readouterr().err
     assert "error: nothing to judge the responses with" in err
-    assert "pass --reward (a reward model folder) or --gold-reward" in err
+    assert "pass --reward-model (a reward model folder) or --gold-reward" in err
 
 
 def test_evaluate_reports_a_missing_model_in_one_line(artifacts, tmp_path, capsys):
@@ -107,7 +107,7 @@ def test_evaluate_help_lists_the_config_flags(capsys):
     for flag in (*flags, "--best-of-n", "--gold-reward"):
         assert flag in out
     text = " ".join(out.split())  # argparse wraps lines
-    assert "[--reward REWARD_DIR]" in text and "'' (the default): the gold reward" in text
+    assert "[--reward-model REWARD_DIR]" in text and "'' (the default): the gold reward" in text
 
 
 def _report_at(folder, mtime):

@@ -324,7 +324,9 @@ def test_no_reward_model_and_no_gold_reward_is_refused_before_loading(artifacts,
     manifest["gold_reward"] = None  # data without a built-in gold reward
     json.dump(manifest, open(f"{shards}/manifest.json", "w"))
     missing = str(tmp_path / "no_model")  # never read: the check comes first
-    with pytest.raises(ValueError, match=r"pass --reward \(a reward model folder\) or --gold"):
+    with pytest.raises(
+        ValueError, match=r"pass --reward-model \(a reward model folder\) or --gold"
+    ):
         run(CONFIG, shards, missing, missing, "", str(tmp_path / "o"))
     assert not (tmp_path / "o").exists()
 

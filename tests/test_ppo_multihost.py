@@ -165,7 +165,7 @@ def ppo_runs(inputs) -> dict[int, tuple[str, list[dict]]]:
     warmup and a constant rate, the schedule does not depend on the iteration count.
     """
     common = ["--shards", inputs["shards"], "--policy", inputs["policy"]]
-    common += ["--reward", inputs["reward"], *PPO_FLAGS]
+    common += ["--reward-model", inputs["reward"], *PPO_FLAGS]
     outputs = {hosts: os.path.join(inputs["root"], f"ppo-{hosts}") for hosts in (1, 2)}
     args = {h: [*common, "--output", out] for h, out in outputs.items()}
     ports = _free_ports(2)
@@ -256,7 +256,7 @@ def test_evaluate_on_two_hosts_matches_one_host(inputs, ppo_runs):
     """Aligned = the 2-host PPO output, reference = the policy it started from."""
     aligned = ppo_runs[2][0]
     common = ["--shards", inputs["shards"], "--policy", aligned, "--reference", inputs["policy"]]
-    common += ["--reward", inputs["reward"], *EVAL_FLAGS]
+    common += ["--reward-model", inputs["reward"], *EVAL_FLAGS]
     outputs = {hosts: os.path.join(inputs["root"], f"eval-{hosts}") for hosts in (1, 2)}
     errors: list[str] = []
     summaries = _run_both(

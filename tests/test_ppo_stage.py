@@ -162,7 +162,7 @@ def test_sigkill_and_resume_ends_with_identical_parameters(artifacts, aligned, t
     output = str(tmp_path / "policy")
     flags = [f"--{name.replace('_', '-')}={value}" for name, value in RUN.items()]
     paths = ["--shards", artifacts["shards"], "--policy", artifacts["sft"]]
-    paths += ["--reward", artifacts["reward"], "--output", output]
+    paths += ["--reward-model", artifacts["reward"], "--output", output]
     imports = tmp_path / "imports.txt"  # -X importtime's lines: every module it imported
     with open(imports, "w") as log:
         process = subprocess.Popen(
@@ -430,7 +430,7 @@ def test_cli_help_lists_the_flags(capsys) -> None:
         ppo_main(["--help"])
     assert exit_info.value.code == 0
     text = capsys.readouterr().out
-    for flag in ("--shards", "--policy", "--reward", "--output", "--kl-stop", "--ppo-epochs"):
+    for flag in ("--shards", "--policy", "--reward-model", "--output", "--kl-stop", "--ppo-epochs"):
         assert flag in text
 
 

@@ -141,3 +141,19 @@ def test_orbax_info_lines_stay_out_of_a_task_log_unless_verbose(tmp_path, verbos
     )  # fmt: skip
     saved = "Finished saving checkpoint" in done.stderr
     assert saved is verbose
+
+
+def test_one_spelling_per_concept_and_old_ones_refused_with_the_new(capsys):
+    """A reward model folder is --reward-model in every command (run's --eval-reward-model
+    is evaluate's); a bool flag alone means true in the pipeline's flags as in the stages'."""
+    from components.evaluate.__main__ import main as evaluate_main
+    from components.ppo.__main__ import main as ppo_main
+
+    for entry in (evaluate_main, ppo_main):
+        with pytest.raises(SystemExit) as exit_:
+            entry(["--reward", "rm"])
+        assert exit_.value.code == 2
+        assert "--reward is now --reward-model" in capsys.readouterr().err
+    assert main(["config", "dump", "--fsdp", "--adaptive-kl", "false"]) == 0
+    dumped = yaml.safe_load(capsys.readouterr().out)
+    assert dumped["fsdp"] is True and dumped["ppo"]["adaptive_kl"] is False

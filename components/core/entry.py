@@ -130,6 +130,16 @@ def run_stage(body: Callable[[], dict[str, Any]]) -> int:
     return 0
 
 
+# Path arguments whose flag is not their name without ``_dir``: one spelling per concept
+# across the commands (the pipeline's eval_reward_model, evaluate's --reward-model).
+PATH_FLAGS = {"reward_dir": "--reward-model"}
+
+
+def path_flag(name: str) -> str:
+    """The flag of a stage's path argument ``name``."""
+    return PATH_FLAGS.get(name) or "--" + name.removesuffix("_dir").replace("_", "-")
+
+
 def stage_main(
     argv: list[str] | None,
     *,
@@ -142,16 +152,19 @@ def stage_main(
     """A stage's container entry: ``--<path>`` flags and one flag per config field → ``run``.
 
     ``paths`` maps each path argument of ``run`` (e.g. ``shards_dir``) to its help text;
-    its flag is the name without a ``_dir`` suffix (``--shards``).
+    its flag is the name without a ``_dir`` suffix (``--shards``), except those spelled as
+    every command spells them (PATH_FLAGS: a reward model folder is ``--reward-model``).
     """
     import argparse
 
-    from components.core.flags import add_config_flags, config_from_flags
+    from components.core.flags import add_config_flags, add_renamed, config_from_flags
 
     parser = argparse.ArgumentParser(prog=prog, description=description)
     for name, help_text in paths.items():
-        flag = "--" + name.removesuffix("_dir").replace("_", "-")
+        flag = path_flag(name)
         parser.add_argument(flag, dest=name, required=True, help=help_text)
+        if name in PATH_FLAGS:
+            add_renamed(parser, "--" + name.removesuffix("_dir").replace("_", "-"), flag)
     add_config_flags(parser, config_cls)
     args = parser.parse_args(argv)
     return run_stage(

@@ -89,6 +89,21 @@ def add_config_flags(parser: argparse.ArgumentParser, config_cls: type, skip: tu
         parser.add_argument(_flag_name(f.name), **kwargs)
 
 
+class _Renamed(argparse.Action):
+    """An old spelling of a flag: refused, naming the new one."""
+
+    def __call__(self, parser, namespace, values, option_string=None):  # noqa: ANN001
+        parser.error(f"{option_string} is now {self.default}; pass {self.default} instead")
+
+
+def add_renamed(parser: argparse.ArgumentParser, old: str, new: str) -> None:
+    """Refuse ``old`` (a flag renamed to ``new``) with the new name; hidden from --help."""
+    parser.add_argument(
+        old, action=_Renamed, nargs="?", default=new, dest="_renamed_" + old.lstrip("-"),
+        help=argparse.SUPPRESS,
+    )  # fmt: skip
+
+
 def config_from_flags(config_cls: type[T], args: argparse.Namespace, **overrides: Any) -> T:
     """Build ``config_cls`` from the flags that were given; the rest keep their defaults."""
     names = {f.name for f in dataclasses.fields(config_cls) if f.init}

@@ -3,8 +3,8 @@
 import argparse
 import sys
 
-from components.core.entry import run_stage
-from components.core.flags import add_config_flags, config_from_flags
+from components.core.entry import path_flag, run_stage
+from components.core.flags import add_config_flags, add_renamed, config_from_flags
 from components.evaluate.config import EvalConfig
 
 PATHS = {
@@ -37,7 +37,8 @@ def main(argv: list[str] | None = None, prog: str = "python -m components.evalua
     for name, help_text in PATHS.items():
         flag = "--" + name.removesuffix("_dir").replace("_", "-")
         parser.add_argument(flag, dest=name, required=True, help=help_text)
-    parser.add_argument("--reward", dest="reward_dir", default="", help=REWARD_HELP)
+    parser.add_argument(path_flag("reward_dir"), dest="reward_dir", default="", help=REWARD_HELP)
+    add_renamed(parser, "--reward", path_flag("reward_dir"))
     parser.add_argument(
         "--anchor", dest="anchor_dir", default="",
         help="policy folder drift is measured from (KL to it, win rate and gold gain against "

@@ -139,8 +139,9 @@ def check_inputs(config: EvalConfig, shards_dir: str, dirs: dict[str, str]) -> I
         raise ValueError(
             f"nothing to judge the responses with: no reward model (reward_dir is empty) and "
             f"no gold reward (gold_reward is empty and the manifest of {shards_dir} names no "
-            "built-in one); pass --reward (a reward model folder) or --gold-reward (a built-in "
-            f"name such as {builtin_task.GOLD_REWARD_NAME}, PATH.py:FUNCTION or MODULE:FUNCTION)"
+            "built-in one); pass --reward-model (a reward model folder) or --gold-reward (a "
+            f"built-in name such as {builtin_task.GOLD_REWARD_NAME}, PATH.py:FUNCTION or "
+            "MODULE:FUNCTION)"
         )
     infos = {role: read_model_config(folder) for role, folder in dirs.items()}
     for role, info in infos.items():
@@ -149,7 +150,7 @@ def check_inputs(config: EvalConfig, shards_dir: str, dirs: dict[str, str]) -> I
     if "reward" in infos and not infos["reward"].get("scalar_head"):
         raise ModelMismatchError(
             f"{dirs['reward']} has no reward head (stage {infos['reward'].get('stage')!r}); "
-            "pass the reward stage's model as --reward"
+            "pass the reward stage's model as --reward-model"
         )
     for role in ("policy", "reference", "anchor"):
         if role in infos:

@@ -102,13 +102,15 @@ def build_networks(
     from its checkpoint) are taken as they are, and nothing is sampled for them.
     """
     policy, policy_info = _load(policy_dir, manifest, config, scalar_head=False)
-    require_policy(policy_info, policy_dir, "--policy", " (the reward model goes as --reward)")
+    require_policy(
+        policy_info, policy_dir, "--policy", " (the reward model goes as --reward-model)"
+    )
     policy = with_adapters(policy, config, config.seed)
     reward, reward_info = _load(reward_dir, manifest, config, scalar_head=None)
     if reward.scalar_head is None:
         raise ModelMismatchError(
             f"{reward_dir} has no scalar head: it is a policy, not a reward model; "
-            "pass the output of the reward stage as --reward"
+            "pass the output of the reward stage as --reward-model"
         )
     reward = lora.merge(reward)
     tokenizer = manifest["tokenizer"]
@@ -259,7 +261,7 @@ def run(
         prompt_len=config.prompt_len or prompt_max,
         max_new_tokens=config.max_new_tokens or response_max,
     )
-    inputs = {"--shards": shards_dir, "--policy": given_policy, "--reward": reward_dir}
+    inputs = {"--shards": shards_dir, "--policy": given_policy, "--reward-model": reward_dir}
     checkpointer = ppo_checkpointer(config, output, inputs)
     policy, nets = build_networks(
         config, manifest, policy_dir, reward_dir, shards_dir=shards_dir,

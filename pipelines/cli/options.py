@@ -31,12 +31,15 @@ def add_param_flags(parser: argparse.ArgumentParser, note: str = "") -> None:
         "writes one with every default); flags given beside it override it",
     )  # fmt: skip
     for p in param_table.PARAMS:
+        # A bool flag alone means true (--fsdp), as the stage commands' flags do.
+        boolean = {"nargs": "?", "const": "true"} if p.type() is bool else {}
         group.add_argument(
             "--" + p.name.replace("_", "-"),
             dest="param_" + p.name,
             default=argparse.SUPPRESS,
             metavar=p.type().__name__.upper(),
             help=f"{p.help_text()} (default: {p.default_value()!r})".replace("%", "%%"),
+            **boolean,
         )
 
 

@@ -21,9 +21,9 @@ SHARD_PATHS = "--input PREFS --output SHARDS --tokenizer BASE/tokenizer"
 STAGE_PATHS = {
     "sft": "--shards SHARDS --base-policy BASE --output SFT",
     "reward": "--shards SHARDS --base-policy BASE --output RM",
-    "ppo": "--shards SHARDS --policy SFT --reward RM --output ALIGNED",
+    "ppo": "--shards SHARDS --policy SFT --reward-model RM --output ALIGNED",
     "dpo": "--shards SHARDS --policy SFT --output ALIGNED",
-    "evaluate": "--shards SHARDS --policy ALIGNED --reference SFT --reward RM --output EVAL",
+    "evaluate": "--shards SHARDS --policy ALIGNED --reference SFT --reward-model RM --output EVAL",
 }
 
 
