@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from components.core.data import builtin_task
-from components.evaluate import measures, report
+from components.evaluate import measures, report, run_info
 from components.evaluate.config import EvalConfig
 from components.evaluate.gate import decide
 from components.evaluate.outputs import flat_figures
@@ -336,3 +336,24 @@ def test_ppo_curves_show_the_kl_against_its_target() -> None:
     assert [line.get_ydata()[0] for line in axes.get_lines()] == [0.02]
     assert report.plots.mark_kl_target(axes, [{"step": 1, "objective/kl_per_token": 0.1}]) is None
     assert report.plots.ppo_curves(rows)[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_header_names_the_run_its_algorithm_model_judge_and_settings() -> None:
+    summary = gold_judged_summary()
+    policy = {
+        "stage": "ppo", "step": 50, "base_policy": "runs/x/sft/model",
+        "training": {"algorithm": "grpo", "learning_rate": 3e-5, "group_size": 4,
+                     "kl_target": 0.045, "critic_learning_rate": 1e-4},
+    }  # fmt: skip
+    summary["run"] = run_info.describe(policy, run_info.run_id_of("runs/alignpipe-7/evaluate/e"))
+    page = report.render_report(summary, decide(summary, EvalConfig()))
+    header = page[page.index('<p class="run"') : page.index('<p class="judge"')]
+    assert 'data-run-id="alignpipe-7"' in header and "run alignpipe-7 · evaluated 20" in header
+    assert "grpo (ppo stage, step 50) · aligned from runs/x/sft/model" in header
+    assert f"gate judged by the gold reward {GOLD}" in header
+    # The algorithm's key settings, not every field (grpo has no critic).
+    assert "learning_rate 3e-05, kl_target 0.045, group_size 4" in header
+    assert "critic_learning_rate" not in header
+    assert page.index(header) < page.index("data-blessed")
+    gs = "gs://b/root/123/alignpipe-20261205/evaluate_42/evaluation"
+    assert run_info.run_id_of(gs) == "alignpipe-20261205"

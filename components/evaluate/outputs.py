@@ -45,8 +45,9 @@ def flat_figures(summary: dict[str, Any], gate: Gate) -> dict[str, float]:
         elif isinstance(node, int | float) and not isinstance(node, bool):
             flat[path] = float(node)
 
-    # Histogram counts are a plot's data, not figures; None (not measured, non-finite) drops out.
-    skip = ("reward_histogram", "schema_version", "best_of_n_curve")
+    # Histogram counts are a plot's data, not figures; the run's facts (its step, its
+    # settings) describe it, not its evaluation; None (not measured, non-finite) drops out.
+    skip = ("reward_histogram", "schema_version", "best_of_n_curve", "run")
     walk({k: v for k, v in json_ready(summary).items() if k not in skip}, "")
     flat["blessed"] = 1.0 if gate.blessed else 0.0
     flat["judge_is_gold"] = 1.0 if summary.get("judge") == JUDGE_GOLD else 0.0

@@ -103,6 +103,33 @@ def _judge(summary: Mapping[str, Any]) -> str:
     )
 
 
+def _run_header(summary: Mapping[str, Any]) -> str:
+    """The run: its id, the date, the algorithm and the model it aligned, the gate's judge,
+    the key hyperparameters (run_info.py)."""
+    run = at(summary, "run")
+    if not isinstance(run, Mapping):
+        return ""
+    gate_judge = at(summary, "gate_judge") or at(summary, "judge") or JUDGE_REWARD_MODEL
+    judged = (
+        f"the gold reward {at(summary, 'gold.name') or judge_name(summary)}".rstrip()
+        if gate_judge == JUDGE_GOLD
+        else "the reward model"
+    )
+    facts = [
+        f"run {run.get('id') or '(not in a pipeline run)'}",
+        f"evaluated {run.get('evaluated', '')}",
+        f"{run.get('algorithm', '')} ({run.get('stage', '')} stage, step {run.get('step')})",
+        f"aligned from {run.get('base_model') or 'a fresh model'}",
+        f"gate judged by {judged}",
+    ]
+    settings = ", ".join(f"{k} {v}" for k, v in (run.get("hyperparameters") or {}).items())
+    return (
+        f'<p class="run" data-run-id="{esc(str(run.get("id", "")))}">'
+        f"{esc(' · '.join(facts))}</p>"
+        + (f'<p class="run-settings">{esc(settings)}</p>' if settings else "")
+    )
+
+
 def _verdict(gate: Gate) -> str:
     """The verdict and its reasons, first on the page."""
     css, title = (
@@ -304,7 +331,8 @@ def render_report(
     return (
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
         "<title>alignpipe evaluation</title>"
-        f"<style>{_CSS}</style></head><body><h1>alignpipe evaluation</h1>{_judge(shown)}"
+        f"<style>{_CSS}</style></head><body><h1>alignpipe evaluation</h1>{_run_header(shown)}"
+        f"{_judge(shown)}"
         f"{_verdict(gate)}{_head_to_head(shown)}{render_drift(shown)}{_per_policy(shown)}"
         f"{best_of_n_section(shown)}"
         f"{_plots(shown, ppo_metrics, reward_metrics)}{_samples(samples)}</body></html>\n"

@@ -54,7 +54,7 @@ from components.core.model.artifact import (
 )
 from components.core.training.checkpoint import read_model_config
 from components.core.training.distributed import maybe_initialize
-from components.evaluate import anchor, generation
+from components.evaluate import anchor, generation, run_info
 from components.evaluate.config import EvalConfig
 from components.evaluate.gate import Gate, decide
 from components.evaluate.measures import (
@@ -411,6 +411,7 @@ def run(
     *,
     anchor_dir: str = "",
     past: Sequence[Mapping[str, Any]] = (),
+    run_id: str = "",
 ) -> dict[str, Any]:
     """Evaluate ``policy_dir`` against ``reference_dir``; write the report; return the figures.
 
@@ -424,7 +425,8 @@ def run(
 
     ``anchor_dir``: the policy drift is measured from (``summary["anchor"]``: KL to it, win
     rate and gold gain against it; '' = the reference); ``past``: earlier promotions' drift
-    rows (``anchor.drift_row``) for the report's drift table.
+    rows (``anchor.drift_row``) for the report's drift table. ``run_id``: the pipeline run's,
+    for the report's header (``summary["run"]``, run_info.py).
     """
     maybe_initialize()
     dirs = model_dirs(policy_dir, reference_dir, reward_dir, anchor_dir)
@@ -445,8 +447,9 @@ def run(
         config, shards_dir, inputs.manifest, load_models(loaded, config.seed, sharded=config.fsdp),
         tokenizer=tokenizer, gold_name=inputs.gold_name,
     )  # fmt: skip
-    fileio.remove_tree(work)
     summary = measured.summary
+    summary["run"] = run_info.describe(read_model_config(loaded["policy"]), run_id)
+    fileio.remove_tree(work)
     summary["anchor"].update(uri=anchor_dir or reference_dir, past=[dict(row) for row in past])
     summary["judge_model"] = reward_dir or None  # which reward model judged, when one did
     gate = decide(summary, config)

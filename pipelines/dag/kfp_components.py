@@ -288,6 +288,7 @@ def evaluate(
     stage_io.start_jax()
     from components.evaluate import run
     from components.evaluate.config import EvalConfig
+    from components.evaluate.run_info import run_id_of
 
     config = stage_io.config_from(EvalConfig, locals())
     aligned = stage_io.reference_details(policy)
@@ -298,6 +299,7 @@ def evaluate(
         summary = run(
             config, shards.path, aligned["uri"], reference_dir, reward_dir, evaluation.path,
             anchor_dir=drift.get("uri", ""), past=drift.get("past", []),
+            run_id=run_id_of(evaluation.uri),
         )  # fmt: skip
     stage_io.publish_report(evaluation.path, report.path)
     blessed = bool(summary["blessed"])
