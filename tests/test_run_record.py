@@ -157,3 +157,14 @@ def test_one_spelling_per_concept_and_old_ones_refused_with_the_new(capsys):
     assert main(["config", "dump", "--fsdp", "--adaptive-kl", "false"]) == 0
     dumped = yaml.safe_load(capsys.readouterr().out)
     assert dumped["fsdp"] is True and dumped["ppo"]["adaptive_kl"] is False
+
+
+def test_the_readmes_config_file_is_one(tmp_path):
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    block = readme.split("```yaml\n", 1)[1].split("```", 1)[0]
+    path = tmp_path / "run.yaml"
+    path.write_text(block)
+    values = config_file.read(str(path))
+    assert values["algorithm"] == "grpo" and values["ppo_rollout_batch_size"] == 128
