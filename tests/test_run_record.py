@@ -168,3 +168,34 @@ def test_the_readmes_config_file_is_one(tmp_path):
     path.write_text(block)
     values = config_file.read(str(path))
     assert values["algorithm"] == "grpo" and values["ppo_rollout_batch_size"] == 128
+
+
+@pytest.mark.parametrize(
+    ("words", "expected", "absent"),
+    [
+        ("alignpipe ru", {"run", "runs"}, {"rerun"}),
+        ("alignpipe run --ppo-roll", {"--ppo-rollout-batch-size"}, set()),
+        ("alignpipe runs s", {"show"}, set()),
+        ("alignpipe data validate --max-p", {"--max-prompt-tokens"}, set()),
+        ("alignpipe plan --run-preset v5e-8-1b --comp", {"--compile"}, set()),
+    ],
+)
+def test_bash_completion_completes_commands_and_their_flags(
+    tmp_path, capsys, words, expected, absent
+):
+    import shutil
+    import subprocess
+
+    if not shutil.which("bash"):
+        pytest.skip("no bash here")
+    assert main(["completion", "bash"]) == 0
+    script = tmp_path / "complete.sh"
+    script.write_text(capsys.readouterr().out)
+    parts = words.split()
+    probe = (
+        f"source {script}; COMP_WORDS=({words}); COMP_CWORD={len(parts) - 1}; _alignpipe; "
+        'printf "%s\\n" "${COMPREPLY[@]}"'
+    )
+    done = subprocess.run(["bash", "-c", probe], capture_output=True, text=True, check=True)
+    found = set(done.stdout.split())
+    assert expected <= found and not (absent & found), found

@@ -41,7 +41,7 @@ class Command:
 
 def commands() -> tuple[Command, ...]:
     """Every command, in the order ``alignpipe --help`` lists them."""
-    from pipelines.cli import cloud, data, model, plan, releases, run, run_presets, runs
+    from pipelines.cli import cloud, completion, data, model, plan, releases, run, run_presets, runs
 
     return (
         Command("run", "run", "run the whole pipeline locally (kfp.local, cached)", run.add_run),
@@ -63,6 +63,12 @@ def commands() -> tuple[Command, ...]:
             "config dump: a YAML file of every pipeline parameter (run, compile, submit, "
             "schedule and plan read it with --config)",
             runs.add_config,
+        ),  # fmt: skip
+        Command(
+            "run",
+            "completion",
+            'shell completion: eval "$(alignpipe completion bash)" (or zsh)',
+            completion.add_completion,
         ),  # fmt: skip
         Command("cloud", "compile", "write the pipeline spec for vertex or gke", cloud.add_compile),
         Command("cloud", "submit", "compile and start one run on vertex or gke", cloud.add_submit),
