@@ -36,6 +36,11 @@ def add_compile(parser: argparse.ArgumentParser) -> None:
 
 def add_submit(parser: argparse.ArgumentParser) -> None:
     """``alignpipe submit``: compile and start one run."""
+    parser.add_argument(
+        "--wait", action="store_true",
+        help="follow the run: its console page at once, each task's state as it changes; "
+        "exit 1 with the failed task's error unless it succeeded",
+    )  # fmt: skip
     options.add_placement_options(parser)
     options.add_dag_options(parser)
     options.add_cloud_options(parser)
@@ -136,11 +141,25 @@ def _cloud(args: argparse.Namespace, action: str) -> int:
         if action == "submit":
             run = cloud.submit(args.target, package, values, placement, settings)
             what = f"submitted to {args.target}"
+            if args.wait:
+                print(f"{what}: {getattr(run, 'resource_name', run)}")
+                return _follow(args.target, run, settings)
         else:
             run = cloud.schedule(args.target, package, values, placement, settings, args.cron)
             what = f"scheduled on {args.target} at '{args.cron}'"
         print(f"{what}: {getattr(run, 'resource_name', run)}")
     return 0
+
+
+def _follow(target: str, run: Any, settings: Any) -> int:
+    """submit --wait: follow the run to its end (pipelines/targets/watch.py)."""
+    from pipelines.targets import cloud, watch
+
+    if target == "vertex":
+        return watch.follow(lambda: watch.vertex_snapshot(run), watch.vertex_url(run))
+    client = cloud.kfp_client(settings)
+    url = f"{settings.host.rstrip('/')}/#/runs/details/{run.run_id}"
+    return watch.follow(lambda: watch.kfp_snapshot(client, run.run_id), url)
 
 
 def _submit(args: argparse.Namespace, rest: list[str]) -> int:
