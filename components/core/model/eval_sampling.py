@@ -17,6 +17,8 @@ arguments: equal architectures share one compilation across policies and runs.
 from __future__ import annotations
 
 import functools
+import sys
+import time
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
@@ -151,17 +153,27 @@ def map_global_batches(
     step: Callable[[dict[str, jax.Array]], Sequence[jax.Array]],
     arrays: dict[str, np.ndarray],
     batch_size: int,
+    progress: tuple[str, str] | None = None,
 ) -> list[np.ndarray]:
     """``step`` over every row in batches split over every host's devices; every host gets all.
 
     ``batch_size`` counts the rows of one step on each host, as ``map_local_batches`` does.
+    ``progress`` (stage, what): the first host prints ``[stage] step i/n what, rows/s`` after
+    each batch, the progress line a local run's terminal shows.
     """
     rows = len(next(iter(arrays.values())))
     size = global_batch(rows, batch_size * jax.process_count(), jax.device_count())
     outputs = []
-    for batch in _padded_batches(arrays, size):
+    total, started = -(-rows // size), time.perf_counter()
+    for index, batch in enumerate(_padded_batches(arrays, size)):
         placed, indices = _local_blocks(batch)
         outputs.append([_gather_blocks(np.asarray(r), indices) for r in step(placed)])
+        if progress is not None and jax.process_index() == 0:
+            rate = (index + 1) * size / max(time.perf_counter() - started, 1e-9)
+            print(
+                f"[{progress[0]}] step {index + 1}/{total} {progress[1]}, {rate:.1f} rows/s",
+                file=sys.stderr, flush=True,
+            )  # fmt: skip
     return [np.concatenate(column)[:rows] for column in zip(*outputs, strict=True)]
 
 
@@ -202,7 +214,8 @@ def sample_responses(
             settings,
         )  # fmt: skip
 
-    tokens, mask = map_global_batches(step, arrays, batch_size)
+    progress = ("evaluate", f"sampling {num_prompts} prompts x {samples}")
+    tokens, mask = map_global_batches(step, arrays, batch_size, progress)
     shape = (num_prompts, samples, settings.max_new_tokens)
     return Responses(tokens.reshape(shape), mask.reshape(shape))
 

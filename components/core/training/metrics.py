@@ -34,6 +34,16 @@ def _duration(seconds: float) -> str:
     return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
 
 
+# What a progress line shows first, per stage: the loss; the reward model's accuracy; RL's
+# normalized score and its KL per token; DPO's loss and its preference accuracy.
+HEADLINES = {
+    "sft": ("loss",),
+    "reward": ("accuracy", "loss"),
+    "ppo": ("objective/scores", "objective/kl_per_token"),
+    "dpo": ("loss", "rewards/accuracies"),
+}
+
+
 class MetricsLogger:
     """Appends one JSON line per :meth:`log` call, writes TensorBoard scalars, shows progress."""
 
@@ -128,7 +138,10 @@ class MetricsLogger:
         done = step - (self._start_step or 0)
         rate = done / elapsed if elapsed > 0 and done > 0 else float("nan")
         eta = (self.total_steps - step) / rate if rate and rate > 0 else float("nan")
-        shown = " ".join(f"{k}={v:.4g}" for k, v in list(values.items())[:6])
+        # The stage's headline figures first (HEADLINES), then the others, six in all.
+        first = [k for k in HEADLINES.get(self.stage, ()) if k in values]
+        keys = (first + [k for k in values if k not in first])[:6]
+        shown = " ".join(f"{k}={values[k]:.4g}" for k in keys)
         text = (
             f"[{self.stage}] step {step}/{self.total_steps} {rate:.2f} steps/s "
             f"eta {_duration(eta)} {shown}"

@@ -37,6 +37,9 @@ from pipelines.targets.local.result import TASK_STAGE, RunResult, StageRecord
 from pipelines.targets.placement import LOCAL_IMAGE, Placement
 
 LAST_RUN_FILE = "last_run.json"
+# A task's progress line (components/core/training/metrics.py), and how often it is shown.
+_PROGRESS = re.compile(r"^\s*\[(sft|reward|ppo|dpo|evaluate)\] step (\d+)/(\d+) (.*)$")
+PROGRESS_SECONDS = 10.0
 PROMOTED_DIR = "promoted-policy"
 _ANSI = run_log.ANSI
 _EVENTS = (
@@ -55,6 +58,20 @@ class TaskWatcher(logging.Filter):
         self.records = {stage: StageRecord(stage) for stage in STAGES}
         self.echo = echo
         self.stream = stream or sys.stdout
+        self._shown: dict[str, float] = {}  # when each stage's progress was last shown
+
+    def progress(self, line: str) -> None:
+        """A task's progress line (metrics.MetricsLogger's ``[stage] step N/T …``), shown at
+        most every PROGRESS_SECONDS per stage, and at its last step."""
+        match = _PROGRESS.match(line)
+        if not match:
+            return
+        stage, step, total, rest = match.groups()
+        now = time.monotonic()
+        if step != total and now - self._shown.get(stage, -PROGRESS_SECONDS) < PROGRESS_SECONDS:
+            return
+        self._shown[stage] = now
+        self.say(f"{stage}: step {step}/{total} {rest}")
 
     def filter(self, record: logging.LogRecord) -> bool:
         """Note a task event if the record is one; never drops the record."""
@@ -164,7 +181,7 @@ def run_local(
     started, outputs, error = time.monotonic(), {}, ""
     began = datetime.datetime.now().astimezone()
     try:
-        with _watched(watcher), run_log.capture(partial):
+        with _watched(watcher), run_log.capture(partial, watcher.progress):
             outputs = dict(pipeline(**values).outputs)
     except RuntimeError as failure:
         error = str(failure)

@@ -14,7 +14,7 @@ import contextlib
 import io
 import logging
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 LOG_FILE = "run.log"
@@ -25,17 +25,23 @@ _TRACEBACK = "Traceback (most recent call last):"
 
 
 class _PlainText(io.TextIOBase):
-    """A text stream writing to ``file`` without terminal colour codes."""
+    """A text stream writing to ``file`` without terminal colour codes; ``on_line`` (if any)
+    sees each whole line as it is written."""
 
-    def __init__(self, file: io.TextIOBase) -> None:
+    def __init__(self, file: io.TextIOBase, on_line: Callable[[str], None] | None = None) -> None:
         super().__init__()
-        self._file = file
+        self._file, self._on_line, self._partial = file, on_line, ""
 
     def writable(self) -> bool:
         return True
 
     def write(self, text: str) -> int:
-        self._file.write(ANSI.sub("", text))
+        plain = ANSI.sub("", text)
+        self._file.write(plain)
+        if self._on_line is not None:
+            *lines, self._partial = (self._partial + plain).split("\n")
+            for line in lines:
+                self._on_line(line)
         return len(text)
 
     def flush(self) -> None:
@@ -43,12 +49,13 @@ class _PlainText(io.TextIOBase):
 
 
 @contextlib.contextmanager
-def capture(path: Path) -> Iterator[None]:
-    """Send stdout, stderr and the root logger's records to the file ``path`` meanwhile."""
+def capture(path: Path, on_line: Callable[[str], None] | None = None) -> Iterator[None]:
+    """Send stdout, stderr and the root logger's records to the file ``path`` meanwhile;
+    ``on_line`` sees each line printed (the tasks' progress lines among them)."""
     root = logging.getLogger()
     handlers = root.handlers[:]
     with open(path, "a", buffering=1, encoding="utf-8") as file:
-        stream = _PlainText(file)
+        stream = _PlainText(file, on_line)
         handler = logging.StreamHandler(stream)
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
         root.handlers[:] = [handler]
