@@ -144,8 +144,13 @@ def record(
 
 
 def values_of(run: dict[str, Any]) -> dict[str, Any]:
-    """The parameter values a record ran with, as ``rerun`` passes them again."""
-    return {name: entry["value"] for name, entry in run["parameters"].items()}
+    """The parameter values a record's run was given (every source but the defaults), as
+    ``rerun`` passes them again: a default stays a default, as it was."""
+    return {
+        name: entry["value"]
+        for name, entry in run["parameters"].items()
+        if entry.get("source") != "default"
+    }
 
 
 def cloud_labels() -> dict[str, str]:

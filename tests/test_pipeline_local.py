@@ -132,10 +132,9 @@ def test_local_run_cache_and_rerun(runs_dir, monkeypatch, capsys):
     assert main([*rerun, "--run", first.run_dir.name]) == 0
     printed, errors = capsys.readouterr()
     newest = json.loads(sorted(tmp_path.glob("alignpipe-*/run.json"))[-1].read_text())
-    assert newest["parameters"]["kl_coef"] == {
-        "value": run["parameters"]["kl_coef"]["value"],
-        "source": "last run",
-    }
+    # The first run's given values come back as "last run"; its defaults stay defaults.
+    assert newest["parameters"]["ppo_iterations"] == {"value": 2, "source": "last run"}
+    assert newest["parameters"]["kl_coef"] == run["parameters"]["kl_coef"]
     assert main(["runs", "--runs-dir", str(tmp_path)]) == 0
     assert len(capsys.readouterr().out.splitlines()) == 3
     assert "ppo        cached" in printed and "evaluate   ran" in printed

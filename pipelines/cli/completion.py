@@ -19,9 +19,8 @@ def add_completion(parser: argparse.ArgumentParser) -> None:
 
 
 def _completion(args: argparse.Namespace, rest: list[str]) -> int:
-    from pipelines.cli.main import build_parser
-
-    sys.stdout.write(script(build_parser(), args.shell))
+    # The top-level parser, which cli/main.py hands every command (no import back to it).
+    sys.stdout.write(script(args.root_parser, args.shell))
     return 0
 
 

@@ -224,6 +224,7 @@ def main(argv: list[str] | None = None) -> int:
         if any(not arg.startswith("-") for arg in rest):  # a glob the shell expanded
             hint = "; quote globs so the shell leaves them alone: --data-uri 'data/*.jsonl'"
         parser.error(f"unrecognized arguments: {' '.join(rest)}{hint}")
+    args.root_parser = parser  # what `completion` reads the commands from
     return int(args.handler(args, rest) or 0)
 
 
