@@ -129,6 +129,12 @@ def commands() -> tuple[Command, ...]:
         ),  # fmt: skip
         Command(
             "model",
+            "chat",
+            "talk to a policy turn after turn (its chat template, its stop tokens; /reset, /exit)",
+            model.add_chat,
+        ),  # fmt: skip
+        Command(
+            "model",
             "report",
             "print the path of a local run's report.html (newest first)",
             model.add_report,

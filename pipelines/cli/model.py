@@ -102,6 +102,30 @@ def add_generate(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--raw", action="store_true", help="PROMPT is the model's input as it is (no template)"
     )
+    _sampling_flags(parser)
+    parser.add_argument(
+        "--compare", default="", metavar="REFERENCE",
+        help="also print REFERENCE's answer (e.g. the sft policy or the base), same sampling",
+    )  # fmt: skip
+    parser.set_defaults(handler=_generate)
+
+
+def add_chat(parser: argparse.ArgumentParser) -> None:
+    """``alignpipe chat POLICY``: talk to a policy, turn after turn."""
+    parser.description = (
+        "Talk to a policy: each line you type is a user turn; the whole conversation is "
+        "rendered with the model's chat template and answered until its stop tokens. "
+        "/reset starts over, /exit (or end of input) leaves. The oldest turns are dropped "
+        "when the conversation outgrows the model's positions."
+    )
+    parser.add_argument("policy", metavar="POLICY")
+    parser.add_argument("--system", default="", help="a system message first")
+    _sampling_flags(parser)
+    parser.set_defaults(handler=_chat)
+
+
+def _sampling_flags(parser: argparse.ArgumentParser) -> None:
+    """What generate and chat share: the template's arguments, sampling, the dtype."""
     parser.add_argument(
         "--chat-template-kwargs", default="",
         help='JSON object of the template\'s own arguments (Qwen3: \'{"enable_thinking": false}\')',
@@ -115,11 +139,57 @@ def add_generate(parser: argparse.ArgumentParser) -> None:
         "--dtype", choices=sorted(DTYPES), default="",
         help="compute dtype (default: the model's; a 16-bit checkpoint computes in bfloat16)",
     )  # fmt: skip
-    parser.add_argument(
-        "--compare", default="", metavar="REFERENCE",
-        help="also print REFERENCE's answer (e.g. the sft policy or the base), same sampling",
+
+
+def _chat(args: argparse.Namespace, rest: list[str]) -> int:
+    import dataclasses
+    import tempfile
+
+    from components.core.model.respond import Sampling, fit_conversation, respond
+    from components.shard.config import parse_template_kwargs
+
+    sampling = Sampling(
+        max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
+        top_k=args.top_k, seed=args.seed,
     )  # fmt: skip
-    parser.set_defaults(handler=_generate)
+    with tempfile.TemporaryDirectory() as workdir:
+        try:
+            kwargs = parse_template_kwargs(args.chat_template_kwargs)
+            model, tokenizer = _policy_for_chat(args.policy, workdir, args.dtype)
+        except (*_errors(), ValueError, FileNotFoundError) as error:
+            return _refuse(str(error))
+        system = [{"role": "system", "content": args.system}] if args.system else []
+        messages = list(system)
+        room = model.config.max_seq_len - sampling.max_new_tokens
+        print(f"chatting with {args.policy}; /reset starts over, /exit leaves", flush=True)
+        turn = 0
+        while True:
+            try:
+                line = input("you> ")
+            except EOFError:
+                return 0
+            if line.strip() == "/exit":
+                return 0
+            if line.strip() == "/reset":
+                messages = list(system)
+                print("(a new conversation)")
+                continue
+            if not line.strip():
+                continue
+            try:
+                prompt, kept = fit_conversation(
+                    tokenizer, [*messages, {"role": "user", "content": line}], room, kwargs
+                )
+            except ValueError as error:
+                print(f"error: {error}", file=sys.stderr)
+                continue
+            if len(kept) < len(messages) + 1:
+                print(f"(the oldest turns were dropped to fit {room} positions)")
+            turn += 1
+            seeded = dataclasses.replace(sampling, seed=sampling.seed + turn)
+            answer = respond(model, tokenizer, prompt, seeded)
+            print(f"{args.policy.rstrip('/').rsplit('/', 1)[-1]}> {answer}", flush=True)
+            messages = [*kept, {"role": "assistant", "content": answer}]
 
 
 def _policy_for_chat(path: str, workdir: str, dtype: str):

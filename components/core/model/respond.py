@@ -44,6 +44,29 @@ def render(
     return tokenizer.render_chat(messages, True, **(template_kwargs or {}))
 
 
+def fit_conversation(
+    tokenizer: Tokenizer,
+    messages: list[dict[str, str]],
+    room: int,
+    template_kwargs: dict[str, Any] | None = None,
+) -> tuple[str, list[dict[str, str]]]:
+    """The rendered conversation (its generation prompt after it) and the messages it holds:
+    the oldest exchanges dropped (a leading system message kept) until its tokens fit
+    ``room``; the last user message alone must fit."""
+    kept = list(messages)
+    while True:
+        prompt = tokenizer.render_chat(kept, True, **(template_kwargs or {}))
+        if len(tokenizer.encode_prompt(prompt)) <= room:
+            return prompt, kept
+        first = 1 if kept and kept[0]["role"] == "system" else 0
+        if len(kept) - first <= 1:
+            raise ValueError(
+                f"the message alone has more tokens than the model's {room} positions left "
+                "for a prompt; shorten it or lower --max-new-tokens"
+            )
+        del kept[first : first + 2]  # the oldest user turn and its answer
+
+
 def respond(model: Transformer, tokenizer: Tokenizer, prompt: str, sampling: Sampling) -> str:
     """The model's response to the rendered ``prompt``, ended at its first stop token (the
     tokenizer's ``stop_ids``: eos and the template's end of turn), special tokens dropped."""
