@@ -1,5 +1,5 @@
-"""``alignpipe --version``, ``alignpipe generate``'s refusals and ``alignpipe chat`` (generate's answers are compared
-with transformers' in test_hf_pipeline.py)."""
+"""``alignpipe --version``, ``alignpipe generate``'s refusals and ``alignpipe chat``
+(generate's answers are compared with transformers' in test_hf_pipeline.py)."""
 
 from __future__ import annotations
 
