@@ -143,7 +143,11 @@ def test_local_run_cache_and_rerun(runs_dir, monkeypatch, capsys):
     # Quiet: a progress line per stage event and the summary, ending with the log's place.
     assert "[alignpipe] evaluate: running" in printed
     assert "[alignpipe] ppo: from the cache" in printed
-    assert len(printed.splitlines()) < 45 and errors == ""
+    # Evaluation's sampling progress, at most one line per stage every 10 s.
+    progress = [line for line in printed.splitlines() if re.match(r"\[alignpipe\] \w+: step", line)]
+    assert progress and all(line.startswith("[alignpipe] evaluate: step") for line in progress)
+    assert len(progress) <= 12
+    assert len(printed.splitlines()) - len(progress) < 45 and errors == ""
     rerun_log = printed.splitlines()[-1].split()[-1]
     assert printed.splitlines()[-1].startswith("log ") and rerun_log.endswith("/run.log")
     assert "Got executor_input" in Path(rerun_log).read_text()
