@@ -52,10 +52,10 @@ def tiny_preset(monkeypatch):
 
 
 def test_plan_compile_prints_xla_beside_the_planner(tiny_preset, capsys):
-    assert main(["plan", "--run-preset", "tiny-test", "--algorithm", "grpo", "--compile"]) == 0
+    assert main(["plan", "--run-preset", "tiny-test", "--algorithm", "dpo", "--compile"]) == 0
     out = capsys.readouterr().out
     found = re.findall(r"XLA (\w+) +program +([\d.]+) \(planner ([\d.]+), ([\d.]+)x\)", out)
-    assert [name for name, *_ in found] == ["update", "update", "rollout", "update"]
+    assert [name for name, *_ in found] == ["update", "reference", "update"]  # sft, dpo
     # The planner's own accuracy is held to 15% at the calibration shapes
     # (test_memory_calibration*.py); here the figures only have to be the programs'.
     for _, xla, _, ratio in found:
