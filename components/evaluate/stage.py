@@ -242,7 +242,7 @@ def run_policy(
     policy = models[role]
     responses = eval_sampling.sample_responses(
         policy.graphdef, policy.params, prompts, settings=settings, samples_per_prompt=samples,
-        seed=config.seed, batch_size=config.batch_size,
+        seed=config.seed, batch_size=config.batch_size, stage="evaluate",
     )  # fmt: skip
     texts = decode(tokenizer, responses.tokens, responses.mask)
     gold_rewards = None

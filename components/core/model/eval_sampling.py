@@ -197,10 +197,12 @@ def sample_responses(
     samples_per_prompt: int,
     seed: int,
     batch_size: int,
+    stage: str = "",
 ) -> Responses:
     """``samples_per_prompt`` responses to every prompt by the policy of ``params`` (placed
     on the devices: ``parallel.place``), ``batch_size`` rows per step and host; keys and
-    batching as the module docstring says."""
+    batching as the module docstring says. ``stage``: the stage whose progress lines name the
+    batches (none without one)."""
     num_prompts, samples = len(prompts.tokens), samples_per_prompt
     arrays = {
         "prompt_tokens": np.repeat(prompts.tokens, samples, axis=0),
@@ -214,7 +216,7 @@ def sample_responses(
             settings,
         )  # fmt: skip
 
-    progress = ("evaluate", f"sampling {num_prompts} prompts x {samples}")
+    progress = (stage, f"sampling {num_prompts} prompts x {samples}") if stage else None
     tokens, mask = map_global_batches(step, arrays, batch_size, progress)
     shape = (num_prompts, samples, settings.max_new_tokens)
     return Responses(tokens.reshape(shape), mask.reshape(shape))
