@@ -10,6 +10,7 @@ import math
 import os
 import sys
 import webbrowser
+from typing import Any
 
 from components.core import fileio
 from components.core.model.config import DTYPES, REMAT_POLICIES
@@ -141,17 +142,24 @@ def _sampling_flags(parser: argparse.ArgumentParser) -> None:
     )  # fmt: skip
 
 
+def _sampling(args: argparse.Namespace) -> Any:
+    """The sampling flags generate and chat share (``_sampling_flags``), as a Sampling."""
+    from components.core.model.respond import Sampling
+
+    return Sampling(
+        max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
+        top_k=args.top_k, seed=args.seed,
+    )  # fmt: skip
+
+
 def _chat(args: argparse.Namespace, rest: list[str]) -> int:
     import dataclasses
     import tempfile
 
-    from components.core.model.respond import Sampling, fit_conversation, respond
+    from components.core.model.respond import fit_conversation, respond
     from components.shard.config import parse_template_kwargs
 
-    sampling = Sampling(
-        max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
-        top_k=args.top_k, seed=args.seed,
-    )  # fmt: skip
+    sampling = _sampling(args)
     with tempfile.TemporaryDirectory() as workdir:
         try:
             kwargs = parse_template_kwargs(args.chat_template_kwargs)
@@ -209,13 +217,10 @@ def _policy_for_chat(path: str, workdir: str, dtype: str):
 def _generate(args: argparse.Namespace, rest: list[str]) -> int:
     import tempfile
 
-    from components.core.model.respond import Sampling, render, respond
+    from components.core.model.respond import render, respond
     from components.shard.config import parse_template_kwargs
 
-    sampling = Sampling(
-        max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
-        top_k=args.top_k, seed=args.seed,
-    )  # fmt: skip
+    sampling = _sampling(args)
     try:
         kwargs = parse_template_kwargs(args.chat_template_kwargs)
         answers = []
