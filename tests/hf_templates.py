@@ -129,3 +129,60 @@ MISTRAL_TEMPLATE = """{%- if messages[0]["role"] == "system" %}
 {%- endif %}
 {%- endfor %}
 """
+# Qwen3.5's structure (Qwen/Qwen3.5-9B): Qwen3's turns and <think> blocks, content given as
+# a string or as a list of parts (text parts rendered, images as vision placeholders), and a
+# generation prompt that opens a think block by default (thinking is on), or closes an
+# empty one with enable_thinking=false.
+QWEN3_5_TEMPLATE = """{%- macro render_content(content) %}
+{%- if content is string %}
+{{- content }}
+{%- else %}
+{%- for item in content %}
+{%- if item.type == 'text' %}
+{{- item.text }}
+{%- elif item.type == 'image' %}
+{{- '<|vision_start|><|image_pad|><|vision_end|>' }}
+{%- endif %}
+{%- endfor %}
+{%- endif %}
+{%- endmacro %}
+{%- if messages[0].role == 'system' %}
+{{- '<|im_start|>system\n' + render_content(messages[0].content) + '<|im_end|>\n' }}
+{%- endif %}
+{%- set ns = namespace(multi_step_tool=true, last_query_index=messages|length - 1) %}
+{%- for message in messages[::-1] %}
+{%- set index = (messages|length - 1) - loop.index0 %}
+{%- if ns.multi_step_tool and message.role == 'user' %}
+{%- set ns.multi_step_tool = false %}
+{%- set ns.last_query_index = index %}
+{%- endif %}
+{%- endfor %}
+{%- for message in messages %}
+{%- set content = render_content(message.content) %}
+{%- if message.role == 'user' or (message.role == 'system' and not loop.first) %}
+{{- '<|im_start|>' + message.role + '\n' + content + '<|im_end|>\n' }}
+{%- elif message.role == 'assistant' %}
+{%- set reasoning_content = '' %}
+{%- if message.reasoning_content is string %}
+{%- set reasoning_content = message.reasoning_content %}
+{%- elif '</think>' in content %}
+{%- set reasoning_content = content.split('</think>')[0].rstrip('\n').split('<think>')[-1].lstrip('\n') %}
+{%- set content = content.split('</think>')[-1].lstrip('\n') %}
+{%- endif %}
+{%- if loop.index0 > ns.last_query_index %}
+{{- '<|im_start|>assistant\n<think>\n' + reasoning_content.strip('\n') + '\n</think>\n\n' + content.lstrip('\n') }}
+{%- else %}
+{{- '<|im_start|>assistant\n' + content }}
+{%- endif %}
+{{- '<|im_end|>\n' }}
+{%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}
+{{- '<|im_start|>assistant\n' }}
+{%- if enable_thinking is defined and enable_thinking is false %}
+{{- '<think>\n\n</think>\n\n' }}
+{%- else %}
+{{- '<think>\n' }}
+{%- endif %}
+{%- endif %}
+"""

@@ -21,7 +21,7 @@ transformers = pytest.importorskip("transformers")
 from jinja2.exceptions import TemplateError  # noqa: E402
 
 FIXTURES = Path(__file__).parent / "fixtures" / "hf"
-FAMILIES = ("llama", "qwen2", "gemma2", "qwen3", "mistral", "gemma3")
+FAMILIES = ("llama", "qwen2", "gemma2", "qwen3", "mistral", "gemma3", "qwen3_5")
 SYSTEM = {"role": "system", "content": "You are a kind assistant.  "}
 TURNS = [
     {"role": "user", "content": "  Name a colour, please."},
@@ -104,12 +104,14 @@ REASONING = [
 ]
 
 
+@pytest.mark.parametrize("family", ["qwen3", "qwen3_5"])
 @pytest.mark.parametrize("enable_thinking", [True, False, None])
 @pytest.mark.parametrize("name", sorted(CONVERSATIONS))
-def test_qwen3_thinking_renders_as_transformers_does(renderers, enable_thinking, name):
-    """Qwen3's template argument ``enable_thinking`` both ways (and unset), its think blocks
-    from ``reasoning_content`` and from the content, as transformers renders them."""
-    ours, theirs = renderers["qwen3"]
+def test_qwen3_thinking_renders_as_transformers_does(renderers, family, enable_thinking, name):
+    """Qwen3's and Qwen3.5's template argument ``enable_thinking`` both ways (and unset),
+    their think blocks from ``reasoning_content`` and from the content, as transformers
+    renders them. Qwen3.5 thinks by default: its generation prompt opens a think block."""
+    ours, theirs = renderers[family]
     kwargs = {} if enable_thinking is None else {"enable_thinking": enable_thinking}
     for messages in (CONVERSATIONS[name], [SYSTEM, *REASONING]):
         for generation in (True, False):
@@ -118,6 +120,8 @@ def test_qwen3_thinking_renders_as_transformers_does(renderers, enable_thinking,
     closed = "<think>\n\n</think>\n\n"
     prompt = ours.render_chat(TURNS[:1], True, **kwargs)
     assert prompt.endswith(closed) == (enable_thinking is False)
+    opened = family == "qwen3_5" and enable_thinking is not False
+    assert prompt.endswith("assistant\n<think>\n") == opened
 
 
 def test_reasoning_content_and_text_parts_reach_the_template(renderers):
@@ -137,7 +141,7 @@ def test_reasoning_content_and_text_parts_reach_the_template(renderers):
     assert refused.value.reason == "unsupported_content"
 
 
-@pytest.mark.parametrize("family", ["qwen3", "gemma3", "mistral", "llama"])
+@pytest.mark.parametrize("family", ["qwen3", "gemma3", "mistral", "llama", "qwen3_5"])
 def test_a_response_ends_where_the_template_ends_the_turn(renderers, family):
     """The shard's response ids end with the template's end-of-turn (a stop id), nothing
     appended after: Gemma's ``<end_of_turn>``, not ``<end_of_turn>\\n<eos>``."""

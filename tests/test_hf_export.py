@@ -29,7 +29,7 @@ from components.hf.importer import import_hf
 from pipelines.cli.main import main
 
 FIXTURES = pathlib.Path(__file__).parent / "fixtures" / "hf"
-FAMILIES = ("llama", "qwen2", "gemma2", "qwen3", "qwen3_untied", "mistral", "gemma3")
+FAMILIES = ("llama", "qwen2", "gemma2", "qwen3", "qwen3_untied", "mistral", "gemma3", "qwen3_5")
 CONFIG_KEYS = (
     "architectures",
     "vocab_size",
@@ -88,7 +88,10 @@ def test_exported_config_matches_the_original(round_trips, family):
     exported = json.loads((pathlib.Path(round_trips[family][1]) / "config.json").read_text())
     for key in CONFIG_KEYS:
         assert exported.get(key) == original.get(key), key
-    assert exported["rope_parameters"] == original["rope_parameters"]
+    # Qwen3.5's M-RoPE sections describe image positions; text-only they rotate as 1-D rotary.
+    mrope = ("mrope_section", "mrope_interleaved")
+    rope = {k: v for k, v in original["rope_parameters"].items() if k not in mrope}
+    assert exported["rope_parameters"] == rope
     assert model_config_from_hf(exported, dtype="float32") == model_config_from_hf(
         original, dtype="float32"
     )
@@ -121,7 +124,7 @@ def test_exported_generation_config_keeps_the_stop_set(round_trips, family):
     listed = [exported["eos_token_id"], original["eos_token_id"]]
     listed = [ids if isinstance(ids, list) else [ids] for ids in listed]
     assert listed[0] == listed[1]
-    if family in ("qwen3", "gemma3"):  # the end-of-turn token and eos
+    if family in ("qwen3", "gemma3", "qwen3_5"):  # the end-of-turn token and eos
         assert len(listed[0]) == 2
 
 

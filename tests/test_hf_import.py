@@ -28,7 +28,10 @@ from components.hf.importer import import_hf, resolve_base
 from pipelines.cli.main import main
 
 FIXTURES = pathlib.Path(__file__).parent / "fixtures" / "hf"
-FAMILIES = ("llama", "qwen2", "gemma2", "qwen3", "qwen3_untied", "mistral", "gemma3", "gemma3_mm")
+FAMILIES = (
+    "llama", "qwen2", "gemma2", "qwen3", "qwen3_untied", "mistral", "gemma3", "gemma3_mm",
+    "qwen3_5", "qwen3_5_mm",
+)  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +56,8 @@ def test_logits_match_transformers(artifacts, family):
     model, info = load_model(artifacts[family], dtype="float32")
     tokens, expected = reference(family)
     np.testing.assert_allclose(fp32_logits(model, tokens), expected, atol=1e-4, rtol=0)
-    assert info["hf"]["family"] == family.split("_")[0] and info["stage"] == "import"
+    expected_family = family.removesuffix("_mm").removesuffix("_untied")
+    assert info["hf"]["family"] == expected_family and info["stage"] == "import"
 
 
 def test_imported_config_carries_the_family_features(artifacts):

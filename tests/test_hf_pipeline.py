@@ -80,8 +80,16 @@ FAMILIES = {
     "llama": {"sft_on_base": True},
     "qwen3": {"chat_template_kwargs": '{"enable_thinking": false}'},
     "gemma3": {"lora_rank": 4, "lora_alpha": 8.0},
+    # Qwen3.5 thinks by default (its prompts open a think block); adapters on every linear
+    # layer, the Gated DeltaNet projections included.
+    "qwen3_5": {"lora_rank": 4, "lora_alpha": 8.0},
 }
-SYSTEM = {"llama": "You are a kind assistant.", "qwen3": "Answer kindly.", "gemma3": "Be kind."}
+SYSTEM = {
+    "llama": "You are a kind assistant.",
+    "qwen3": "Answer kindly.",
+    "gemma3": "Be kind.",
+    "qwen3_5": "Answer briefly.",
+}
 PROMPTS, NEW_TOKENS = 4, 12
 LOGIT_ATOL = 1e-4  # fp32 on both sides; the import tests measure ~1e-6
 

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from components.core.config import LORA_TARGETS
 from components.core.model import lora
 from components.core.model.artifact import load_model, save_model
 from components.core.model.transformer import Transformer
@@ -35,7 +36,7 @@ from pipelines.cli.main import main
 FIXTURES = pathlib.Path(__file__).parent / "fixtures"
 PEFT_FIXTURE = FIXTURES / "peft"
 RANK, ALPHA = 4, 8.0
-TARGETS = tuple(lora.TARGET_PATHS)  # all seven projections
+TARGETS = LORA_TARGETS  # all seven projections of an attention layer
 BASE_MODEL = "alignpipe-tests/tiny-llama-base"  # the fixture's base_model_name_or_path
 ADAPTER_STD = 0.2  # the adapters move the logits by up to ~9 (base vs peft, measured)
 # Our fp32 logits vs peft's on the fixture tokens; make_peft_fixtures.py measured a max

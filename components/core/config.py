@@ -21,6 +21,9 @@ from components.core.flags import field
 # Hugging Face's names of the projections an adapter can wrap (PEFT's target_modules),
 # in the order of a decoder layer.
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+# Qwen3.5's Gated DeltaNet projections (its linear-attention layers only).
+DELTA_TARGETS = ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a", "out_proj")
+ADAPTER_TARGETS = LORA_TARGETS + DELTA_TARGETS
 ALL_LINEAR = "all-linear"
 # Auto (0) learning rates of a stage that trains adapters: its full fine-tuning rate times
 # this. Schulman et al., "LoRA Without Regret" (Thinking Machines, 2025), found LoRA's best
@@ -46,7 +49,8 @@ class LoRASettings:
     lora_targets: str = field(
         ALL_LINEAR,
         help="comma-separated projections that get adapters, by their Hugging Face names "
-        f"({','.join(LORA_TARGETS)}); {ALL_LINEAR} = all seven",
+        f"({','.join(LORA_TARGETS)}; in Qwen3.5's DeltaNet layers also "
+        f"{','.join(DELTA_TARGETS)}); {ALL_LINEAR} = every one the model has",
     )
 
     def __post_init__(self) -> None:
@@ -65,14 +69,14 @@ class LoRASettings:
         """The targeted projections' Hugging Face names, in layer order; refuses unknown ones."""
         names = [n.strip() for n in self.lora_targets.split(",") if n.strip()]
         if names == [ALL_LINEAR]:
-            return LORA_TARGETS
-        unknown = sorted(set(names) - set(LORA_TARGETS))
+            return ADAPTER_TARGETS
+        unknown = sorted(set(names) - set(ADAPTER_TARGETS))
         if unknown or not names:
             raise ValueError(
                 f"lora_targets: {self.lora_targets!r} names {unknown or 'nothing'}; use "
-                f"{ALL_LINEAR} or a comma-separated subset of {','.join(LORA_TARGETS)}"
+                f"{ALL_LINEAR} or a comma-separated subset of {','.join(ADAPTER_TARGETS)}"
             )
-        return tuple(t for t in LORA_TARGETS if t in names)
+        return tuple(t for t in ADAPTER_TARGETS if t in names)
 
 
 def group_field(group: type, name: str, default: Any) -> Any:

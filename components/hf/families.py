@@ -28,6 +28,8 @@ ARCHITECTURES = {
     "Gemma2ForCausalLM": "gemma2",
     "Gemma3ForCausalLM": "gemma3",
     "Gemma3ForConditionalGeneration": "gemma3",
+    "Qwen3_5ForCausalLM": "qwen3_5",
+    "Qwen3_5ForConditionalGeneration": "qwen3_5",
 }
 # What an export writes: Gemma 3's multimodal checkpoints come back as the text model.
 FAMILY_ARCHITECTURE = {
@@ -37,8 +39,9 @@ FAMILY_ARCHITECTURE = {
     "qwen3": "Qwen3ForCausalLM",
     "gemma2": "Gemma2ForCausalLM",
     "gemma3": "Gemma3ForCausalLM",
+    "qwen3_5": "Qwen3_5ForCausalLM",
 }
-MODEL_TYPES = {"gemma3": "gemma3_text"}
+MODEL_TYPES = {"gemma3": "gemma3_text", "qwen3_5": "qwen3_5_text"}
 # Architectures met in the field that alignpipe does not model, and why.
 REFUSED_ARCHITECTURES = {
     "Qwen3MoeForCausalLM": "Qwen3 MoE: mixture-of-experts layers are not modelled; "
@@ -49,6 +52,17 @@ REFUSED_ARCHITECTURES = {
     "read; use the text-only Mistral Small 3 (MistralForCausalLM)",
     "Gemma3nForCausalLM": "Gemma 3n: per-layer embeddings and AltUp are not modelled",
     "Gemma3nForConditionalGeneration": "Gemma 3n: per-layer embeddings and AltUp are not modelled",
+    "Qwen3_5MoeForCausalLM": "Qwen3.5 MoE (35B-A3B, 122B-A10B, 397B-A17B): mixture-of-experts "
+    "layers are not modelled; use a dense Qwen3.5 (0.8B-27B)",
+    "Qwen3_5MoeForConditionalGeneration": "Qwen3.5 MoE (35B-A3B, 122B-A10B, 397B-A17B): "
+    "mixture-of-experts layers are not modelled; use a dense Qwen3.5 (0.8B-27B)",
+    "Qwen3NextForCausalLM": "Qwen3-Next: mixture-of-experts layers are not modelled; use a "
+    "dense Qwen3.5 (the same hybrid attention, 0.8B-27B)",
+}
+# The multimodal wrappers whose language model alignpipe reads (text only), per family.
+MULTIMODAL = {
+    "Gemma3ForConditionalGeneration": "gemma3",
+    "Qwen3_5ForConditionalGeneration": "qwen3_5",
 }
 # Multimodal checkpoints whose language model alignpipe reads: the name prefixes their
 # language model's tensors carry (transformers 5, then 4.x), and the towers left out.
@@ -61,6 +75,7 @@ TIE_DEFAULT = {
     "qwen3": True,
     "gemma2": True,
     "gemma3": True,
+    "qwen3_5": False,
 }
 GEMMA_ACTIVATIONS = ("gelu_pytorch_tanh", "gelu_tanh")
 GEMMAS = ("gemma2", "gemma3")
@@ -83,8 +98,26 @@ GEMMA3_TEXT_DEFAULTS = {
     "rope_theta": 1_000_000.0,
     "rope_local_base_freq": 10_000.0,
 }
+# Qwen3_5TextConfig's defaults (Qwen3.5-9B's shape), for the fields a text_config leaves out.
+QWEN3_5_TEXT_DEFAULTS = {
+    "vocab_size": 248320,
+    "hidden_size": 4096,
+    "intermediate_size": 12288,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 16,
+    "num_key_value_heads": 4,
+    "head_dim": 256,
+    "hidden_act": "silu",
+    "max_position_embeddings": 32768,
+    "rms_norm_eps": 1e-6,
+    "linear_conv_kernel_dim": 4,
+    "linear_key_head_dim": 128,
+    "linear_value_head_dim": 128,
+    "linear_num_key_heads": 16,
+    "linear_num_value_heads": 32,
+}
 ROPE_TYPES = {  # rope_type: families that model it
-    "default": ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3"),
+    "default": ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "qwen3_5"),
     "linear": ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3"),
     "llama3": ("llama",),
 }
@@ -169,6 +202,21 @@ REFUSALS: dict[str, list[Refusal]] = {
     ],
     "gemma2": [*_COMMON, *_GEMMA],
     "gemma3": [*_COMMON, *_GEMMA],
+    # Qwen3.5's partial rotary is modelled (rope_parameters.partial_rotary_factor), and its
+    # multi-token-prediction head (mtp_*) is left out, as transformers leaves it out.
+    "qwen3_5": [
+        *_COMMON[:2],
+        *_SILU,
+        Refusal("attention_bias", _truthy, "biases on the attention projections"),
+        Refusal(
+            "attn_output_gate",
+            lambda v: v is not None and not v,
+            "full-attention layers without Qwen3.5's output gate",
+        ),
+        Refusal("num_experts", _truthy, "mixture-of-experts layers (Qwen3.5 MoE)"),
+        Refusal("mlp_only_layers", _truthy, "Qwen3-Next's mixture-of-experts layer choice"),
+        Refusal("use_sliding_window", _truthy, "a sliding window on the attention layers"),
+    ],
 }
 
 
@@ -187,19 +235,35 @@ def family_of_hf(hf: dict[str, Any]) -> str:
     )
 
 
+def multimodal_family(hf: dict[str, Any]) -> str | None:
+    """The family of the language model a multimodal checkpoint wraps (Gemma 3 4B+,
+    Qwen3.5), or None for a causal LM's config."""
+    if "text_config" not in hf:
+        return None
+    for arch in hf.get("architectures") or []:
+        if arch in MULTIMODAL:
+            return MULTIMODAL[arch]
+    return None
+
+
 def is_multimodal(hf: dict[str, Any]) -> bool:
-    """Whether ``hf`` wraps a language model in a multimodal checkpoint (Gemma 3 4B+)."""
-    return "text_config" in hf and "Gemma3ForConditionalGeneration" in (
-        hf.get("architectures") or []
-    )
+    """Whether ``hf`` wraps a language model in a multimodal checkpoint."""
+    return multimodal_family(hf) is not None
 
 
 def language_model_config(hf: dict[str, Any]) -> dict[str, Any]:
     """The language model's config: ``hf`` itself, or a multimodal checkpoint's
-    ``text_config`` with Gemma3TextConfig's defaults for the fields it leaves out."""
-    if not is_multimodal(hf):
+    ``text_config`` with its text config class's defaults for the fields it leaves out."""
+    family = multimodal_family(hf)
+    if family is None:
         return hf
-    text = {**GEMMA3_TEXT_DEFAULTS, **(hf.get("text_config") or {})}
+    text = hf.get("text_config") or {}
+    if family == "qwen3_5":
+        # Qwen3_5ForConditionalGeneration ties its head by the outer config's flag.
+        tied = bool(hf.get("tie_word_embeddings", False))
+        text = {**QWEN3_5_TEXT_DEFAULTS, **text, "tie_word_embeddings": tied}
+        return {**text, "architectures": ["Qwen3_5ForCausalLM"], "model_type": "qwen3_5_text"}
+    text = {**GEMMA3_TEXT_DEFAULTS, **text}
     return {**text, "architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text"}
 
 
@@ -225,8 +289,11 @@ def _rope_table(rope: dict[str, Any], family: str, default_theta: float) -> dict
         f"rope_type {rope_type!r}; alignpipe models plain rotary, linear scaling and Llama "
         "3.1's 'llama3' scaling (Llama only)",
     )
-    _refuse(float(rope.get("partial_rotary_factor", 1.0)) != 1.0, "partial rotary embeddings")
+    partial = float(rope.get("partial_rotary_factor", 1.0))
+    _refuse(partial != 1.0 and family != "qwen3_5", f"partial rotary embeddings for {family}")
     fields: dict[str, Any] = {"rope_theta": float(rope.get("rope_theta", default_theta))}
+    if partial != 1.0:
+        fields["rotary_fraction"] = partial
     if rope_type == "linear":
         fields["rope_linear_factor"] = float(rope["factor"])
     if rope_type == "llama3":
@@ -245,6 +312,11 @@ def _rope_fields(hf: dict[str, Any], family: str) -> dict[str, Any]:
     rope = dict(hf.get("rope_parameters") or hf.get("rope_scaling") or {})
     per_type = any(isinstance(v, dict) for v in rope.values())
     theta = float(hf.get("rope_theta", 10000.0))
+    if family == "qwen3_5":
+        # Text only, M-RoPE's three position streams (time, height, width) are one and the
+        # same, so its sections rotate as 1-D rotary does: mrope_section is not needed.
+        rope.pop("mrope_section", None), rope.pop("mrope_interleaved", None)
+        rope.setdefault("partial_rotary_factor", hf.get("partial_rotary_factor", 0.25))
     if family != "gemma3":
         _refuse(per_type, f"rotary parameters per layer type for {family}")
         return _rope_table(rope, family, theta)
@@ -279,9 +351,42 @@ def _layer_types(hf: dict[str, Any], family: str) -> tuple[str, ...]:
     return (kind,) * n_layers  # Mistral: the window, when set, is every layer's
 
 
+def _qwen3_5_fields(hf: dict[str, Any]) -> dict[str, Any]:
+    """Qwen3.5's hybrid stack: Gated DeltaNet layers where ``layer_types`` (or the interval
+    of full-attention layers) says, and its gated, q/k-normed, partially rotated attention."""
+    n_layers = int(hf["num_hidden_layers"])
+    types = hf.get("layer_types") or [
+        "linear_attention"
+        if (i + 1) % int(hf.get("full_attention_interval", 4))
+        else "full_attention"
+        for i in range(n_layers)
+    ]
+    unknown = sorted(set(types) - {"linear_attention", "full_attention"})
+    _refuse(bool(unknown), f"Qwen3.5 layer types {unknown}")
+    _refuse(len(types) != n_layers, f"{len(types)} layer_types for {n_layers} layers")
+    return dict(
+        layer_types=tuple(types),
+        qk_norm=True,
+        norm_scale_offset=1.0,
+        attn_output_gate=True,
+        delta_key_heads=int(hf["linear_num_key_heads"]),
+        delta_value_heads=int(hf["linear_num_value_heads"]),
+        delta_key_dim=int(hf["linear_key_head_dim"]),
+        delta_value_dim=int(hf["linear_value_head_dim"]),
+        delta_conv_kernel=int(hf["linear_conv_kernel_dim"]),
+    )
+
+
 def _family_fields(hf: dict[str, Any], family: str) -> dict[str, Any]:
     """The ModelConfig fields that differ by family, refusing unmodelled options."""
     _check_refusals(hf, family)
+    if family == "qwen3_5":
+        try:
+            return _qwen3_5_fields(hf)
+        except KeyError as missing:
+            raise HFImportError(
+                f"config.json lacks {missing}, which a Qwen3.5 config has"
+            ) from None
     window = hf.get("sliding_window")
     if family in ("qwen2", "qwen3", "llama"):
         window = None  # Qwen: only with use_sliding_window (refused); Llama has none
@@ -350,6 +455,22 @@ def model_config_from_hf(hf: dict[str, Any], *, dtype: str, remat: str = "full")
 
 def _exportable_as(config: ModelConfig) -> list[str]:
     """The HF families whose architecture computes what ``config`` computes."""
+    if config.is_hybrid or config.attn_output_gate or config.rotary_fraction != 1.0:
+        qwen3_5 = (
+            config.is_hybrid
+            and config.attn_output_gate
+            and config.qk_norm
+            and config.norm_scale_offset == 1.0
+            and not (config.post_norms or config.embed_scale or config.qkv_bias)
+            and config.mlp_activation == "silu"
+            and config.query_pre_attn_scalar is None
+            and config.attn_logit_softcap is None
+            and config.final_logit_softcap is None
+            and config.rope_scaling_factor is None
+            and config.rope_linear_factor == 1.0
+            and config.rope_local_theta is None
+        )
+        return ["qwen3_5"] if qwen3_5 else []
     gemma = (
         config.norm_scale_offset == 1.0
         and config.post_norms
@@ -398,6 +519,36 @@ def family_of_config(config: ModelConfig, prefer: str = "") -> str:
     return prefer if prefer in families else families[0]
 
 
+# Qwen3.5's DeltaNet tensors (under model.layers.N.) and their place in a DeltaBlock.
+DELTA_TENSORS = {
+    "linear_attn.in_proj_qkv.weight": (("delta", "w_qkv", "kernel"), True),
+    "linear_attn.in_proj_z.weight": (("delta", "w_z", "kernel"), True),
+    "linear_attn.in_proj_b.weight": (("delta", "w_b", "kernel"), True),
+    "linear_attn.in_proj_a.weight": (("delta", "w_a", "kernel"), True),
+    "linear_attn.out_proj.weight": (("delta", "w_out", "kernel"), True),
+    "linear_attn.conv1d.weight": (("delta", "conv"), False),
+    "linear_attn.dt_bias": (("delta", "dt_bias"), False),
+    "linear_attn.A_log": (("delta", "a_log"), False),
+    "linear_attn.norm.weight": (("delta", "norm"), False),
+    "input_layernorm.weight": (("attn_norm", "scale"), False),
+    "post_attention_layernorm.weight": (("mlp_norm", "scale"), False),
+    "mlp.gate_proj.weight": (("mlp", "w_gate", "kernel"), True),
+    "mlp.up_proj.weight": (("mlp", "w_up", "kernel"), True),
+    "mlp.down_proj.weight": (("mlp", "w_down", "kernel"), True),
+}
+
+
+def stack_index(config: ModelConfig) -> list[tuple[str, int]]:
+    """Per checkpoint layer: its stack (``blocks`` or ``linear_blocks``) and index there."""
+    taken = {"blocks": 0, "linear_blocks": 0}
+    places = []
+    for is_linear in config.linear_layers():
+        stack = "linear_blocks" if is_linear else "blocks"
+        places.append((stack, taken[stack]))
+        taken[stack] += 1
+    return places
+
+
 def tensor_specs(config: ModelConfig, family: str) -> list[TensorSpec]:
     """Every HF tensor of ``family`` for ``config`` and where it goes in our params."""
     specs = [
@@ -428,14 +579,18 @@ def tensor_specs(config: ModelConfig, family: str) -> list[TensorSpec]:
     }
     if config.qk_norm:
         norms.update({"self_attn.q_norm": "attn/q_norm", "self_attn.k_norm": "attn/k_norm"})
-    for i in range(config.n_layers):
+    for i, (stack, j) in enumerate(stack_index(config)):
         prefix = f"model.layers.{i}."
+        if stack == "linear_blocks":
+            for hf_name, (ours, transpose) in DELTA_TENSORS.items():
+                specs.append(TensorSpec(f"{prefix}{hf_name}", (stack, *ours), transpose, j))
+            continue
         for hf_norm, ours in norms.items():
-            path = ("blocks", *ours.split("/"), "scale")
-            specs.append(TensorSpec(f"{prefix}{hf_norm}.weight", path, False, i))
+            path = (stack, *ours.split("/"), "scale")
+            specs.append(TensorSpec(f"{prefix}{hf_norm}.weight", path, False, j))
         for hf_linear, ours in linears.items():
-            path = ("blocks", *ours)
-            specs.append(TensorSpec(f"{prefix}{hf_linear}.weight", (*path, "kernel"), True, i))
+            path = (stack, *ours)
+            specs.append(TensorSpec(f"{prefix}{hf_linear}.weight", (*path, "kernel"), True, j))
             if config.qkv_bias and hf_linear[-6:] in ("q_proj", "k_proj", "v_proj"):
-                specs.append(TensorSpec(f"{prefix}{hf_linear}.bias", (*path, "bias"), False, i))
+                specs.append(TensorSpec(f"{prefix}{hf_linear}.bias", (*path, "bias"), False, j))
     return specs

@@ -62,6 +62,22 @@ def _gemma_fields(config: ModelConfig, family: str, rope: dict[str, Any]) -> dic
     return fields
 
 
+def _qwen3_5_fields(config: ModelConfig, rope: dict[str, Any]) -> dict[str, Any]:
+    """Qwen3_5TextConfig's fields for a hybrid stack (Qwen3_5ForCausalLM reads them)."""
+    return dict(
+        hidden_act="silu",
+        attention_bias=False,
+        attn_output_gate=True,
+        layer_types=list(config.layer_types),
+        linear_conv_kernel_dim=config.delta_conv_kernel,
+        linear_key_head_dim=config.delta_key_dim,
+        linear_value_head_dim=config.delta_value_dim,
+        linear_num_key_heads=config.delta_key_heads,
+        linear_num_value_heads=config.delta_value_heads,
+        rope_parameters={**rope, "partial_rotary_factor": config.rotary_fraction},
+    )
+
+
 def hf_config_from_model(config: ModelConfig, family: str, token_ids: dict, dtype: str) -> dict:
     """An HF ``config.json`` for ``config`` that transformers 4.4x and 5.x both read."""
     hf: dict[str, Any] = {
@@ -95,6 +111,8 @@ def hf_config_from_model(config: ModelConfig, family: str, token_ids: dict, dtyp
             hf.update(attention_bias=False, max_window_layers=config.n_layers)
         elif config.resolved_head_dim == config.dim // config.n_heads:
             del hf["head_dim"]  # transformers 4.x Qwen2 derives it and has no such field
+    elif family == "qwen3_5":
+        hf.update(_qwen3_5_fields(config, rope))
     elif family == "mistral":
         hf.update(hidden_act="silu", sliding_window=config.sliding_window)
     else:

@@ -34,6 +34,7 @@ from components.core.model.transformer import ModelConfig, Transformer
 from components.core.training.checkpoint import export_model, read_model_config
 from components.hf import safetensors_io
 from components.hf.families import (
+    FAMILY_ARCHITECTURE,
     LANGUAGE_MODEL_PREFIXES,
     HFImportError,
     TensorSpec,
@@ -47,6 +48,8 @@ log = logging.getLogger(__name__)
 
 # Buffers some checkpoints carry that are not parameters.
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+# Qwen3.5's multi-token-prediction head: transformers does not load it either.
+IGNORED_PREFIXES = ("mtp.",)
 SOURCE_DTYPES = {"BF16": "bfloat16", "F16": "float16", "F32": "float32", "F64": "float64"}
 MAX_LISTED = 20
 
@@ -155,7 +158,10 @@ def check_tensors(
     extra = [
         f"{n} {list(info.shape)}"
         for n, info in infos.items()
-        if n not in expected and n not in ignorable and not n.endswith(IGNORED_SUFFIXES)
+        if n not in expected
+        and n not in ignorable
+        and not n.endswith(IGNORED_SUFFIXES)
+        and not n.startswith(IGNORED_PREFIXES)
     ]
     problems = []
     if missing:
@@ -175,15 +181,18 @@ def read_params(
     infos: dict[str, safetensors_io.TensorInfo],
     specs: list[TensorSpec],
     expected: dict[str, tuple],
-    n_layers: int,
 ) -> dict:
     """Our params as a nested dict of float32 arrays, read file by file, tensor by tensor."""
     flat: dict[tuple, np.ndarray] = {}
+    layers: dict[tuple, int] = {}  # a stacked path -> its stack's layer count
+    for spec in specs:
+        if spec.layer is not None:
+            layers[spec.path] = max(layers.get(spec.path, 0), spec.layer + 1)
     for spec in specs:
         if spec.layer is not None and spec.path not in flat:
             shape = expected[spec.hf_name]
             shape = tuple(reversed(shape)) if spec.transpose else shape
-            flat[spec.path] = np.empty((n_layers, *shape), np.float32)
+            flat[spec.path] = np.empty((layers[spec.path], *shape), np.float32)
     by_name = {spec.hf_name: spec for spec in specs}
     by_file: dict[str, list[str]] = {}
     ours = {}  # the name in the file -> ours (they differ in a multimodal checkpoint)
@@ -283,7 +292,7 @@ def import_hf(hf_dir: str, out: str, *, dtype: str = "", remat: str = "full") ->
     hf, family, source_dtype = checked.hf, checked.family, checked.source_dtype
     config, tokenizer, infos = checked.config, checked.tokenizer, checked.infos
     specs, expected = checked.specs, checked.expected
-    params = read_params(infos, specs, expected, config.n_layers)
+    params = read_params(infos, specs, expected)
     abstract = nnx.eval_shape(lambda: Transformer(config, rngs=nnx.Rngs(0)))
     state = nnx.state(abstract, nnx.Param)
     nnx.replace_by_pure_dict(state, params)
@@ -294,8 +303,8 @@ def import_hf(hf_dir: str, out: str, *, dtype: str = "", remat: str = "full") ->
         source["text_only"] = {"tensors_left_out": checked.left_out}
         log.warning(
             "%s is a multimodal %s: its language model is imported and the run is text-only "
-            "(%d vision and projector tensors left out); export writes Gemma3ForCausalLM",
-            hf_dir, source["architecture"], checked.left_out,
+            "(%d tensors of its other towers left out); export writes %s",
+            hf_dir, source["architecture"], checked.left_out, FAMILY_ARCHITECTURE[family],
         )  # fmt: skip
     export_model(
         out,

@@ -33,6 +33,7 @@ from components.hf.export import (
     write_hf,
     write_json,
 )
+from components.hf.families import stack_index
 
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
@@ -46,6 +47,11 @@ HF_MODULES = {
     "gate_proj": "mlp.gate_proj",
     "up_proj": "mlp.up_proj",
     "down_proj": "mlp.down_proj",
+    "in_proj_qkv": "linear_attn.in_proj_qkv",
+    "in_proj_z": "linear_attn.in_proj_z",
+    "in_proj_b": "linear_attn.in_proj_b",
+    "in_proj_a": "linear_attn.in_proj_a",
+    "out_proj": "linear_attn.out_proj",
 }
 # PEFT options that change the adapter's function, which alignpipe does not model.
 UNSUPPORTED = {
@@ -93,20 +99,26 @@ def _adapter_name(layer: int, target: str, matrix: str) -> str:
     return f"base_model.model.model.layers.{layer}.{HF_MODULES[target]}.{matrix}.weight"
 
 
+def _adapter_sites(config) -> list[tuple[int, str, str, int]]:
+    """(checkpoint layer, target, stack, index in the stack) of every adapter of ``config``."""
+    sites = []
+    for layer, (stack, index) in enumerate(stack_index(config)):
+        for target in HF_MODULES:
+            if target in config.lora_targets and stack in config.target_stacks(target):
+                sites.append((layer, target, stack, index))
+    return sites
+
+
 def adapter_tensors(model: Transformer) -> dict[str, np.ndarray]:
     """PEFT's tensor name -> float32 [out, in] array for every adapter of ``model``."""
-    config = model.config
-    blocks = nnx.to_pure_dict(nnx.state(model, nnx.Param))["blocks"]
+    pure = nnx.to_pure_dict(nnx.state(model, nnx.Param))
     tensors = {}
-    for layer in range(config.n_layers):
-        for target in HF_MODULES:
-            if target not in config.lora_targets:
-                continue
-            attn_or_mlp, name = lora.TARGET_PATHS[target]
-            adapter = blocks[attn_or_mlp][name]["lora"]
-            for matrix, ours in (("lora_A", "lora_a"), ("lora_B", "lora_b")):
-                value = np.asarray(adapter[ours][layer], np.float32).T
-                tensors[_adapter_name(layer, target, matrix)] = np.ascontiguousarray(value)
+    for layer, target, stack, index in _adapter_sites(model.config):
+        module, name = lora.TARGET_PATHS[target]
+        adapter = pure[stack][module][name]["lora"]
+        for matrix, ours in (("lora_A", "lora_a"), ("lora_B", "lora_b")):
+            value = np.asarray(adapter[ours][index], np.float32).T
+            tensors[_adapter_name(layer, target, matrix)] = np.ascontiguousarray(value)
     return tensors
 
 
@@ -196,11 +208,13 @@ def load_adapter(model: Transformer, adapter_dir: str) -> Transformer:
         )
     state = nnx.state(adapted, nnx.Param)
     pure = nnx.to_pure_dict(state)
-    for target in targets:
-        attn_or_mlp, name = lora.TARGET_PATHS[target]
-        adapter = pure["blocks"][attn_or_mlp][name]["lora"]
+    sites = _adapter_sites(adapted.config)
+    for target, stack in {(target, stack) for _, target, stack, _ in sites}:
+        module, name = lora.TARGET_PATHS[target]
+        adapter = pure[stack][module][name]["lora"]
+        layers = [layer for layer, t, s, _ in sites if (t, s) == (target, stack)]
         for matrix, ours in (("lora_A", "lora_a"), ("lora_B", "lora_b")):
-            names = [_adapter_name(i, target, matrix) for i in range(adapted.config.n_layers)]
+            names = [_adapter_name(i, target, matrix) for i in layers]
             stacked = np.stack([np.asarray(stored[name], np.float32).T for name in names])
             if stacked.shape != adapter[ours].shape:
                 raise AdapterError(

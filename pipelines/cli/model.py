@@ -313,10 +313,13 @@ def _import(args: argparse.Namespace, rest: list[str]) -> int:
     except _errors() as error:
         return _refuse(str(error))
     if "text_only" in summary:
+        from components.hf.families import FAMILY_ARCHITECTURE
+
         print(
             f"{args.hf_dir} is a multimodal {summary['architecture']}: imported its language "
-            f"model only ({summary['text_only']['tensors_left_out']} vision tensors left out); "
-            "the run is text-only, and export writes a text-only Gemma3ForCausalLM",
+            f"model only ({summary['text_only']['tensors_left_out']} tensors of its other towers "
+            "left out); the run is text-only, and export writes a text-only "
+            f"{FAMILY_ARCHITECTURE[summary['family']]}",
             file=sys.stderr,
         )
     print(json.dumps(summary))

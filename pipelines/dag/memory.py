@@ -83,17 +83,31 @@ LORA_BASES = {"sft": 1, "reward": 1, "ppo": 2, "grpo": 2, "rloo": 2, "dpo": 1}
 
 def param_count(config: ModelConfig) -> int:
     """Parameters of the model (without a scalar head)."""
-    return config.n_layers * layer_param_count(config) + outer_param_count(config)
+    linear = sum(config.linear_layers())
+    layers = (config.n_layers - linear) * layer_param_count(config)
+    return layers + linear * delta_layer_param_count(config) + outer_param_count(config)
 
 
 def layer_param_count(config: ModelConfig) -> int:
-    """Parameters of one layer of the stack."""
+    """Parameters of one (attention) layer of the stack."""
     d, hd = config.dim, config.resolved_head_dim
-    attn = d * hd * (2 * config.n_heads + 2 * config.n_kv_heads)
+    queries = config.n_heads * (3 if config.attn_output_gate else 2)  # q (and its gate), o
+    attn = d * hd * (queries + 2 * config.n_kv_heads)
     if config.qkv_bias:
         attn += hd * (config.n_heads + 2 * config.n_kv_heads)
-    norms = (4 if config.post_norms else 2) * d
+    norms = (4 if config.post_norms else 2) * d + (2 * hd if config.qk_norm else 0)
     return attn + 3 * d * config.hidden_dim + norms
+
+
+def delta_layer_param_count(config: ModelConfig) -> int:
+    """Parameters of one Gated DeltaNet layer (hybrid stacks): its projections, conv, decay
+    and norm, and the MLP and norms every layer has."""
+    d, heads = config.dim, config.delta_value_heads
+    values = heads * config.delta_value_dim
+    channels = 2 * config.delta_key_heads * config.delta_key_dim + values
+    mixer = d * (channels + values + 2 * heads) + values * d
+    mixer += channels * config.delta_conv_kernel + 2 * heads + config.delta_value_dim
+    return mixer + 3 * d * config.hidden_dim + 2 * d
 
 
 def outer_param_count(config: ModelConfig) -> int:
@@ -105,6 +119,8 @@ def projection_shapes(config: ModelConfig) -> dict[str, tuple[int, int]]:
     """(in, out) of each projection of a layer an adapter can wrap, by Hugging Face name."""
     d, hidden = config.dim, config.hidden_dim
     q, kv = config.n_heads * config.resolved_head_dim, config.n_kv_heads * config.resolved_head_dim
+    keys = config.delta_key_heads * config.delta_key_dim
+    values = config.delta_value_heads * config.delta_value_dim
     return {
         "q_proj": (d, q),
         "k_proj": (d, kv),
@@ -113,13 +129,25 @@ def projection_shapes(config: ModelConfig) -> dict[str, tuple[int, int]]:
         "gate_proj": (d, hidden),
         "up_proj": (d, hidden),
         "down_proj": (hidden, d),
+        # Qwen3.5's Gated DeltaNet layers
+        "in_proj_qkv": (d, 2 * keys + values),
+        "in_proj_z": (d, values),
+        "in_proj_b": (d, config.delta_value_heads),
+        "in_proj_a": (d, config.delta_value_heads),
+        "out_proj": (values, d),
     }
 
 
 def adapter_param_count(config: ModelConfig, rank: int, targets: tuple[str, ...]) -> int:
-    """LoRA parameters of one network: A [in, r] and B [r, out] on each target of each layer."""
+    """LoRA parameters of one network: A [in, r] and B [r, out] on each target of each layer
+    that has it (hybrid stacks: DeltaNet projections on their layers only)."""
     shapes = projection_shapes(config)
-    return config.n_layers * rank * sum(sum(shapes[target]) for target in targets)
+    linear = sum(config.linear_layers())
+    count = {"blocks": config.n_layers - linear, "linear_blocks": linear}
+    return rank * sum(
+        sum(shapes[target]) * sum(count[s] for s in config.target_stacks(target))
+        for target in config.present_targets(targets)
+    )
 
 
 def compute_bytes(config: ModelConfig) -> int:
@@ -135,12 +163,40 @@ def attention_bytes(config: ModelConfig, sequences: int, seq_len: int, *, train:
     return per_score * sequences * config.n_heads * seq_len * seq_len
 
 
+# A Gated DeltaNet layer's chunked rule (core/model/delta.py) keeps fp32 arrays per token and
+# value head: [C] rows of the chunk's decay, Gram and attention matrices and [D] rows of its
+# queries, keys, values and their transforms. Bytes per (chunk position, head width), fitted
+# to XLA:CPU's temporaries of one layer at B·H·T from 4k to 16k, C 64, D 16 and 32 (within
+# 3%); the gradient also keeps each chunk's state [Dk, Dv] in fp32.
+DELTA_FORWARD = (17, 29)
+DELTA_TRAIN = (28, 140)
+
+
+def delta_bytes(config: ModelConfig, sequences: int, seq_len: int, *, train: bool) -> float:
+    """One Gated DeltaNet layer's rule temporaries (0 without such layers); a decode step
+    (one token) updates the state in place of the chunks."""
+    if not config.is_hybrid:
+        return 0.0
+    heads, dk, dv, chunk = (
+        config.delta_value_heads, config.delta_key_dim, config.delta_value_dim, config.delta_chunk,
+    )  # fmt: skip
+    if seq_len == 1 and not train:
+        return 2 * sequences * heads * dk * dv * 4
+    per_position, per_width = DELTA_TRAIN if train else DELTA_FORWARD
+    per_token = per_position * chunk + per_width * dv + (4 * dk * dv / chunk if train else 0)
+    padded = -(-seq_len // chunk) * chunk
+    return sequences * padded * heads * per_token
+
+
 def _layer_matmuls(config: ModelConfig, sequences: int, seq_len: int) -> float:
     """One layer's projection outputs live at once, in the compute dtype: the attention
     block's (queries and keys, values) or one of the MLP's hidden activations, whichever is
     wider, and the residual stream with its normed copy (XLA fuses the rest away)."""
     hd, kv = config.resolved_head_dim, config.n_kv_heads
-    attention = config.n_heads * hd + 2 * kv * hd
+    attention = config.n_heads * hd * (2 if config.attn_output_gate else 1) + 2 * kv * hd
+    if config.is_hybrid:  # a DeltaNet layer's conv channels and output gate
+        values = config.delta_value_heads * config.delta_value_dim
+        attention = max(attention, 2 * config.delta_key_heads * config.delta_key_dim + 2 * values)
     widths = max(attention, config.hidden_dim) + 2 * config.dim
     return sequences * seq_len * widths * compute_bytes(config)
 
@@ -151,9 +207,14 @@ def forward_bytes(
     """Temporaries of a forward pass without gradient on one chip: one layer at a time (its
     projections and attention scores), then ``tiles`` logits tiles over ``logits_len``
     positions a sequence."""
+    # A hybrid period's attention scores and DeltaNet chunks live side by side (XLA:CPU
+    # reuses neither's buffers for the other within the scanned period).
+    mixing = attention_bytes(config, sequences, seq_len, train=False) + delta_bytes(
+        config, sequences, seq_len, train=False
+    )
     return (
         _layer_matmuls(config, sequences, seq_len)
-        + attention_bytes(config, sequences, seq_len, train=False)
+        + mixing
         + logits_bytes(config, sequences * logits_len, tiles)
     )
 
@@ -164,13 +225,21 @@ def backward_bytes(config: ModelConfig, sequences: int, seq_len: int, *, logits_
     probabilities and their gradient), the loss's logits tiles."""
     one_layer = _layer_matmuls(config, sequences, seq_len)
     recomputed = one_layer + attention_bytes(config, sequences, seq_len, train=True)
-    inputs = config.n_layers * sequences * seq_len * config.dim * compute_bytes(config)
+    scanned = config.n_layers
+    if config.is_hybrid:  # the scan recomputes a whole period: every layer of it lives at once
+        period = config.layer_period()
+        linear = sum(period)
+        recomputed = (len(period) - linear) * recomputed + linear * (
+            one_layer + delta_bytes(config, sequences, seq_len, train=True)
+        )
+        scanned = config.n_layers // len(period)
+    inputs = scanned * sequences * seq_len * config.dim * compute_bytes(config)
     if config.remat == "full":
         kept = inputs
     elif config.remat == "dots_saveable":
         kept = inputs + config.n_layers * one_layer
     else:
-        kept = config.n_layers * recomputed
+        kept = scanned * recomputed
     return kept + recomputed + logits_bytes(config, sequences * logits_len, TRAIN_TILES)
 
 
@@ -204,9 +273,21 @@ def cast_bytes(config: ModelConfig, program: str) -> int:
 
 
 def kv_cache_bytes(config: ModelConfig, sequences: int, length: int) -> float:
-    """Keys and values of every layer for ``sequences`` of ``length`` tokens."""
+    """Keys and values of every attention layer for ``sequences`` of ``length`` tokens, and
+    each Gated DeltaNet layer's state (fp32, its size free of ``length``) and conv inputs."""
     kv = config.n_kv_heads * config.resolved_head_dim
-    return 2 * config.n_layers * sequences * length * kv * compute_bytes(config)
+    linear = sum(config.linear_layers())
+    keys = 2 * (config.n_layers - linear) * sequences * length * kv * compute_bytes(config)
+    return keys + linear * sequences * delta_state_bytes(config)
+
+
+def delta_state_bytes(config: ModelConfig) -> int:
+    """One sequence's decoding state in one Gated DeltaNet layer: [Hv, Dk, Dv] fp32 and the
+    conv's last kernel - 1 inputs in the compute dtype."""
+    heads, values = config.delta_value_heads, config.delta_value_dim
+    channels = 2 * config.delta_key_heads * config.delta_key_dim + heads * values
+    recurrent = heads * config.delta_key_dim * values * 4
+    return recurrent + (config.delta_conv_kernel - 1) * channels * compute_bytes(config)
 
 
 def gathered_bytes(

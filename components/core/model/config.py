@@ -10,7 +10,7 @@ import jax.numpy as jnp
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 MLP_ACTIVATIONS = ("silu", "gelu_tanh")
-LAYER_TYPES = ("sliding_attention", "full_attention")
+LAYER_TYPES = ("sliding_attention", "full_attention", "linear_attention")
 
 # None: keep every activation; full: keep only layer inputs; dots_saveable: keep matmul
 # outputs (less recompute, more memory). Batch-dim dots (attention) are recomputed.
@@ -68,6 +68,19 @@ class ModelConfig:
     rope_local_theta: float | None = None
     # rope_type "linear": positions divided by this factor (Gemma 3's global layers).
     rope_linear_factor: float = 1.0
+    # Partial rotary (Qwen3.5: 0.25): only the first head_dim * this of each head rotates.
+    rotary_fraction: float = 1.0
+    # Qwen3.5: q_proj emits each head's queries and a gate; the output is scaled by sigmoid(gate).
+    attn_output_gate: bool = False
+    # Gated DeltaNet layers ("linear_attention" in layer_types; core/model/delta.py): heads
+    # of keys and of values, their widths, the causal conv's kernel and the chunk length
+    # of the parallel form (transformers' and FLA's 64).
+    delta_key_heads: int = 0
+    delta_value_heads: int = 0
+    delta_key_dim: int = 128
+    delta_value_dim: int = 128
+    delta_conv_kernel: int = 4
+    delta_chunk: int = 64
     # Logits live a tile of at most this many elements (positions × vocabulary) at a time
     # wherever log-probs, entropy or KL are reduced (core/model/vocab_tiles.py): 2**24 fp32
     # = 64 MiB; 0 = whole. The sampler's one position a step is never tiled.
@@ -112,19 +125,26 @@ class ModelConfig:
         self._check_lora()
 
     def _check_lora(self) -> None:
-        """Adapters: a non-negative rank, a positive alpha, targets among LORA_TARGETS."""
-        from components.core.config import LORA_TARGETS
+        """Adapters: a non-negative rank, a positive alpha, targets the model has."""
+        from components.core.config import ADAPTER_TARGETS, DELTA_TARGETS, LORA_TARGETS
 
+        known = ADAPTER_TARGETS if self.is_hybrid else LORA_TARGETS
+        if not self.is_hybrid and set(self.lora_targets) & set(DELTA_TARGETS):
+            raise ValueError(
+                f"ModelConfig.lora_targets {list(self.lora_targets)}: {list(DELTA_TARGETS)} "
+                "are Gated DeltaNet projections, which this model (no linear_attention layers) "
+                "does not have"
+            )
         if self.lora_rank < 0 or not self.lora_alpha > 0:
             raise ValueError(
                 f"ModelConfig.lora_rank ({self.lora_rank}) must be >= 0 and lora_alpha "
                 f"({self.lora_alpha}) > 0"
             )
-        unknown = sorted(set(self.lora_targets) - set(LORA_TARGETS))
+        unknown = sorted(set(self.lora_targets) - set(known))
         if unknown or (self.lora_rank > 0) != bool(self.lora_targets):
             raise ValueError(
                 f"ModelConfig.lora_targets {list(self.lora_targets)} must name projections among "
-                f"{list(LORA_TARGETS)}, and be given exactly when lora_rank > 0"
+                f"{list(known)}, and be given exactly when lora_rank > 0"
             )
 
     def _check_variations(self) -> None:
@@ -157,6 +177,7 @@ class ModelConfig:
             raise ValueError(
                 f"ModelConfig.logits_tile must be >= 0 (0 = whole logits), got {self.logits_tile}"
             )
+        self._check_hybrid()
         if self.rope_linear_factor <= 0 or (self.rope_local_theta or 1.0) <= 0:
             raise ValueError("ModelConfig.rope_linear_factor and rope_local_theta must be positive")
         if self.rope_scaling_factor is not None and not (
@@ -166,6 +187,78 @@ class ModelConfig:
                 "ModelConfig rotary scaling needs rope_scaling_factor > 0 and "
                 "rope_high_freq_factor > rope_low_freq_factor"
             )
+
+    def _check_hybrid(self) -> None:
+        """Gated DeltaNet layers: their heads and widths, a repeating pattern, no window."""
+        if not 0 < self.rotary_fraction <= 1 or int(self.rotary_dim) % 2:
+            raise ValueError(
+                f"ModelConfig.rotary_fraction ({self.rotary_fraction}) must be in (0, 1] and "
+                f"leave an even rotary width (head_dim {self.resolved_head_dim})"
+            )
+        if not self.is_hybrid:
+            return
+        heads, value_heads = self.delta_key_heads, self.delta_value_heads
+        sizes = (heads, value_heads, self.delta_key_dim, self.delta_value_dim)
+        if min(sizes) < 1 or value_heads % heads or self.delta_conv_kernel < 1:
+            raise ValueError(
+                "ModelConfig linear_attention layers need delta_key_heads, delta_value_heads "
+                "(a multiple of the key heads), delta_key_dim, delta_value_dim and "
+                f"delta_conv_kernel >= 1, got {sizes} and kernel {self.delta_conv_kernel}"
+            )
+        if self.delta_chunk < 1:
+            raise ValueError(f"ModelConfig.delta_chunk must be >= 1, got {self.delta_chunk}")
+        if self.sliding_window is not None:
+            raise ValueError("ModelConfig: sliding windows beside linear_attention layers")
+        self.layer_period()  # refuses a pattern that does not repeat
+
+    @property
+    def is_hybrid(self) -> bool:
+        """Whether some layers are Gated DeltaNet (linear attention) layers."""
+        return "linear_attention" in self.layer_types
+
+    def linear_layers(self) -> list[bool]:
+        """Per layer: whether it is a Gated DeltaNet layer (all False in a plain model)."""
+        return [kind == "linear_attention" for kind in self.layer_types] or [False] * self.n_layers
+
+    def layer_period(self) -> tuple[bool, ...]:
+        """The shortest run of :meth:`linear_layers` flags that repeats to make the stack.
+
+        A hybrid stack is scanned one period at a time (transformer.py): Qwen3.5's three
+        DeltaNet layers and one attention layer. A pattern that does not repeat is refused.
+        """
+        flags = tuple(self.linear_layers())
+        for period in range(1, self.n_layers + 1):
+            if self.n_layers % period == 0 and flags == flags[:period] * (self.n_layers // period):
+                if period == self.n_layers and self.n_layers > 8:
+                    break
+                return flags[:period]
+        raise ValueError(
+            f"ModelConfig.layer_types {list(self.layer_types)} do not repeat one pattern of "
+            "linear_attention and full_attention layers; alignpipe scans a hybrid stack one "
+            "period at a time"
+        )
+
+    def target_stacks(self, target: str) -> tuple[str, ...]:
+        """The layer stacks (transformer.py) holding the adapter target ``target``: attention
+        projections in ``blocks``, DeltaNet ones in ``linear_blocks``, the MLP's in both."""
+        from components.core.config import DELTA_TARGETS
+
+        if target in DELTA_TARGETS:
+            return ("linear_blocks",)
+        if target in ("gate_proj", "up_proj", "down_proj") and self.is_hybrid:
+            return ("blocks", "linear_blocks")
+        return ("blocks",)
+
+    def present_targets(self, targets: tuple[str, ...]) -> tuple[str, ...]:
+        """Those of ``targets`` this model's layers have (all-linear names DeltaNet's too)."""
+        return tuple(
+            t for t in targets if self.is_hybrid or "linear_blocks" not in self.target_stacks(t)
+        )
+
+    @property
+    def rotary_dim(self) -> int:
+        """How many of each head's leading dimensions rotate (all of them by default)."""
+        return int(self.resolved_head_dim * self.rotary_fraction)
 
     def sliding_layers(self) -> list[bool]:
         """Per layer: whether it uses the sliding window (all False without one)."""

@@ -117,7 +117,7 @@ def rope_inv_freq(config: ModelConfig, *, local: bool = False) -> np.ndarray:
     """Rotary inverse frequencies [head_dim / 2] (fp32) of the global layers, with Llama
     3.1's or linear scaling if set; ``local``: of the sliding layers when they have their
     own base (Gemma 3's ``rope_local_base_freq``: plain, unscaled)."""
-    half = config.resolved_head_dim // 2
+    half = config.rotary_dim // 2  # partial rotary (Qwen3.5): only the leading dims rotate
     exponents = np.arange(half, dtype=np.float32) / half
     if local and config.rope_local_theta is not None:
         return (1.0 / (config.rope_local_theta**exponents)).astype(np.float32)
@@ -180,10 +180,17 @@ def rotary_key(config: ModelConfig) -> str:
 
 
 def apply_rope(x: jax.Array, rotary: Rotary) -> jax.Array:
-    """Rotate ``x`` [B, T, N, Hd] by its positions' ``rotary`` tables (HF "rotate half")."""
+    """Rotate ``x`` [B, T, N, Hd] by its positions' ``rotary`` tables (HF "rotate half").
+
+    Tables narrower than half a head (partial rotary) rotate its leading 2 × width dims and
+    pass the rest through, as transformers' ``apply_rotary_pos_emb`` does.
+    """
     sin, cos = (table[:, :, None, :] for table in rotary)
-    x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
+    width = 2 * sin.shape[-1]
+    x1, x2 = jnp.split(x[..., :width].astype(jnp.float32), 2, axis=-1)
     rotated = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+    if width < x.shape[-1]:
+        return jnp.concatenate([rotated.astype(x.dtype), x[..., width:]], axis=-1)
     return rotated.astype(x.dtype)
 
 
@@ -244,7 +251,10 @@ class Attention(nnx.Module):
             config.n_kv_heads,
             config.qkv_bias,
         )
-        self.wq = dense(dim, n_heads * head_dim, config, rngs, qkv_bias, target="q_proj")
+        # Qwen3.5's q_proj emits, per head, the queries then as many gate values.
+        self.gated = config.attn_output_gate
+        q_width = n_heads * head_dim * (2 if self.gated else 1)
+        self.wq = dense(dim, q_width, config, rngs, qkv_bias, target="q_proj")
         self.wk = dense(dim, n_kv * head_dim, config, rngs, qkv_bias, target="k_proj")
         self.wv = dense(dim, n_kv * head_dim, config, rngs, qkv_bias, target="v_proj")
         self.wo = dense(n_heads * head_dim, dim, config, rngs, target="o_proj")
@@ -268,7 +278,11 @@ class Attention(nnx.Module):
         (``allowed`` is then [B,T,S]), and the cache with the new keys is returned instead.
         """
         batch, length, _ = x.shape
-        q = on_rows(self.wq, x).reshape(batch, length, self.n_heads, self.head_dim)
+        q = on_rows(self.wq, x).reshape(batch, length, self.n_heads, -1)
+        gate = None
+        if self.gated:
+            q, gate = jnp.split(q, 2, axis=-1)
+            gate = gate.reshape(batch, length, -1)
         k = on_rows(self.wk, x).reshape(batch, length, self.n_kv_heads, self.head_dim)
         v = on_rows(self.wv, x).reshape(batch, length, self.n_kv_heads, self.head_dim)
         if self.q_norm is not None:
@@ -278,7 +292,7 @@ class Attention(nnx.Module):
         softcap = self.config.attn_logit_softcap
         if cache_kv is None:
             out = attend(q, k, v, allowed, self.scale, softcap)
-            return on_rows(self.wo, out.reshape(batch, length, -1)), (k, v)
+            return self._output(out, gate), (k, v)
         k = jax.lax.dynamic_update_slice_in_dim(
             cache_kv[0], k.transpose(0, 2, 3, 1), cache_index, 3
         )
@@ -286,7 +300,14 @@ class Attention(nnx.Module):
             cache_kv[1], v.transpose(0, 2, 1, 3), cache_index, 2
         )
         out = attend(q, k, v, allowed, self.scale, softcap, heads_major=True)
-        return on_rows(self.wo, out.reshape(batch, length, -1)), (k, v)
+        return self._output(out, gate), (k, v)
+
+    def _output(self, out: jax.Array, gate: jax.Array | None) -> jax.Array:
+        """The heads [B,T,H,Hd] joined, gated where the model gates them, projected."""
+        out = out.reshape(*out.shape[:2], -1)
+        if gate is not None:
+            out = out * jax.nn.sigmoid(gate.astype(jnp.float32)).astype(out.dtype)
+        return on_rows(self.wo, out)
 
 
 class GatedMLP(nnx.Module):

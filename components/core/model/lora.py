@@ -31,7 +31,7 @@ from components.core.training.host import on_host
 PyTree = Any
 # Adapters and the reward/value head train; everything else is the frozen base.
 TRAINABLE = nnx.Any(nnx.LoRAParam, nnx.PathContains("scalar_head"))
-# The Transformer's path of each adapter target (stacked blocks: a leading layer axis).
+# The path of each adapter target inside a layer of a stack (a leading layer axis).
 TARGET_PATHS = {
     "q_proj": ("attn", "wq"),
     "k_proj": ("attn", "wk"),
@@ -40,16 +40,20 @@ TARGET_PATHS = {
     "gate_proj": ("mlp", "w_gate"),
     "up_proj": ("mlp", "w_up"),
     "down_proj": ("mlp", "w_down"),
+    "in_proj_qkv": ("delta", "w_qkv"),
+    "in_proj_z": ("delta", "w_z"),
+    "in_proj_b": ("delta", "w_b"),
+    "in_proj_a": ("delta", "w_a"),
+    "out_proj": ("delta", "w_out"),
 }
 
 
 def with_lora(
     config: ModelConfig, rank: int, alpha: float, targets: tuple[str, ...]
 ) -> ModelConfig:
-    """``config`` carrying adapters of ``rank`` on ``targets`` (rank 0: none)."""
-    return dataclasses.replace(
-        config, lora_rank=rank, lora_alpha=alpha, lora_targets=tuple(targets) if rank else ()
-    )
+    """``config`` carrying adapters of ``rank`` on those of ``targets`` it has (rank 0: none)."""
+    targets = config.present_targets(tuple(targets)) if rank else ()
+    return dataclasses.replace(config, lora_rank=rank, lora_alpha=alpha, lora_targets=targets)
 
 
 def _abstract_params(model: Transformer, config: ModelConfig) -> tuple[nnx.GraphDef, nnx.State]:
@@ -68,12 +72,13 @@ def merge(model: Transformer) -> Transformer:
     pure = nnx.to_pure_dict(params)
     with on_host():
         for target in config.lora_targets:
-            attn_or_mlp, name = TARGET_PATHS[target]
-            layer = pure["blocks"][attn_or_mlp][name]
-            adapter = layer.pop("lora")
-            delta = jnp.einsum("lir,lro->lio", adapter["lora_a"], adapter["lora_b"])
-            kernel = layer["kernel"]
-            layer["kernel"] = (kernel + delta * config.lora_scale).astype(kernel.dtype)
+            module, name = TARGET_PATHS[target]
+            for stack in config.target_stacks(target):
+                layer = pure[stack][module][name]
+                adapter = layer.pop("lora")
+                delta = jnp.einsum("lir,lro->lio", adapter["lora_a"], adapter["lora_b"])
+                kernel = layer["kernel"]
+                layer["kernel"] = (kernel + delta * config.lora_scale).astype(kernel.dtype)
     plain = with_lora(config, 0, config.lora_alpha, ())
     graphdef, template = _abstract_params(model, plain)
     nnx.replace_by_pure_dict(template, pure)

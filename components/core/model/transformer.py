@@ -21,11 +21,19 @@ gathers one layer's weights, inside the remat, so only one layer is whole at a t
 Sliding-window layers (Gemma 2 and 3, Mistral) run inside the same scan: each layer gets
 a flag, and picks the windowed or the full attention mask with it, and, where the model
 has two rotary tables (Gemma 3), its table.
+
+A hybrid stack (Qwen3.5: three Gated DeltaNet layers, then one attention layer, repeated)
+keeps two stacks, ``blocks`` (the attention layers) and ``linear_blocks`` (delta.py), each
+with its leading layer axis. The scan walks the repeating period (``ModelConfig.
+layer_period``): each step takes one period's slice of both stacks and runs its layers in
+order, so XLA compiles one period (four layers), not the whole stack, and remat keeps only
+each period's input. Decoding carries each DeltaNet layer's conv and recurrent state
+(``KVCache.delta``) beside the attention layers' keys and values.
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -33,6 +41,7 @@ from flax import nnx
 
 from components.core.model import vocab_tiles
 from components.core.model.config import PRESETS, REMAT_POLICIES, ModelConfig, model_config
+from components.core.model.delta import DeltaBlock, DeltaState
 from components.core.model.layers import (
     INIT_STD,
     Block,
@@ -59,6 +68,9 @@ class KVCache(NamedTuple):
     key_mask: jax.Array  # [B, S] bool: slot holds a token that may be attended to
     next_position: jax.Array  # [B] int32: rotary position of the next token
     length: jax.Array  # [] int32: slots filled so far (same for the whole batch)
+    # Per Gated DeltaNet layer (hybrid stacks): its conv inputs and recurrent state, whose
+    # size does not grow with the sequence. k and v then hold the attention layers' only.
+    delta: tuple[DeltaState, ...] = ()
 
 
 def positions_from_mask(mask: jax.Array) -> jax.Array:
@@ -94,6 +106,30 @@ def layer_allowed(allowed: jax.Array, window: jax.Array | None, is_sliding: jax.
     return allowed if window is None else jnp.where(is_sliding, window, allowed)
 
 
+def _stack(kind: type, config: ModelConfig, count: int, rngs: nnx.Rngs) -> nnx.Module:
+    """``count`` layers of ``kind``, created under vmap: every param gains a leading layer axis."""
+
+    @nnx.split_rngs(splits=count)
+    @nnx.vmap(in_axes=(0,), out_axes=0)
+    def stacked(rngs: nnx.Rngs) -> nnx.Module:
+        return kind(config, rngs=rngs)
+
+    return stacked(rngs)
+
+
+def _by_period(stack: nnx.State, periods: int) -> nnx.State:
+    """A layer stack [L, ...] as [periods, L / periods, ...] (fsdp chunks included)."""
+    return jax.tree.map(lambda a: a.reshape(periods, -1, *a.shape[1:]), stack)
+
+
+def _unstack(stacked: Any) -> tuple[Any, ...]:
+    """A scan's per-period outputs [periods, per, ...] as one entry per layer, in order."""
+    leaves = jax.tree.leaves(stacked)
+    count = leaves[0].shape[0] * leaves[0].shape[1] if leaves else 0
+    flat = jax.tree.map(lambda a: a.reshape(-1, *a.shape[2:]), stacked)
+    return tuple(jax.tree.map(lambda a, i=i: a[i], flat) for i in range(count))
+
+
 def _lm_head(config: ModelConfig, rngs: nnx.Rngs) -> nnx.Param:
     """An untied output projection [D, V]."""
     init = nnx.initializers.normal(INIT_STD)
@@ -126,13 +162,9 @@ class Transformer(nnx.Module):
             rngs=rngs,
         )
 
-        # One Block per layer, created under vmap so every param gains a leading layer axis.
-        @nnx.split_rngs(splits=config.n_layers)
-        @nnx.vmap(in_axes=(0,), out_axes=0)
-        def stacked_blocks(rngs: nnx.Rngs) -> Block:
-            return Block(config, rngs=rngs)
-
-        self.blocks = stacked_blocks(rngs)
+        linear = sum(config.linear_layers())
+        self.blocks = _stack(Block, config, config.n_layers - linear, rngs)
+        self.linear_blocks = _stack(DeltaBlock, config, linear, rngs) if linear else None
         self.final_norm = RMSNorm(config.dim, config)
         # Assigned once each: NNX fixes an attribute as data or static on first assignment.
         self.lm_head = None if config.tie_embeddings else _lm_head(config, rngs)
@@ -161,6 +193,9 @@ class Transformer(nnx.Module):
         positions = positions_from_mask(mask)
         rotary = self.rotary(mask) if rotary is None else rotary
         allowed = causal_allowed(mask)
+        if self.linear_blocks is not None:
+            x, _ = self._hybrid(self._embed(tokens), mask, rotary, allowed)
+            return self.final_norm(x)
         window = sliding_allowed(self.config, allowed, positions, positions)
         graphdef, layers = nnx.split(self.blocks)
 
@@ -183,6 +218,53 @@ class Transformer(nnx.Module):
             layer, self._embed(tokens), (layers, self._sliding_flags()), unroll=unroll
         )
         return self.final_norm(x)
+
+    def _hybrid(
+        self,
+        x: jax.Array,
+        mask: jax.Array,
+        rotary: Rotary,
+        allowed: jax.Array,
+        *,
+        collect: bool = False,
+    ) -> tuple[jax.Array, tuple[Any, Any] | None]:
+        """A hybrid stack over ``x`` [B,T,D], scanned a period at a time (module docstring).
+
+        Returns the residual stream and, with ``collect``, per period the attention layers'
+        (k, v) and the DeltaNet layers' states, each stacked [periods, per period, ...].
+        """
+        period = self.config.layer_period()
+        periods = self.config.n_layers // len(period)
+        attention_def, attention = nnx.split(self.blocks)
+        linear_def, linear = nnx.split(self.linear_blocks)
+        rotary = layer_rotary(rotary, False)
+
+        def one_period(x: jax.Array, params: tuple[nnx.State, nnx.State]):
+            attention, linear = params
+            kvs, states, taken = [], [], {True: 0, False: 0}
+            for is_linear in period:
+                stack, graphdef = (linear, linear_def) if is_linear else (attention, attention_def)
+                layer = jax.tree.map(lambda a, i=taken[is_linear]: a[i], stack)
+                block = nnx.merge(graphdef, fsdp.gather(layer))
+                taken[is_linear] += 1
+                if is_linear:
+                    x, state = block(x, mask)
+                    states.append(state)
+                else:
+                    x, kv = block(x, rotary, allowed)
+                    kvs.append(kv)
+            if not collect:
+                return x, None
+            stacked = (jax.tree.map(lambda *a: jnp.stack(a), *kvs),)
+            return x, (*stacked, jax.tree.map(lambda *a: jnp.stack(a), *states))
+
+        unroll = self.config.remat == "none" and not fsdp.is_sharded((attention, linear))
+        if self.config.remat != "none":
+            one_period = jax.checkpoint(
+                one_period, policy=REMAT_POLICIES[self.config.remat], prevent_cse=False
+            )
+        layers = (_by_period(attention, periods), _by_period(linear, periods))
+        return jax.lax.scan(one_period, x, layers, unroll=unroll)
 
     def rotary(self, mask: jax.Array) -> Rotary:
         """The rotary tables (:func:`layers.rope_tables`) of the positions of ``mask`` [..., T]."""
@@ -219,17 +301,25 @@ class Transformer(nnx.Module):
         positions = positions_from_mask(mask)
         rotary = rope_tables(positions, self.config)
         allowed = causal_allowed(mask)
-        window = sliding_allowed(self.config, allowed, positions, positions)
-        graphdef, layers = nnx.split(self.blocks)
-
-        def layer(x: jax.Array, inputs: tuple[nnx.State, jax.Array]):
-            layer_params, is_sliding = inputs
-            block = nnx.merge(graphdef, fsdp.gather(layer_params))
-            return block(
-                x, layer_rotary(rotary, is_sliding), layer_allowed(allowed, window, is_sliding)
+        delta: tuple[DeltaState, ...] = ()
+        if self.linear_blocks is not None:
+            x, ((k, v), states) = self._hybrid(
+                self._embed(tokens), mask, rotary, allowed, collect=True
             )
+            k, v = (a.reshape(-1, *a.shape[2:]) for a in (k, v))
+            delta = _unstack(states)
+        else:
+            window = sliding_allowed(self.config, allowed, positions, positions)
+            graphdef, layers = nnx.split(self.blocks)
 
-        x, (k, v) = jax.lax.scan(layer, self._embed(tokens), (layers, self._sliding_flags()))
+            def layer(x: jax.Array, inputs: tuple[nnx.State, jax.Array]):
+                layer_params, is_sliding = inputs
+                block = nnx.merge(graphdef, fsdp.gather(layer_params))
+                return block(
+                    x, layer_rotary(rotary, is_sliding), layer_allowed(allowed, window, is_sliding)
+                )
+
+            x, (k, v) = jax.lax.scan(layer, self._embed(tokens), (layers, self._sliding_flags()))
         grow = cache_size - length
 
         def per_layer(stacked: jax.Array, order: tuple[int, ...]) -> tuple[jax.Array, ...]:
@@ -243,6 +333,7 @@ class Transformer(nnx.Module):
             key_mask=jnp.pad(mask.astype(bool), [(0, 0), (0, grow)]),
             next_position=jnp.sum(mask.astype(jnp.int32), axis=-1),
             length=jnp.asarray(length, jnp.int32),
+            delta=delta,
         )
         return self.final_norm(x), cache
 
@@ -253,11 +344,16 @@ class Transformer(nnx.Module):
         inside the loop, XLA:CPU copies every layer's weights each step. The split holds a
         second copy of the blocks' weights (this device's chunks under fsdp) while it runs.
         """
-        _, layers = nnx.split(self.blocks)
-        return tuple(
-            jax.tree.map(lambda stacked, i=i: stacked[i], layers)
-            for i in range(self.config.n_layers)
-        )
+        stacks = {False: nnx.split(self.blocks)[1]}
+        if self.linear_blocks is not None:
+            stacks[True] = nnx.split(self.linear_blocks)[1]
+        taken = {False: 0, True: 0}
+        layers = []
+        for is_linear in self.config.linear_layers():  # in the checkpoint's layer order
+            index = taken[is_linear]
+            layers.append(jax.tree.map(lambda a, i=index: a[i], stacks[is_linear]))
+            taken[is_linear] += 1
+        return tuple(layers)
 
     def decode(
         self, tokens: jax.Array, cache: KVCache, layers: tuple[nnx.State, ...] | None = None
@@ -275,16 +371,25 @@ class Transformer(nnx.Module):
         allowed = key_mask[:, None, :]
         # Filled slots hold consecutive positions of real tokens, so cumsum recovers them.
         window = sliding_allowed(self.config, allowed, positions, positions_from_mask(key_mask))
-        graphdef, _ = nnx.split(self.blocks)
-        x, keys, values = self._embed(tokens[:, None]), [], []
+        graphdefs = {False: nnx.split(self.blocks)[0]}
+        if self.linear_blocks is not None:
+            graphdefs[True] = nnx.split(self.linear_blocks)[0]
+        x, keys, values, states = self._embed(tokens[:, None]), [], [], []
         layers = self.layer_params() if layers is None else layers
-        for params, sliding, k, v in zip(
-            layers, self.config.sliding_layers(), cache.k, cache.v, strict=True
+        kv_cache, delta_cache = iter(zip(cache.k, cache.v, strict=True)), iter(cache.delta)
+        real = jnp.ones((tokens.shape[0], 1), jnp.int32)
+        for params, sliding, is_linear in zip(
+            layers, self.config.sliding_layers(), self.config.linear_layers(), strict=True
         ):
             # Sharded (fsdp): a layer is gathered after the last one ran, one whole at a time.
-            block = nnx.merge(graphdef, fsdp.gather(fsdp.after(params, x)))
+            block = nnx.merge(graphdefs[is_linear], fsdp.gather(fsdp.after(params, x)))
+            if is_linear:
+                x, state = block(x, real, next(delta_cache))
+                states.append(state)
+                continue
             layer_mask = layer_allowed(allowed, window, sliding)
-            x, (k, v) = block(x, layer_rotary(rotary, sliding), layer_mask, (k, v), cache.length)
+            kv = next(kv_cache)
+            x, (k, v) = block(x, layer_rotary(rotary, sliding), layer_mask, kv, cache.length)
             keys.append(k)
             values.append(v)
         cache = KVCache(
@@ -293,5 +398,6 @@ class Transformer(nnx.Module):
             key_mask=key_mask,
             next_position=cache.next_position + 1,
             length=cache.length + 1,
+            delta=tuple(states),
         )
         return self.final_norm(x)[:, 0], cache

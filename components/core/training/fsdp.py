@@ -42,7 +42,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 PyTree = Any
 AXIS = "data"
-LAYER_STACK = "blocks"  # the Transformer attribute whose tensors carry a leading layer axis
+LAYER_STACKS = ("blocks", "linear_blocks")  # Transformer stacks: a leading layer axis
 
 
 @jax.tree_util.register_pytree_node_class
@@ -178,7 +178,7 @@ def global_norm(tree: PyTree) -> jax.Array:
 
 def _lead(path: tuple) -> int:
     """1 for tensors of the scanned layer stack (their first axis is the layer), else 0."""
-    return int(any(getattr(key, "key", None) == LAYER_STACK for key in path))
+    return int(any(getattr(key, "key", None) in LAYER_STACKS for key in path))
 
 
 def _local_chunks(full: np.ndarray, lead: int, devices: int) -> np.ndarray:
