@@ -74,7 +74,7 @@ def mixers(hidden: int) -> tuple[delta.GatedDeltaNet, torch.nn.Module]:
     """Ours and transformers' mixer at ``hidden`` with the 9B's heads, the same weights."""
     config = ModelConfig(
         vocab_size=8, dim=hidden, n_layers=1, n_heads=8, n_kv_heads=2, hidden_dim=8,
-        max_seq_len=16384, delta_key_heads=KEY_HEADS, delta_value_heads=VALUE_HEADS,
+        max_seq_len=16384, norm_eps=1e-6, delta_key_heads=KEY_HEADS, delta_value_heads=VALUE_HEADS,
         delta_key_dim=HEAD_DIM, delta_value_dim=HEAD_DIM, delta_chunk=CHUNK,
     )  # fmt: skip
     ours = delta.GatedDeltaNet(config, rngs=nnx.Rngs(0))
@@ -121,20 +121,20 @@ def main() -> None:
           f"{'ratio':>8}{'max |diff|':>12}")  # fmt: skip
     for length in (int(n) for n in args.lengths.split(",")):
         inputs = rule_inputs(length)
-        cases = {
-            f"rule (9B heads {KEY_HEADS}/{VALUE_HEADS}x{HEAD_DIM})": (
-                lambda: our_rule(*jax_inputs),
-                lambda: their_rule(*torch_inputs),
-            ),
-            f"mixer (hidden {args.hidden})": (
-                lambda: our_layer(params, jax_x),
-                lambda: their_layer(torch_x),
-            ),
-        }
         jax_inputs = [jnp.asarray(x) for x in inputs]
         torch_inputs = [torch.tensor(x) for x in inputs]
         x = np.random.default_rng(1).normal(size=(1, length, args.hidden)).astype(np.float32)
         jax_x, torch_x = jnp.asarray(x), torch.tensor(x)
+        cases = {
+            f"rule (9B heads {KEY_HEADS}/{VALUE_HEADS}x{HEAD_DIM})": (
+                lambda a=jax_inputs: our_rule(*a),
+                lambda a=torch_inputs: their_rule(*a),
+            ),
+            f"mixer (hidden {args.hidden})": (
+                lambda a=jax_x: our_layer(params, a),
+                lambda a=torch_x: their_layer(a),
+            ),
+        }
         for name, (ours, theirs_fn) in cases.items():
             times = interleaved_median_seconds(
                 {"ours": ours, "theirs": theirs_fn}, warmup=1, repeats=args.repeats
