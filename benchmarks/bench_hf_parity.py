@@ -30,7 +30,10 @@ from components.core.model.artifact import load_model
 from components.hf.importer import import_hf
 
 FIXTURES = pathlib.Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "hf"
-FAMILIES = ("llama", "qwen2", "gemma2", "qwen3", "qwen3_untied", "mistral", "gemma3", "gemma3_mm")
+FAMILIES = (
+    "llama", "qwen2", "gemma2", "qwen3", "qwen3_untied", "mistral", "gemma3", "gemma3_mm",
+    "qwen3_5", "qwen3_5_mm",
+)  # fmt: skip
 
 
 def long_copy(family: str, length: int, root: pathlib.Path) -> pathlib.Path:

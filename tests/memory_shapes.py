@@ -25,18 +25,30 @@ PROGRAM_PHASES = {"update": ("train", "update"), "reference": ("reference",),
                   "rollout": ("prefill", "decode", "scoring")}  # fmt: skip
 
 
-def shape_config(shape: str) -> ModelConfig:
+def shape_config(shape: str, *, hybrid: bool = False) -> ModelConfig:
+    """The calibration network at ``shape``; ``hybrid``: Qwen3.5's stack of four layers
+    (three Gated DeltaNet, one gated attention layer with partial rotary)."""
     vocab, _, _, layers, dim, heads = SHAPES[shape]
+    kinds = {}
+    if hybrid:
+        kinds = dict(
+            n_layers=4, layer_types=("linear_attention",) * 3 + ("full_attention",),
+            delta_key_heads=2, delta_value_heads=4, delta_key_dim=16, delta_value_dim=16,
+            head_dim=16, qk_norm=True, norm_scale_offset=1.0, attn_output_gate=True,
+            rotary_fraction=0.25,
+        )  # fmt: skip
     return model_config(
-        "tiny", vocab, dim=dim, n_layers=layers, n_heads=heads, n_kv_heads=2,
-        hidden_dim=2 * dim, max_seq_len=512, remat="full", dtype="bfloat16",
-        logits_tile=2**17,
+        "tiny", vocab, **{
+            "dim": dim, "n_layers": layers, "n_heads": heads, "n_kv_heads": 2,
+            "hidden_dim": 2 * dim, "max_seq_len": 512, "remat": "full", "dtype": "bfloat16",
+            "logits_tile": 2**17, **kinds,
+        },
     )  # fmt: skip
 
 
-def ratios(algorithm: str, shape: str) -> dict[str, float]:
+def ratios(algorithm: str, shape: str, *, hybrid: bool = False) -> dict[str, float]:
     """The planner's figure over XLA's, per compiled program of ``algorithm`` at ``shape``."""
-    config, (_, half, rows, *_) = shape_config(shape), SHAPES[shape]
+    config, (_, half, rows, *_) = shape_config(shape, hybrid=hybrid), SHAPES[shape]
     if algorithm in ("sft", "reward", "dpo"):
         flags = {"batch_size": rows, "max_len": 2 * half}
         programs = compiled.train_step(algorithm, config, batch_size=rows, max_len=2 * half)

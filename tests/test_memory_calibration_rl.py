@@ -18,3 +18,12 @@ def test_the_planner_is_within_15_percent_of_xla(algorithm, shape):
     assert set(found) == {"rollout", "update"}
     for program, ratio in found.items():
         assert abs(ratio - 1) <= TOLERANCE, f"{algorithm} {program} at {shape}: {ratio:.3f}x"
+
+
+@pytest.mark.parametrize("shape", ["base", "length and batch x2"])
+def test_a_hybrid_stack_is_planned_within_15_percent(shape):
+    """Qwen3.5's stack (Gated DeltaNet periods): PPO's rollout and update, whose two
+    networks' hybrid passes XLA:CPU runs side by side (phases.py counts both)."""
+    found = ratios("ppo", shape, hybrid=True)
+    for program, ratio in found.items():
+        assert abs(ratio - 1) <= TOLERANCE, f"hybrid ppo {program} at {shape}: {ratio:.3f}x"

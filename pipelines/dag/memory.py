@@ -207,16 +207,32 @@ def forward_bytes(
     """Temporaries of a forward pass without gradient on one chip: one layer at a time (its
     projections and attention scores), then ``tiles`` logits tiles over ``logits_len``
     positions a sequence."""
-    # A hybrid period's attention scores and DeltaNet chunks live side by side (XLA:CPU
-    # reuses neither's buffers for the other within the scanned period).
+    layers = layer_forward_bytes(config, sequences, seq_len)
+    return layers + logits_bytes(config, sequences * logits_len, tiles)
+
+
+def layer_forward_bytes(config: ModelConfig, sequences: int, seq_len: int) -> float:
+    """A forward pass's layer temporaries (no logits): one layer's projections and scores.
+    A hybrid period's attention scores and DeltaNet chunks live side by side (XLA:CPU reuses
+    neither's buffers for the other within the scanned period)."""
     mixing = attention_bytes(config, sequences, seq_len, train=False) + delta_bytes(
         config, sequences, seq_len, train=False
     )
-    return (
-        _layer_matmuls(config, sequences, seq_len)
-        + mixing
-        + logits_bytes(config, sequences * logits_len, tiles)
-    )
+    return _layer_matmuls(config, sequences, seq_len) + mixing
+
+
+def recompute_bytes(config: ModelConfig, sequences: int, seq_len: int) -> float:
+    """What the backward pass of a hybrid stack holds for the period it recomputes: every
+    layer of the period at once (0 for a plain stack, whose layer is counted in
+    :func:`backward_bytes` alone)."""
+    if not config.is_hybrid:
+        return 0.0
+    one_layer = _layer_matmuls(config, sequences, seq_len)
+    period = config.layer_period()
+    linear = sum(period)
+    attention = one_layer + attention_bytes(config, sequences, seq_len, train=True)
+    delta = one_layer + delta_bytes(config, sequences, seq_len, train=True)
+    return (len(period) - linear) * attention + linear * delta
 
 
 def backward_bytes(config: ModelConfig, sequences: int, seq_len: int, *, logits_len: int) -> float:
@@ -227,12 +243,8 @@ def backward_bytes(config: ModelConfig, sequences: int, seq_len: int, *, logits_
     recomputed = one_layer + attention_bytes(config, sequences, seq_len, train=True)
     scanned = config.n_layers
     if config.is_hybrid:  # the scan recomputes a whole period: every layer of it lives at once
-        period = config.layer_period()
-        linear = sum(period)
-        recomputed = (len(period) - linear) * recomputed + linear * (
-            one_layer + delta_bytes(config, sequences, seq_len, train=True)
-        )
-        scanned = config.n_layers // len(period)
+        recomputed = recompute_bytes(config, sequences, seq_len)
+        scanned = config.n_layers // len(config.layer_period())
     inputs = scanned * sequences * seq_len * config.dim * compute_bytes(config)
     if config.remat == "full":
         kept = inputs

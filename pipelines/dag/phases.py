@@ -219,6 +219,8 @@ def _sampling(
     scoring = memory.forward_bytes(
         config, sequences, length, logits_len=response, tiles=memory.SCORING_TILES
     )
+    if config.is_hybrid:  # XLA:CPU runs two networks' hybrid passes side by side
+        scoring += memory.layer_forward_bytes(config, sequences, length)
     rows = sequences * length * RL_BATCH_FIELDS * 4
     result.append(Phase("scoring", held + scoring + rows, resident))
     # The update: policy (and critic) forward and backward on one minibatch, each holding its
@@ -226,8 +228,11 @@ def _sampling(
     # which the update reads, are its arguments) resident.
     minibatch = sequences // flags["minibatches"]
     held, temps = place.state(config, trained=trained, frozen=_lora_bases(algorithm) if lora else 0)
-    # The policy's and the critic's passes run one after the other: the larger counts.
+    # The policy's and the critic's passes run one after the other: the larger counts. A
+    # hybrid stack's are overlapped by XLA:CPU: the critic's recomputed period beside.
     acts = memory.backward_bytes(config, minibatch, length, logits_len=response)
+    if trained == 2:
+        acts += memory.recompute_bytes(config, minibatch, length)
     temps = _training(config, place, temps, acts, program="update", lora=lora)
     gathered = place.gathered(config, networks=trained, trained=True)
     frozen, _ = place.state(config, trained=0, frozen=0 if lora else 2)

@@ -23,6 +23,12 @@ checks each claim). Figures are per chip; a run may use 90% of a chip's physical
   replicated, so fsdp is on; every stage fits with 512-token responses. Full fine-tuning at
   the same flags does not fit PPO (its critic's update); GRPO, without one, fits.
 
+* Qwen3.5-9B (N = 8.95e9; 24 Gated DeltaNet and 8 attention layers) on v5p-16 (8 chips, 2
+  hosts) with fsdp: every algorithm fits at 1,024 + 1,024 tokens; PPO's update is the peak
+  (84.4 GiB of 85.5), its DeltaNet periods recomputed for the policy and the critic at
+  once. With LoRA (rank 16 on all twelve projections) on v5e-32: fits at 512 + 256 tokens;
+  evaluate's merged float32 models do not fit a v5e-16.
+
 Where the planner stands against XLA: within 15% of the compiled programs replicated at the
 calibration shapes (tests/test_memory_calibration*.py); with fsdp it counts gathered
 tensors and casts apart that XLA partly overlaps, 0.9-1.2x at those shapes. ``alignpipe plan
@@ -318,6 +324,46 @@ RUN_PRESETS: dict[str, RunPreset] = {
             "dpo": {"batch_size": 32},
             "ppo": {"rollout_batch_size": 64, "minibatches": 4},
             "evaluate": {"batch_size": 64},
+        },
+    ),
+    "v5p-16-qwen3.5-9b": RunPreset(
+        model="qwen3.5-9b",
+        vocab_size=248320,
+        example="Qwen/Qwen3.5-9B",
+        chip="v5p",
+        chips=8,
+        hosts=2,
+        prompt_len=1024,
+        response_len=1024,
+        fsdp=True,
+        **_BF16_FULL,
+        stages={
+            "sft": {"batch_size": 32},
+            "reward": {"batch_size": 16},
+            "dpo": {"batch_size": 16},
+            "ppo": {"rollout_batch_size": 64, "minibatches": 8},
+            "evaluate": {"batch_size": 32},  # per host: 8 sequences on each of its 4 chips
+        },
+    ),
+    "v5e-32-qwen3.5-9b-lora": RunPreset(
+        model="qwen3.5-9b",
+        vocab_size=248320,
+        example="Qwen/Qwen3.5-9B",
+        chip="v5e",
+        chips=32,
+        hosts=8,
+        prompt_len=512,
+        response_len=256,
+        fsdp=True,
+        **_BF16_FULL,
+        lora_rank=16,
+        lora_alpha=32.0,
+        stages={
+            "sft": {"batch_size": 32},
+            "reward": {"batch_size": 32},
+            "dpo": {"batch_size": 32},
+            "ppo": {"rollout_batch_size": 64, "minibatches": 2},
+            "evaluate": {"batch_size": 16},  # per host: 4 sequences on each of its 4 chips
         },
     ),
     "v5e-4-1b-lora": RunPreset(

@@ -358,6 +358,31 @@ PRESETS: dict[str, dict[str, Any]] = {
         dtype="bfloat16",
         remat="full",
     ),  # fmt: skip
+    # Qwen3.5-9B's language model (vocab 248320, untied head: 8.95e9 params): 24 Gated
+    # DeltaNet layers (16 key and 32 value heads of 128) and 8 gated attention layers.
+    "qwen3.5-9b": dict(
+        dim=4096,
+        n_layers=32,
+        n_heads=16,
+        n_kv_heads=4,
+        head_dim=256,
+        hidden_dim=12288,
+        max_seq_len=262144,
+        rope_theta=10_000_000.0,
+        norm_eps=1e-6,
+        tie_embeddings=False,
+        qk_norm=True,
+        norm_scale_offset=1.0,
+        attn_output_gate=True,
+        rotary_fraction=0.25,
+        layer_types=(("linear_attention",) * 3 + ("full_attention",)) * 8,
+        delta_key_heads=16,
+        delta_value_heads=32,
+        delta_key_dim=128,
+        delta_value_dim=128,
+        dtype="bfloat16",
+        remat="full",
+    ),  # fmt: skip
     # Llama-2-7B (vocab 32000, untied head: 6.74e9 params).
     "7b": dict(
         dim=4096,
