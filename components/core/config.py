@@ -17,13 +17,8 @@ import math
 from typing import Any, Literal
 
 from components.core.flags import field
+from components.core.model.config import ADAPTER_TARGETS, DELTA_TARGETS, LORA_TARGETS
 
-# Hugging Face's names of the projections an adapter can wrap (PEFT's target_modules),
-# in the order of a decoder layer.
-LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-# Qwen3.5's Gated DeltaNet projections (its linear-attention layers only).
-DELTA_TARGETS = ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a", "out_proj")
-ADAPTER_TARGETS = LORA_TARGETS + DELTA_TARGETS
 ALL_LINEAR = "all-linear"
 # Auto (0) learning rates of a stage that trains adapters: its full fine-tuning rate times
 # this. Schulman et al., "LoRA Without Regret" (Thinking Machines, 2025), found LoRA's best

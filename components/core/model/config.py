@@ -11,6 +11,11 @@ import jax.numpy as jnp
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 MLP_ACTIVATIONS = ("silu", "gelu_tanh")
 LAYER_TYPES = ("sliding_attention", "full_attention", "linear_attention")
+# Hugging Face's names of the projections an adapter can wrap (PEFT's target_modules), in
+# the order of a decoder layer; Qwen3.5's Gated DeltaNet projections on its linear layers.
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+DELTA_TARGETS = ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a", "out_proj")
+ADAPTER_TARGETS = LORA_TARGETS + DELTA_TARGETS
 
 # None: keep every activation; full: keep only layer inputs; dots_saveable: keep matmul
 # outputs (less recompute, more memory). Batch-dim dots (attention) are recomputed.
@@ -126,8 +131,6 @@ class ModelConfig:
 
     def _check_lora(self) -> None:
         """Adapters: a non-negative rank, a positive alpha, targets the model has."""
-        from components.core.config import ADAPTER_TARGETS, DELTA_TARGETS, LORA_TARGETS
-
         known = ADAPTER_TARGETS if self.is_hybrid else LORA_TARGETS
         if not self.is_hybrid and set(self.lora_targets) & set(DELTA_TARGETS):
             raise ValueError(
@@ -241,8 +244,6 @@ class ModelConfig:
     def target_stacks(self, target: str) -> tuple[str, ...]:
         """The layer stacks (transformer.py) holding the adapter target ``target``: attention
         projections in ``blocks``, DeltaNet ones in ``linear_blocks``, the MLP's in both."""
-        from components.core.config import DELTA_TARGETS
-
         if target in DELTA_TARGETS:
             return ("linear_blocks",)
         if target in ("gate_proj", "up_proj", "down_proj") and self.is_hybrid:
