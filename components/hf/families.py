@@ -540,13 +540,7 @@ DELTA_TENSORS = {
 
 def stack_index(config: ModelConfig) -> list[tuple[str, int]]:
     """Per checkpoint layer: its stack (``blocks`` or ``linear_blocks``) and index there."""
-    taken = {"blocks": 0, "linear_blocks": 0}
-    places = []
-    for is_linear in config.linear_layers():
-        stack = "linear_blocks" if is_linear else "blocks"
-        places.append((stack, taken[stack]))
-        taken[stack] += 1
-    return places
+    return config.stack_places()
 
 
 def tensor_specs(config: ModelConfig, family: str) -> list[TensorSpec]:

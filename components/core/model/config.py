@@ -223,6 +223,16 @@ class ModelConfig:
         """Per layer: whether it is a Gated DeltaNet layer (all False in a plain model)."""
         return [kind == "linear_attention" for kind in self.layer_types] or [False] * self.n_layers
 
+    def stack_places(self) -> list[tuple[str, int]]:
+        """Per checkpoint layer: its stack (``blocks`` or ``linear_blocks``) and index there."""
+        taken = {"blocks": 0, "linear_blocks": 0}
+        places = []
+        for is_linear in self.linear_layers():
+            stack = "linear_blocks" if is_linear else "blocks"
+            places.append((stack, taken[stack]))
+            taken[stack] += 1
+        return places
+
     def layer_period(self) -> tuple[bool, ...]:
         """The shortest run of :meth:`linear_layers` flags that repeats to make the stack.
 

@@ -344,16 +344,13 @@ class Transformer(nnx.Module):
         inside the loop, XLA:CPU copies every layer's weights each step. The split holds a
         second copy of the blocks' weights (this device's chunks under fsdp) while it runs.
         """
-        stacks = {False: nnx.split(self.blocks)[1]}
+        stacks = {"blocks": nnx.split(self.blocks)[1]}
         if self.linear_blocks is not None:
-            stacks[True] = nnx.split(self.linear_blocks)[1]
-        taken = {False: 0, True: 0}
-        layers = []
-        for is_linear in self.config.linear_layers():  # in the checkpoint's layer order
-            index = taken[is_linear]
-            layers.append(jax.tree.map(lambda a, i=index: a[i], stacks[is_linear]))
-            taken[is_linear] += 1
-        return tuple(layers)
+            stacks["linear_blocks"] = nnx.split(self.linear_blocks)[1]
+        return tuple(  # in the checkpoint's layer order
+            jax.tree.map(lambda a, i=index: a[i], stacks[stack])
+            for stack, index in self.config.stack_places()
+        )
 
     def decode(
         self, tokens: jax.Array, cache: KVCache, layers: tuple[nnx.State, ...] | None = None
