@@ -26,6 +26,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from components.core import fileio
+from components.core.config import TrackingSettings
 
 FAILURE_FILE = "FAILURE.txt"
 
@@ -132,8 +133,11 @@ def state_key(config: Any, inputs: dict[str, str]) -> str:
     would do the same for retries, but as a task input it would change every run's cache
     key, so no training task would ever come from the cache.
     """
+    # Where the figures are reported (report_to and its settings) changes no training.
+    reporting = {f.name for f in dataclasses.fields(TrackingSettings)}
+    settings = {k: v for k, v in dataclasses.asdict(config).items() if k not in reporting}
     payload = {
-        "config": dataclasses.asdict(config),
+        "config": settings,
         "inputs": inputs,
         "code": code_fingerprint(),
     }

@@ -291,7 +291,7 @@ def test_ipo_from_a_pretrained_policy_starts_at_its_target(artifacts, tmp_path):
     info = read_model_config(output)
     assert info["training"]["learning_rate"] == PRETRAINED_LEARNING_RATE
     assert info["training"]["loss_type"] == "ipo" and info["pretrained"] is True
-    assert max(r["lr"] for r in read_metrics(output)) <= PRETRAINED_LEARNING_RATE
+    assert max(r["learning_rate"] for r in read_metrics(output)) <= PRETRAINED_LEARNING_RATE
 
 
 @pytest.mark.slow

@@ -40,8 +40,8 @@ def test_jsonl_tensorboard_progress_and_summary(tmp_path):
         for e in steps
         for v in e.summary.value
     }
-    assert len(scalars) == 60 and scalars[(30, "reward/acc")] == (0.75, "scalars")
-    value, _ = scalars[(30, "reward/loss")]
+    assert len(scalars) == 60 and scalars[(30, "train/acc")] == (0.75, "scalars")
+    value, _ = scalars[(30, "train/loss")]
     assert value.shape == () and value.dtype == np.float32 and value == np.float32(1 / 30)
     assert all(e.wall_time > 1.7e9 for e in steps)
 

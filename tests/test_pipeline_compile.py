@@ -407,8 +407,10 @@ def test_images_build_config():
         assert ":latest" not in base and base.split(":")[-1][0].isdigit(), base
         # The training image has the cloud extra; the data image cannot (aiplatform>=2 against
         # apache-beam[gcp]'s <2) and needs none of it.
-        project = '".[cloud]"' if name == "Dockerfile.train" else '"."'
+        project = '".[${EXTRAS}]"' if name == "Dockerfile.train" else '"."'
         assert any("pip install" in line and project in line for line in lines)
+        if name == "Dockerfile.train":  # the extras default to cloud; trackers add theirs
+            assert "ARG EXTRAS=cloud" in lines
     users = {
         name: [line for line in (containers / name).read_text().splitlines()
                if line.startswith("USER ")]

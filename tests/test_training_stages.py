@@ -79,20 +79,36 @@ def test_sft_with_fsdp_trains_like_replicated(sft_model, shards, tmp_path, shard
     assert summary["eval/loss"] == pytest.approx(sft_model[1]["eval/loss"], rel=1e-4)
 
 
-def test_reward_model_learns_the_builtin_task(shards, tmp_path):
+def test_reward_model_learns_the_builtin_task(shards, tmp_path, monkeypatch):
     # Labels agree with the gold ordering on ~95% of pairs (builtin_task's noise), so
     # 0.9 eval accuracy means the model ranks nearly every pair as the gold reward does.
-    out = str(tmp_path / "rm")
+    import mlflow
+
+    store = (tmp_path / "mlruns").as_uri()  # report_to mlflow: a local file store
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    mlflow.set_tracking_uri(store)
+    out = str(tmp_path / "run-1" / "reward" / "rm")
     config = RewardConfig(
         **{**SMALL, "batch_size": 64, "eval_every": 100, "save_every": 300},
-        steps=300, learning_rate=3e-3,
+        steps=300, learning_rate=3e-3, report_to="tensorboard,mlflow",
     )  # fmt: skip
-    summary = run_reward(config, shards, out)
+    try:
+        summary = run_reward(config, shards, out)
+    finally:
+        mlflow.set_tracking_uri(None)
     assert summary["eval/accuracy"] >= 0.9
     assert summary["eval/pairs"] >= 300
     stats = json.loads(open(os.path.join(out, "reward_stats.json")).read())
     assert stats["std"] > 0 and stats["accuracy"] == summary["eval/accuracy"]
     assert os.listdir(os.path.join(out, "tensorboard"))
+    # The same figures in MLflow, under the Hugging Face trainers' names, one run named
+    # after the pipeline run.
+    client = mlflow.tracking.MlflowClient(store)
+    (run,) = client.search_runs([client.get_experiment_by_name("alignpipe").experiment_id])
+    assert run.info.run_name == "run-1-reward" and run.data.params["steps"] == "300"
+    losses = client.get_metric_history(run.info.run_id, "train/loss")
+    assert sorted(m.step for m in losses) == list(range(1, 301))
+    assert run.data.metrics["eval/accuracy"] == summary["eval/accuracy"]
 
 
 def test_reward_from_base_policy_keeps_backbone_and_adds_head(sft_model, shards, tmp_path):
@@ -134,7 +150,7 @@ def test_pretrained_start_gets_the_pretrained_learning_rate_and_passes_it_on(
     info = read_model_config(out)
     assert info["training"]["learning_rate"] == PRETRAINED_LEARNING_RATE == 1e-5
     assert info["pretrained"] is True and is_pretrained(out) and is_pretrained(info)
-    assert max(r["lr"] for r in read_metrics(out) if "lr" in r) <= 1e-5
+    assert max(r["learning_rate"] for r in read_metrics(out) if "learning_rate" in r) <= 1e-5
 
 
 def test_is_pretrained_knows_hf_folders_imports_and_their_descendants(sft_model):

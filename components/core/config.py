@@ -184,3 +184,32 @@ class ReproducibilitySettings:
             raise ValueError(f"seed: {self.seed} must be >= 0")
         if self.data_streams < 0:
             raise ValueError(f"data_streams: {self.data_streams} must be >= 0 (0 = one per host)")
+
+
+@dataclasses.dataclass(kw_only=True)
+class TrackingSettings:
+    """Where a stage reports its figures: TensorBoard, W&B, MLflow, Vertex AI Experiments
+    (``components/core/training/trackers.py``)."""
+
+    __slots__ = ()
+
+    report_to: str = field(
+        "tensorboard",
+        help="experiment trackers, comma-separated (TRL's report_to): tensorboard, wandb, "
+        "mlflow, vertex; all (those installed) or none. metrics.jsonl is always written",
+    )
+    tracker_project: str = field(
+        "alignpipe", help="W&B project, MLflow experiment, Vertex AI experiment the runs go to"
+    )
+    vertex_tensorboard: str = field(
+        "",
+        help="report_to vertex: the Vertex TensorBoard (projects/P/locations/L/tensorboards/ID) "
+        "its time series go to; '' = the experiment's default backing TensorBoard",
+    )
+
+    def __post_init__(self) -> None:
+        from components.core.training.trackers import parse_report_to
+
+        parse_report_to(self.report_to)
+        if not self.tracker_project.strip():
+            raise ValueError("tracker_project: must not be empty (e.g. alignpipe)")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from components.core.config import check_finite
+from components.core.config import TrackingSettings, check_finite
 from components.core.data import builtin_task
 from components.core.data.gold import validate_gold_reward
 from components.core.flags import field
@@ -18,7 +18,7 @@ DEFAULT_SAMPLES_PER_PROMPT = 4
 
 
 @dataclasses.dataclass(slots=True, kw_only=True)
-class EvalConfig:
+class EvalConfig(TrackingSettings):
     """How the aligned policy is sampled, measured against its reference and gated."""
 
     samples_per_prompt: int = field(
@@ -86,6 +86,7 @@ class EvalConfig:
     )
 
     def __post_init__(self) -> None:
+        TrackingSettings.__post_init__(self)
         check_finite(self, allow_inf=("max_kl", "max_anchor_kl"))
         if self.seed < 0:
             raise ValueError(f"seed: {self.seed} must be >= 0")

@@ -8,6 +8,7 @@ reward is known). Only process 0 writes.
 
 from __future__ import annotations
 
+import io
 import json
 from collections.abc import Sequence
 from typing import Any
@@ -16,7 +17,7 @@ import numpy as np
 
 from components.core import fileio
 from components.core.training.distributed import is_primary
-from components.core.training.metrics import read_events, read_metrics
+from components.core.training.metrics import MetricsLogger, read_events, read_metrics
 from components.evaluate.gate import Gate
 from components.evaluate.measures import JUDGE_GOLD
 from components.evaluate.report import json_ready, write_report
@@ -89,8 +90,10 @@ def write_outputs(
     dirs: dict[str, str],
     samples: list[dict[str, Any]],
     all_samples: Sequence[dict[str, Any]] = (),
+    config: Any = None,
 ) -> None:
-    """report.html, eval.json, metrics.json and samples.jsonl into ``output`` (process 0 only).
+    """report.html, eval.json, metrics.json and samples.jsonl into ``output`` (process 0 only);
+    the figures also go to the trackers ``config.report_to`` names (``eval/…``).
 
     ``dirs`` holds the models' folders by role; "reward" is absent when the gold reward judged.
     """
@@ -103,6 +106,21 @@ def write_outputs(
         output, summary, gate, ppo_metrics=ppo_rows or None,
         reward_metrics=reward_rows or None, samples=samples,
     )  # fmt: skip
-    figures = json.dumps(flat_figures(summary, gate), indent=2, sort_keys=True)
-    fileio.write_text(fileio.join(output, METRICS_JSON_FILE), figures + "\n")
+    flat = flat_figures(summary, gate)
+    fileio.write_text(
+        fileio.join(output, METRICS_JSON_FILE), json.dumps(flat, indent=2, sort_keys=True) + "\n"
+    )
+    if config is not None:
+        report_figures(output, flat, config)
     write_samples(output, all_samples)
+
+
+def report_figures(output: str, figures: dict[str, float], config: Any) -> None:
+    """The evaluation's figures to its trackers (TensorBoard under ``output``, W&B, MLflow,
+    Vertex): one step, named ``eval/<figure>`` with ``/`` for the summary's dots
+    (``eval/win_rate``, ``eval/best_of_n/n4/gold``)."""
+    named = {"eval/" + name.replace(".", "/"): value for name, value in figures.items()}
+    with MetricsLogger(
+        output, total_steps=1, stage="evaluate", stream=io.StringIO(), config=config
+    ) as logger:
+        logger.log(1, named)

@@ -8,6 +8,9 @@ import datetime
 from collections.abc import Mapping
 from typing import Any
 
+# The run an artifact belongs to; the trackers name their runs by it too.
+from components.core.training.trackers import run_id_of as run_id_of
+
 # The training fields a reader checks first, per algorithm (the stage config's names).
 KEY_HYPERPARAMETERS = {
     "ppo": ("learning_rate", "kl_coef", "kl_target", "adaptive_kl", "rollout_batch_size",
@@ -19,14 +22,6 @@ KEY_HYPERPARAMETERS = {
     "dpo": ("learning_rate", "beta", "loss_type", "steps", "batch_size", "lora_rank", "seed"),
     "sft": ("learning_rate", "steps", "batch_size", "lora_rank", "seed"),
 }  # fmt: skip
-
-
-def run_id_of(artifact_uri: str) -> str:
-    """The run an output artifact belongs to: the folder two levels above it, as kfp.local
-    (``runs/<run>/evaluate/evaluation``) and Vertex (``<root>/<project>/<job>/<task>/…``)
-    lay them out."""
-    parts = [p for p in artifact_uri.rstrip("/").split("/") if p]
-    return parts[-3] if len(parts) >= 3 else ""
 
 
 def describe(policy: Mapping[str, Any], run_id: str = "") -> dict[str, Any]:

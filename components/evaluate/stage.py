@@ -455,7 +455,7 @@ def run(
     gate = decide(summary, config)
     write_outputs(
         output, summary, gate, dirs=dirs, samples=measured.report_samples,
-        all_samples=measured.sample_rows,
+        all_samples=measured.sample_rows, config=config,
     )  # fmt: skip
     _log_verdict(summary, gate, output)
     return {**json_ready(summary), "blessed": gate.blessed}

@@ -30,6 +30,7 @@ from components.core.config import (
     NumericsSettings,
     OptimizerSettings,
     ReproducibilitySettings,
+    TrackingSettings,
     check_finite,
     check_learning_rate,
     group_field,
@@ -85,6 +86,7 @@ class PPOConfig(
     OptimizerSettings,
     CheckpointSettings,
     ReproducibilitySettings,
+    TrackingSettings,
 ):
     """PPO of a policy against a reward model, with KL control and divergence guard rails."""
 
@@ -243,6 +245,7 @@ class PPOConfig(
         OptimizerSettings.__post_init__(self)
         CheckpointSettings.__post_init__(self)
         ReproducibilitySettings.__post_init__(self)
+        TrackingSettings.__post_init__(self)
         check_learning_rate("critic_learning_rate", self.critic_learning_rate)
         self._check_sizes()
         self._check_coefficients()

@@ -388,7 +388,11 @@ class PPOLoop:
         if resumed is not None:
             log.info("ppo: resuming from iteration %d", resumed)
         logger = MetricsLogger(
-            self.output, total_steps=self.config.iterations, stage="ppo", resume_step=resumed or 0
+            self.output,
+            total_steps=self.config.iterations,
+            stage="ppo",
+            resume_step=resumed or 0,
+            config=self.config,
         )
         status = None
         with self.checkpointer, logger:

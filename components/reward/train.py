@@ -34,11 +34,14 @@ def make_reward_loss(graphdef: nnx.GraphDef, *, center_coef: float, use_margin: 
         loss = pair_losses(
             chosen, rejected, batch, center_coef=center_coef, use_margin=use_margin
         ).mean()
+        # TRL's RewardTrainer's names where the quantity is the same (accuracy, margin,
+        # mean_reward over both responses); the two sides apart as well.
         return loss, {
             "accuracy": jnp.mean(chosen > rejected),
+            "margin": (chosen - rejected).mean(),
+            "mean_reward": (chosen.mean() + rejected.mean()) / 2,
             "reward/chosen": chosen.mean(),
             "reward/rejected": rejected.mean(),
-            "reward/margin": (chosen - rejected).mean(),
         }
 
     return loss_fn

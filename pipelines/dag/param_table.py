@@ -72,6 +72,10 @@ class Param:
         return hint
 
 
+# The stages that report figures to the experiment trackers (TrackingSettings).
+REPORTING = ("sft", "reward", "ppo", "dpo", "evaluate")
+
+
 def _stage(stage: str, *fields: str, prefix: str = "") -> tuple[Param, ...]:
     """Parameters ``prefix + field`` for fields of one stage's config."""
     return tuple(Param(prefix + f, ((stage, f),)) for f in fields)
@@ -152,6 +156,7 @@ PARAMS: tuple[Param, ...] = (
     _shared("lora_rank", "lora_rank", "sft", "reward", "ppo", "dpo"),
     _shared("lora_alpha", "lora_alpha", "sft", "reward", "ppo", "dpo"),
     _shared("lora_targets", "lora_targets", "sft", "reward", "ppo", "dpo"),
+    *(_shared(f, f, *REPORTING) for f in ("report_to", "tracker_project", "vertex_tensorboard")),
     *_stage("sft", "steps", "batch_size", "learning_rate", prefix="sft_"),
     *_stage("reward", "steps", "batch_size", "learning_rate", prefix="reward_"),
     Param(

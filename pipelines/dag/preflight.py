@@ -16,6 +16,7 @@ from typing import Any
 
 from components.core import fileio
 from components.core.model.heads import require_head
+from components.core.training import trackers
 from pipelines import stage_io
 from pipelines.dag import params
 from pipelines.releases import policies, promotion, realign
@@ -51,6 +52,12 @@ def check(values: dict[str, Any]) -> None:
         check_chat_template(values)
     except (ValueError, FileNotFoundError) as error:
         raise PreflightError(str(error)) from None
+    try:  # the trackers' packages, here where the local run's tasks import them
+        trackers.require_installed(trackers.parse_report_to(values["report_to"]))
+    except ValueError as error:
+        raise PreflightError(
+            f"{flag('report_to')}: {str(error).removeprefix('report_to: ')}"
+        ) from None
 
 
 # The models a run reads, whose token ids must be the shards'.

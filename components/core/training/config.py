@@ -15,6 +15,7 @@ from components.core.config import (
     NumericsSettings,
     OptimizerSettings,
     ReproducibilitySettings,
+    TrackingSettings,
     check_finite,
     learning_rate_field,
 )
@@ -38,6 +39,7 @@ class TrainConfig(
     OptimizerSettings,
     CheckpointSettings,
     ReproducibilitySettings,
+    TrackingSettings,
 ):
     """What every training stage shares: model shape, batch, schedule, checkpoints."""
 
@@ -70,6 +72,7 @@ class TrainConfig(
         OptimizerSettings.__post_init__(self)
         CheckpointSettings.__post_init__(self)
         ReproducibilitySettings.__post_init__(self)
+        TrackingSettings.__post_init__(self)
         if self.max_len < 0:
             raise ValueError(f"max_len: {self.max_len} must be >= 0 (0 = from the data)")
         for name in ("batch_size", "steps", "eval_every", "max_nonfinite_steps"):

@@ -1,4 +1,5 @@
-"""Training metrics: ``metrics.jsonl``, TensorBoard event files and a progress line.
+"""Training metrics: ``metrics.jsonl``, TensorBoard event files, the experiment trackers
+``report_to`` names (``trackers.py``) and a progress line.
 
 Only process 0 writes; the others keep the latest values so ``summary()``
 answers everywhere. Resumed runs append to the same ``metrics.jsonl``.
@@ -6,6 +7,7 @@ answers everywhere. Resumed runs append to the same ``metrics.jsonl``.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import sys
@@ -16,6 +18,7 @@ from typing import Any, TextIO
 import numpy as np
 
 from components.core import fileio
+from components.core.training import trackers
 from components.core.training.events import EventWriter
 
 METRICS_FILE = "metrics.jsonl"
@@ -57,16 +60,22 @@ class MetricsLogger:
         print_every: int = 10,
         stream: TextIO | None = None,
         resume_step: int | None = None,
+        config: Any = None,
     ) -> None:
         """``resume_step``: the checkpoint a resumed run starts from; records logged after
-        it by the killed run are dropped, so ``metrics.jsonl`` has each step once."""
+        it by the killed run are dropped, so ``metrics.jsonl`` has each step once.
+        ``config``: the stage's config (``TrackingSettings`` fields): the trackers it
+        reports to, its fields their run's parameters; None = TensorBoard only."""
         import jax
 
         self.out_dir, self.total_steps, self.stage = out_dir, total_steps, stage
         self.print_every = max(print_every, 1)
         self.stream = stream if stream is not None else sys.stderr
         self.is_writer = jax.process_index() == 0
-        self.tensorboard = tensorboard and self.is_writer
+        names = (trackers.TENSORBOARD,)
+        if config is not None:
+            names = trackers.parse_report_to(config.report_to)
+        self.tensorboard = tensorboard and self.is_writer and trackers.TENSORBOARD in names
         self._latest: dict[str, float] = {}
         self._last_step: int | None = None
         self._start_time = time.time()
@@ -83,6 +92,18 @@ class MetricsLogger:
                 self._keep_up_to(resume_step)
             if "://" not in out_dir:
                 self._handle = open(self._path, "a", encoding="utf-8")
+        self._trackers = None
+        if self.is_writer and config is not None:
+            run = trackers.TrackerRun(
+                stage=stage,
+                group=trackers.run_id_of(out_dir) or "alignpipe",
+                project=config.tracker_project,
+                params=dataclasses.asdict(config),
+                output=out_dir,
+                resumed=bool(resume_step),
+                vertex_tensorboard=config.vertex_tensorboard,
+            )
+            self._trackers = trackers.Trackers(names, run)
 
     def _keep_up_to(self, step: int) -> None:
         """Rewrite ``metrics.jsonl`` without the records after ``step``."""
@@ -108,6 +129,8 @@ class MetricsLogger:
             self._lines.append(line)
         if self.tensorboard:
             self._write_tensorboard(step, values)
+        if self._trackers is not None:
+            self._trackers.log(step, values)
         self._progress(step, values)
 
     def event(self, step: int, name: str, **details: Any) -> None:
@@ -127,7 +150,9 @@ class MetricsLogger:
     def _write_tensorboard(self, step: int, values: Mapping[str, float]) -> None:
         if self._tb_writer is None:
             self._tb_writer = EventWriter(fileio.join(self.out_dir, TENSORBOARD_DIR))
-        self._tb_writer.scalars(step, {f"{self.stage}/{name}": v for name, v in values.items()})
+        # The trackers' names (train/loss, eval/accuracy), as the Hugging Face trainers write.
+        named = {trackers.tracked_name(name): v for name, v in values.items()}
+        self._tb_writer.scalars(step, named)
 
     def _progress(self, step: int, values: Mapping[str, float]) -> None:
         # A live line on a terminal; in logs (not a TTY) only every print_every calls.
@@ -168,6 +193,9 @@ class MetricsLogger:
         if self._tb_writer is not None:
             self._tb_writer.close()
             self._tb_writer = None
+        if self._trackers is not None:
+            self._trackers.close()
+            self._trackers = None
         if self.is_writer and hasattr(self.stream, "isatty") and self.stream.isatty():
             self.stream.write("\n")
 

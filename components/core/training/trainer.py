@@ -85,7 +85,9 @@ def fit(
     placed = parallel.place(state, sharded=config.fsdp)
     placed_frozen = None if frozen is None else parallel.place(frozen, sharded=config.fsdp)
     final: dict[str, float] = {}
-    logger = MetricsLogger(output, total_steps=config.steps, stage=stage, resume_step=start)
+    logger = MetricsLogger(
+        output, total_steps=config.steps, stage=stage, resume_step=start, config=config
+    )
     with checkpointer, logger:
         batch = parallel.shard_batch(next(train_data)) if start < config.steps else None
         for step in range(start, config.steps):
@@ -98,7 +100,7 @@ def fit(
                 batch = parallel.shard_batch(next(train_data))
             metrics = {k: float(np.asarray(v)[0]) for k, v in metrics.items()}
             guard.update(step + 1, metrics["skipped"])
-            metrics["lr"] = float(schedule(step))
+            metrics["learning_rate"] = float(schedule(step))  # the Hugging Face Trainer's name
             done = step + 1
             if evaluate is not None and (done % config.eval_every == 0 or done == config.steps):
                 whole = lora.join(placed.params, placed_frozen)
