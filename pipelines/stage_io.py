@@ -227,9 +227,22 @@ def fingerprint(path: str) -> str:
 
 
 def find_sources(data_uri: str) -> list[dict[str, str]]:
-    """Every file the comma-separated paths or globs match, with fingerprints, sorted."""
+    """Every file the comma-separated paths or globs match, with fingerprints, sorted; a
+    folder is a Hugging Face dataset: its train split's files (``hf_datasets``); a
+    ``bq://PROJECT.DATASET.TABLE`` is a BigQuery table (``components/shard/bigquery.py``)."""
+    from components.core.data import hf_datasets
+
     patterns = [p.strip() for p in data_uri.split(",") if p.strip()]
-    files = sorted({f for pattern in patterns for f in (fileio.glob(pattern) or [])})
+    tables = [p for p in patterns if p.startswith("bq://")]
+    files = set()
+    for match in (m for p in patterns if p not in tables for m in fileio.glob(p)):
+        files.update(hf_datasets.dataset_files(match) if fileio.isdir(match) else [match])
+    files = sorted(files)
+    if tables:  # BigQuery tables: their modification time and row count
+        from components.shard import bigquery
+
+        found = [{"uri": t, "fingerprint": bigquery.table_fingerprint(t)} for t in sorted(tables)]
+        return found + [{"uri": f, "fingerprint": fingerprint(f)} for f in files]
     if not files:
         raise FileNotFoundError(
             f"data_uri {data_uri!r} matches no file; check the path or glob "

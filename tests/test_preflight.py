@@ -30,7 +30,8 @@ def _refused(values: dict, runs: Path) -> str:
     started = time.monotonic()
     with pytest.raises(preflight.PreflightError) as refusal:
         run_local(values, runs_dir=runs, echo=False)
-    assert time.monotonic() - started < 10.0  # no task started (each takes longer); loose: 2 busy cores
+    # No task started (each takes longer); loose, for 2 busy cores.
+    assert time.monotonic() - started < 10.0
     assert not any(runs.glob("alignpipe-*")) and not any(runs.glob("running-*"))
     assert not (runs / "last_run.json").exists()  # a refused run is no run to repeat
     return str(refusal.value)
@@ -48,7 +49,7 @@ def test_bad_local_inputs_are_refused_before_any_task_naming_the_flag(tmp_path):
     message = _refused({"data_uri": f"{tmp_path}/data/*.jsonl"}, runs)
     assert message.startswith("--data-uri: ") and "matches no file" in message
     message = _refused({"data_uri": str(empty)}, runs)
-    assert f"'{empty}' is a folder; name the files in it, e.g. '{empty}/*.jsonl'" in message
+    assert f"'{empty}' holds no data file (.jsonl, .json, .parquet" in message
 
     message = _refused({"tokenizer": str(tmp_path / "tokenizer.json")}, runs)
     assert message.startswith("--tokenizer: ") and "no such file or folder" in message

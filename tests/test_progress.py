@@ -32,7 +32,7 @@ def test_a_progress_line_leads_with_the_stages_headline(tmp_path):
 def test_the_terminal_shows_each_stages_progress_at_most_every_ten_seconds(tmp_path, monkeypatch):
     terminal = io.StringIO()
     watcher = local_run.TaskWatcher(stream=terminal)
-    clock = iter([100.0, 103.0, 111.0, 112.0, 112.5])
+    clock = iter([100.0, 103.0, 111.0, 112.0, 112.5, 113.0])
     monkeypatch.setattr(local_run.time, "monotonic", lambda: next(clock))
     lines = [
         "    [sft] step 10/300 7.60 steps/s eta 0:38 loss=3.889",
@@ -40,6 +40,7 @@ def test_the_terminal_shows_each_stages_progress_at_most_every_ten_seconds(tmp_p
         "    [sft] step 30/300 8.55 steps/s eta 0:31 loss=3.035",  # 11 s later
         "    [reward] step 10/300 9.1 steps/s eta 0:31 accuracy=0.61",  # another stage
         "    [sft] step 300/300 8.6 steps/s eta 0:00 loss=1.2",  # the last step always
+        "[shard] step 2/2 14 records, 950 records/s",  # the shard stage's
         "INFO some other line",
     ]
     with run_log.capture(tmp_path / "run.log", watcher.progress):
@@ -52,6 +53,7 @@ def test_the_terminal_shows_each_stages_progress_at_most_every_ten_seconds(tmp_p
         "[alignpipe] sft: step 30/300 8.55 steps/s eta 0:31 loss=3.035",
         "[alignpipe] reward: step 10/300 9.1 steps/s eta 0:31 accuracy=0.61",
         "[alignpipe] sft: step 300/300 8.6 steps/s eta 0:00 loss=1.2",
+        "[alignpipe] shard: step 2/2 14 records, 950 records/s",
     ]
 
 

@@ -222,10 +222,9 @@ def test_unmatched_input_is_an_error(tmp_path):
     (tmp_path / "data").mkdir()
     (tmp_path / "o").mkdir()
     (tmp_path / "o" / "kept").write_text("")
-    # A folder is refused before anything runs: the output folder keeps what it held.
-    with pytest.raises(
-        InputError, match=r"is a folder; pass its files, e\.g\. --input '.*/data/\*"
-    ):
+    # A folder is a Hugging Face dataset; one with no data file is refused before anything
+    # runs: the output folder keeps what it held.
+    with pytest.raises(InputError, match=r"data'? holds no data file .* pass the files"):
         run(ShardConfig(), [str(tmp_path / "data")], str(tmp_path / "o"))
     assert os.listdir(tmp_path / "o") == ["kept"]
 

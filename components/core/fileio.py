@@ -73,6 +73,15 @@ def glob(pattern: str) -> list[str]:
     return sorted(_glob.glob(pattern))
 
 
+def walk_files(folder: str) -> list[str]:
+    """Every file under ``folder`` (at any depth), sorted, as full paths or URIs."""
+    if _is_remote(folder):
+        walked = ((str(root), files) for root, _, files in _gfile().walk(folder))
+    else:
+        walked = ((root, files) for root, _, files in os.walk(folder))
+    return sorted(join(root, name) for root, files in walked for name in files)
+
+
 def join(*parts: str) -> str:
     if _is_remote(parts[0]):
         return "/".join(p.strip("/") if i else p.rstrip("/") for i, p in enumerate(parts))

@@ -22,7 +22,13 @@ def parser(prog: str = "python -m components.shard") -> argparse.ArgumentParser:
         description="Validate, deduplicate, tokenize and shard preference pairs (Apache Beam). "
         "Any other --option is passed to Beam unchanged.",
     )
-    p.add_argument("--input", nargs="+", required=True, help="JSONL/Parquet paths or globs")
+    p.add_argument(
+        "--input",
+        nargs="+",
+        required=True,
+        help="preference files (JSONL, JSON, Parquet, CSV, Arrow), globs, Hugging Face "
+        "dataset folders or bq://PROJECT.DATASET.TABLE",
+    )
     p.add_argument("--output", required=True, help="output folder (local or gs://)")
     add_config_flags(p, ShardConfig)
     return p

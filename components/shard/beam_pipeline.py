@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import time
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from typing import Any
@@ -22,6 +23,7 @@ from typing import Any
 import apache_beam as beam
 
 from components.core import fileio
+from components.shard import bigquery
 from components.shard.config import ShardConfig
 from components.shard.eval_split import lowest_prompts
 from components.shard.records import (
@@ -39,25 +41,52 @@ STATS_FILE = "_stats.json"
 REJECTED_FILE = "rejected/rejected.jsonl"
 
 
+PROGRESS_SECONDS = 10.0
+
+
 def shard_path(output: str, split: str, shard: int, num_shards: int) -> str:
     """Where shard ``shard`` of ``split`` is written (names as in ARCHITECTURE.md)."""
     return fileio.join(output, split, f"shard-{shard:05d}-of-{num_shards:05d}.tfrecord")
 
 
 class ReadBundles(beam.DoFn):
-    """A file path to bundles of (line, raw, obj, fmt); its SourceInfo to the 'sources' tag."""
+    """A file path to bundles of (line, raw, obj, fmt); its SourceInfo to the 'sources' tag.
 
-    def __init__(self, config: ShardConfig) -> None:
+    Prints a progress line (``[shard] step FILES/TOTAL N records, R records/s``, what a local
+    run's terminal shows) after each file and every PROGRESS_SECONDS within one: this
+    worker's files and records."""
+
+    def __init__(self, config: ShardConfig, total_files: int = 0) -> None:
         self._config = config
+        self._total = total_files
+
+    def setup(self) -> None:
+        self._files = self._records = 0
+        self._started = self._shown = time.monotonic()
 
     def process(self, path: str) -> Iterator[Any]:
         for value in read_source(path, self._config.format, self._config.lines_per_bundle):
             if isinstance(value, list):
+                self._records += len(value)
+                if time.monotonic() - self._shown >= PROGRESS_SECONDS:
+                    self._progress()
                 yield path, value
             else:
+                self._files += 1
+                self._progress()
                 yield beam.pvalue.TaggedOutput(
                     "stats", {"kind": "source", **dataclasses.asdict(value)}
                 )
+
+    def _progress(self) -> None:
+        self._shown = time.monotonic()
+        print(progress_line(self._files, self._total, self._records, self._shown - self._started))
+
+
+def progress_line(files: int, total: int, records: int, seconds: float) -> str:
+    """The shard stage's progress line: files read of all, records, records per second."""
+    rate = records / seconds if seconds > 0 else 0.0
+    return f"[shard] step {files}/{total} {records} records, {rate:.0f} records/s"
 
 
 def _entry(pair: TokenPair) -> tuple:
@@ -169,16 +198,29 @@ def _write_stats(stats: list[dict], output: str) -> None:
     fileio.write_text(fileio.join(output, STATS_FILE), json.dumps(stats))
 
 
-def build(pipeline: beam.Pipeline, files: list[str], config: ShardConfig, output: str) -> None:
-    """Add the shard job's transforms to ``pipeline``."""
+def build(
+    pipeline: beam.Pipeline,
+    files: list[str],
+    config: ShardConfig,
+    output: str,
+    tables: list[str] = (),
+    read_table: Any = bigquery.read_bigquery,
+) -> None:
+    """Add the shard job's transforms to ``pipeline``: the files', and the BigQuery tables'
+    (``read_table(uri)``: Beam's BigQuery source)."""
     tokenizer_dir = fileio.join(output, "tokenizer")
     read = (
         pipeline
         | "Files" >> beam.Create(files)
-        | "ReadBundles" >> beam.ParDo(ReadBundles(config)).with_outputs("stats", main="bundles")
+        | "ReadBundles"
+        >> beam.ParDo(ReadBundles(config, len(files))).with_outputs("stats", main="bundles")
+    )
+    table_bundles, table_stats = bigquery.build_reads(
+        pipeline, list(tables), config.lines_per_bundle, read_table
     )
     processed = (
-        read.bundles
+        (read.bundles, *table_bundles)
+        | "AllBundles" >> beam.Flatten()
         | "Spread" >> beam.Reshuffle()
         | "Process"
         >> beam.ParDo(ProcessBundle(config, tokenizer_dir)).with_outputs("rejected", main="pairs")
@@ -197,7 +239,7 @@ def build(pipeline: beam.Pipeline, files: list[str], config: ShardConfig, output
         | "WriteRejected" >> beam.ParDo(WriteRejected(output))
     )
     _ = (
-        (read.stats, shard_stats, rejected_stats)
+        (read.stats, *table_stats, shard_stats, rejected_stats)
         | "AllStats" >> beam.Flatten()
         | "StatsList" >> beam.combiners.ToList()
         | "WriteStats" >> beam.Map(_write_stats, output)

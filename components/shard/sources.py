@@ -1,4 +1,7 @@
-"""Reading preference files (JSONL or Parquet, local or any Beam filesystem) line by line.
+"""Reading preference files (local or any Beam filesystem) record by record: JSON Lines, JSON
+arrays, Parquet, CSV and Arrow (IPC stream, as ``datasets.save_to_disk`` writes, or file), the
+formats Hugging Face ``datasets`` reads from a folder (``hf_datasets.py``). The table formats
+are read a record batch at a time, never whole into memory; their sha256 is a streamed pass.
 
 Lines travel in bundles of ``(line, raw, obj, fmt)``: ``obj`` is the parsed
 value where the file format already parsed it (Parquet rows), None (JSONL
@@ -11,16 +14,20 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import io
 import json
-import os
 from collections.abc import Iterator
 from typing import Any
 
+from components.core.data import hf_datasets
 from components.shard.formats import Invalid, detect_format
 
 PARQUET_SUFFIXES = (".parquet", ".pq")
+CSV_SUFFIXES = (".csv",)
+ARROW_SUFFIXES = (".arrow",)
+JSON_SUFFIXES = (".json",)  # JSON Lines, or one JSON array of records
 CHUNK_BYTES = 1 << 20
+BATCH_ROWS = 4096  # rows per record batch read from a table file
+ARROW_FILE_MAGIC = b"ARROW1"  # the Arrow IPC file format; the stream format has none
 
 Item = tuple[int, str, Any, str | None]
 
@@ -42,23 +49,24 @@ class InputError(ValueError):
 
 
 def expand_patterns(patterns: list[str]) -> list[str]:
-    """Every file matched by the given paths or globs, sorted; an unmatched pattern is an error."""
+    """Every file matched by the given paths or globs, sorted; a folder is a Hugging Face
+    dataset (its train split's files, ``hf_datasets``); an unmatched pattern is an error."""
     from apache_beam.io.filesystems import FileSystems
 
     if not patterns:
         raise InputError("input: no input files given; pass --input PATH_OR_GLOB")
     files: set[str] = set()
     for pattern in patterns:
+        if hf_datasets.is_dataset_folder(pattern):
+            try:
+                files.update(hf_datasets.dataset_files(pattern))
+            except hf_datasets.DatasetFolderError as error:
+                raise InputError(f"input: {error}") from None
+            continue
         matches = FileSystems.match([pattern])[0].metadata_list
         if not matches:
             raise InputError(f"input: {pattern!r} matches no file; check the path or glob")
-        folders = [m.path for m in matches if "://" not in m.path and os.path.isdir(m.path)]
-        if folders:
-            raise InputError(
-                f"input: {folders[0]!r} is a folder; pass its files, e.g. "
-                f"--input '{folders[0].rstrip('/')}/*.jsonl'"
-            )
-        files.update(m.path for m in matches)
+        files.update(m.path for m in matches if not hf_datasets.is_dataset_folder(m.path))
     return sorted(files)
 
 
@@ -108,17 +116,74 @@ def _decode(number: int, data: bytes) -> tuple[str, Invalid | None]:
     return text.rstrip("\r"), invalid
 
 
-def _parquet_rows(handle: Any, hasher: Any, info: SourceInfo) -> Iterator[tuple[int, str, Any]]:
-    import pyarrow.parquet as pq
+def _sha256(path: str, info: SourceInfo) -> str:
+    """A table file's sha256 and size, read in chunks (its reader seeks: no hash on the way)."""
+    from apache_beam.io.filesystems import FileSystems
 
-    data = handle.read()
-    hasher.update(data)
-    info.bytes = len(data)
+    hasher = hashlib.sha256()
+    with FileSystems.open(path) as handle:
+        while chunk := handle.read(CHUNK_BYTES):
+            hasher.update(chunk)
+            info.bytes += len(chunk)
+    return hasher.hexdigest()
+
+
+def _batches(path: str, handle: Any) -> Iterator[Any]:
+    """Record batches of a table file: Parquet, CSV or Arrow (IPC stream or file)."""
+    import pyarrow as pa
+
+    lower = path.lower()
+    if lower.endswith(PARQUET_SUFFIXES):
+        import pyarrow.parquet as pq
+
+        # pre_buffer (pyarrow's default) reads every row group's column chunks up front:
+        # the whole file, measured (tests/test_shard_datasets.py).
+        parquet = pq.ParquetFile(handle, pre_buffer=False, buffer_size=CHUNK_BYTES)
+        yield from parquet.iter_batches(batch_size=BATCH_ROWS)
+    elif lower.endswith(CSV_SUFFIXES):
+        import pyarrow.csv as pcsv
+
+        yield from pcsv.open_csv(handle, read_options=pcsv.ReadOptions(block_size=CHUNK_BYTES))
+    elif handle.read(len(ARROW_FILE_MAGIC)) == ARROW_FILE_MAGIC:
+        handle.seek(0)
+        reader = pa.ipc.open_file(handle)
+        yield from (reader.get_batch(i) for i in range(reader.num_record_batches))
+    else:
+        handle.seek(0)
+        yield from pa.ipc.open_stream(handle)
+
+
+def _table_rows(path: str, handle: Any) -> Iterator[tuple[int, str, Any]]:
     number = 0
-    for batch in pq.ParquetFile(io.BytesIO(data)).iter_batches(batch_size=4096):
+    for batch in _batches(path, handle):
         for row in batch.to_pylist():
             number += 1
             yield number, json.dumps(row, ensure_ascii=False, default=str), row
+
+
+def _json_array_rows(handle: Any, hasher: Any, info: SourceInfo) -> Iterator[tuple[int, str, Any]]:
+    """A ``.json`` file holding one array of records (read whole, as ``datasets`` reads it)."""
+    data = handle.read()
+    hasher.update(data)
+    info.bytes = len(data)
+    try:
+        records = json.loads(data.decode("utf-8").removeprefix("\ufeff"))
+    except (ValueError, RecursionError) as error:
+        records = [Invalid("not_json", f"the file is not one JSON array: {error}")]
+    for number, record in enumerate(records, 1):
+        raw = (
+            record.detail if isinstance(record, Invalid) else json.dumps(record, ensure_ascii=False)
+        )
+        yield number, raw, record
+
+
+def _starts_with_array(path: str) -> bool:
+    """Whether a ``.json`` file holds one JSON array (else it is read as JSON Lines)."""
+    from apache_beam.io.filesystems import FileSystems
+
+    with FileSystems.open(path) as handle:
+        head = handle.read(4096).lstrip(b"\xef\xbb\xbf \t\r\n")
+    return head.startswith(b"[")
 
 
 def read_source(
@@ -131,9 +196,14 @@ def read_source(
     hasher = hashlib.sha256()
     detector = _Detector(forced_format)
     bundle: list[Item] = []
+    table = path.lower().endswith(PARQUET_SUFFIXES + CSV_SUFFIXES + ARROW_SUFFIXES)
+    digest = _sha256(path, info) if table else None
+    array = path.lower().endswith(JSON_SUFFIXES) and _starts_with_array(path)
     with FileSystems.open(path) as handle:
-        if path.lower().endswith(PARQUET_SUFFIXES):
-            rows = _parquet_rows(handle, hasher, info)
+        if table:
+            rows = _table_rows(path, handle)
+        elif array:
+            rows = _json_array_rows(handle, hasher, info)
         else:
             rows = ((n, data, None) for n, data in _jsonl_lines(handle, hasher, info))
         for number, raw, obj in rows:
@@ -149,6 +219,6 @@ def read_source(
                 bundle = []
     if bundle:
         yield bundle
-    info.sha256 = hasher.hexdigest()
+    info.sha256 = digest or hasher.hexdigest()
     info.format = detector.format
     yield info

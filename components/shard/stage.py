@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from typing import Any
 
 from components.core import fileio
 from components.core.data.tokenizers import load_tokenizer
-from components.shard import beam_pipeline
+from components.shard import beam_pipeline, bigquery
 from components.shard.config import ShardConfig
 from components.shard.eval_split import eval_split_error, least_eval_fraction
 from components.shard.manifest import MANIFEST_FILE, build_manifest, conserved, write_manifest
@@ -94,22 +95,36 @@ def _check(manifest: dict[str, Any], config: ShardConfig, output: str) -> None:
 
 
 def run(
-    config: ShardConfig, inputs: list[str], output: str, beam_args: list[str] = ()
+    config: ShardConfig,
+    inputs: list[str],
+    output: str,
+    beam_args: list[str] = (),
+    read_table: Any = bigquery.read_bigquery,
 ) -> dict[str, Any]:
-    """Shard the preference files ``inputs`` into ``output``; returns the manifest."""
+    """Shard the preference files and BigQuery tables ``inputs`` into ``output``; returns
+    the manifest. ``read_table``: the tables' Beam source (``bigquery.read_bigquery``)."""
     import apache_beam as beam
 
-    files = expand_patterns(list(inputs))
+    tables = [uri for uri in inputs if bigquery.is_table(uri)]
+    for uri in tables:
+        bigquery.table_parts(uri)  # a malformed one is refused before anything runs
+    patterns = [uri for uri in inputs if not bigquery.is_table(uri)]
+    files = expand_patterns(patterns) if patterns or not tables else []
     tokenizer = load_tokenizer(config.tokenizer)
     _clear_output(output)
     tokenizer.save(fileio.join(output, "tokenizer"))
-    log.info("sharding %d file(s) into %s", len(files), output)
+    log.info("sharding %d file(s), %d table(s) into %s", len(files), len(tables), output)
+    started = time.monotonic()
     with beam.Pipeline(options=pipeline_options(config, list(beam_args))) as pipeline:
-        beam_pipeline.build(pipeline, files, config, output)
+        beam_pipeline.build(pipeline, files, config, output, tables, read_table)
     stats_path = fileio.join(output, beam_pipeline.STATS_FILE)
     stats = json.loads(fileio.read_text(stats_path))
     _remove_file(stats_path)
     manifest = build_manifest(stats, config, tokenizer.info(), output)
+    # The whole job's rate: every source's records over the Beam job's wall time.
+    total = len(files) + len(tables)
+    records = manifest["counts"]["input_records"]
+    print(beam_pipeline.progress_line(total, total, records, time.monotonic() - started))
     try:
         _check(manifest, config, output)
         _check_eval_split(manifest, stats, config)

@@ -49,7 +49,11 @@ def add_data(parser: argparse.ArgumentParser) -> None:
         help="report rejected records per reason and the eval split; exit 1 when the shard "
         "stage would refuse them",
     )
-    validate.add_argument("files", nargs="+", help="JSONL/Parquet paths or globs")
+    validate.add_argument(
+        "files",
+        nargs="+",
+        help="preference files (JSONL, JSON, Parquet, CSV, Arrow), globs or dataset folders",
+    )
     add_config_flags(validate, ShardConfig, skip=("num_shards", "num_workers"))
     validate.set_defaults(handler=_validate)
 

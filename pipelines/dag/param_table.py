@@ -91,7 +91,8 @@ PARAMS: tuple[Param, ...] = (
         "data_uri",
         default="",
         kind=str,
-        help="preference files (JSONL/Parquet), comma-separated paths or globs, local or gs://; "
+        help="preference data, comma-separated: files (JSONL, JSON, Parquet, CSV, Arrow) or "
+        "globs, Hugging Face dataset folders, local or gs://, or bq://PROJECT.DATASET.TABLE; "
         "'' = generate the built-in task into the run",
     ),
     # 4000 (was 2000): the same sft and reward steps see more distinct pairs; on the demo's

@@ -183,14 +183,8 @@ def _patterns(data_uri: str) -> list[str]:
 
 
 def _data(data_uri: str, values: dict[str, Any]) -> None:
-    """Files, not folders, and at least one of them, as find-data lists them."""
-    for pattern in _patterns(data_uri):
-        for match in fileio.glob(pattern):
-            if fileio.isdir(match):
-                raise PreflightError(
-                    f"{match!r} is a folder; name the files in it, e.g. "
-                    f"{fileio.join(match, '*.jsonl')!r}"
-                )
+    """At least one file, as find-data lists them (a folder: a Hugging Face dataset's train
+    split, hf_datasets.dataset_files)."""
     stage_io.find_sources(data_uri)
 
 

@@ -38,7 +38,7 @@ from pipelines.targets.placement import LOCAL_IMAGE, Placement
 
 LAST_RUN_FILE = "last_run.json"
 # A task's progress line (components/core/training/metrics.py), and how often it is shown.
-_PROGRESS = re.compile(r"^\s*\[(sft|reward|ppo|dpo|evaluate)\] step (\d+)/(\d+) (.*)$")
+_PROGRESS = re.compile(r"^\s*\[(shard|sft|reward|ppo|dpo|evaluate)\] step (\d+)/(\d+) (.*)$")
 PROGRESS_SECONDS = 10.0
 PROMOTED_DIR = "promoted-policy"
 _ANSI = run_log.ANSI
