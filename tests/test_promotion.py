@@ -324,6 +324,46 @@ def test_a_claim_by_listing_has_one_owner(tmp_path):
     assert len(won) == 6 and sum(won) <= 1
 
 
+def test_a_gcs_claim_is_a_create_if_absent_precondition(monkeypatch):
+    """gs://: one claim object created with if_generation_match=0 (Cloud Storage's atomic
+    create-if-absent); the storage client is the SDK's, autospecced (no bucket here)."""
+    from unittest import mock
+
+    from google.api_core.exceptions import PreconditionFailed
+    from google.cloud import storage
+
+    created: set[str] = set()
+
+    def upload(blob_name, data, **kwargs):
+        assert kwargs == {"if_generation_match": 0}
+        if blob_name in created:
+            raise PreconditionFailed(
+                "At least one of the pre-conditions you specified did not hold."
+            )
+        created.add(blob_name)
+
+    client = mock.create_autospec(storage.Client, instance=True)
+    blobs: dict[str, mock.Mock] = {}
+
+    def blob(name):
+        handle = blobs.setdefault(name, mock.create_autospec(storage.Blob, instance=True))
+        handle.upload_from_string.side_effect = lambda data, **kw: upload(name, data, **kw)
+        return handle
+
+    client.bucket.return_value.blob.side_effect = blob
+    monkeypatch.setattr(storage, "Client", mock.Mock(return_value=client))
+    monkeypatch.setattr(atomic, "listdir", lambda folder: [])
+    folder = "gs://bucket/promoted/versions/000003"
+    assert atomic.claim_folder(folder)
+    assert not atomic.claim_folder(folder)  # 412: another claimant has it
+    client.bucket.assert_called_with("bucket")
+    assert set(blobs) == {"promoted/versions/000003/CLAIM-owner"}
+    # A folder claimed by listing (an earlier alignpipe) is taken: nothing is created.
+    monkeypatch.setattr(atomic, "listdir", lambda folder: ["CLAIM-3f2a"])
+    assert not atomic.claim_folder("gs://bucket/promoted/versions/000004")
+    assert set(blobs) == {"promoted/versions/000003/CLAIM-owner"}
+
+
 def test_the_layout_before_versions_still_reads_and_becomes_version_one(tmp_path, capsys):
     root = tmp_path / "promoted"
     _policy(root, "legacy")

@@ -3,13 +3,15 @@ caller only, a file replaced whole, a listing never cached. The promotion histor
 (promotion.py) is built on them.
 
 Claiming a number: locally ``os.mkdir`` of the version folder, which fails when it exists. On
-gs:// tf.io.gfile offers no generation preconditions (GFile writes unconditionally, and
-``rename(overwrite=False)`` checks, then copies), so each claimant writes an object of its
-own, ``versions/N/CLAIM-<random>``, then lists the folder and owns N only when its claim is
-the only one. Object listing on GCS is strongly consistent
-(https://cloud.google.com/storage/docs/consistency) and TensorFlow's GCS file system does not
-cache listings (only stat results, for 5 s), so of two claims the later writer always lists
-both: at most one claimant wins. When both list both, both move on and N stays unused.
+gs:// the claim is one object, ``versions/N/CLAIM-owner``, created only if absent: the
+storage client's ``if_generation_match=0`` precondition, which Cloud Storage checks and
+applies atomically (https://cloud.google.com/storage/docs/request-preconditions), so exactly
+one claimant gets N and the others get 412 Precondition Failed. A folder an earlier alignpipe
+claimed by listing (``CLAIM-<random>``) counts as taken. tf.io.gfile, which the other gs://
+I/O uses, offers no preconditions (GFile writes unconditionally, and
+``rename(overwrite=False)`` checks, then copies); on other remote file systems a claim is
+still by listing (:func:`claim_by_listing`): write a claim of one's own, then list. The
+storage client also starts faster than TensorFlow (benchmarks/bench_libraries.py).
 """
 
 from __future__ import annotations
@@ -24,10 +26,13 @@ import uuid
 from components.core import fileio
 
 CLAIM_PREFIX = "CLAIM-"
+CLAIM_OBJECT = f"{CLAIM_PREFIX}owner"  # gs://: the one object whose creation is the claim
 
 
 def claim_folder(folder: str) -> bool:
     """Claim ``folder`` for this caller alone; False when another claimant has it."""
+    if folder.startswith("gs://"):
+        return claim_by_precondition(folder)
     if "://" in folder:
         return claim_by_listing(folder)
     os.makedirs(os.path.dirname(folder), exist_ok=True)
@@ -38,16 +43,33 @@ def claim_folder(folder: str) -> bool:
     return True
 
 
+def claim_by_precondition(folder: str) -> bool:
+    """Claim a gs:// ``folder`` by creating its claim object only if it does not exist."""
+    from google.api_core.exceptions import PreconditionFailed
+    from google.cloud import storage
+
+    if any(name.startswith(CLAIM_PREFIX) for name in listdir(folder)):
+        return False  # claimed already, possibly by listing (an earlier alignpipe)
+    bucket, _, path = folder.removeprefix("gs://").partition("/")
+    blob = storage.Client().bucket(bucket).blob(f"{path.strip('/')}/{CLAIM_OBJECT}")
+    try:
+        blob.upload_from_string(_now(), if_generation_match=0)
+    except PreconditionFailed:
+        return False
+    return True
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.UTC).isoformat(timespec="microseconds")
+
+
 def claim_by_listing(folder: str) -> bool:
     """Claim ``folder`` where only whole-object writes and listings are atomic (gs://).
 
     Write a claim of one's own, then list: the claim holds when it is the only one there.
     """
     mine = f"{CLAIM_PREFIX}{uuid.uuid4().hex}"
-    fileio.write_text(
-        fileio.join(folder, mine),
-        datetime.datetime.now(datetime.UTC).isoformat(timespec="microseconds"),
-    )
+    fileio.write_text(fileio.join(folder, mine), _now())
     claims = [name for name in listdir(folder) if name.startswith(CLAIM_PREFIX)]
     if claims == [mine]:
         return True
