@@ -1,12 +1,18 @@
 """Test set-up: 8 virtual CPU devices for pmap, before any JAX computation.
 
-One persistent XLA compilation cache per test session (shared by pytest-xdist's workers,
-and by the stage processes tests start, which inherit the environment): the same stage
-compiled again in another process or run (kfp.local tasks, resumed runs) is read back
-instead of recompiled. Cached executables are XLA's own output for the same program, so
-results do not change; only the compile time goes. Every program is cached, however quick
-its compile: a stage process runs dozens of small ones (each initialiser, each eager op),
-about 2.5 s of compiling in all on 2 cores, read back in about 0.5 s.
+One persistent XLA compilation cache per test session, for the stage processes tests start
+(they inherit the environment): the same stage compiled again in another process or run
+(kfp.local tasks, resumed runs) is read back instead of recompiled. Cached executables are
+XLA's own output for the same program, so results do not change; only the compile time
+goes. Every program is cached, however quick its compile: a stage process runs dozens of
+small ones (each initialiser, each eager op), about 2.5 s of compiling in all on 2 cores,
+read back in about 0.5 s.
+
+pytest-xdist's workers themselves do not use it: XLA:CPU's executable serialization, which
+each cache write runs, aborted a worker (``Fatal Python error: Aborted`` in
+``put_executable_and_time``, 2026-12-05) about once a suite run, after a few thousand
+compiles in that process; the worker died, and the CI run with it. A worker's own programs
+are compiled once per module anyway.
 """
 
 import json
@@ -41,6 +47,7 @@ import jax  # noqa: E402
 
 jax.config.update("jax_num_cpu_devices", 8)
 jax.config.update("jax_platforms", "cpu")
+jax.config.update("jax_enable_compilation_cache", False)  # this process only (docstring)
 
 
 import pytest  # noqa: E402

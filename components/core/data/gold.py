@@ -19,17 +19,15 @@ them), each scored by the gold reward.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
-import importlib
 import numbers
-import sys
-import types
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
-from components.core import fileio
+from components.core import fileio, function_specs
 from components.core.data import builtin_task
 
 GoldReward = Callable[[str, str], float]
@@ -42,49 +40,11 @@ def _short(text: str) -> str:
     return repr(text if len(text) <= _SHOWN_CHARS else text[:_SHOWN_CHARS] + "…")
 
 
-def _split(spec: str) -> tuple[str, str]:
-    """(file or module, function) of a ``SOURCE:FUNCTION`` spec."""
-    source, _, name = spec.rpartition(":")
-    if not source or not name.isidentifier():
-        raise ValueError(
-            f"gold reward {spec!r}: expected a built-in name "
-            f"({', '.join(builtin_task.gold_reward_names())}), PATH.py:FUNCTION or "
-            "MODULE:FUNCTION (FUNCTION a Python name); fix the spec"
-        )
-    return source, name
-
-
-def _file_namespace(spec: str, path: str) -> dict[str, Any]:
-    """The globals of the Python file at ``path`` after running it as a fresh module."""
-    if not fileio.exists(path):
-        raise ValueError(
-            f"gold reward {spec!r}: file {path} does not exist; give the path of a .py file "
-            "that defines the function"
-        )
-    stem = "".join(c if c.isalnum() else "_" for c in path.rsplit("/", 1)[-1][: -len(".py")])
-    module = types.ModuleType(f"alignpipe_gold.{stem}")
-    module.__file__ = path
-    # Registered as imported modules are, so dataclasses and pickling inside it find it.
-    sys.modules[module.__name__] = module
-    try:
-        exec(compile(fileio.read_text(path), path, "exec"), module.__dict__)
-    except Exception as error:
-        raise ValueError(
-            f"gold reward {spec!r}: running {path} failed with {type(error).__name__}: "
-            f"{error}; fix the file"
-        ) from error
-    return module.__dict__
-
-
-def _module_namespace(spec: str, module_name: str) -> dict[str, Any]:
-    """The globals of the importable module ``module_name``."""
-    try:
-        return vars(importlib.import_module(module_name))
-    except Exception as error:
-        raise ValueError(
-            f"gold reward {spec!r}: module {module_name!r} does not import "
-            f"({type(error).__name__}: {error}); install it or put it on PYTHONPATH"
-        ) from error
+GOLD = function_specs.FunctionKind(
+    what="gold reward",
+    signature="(prompt: str, response: str) -> float",
+    module_prefix="alignpipe_gold",
+)
 
 
 def _load(spec: str) -> GoldReward:
@@ -97,22 +57,8 @@ def _load(spec: str) -> GoldReward:
             f"({', '.join(builtin_task.gold_reward_names())}); pass one of those, "
             "PATH.py:FUNCTION or MODULE:FUNCTION"
         )
-    source, name = _split(spec)
-    in_file = source.endswith(".py")
-    namespace = _file_namespace(spec, source) if in_file else _module_namespace(spec, source)
-    where = f"file {source}" if in_file else f"module {source!r}"
-    if name not in namespace:
-        raise ValueError(
-            f"gold reward {spec!r}: {where} has no function {name!r}; define "
-            f"{name}(prompt: str, response: str) -> float there or fix the name"
-        )
-    function = namespace[name]
-    if not callable(function):
-        raise ValueError(
-            f"gold reward {spec!r}: {name!r} in {where} is a {type(function).__name__}, not a "
-            f"function; define {name}(prompt: str, response: str) -> float"
-        )
-    return function
+    kind = dataclasses.replace(GOLD, builtins=tuple(builtin_task.gold_reward_names()))
+    return function_specs.load_function(spec, kind)
 
 
 def _checked(spec: str, function: GoldReward) -> GoldReward:
