@@ -20,10 +20,11 @@ def test_the_planner_is_within_15_percent_of_xla(algorithm, shape):
         assert abs(ratio - 1) <= TOLERANCE, f"{algorithm} {program} at {shape}: {ratio:.3f}x"
 
 
-@pytest.mark.parametrize("shape", ["base", "length and batch x2"])
+@pytest.mark.parametrize("shape", ["length and batch x2"])
 def test_a_hybrid_stack_is_planned_within_15_percent(shape):
     """Qwen3.5's stack (Gated DeltaNet periods): PPO's rollout and update, whose two
-    networks' hybrid passes XLA:CPU runs side by side (phases.py counts both)."""
+    networks' hybrid passes XLA:CPU runs side by side (phases.py counts both); at the larger
+    shape only (the base one, 56 s more, is sft's in test_memory_calibration.py)."""
     found = ratios("ppo", shape, hybrid=True)
     for program, ratio in found.items():
         assert abs(ratio - 1) <= TOLERANCE, f"hybrid ppo {program} at {shape}: {ratio:.3f}x"

@@ -17,7 +17,7 @@ import math
 from typing import Any, Literal
 
 from components.core.flags import field
-from components.core.model.config import ADAPTER_TARGETS, DELTA_TARGETS, LORA_TARGETS
+from components.core.model.adapter_targets import ADAPTER_TARGETS, DELTA_TARGETS, LORA_TARGETS
 
 ALL_LINEAR = "all-linear"
 # Auto (0) learning rates of a stage that trains adapters: its full fine-tuning rate times

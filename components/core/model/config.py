@@ -8,14 +8,11 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from components.core.model.adapter_targets import ADAPTER_TARGETS, DELTA_TARGETS, LORA_TARGETS
+
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 MLP_ACTIVATIONS = ("silu", "gelu_tanh")
 LAYER_TYPES = ("sliding_attention", "full_attention", "linear_attention")
-# Hugging Face's names of the projections an adapter can wrap (PEFT's target_modules), in
-# the order of a decoder layer; Qwen3.5's Gated DeltaNet projections on its linear layers.
-LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-DELTA_TARGETS = ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a", "out_proj")
-ADAPTER_TARGETS = LORA_TARGETS + DELTA_TARGETS
 
 # None: keep every activation; full: keep only layer inputs; dots_saveable: keep matmul
 # outputs (less recompute, more memory). Batch-dim dots (attention) are recomputed.
