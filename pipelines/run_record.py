@@ -2,8 +2,10 @@
 and library versions, the inputs with their digests, the times and the outcome.
 
 A local run writes it as ``run.json`` in its run folder (``alignpipe runs`` lists and shows
-them, ``alignpipe rerun --run RUN`` repeats one); a cloud run carries the code's version and
-commit as labels (``cloud_labels``).
+them, ``alignpipe rerun --run RUN`` repeats one). A compiled cloud spec carries the same
+record, less the run's times and outcome (``spec_record``), in its ``pipelineInfo``'s
+description, which Vertex AI and Kubeflow keep with every run of it; its runs are labelled
+with the code's version and commit and the libraries' versions (``cloud_labels``).
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import datetime
 import glob
 import hashlib
+import json
 import os
 import re
 import subprocess
@@ -143,6 +146,31 @@ def record(
     }
 
 
+SPEC_PREFIX = "alignpipe run record: "
+
+
+def spec_record(values: dict[str, Any], sources: dict[str, str]) -> dict[str, Any]:
+    """What a compiled spec carries of its runs' record: the parameters with their sources,
+    the code and the libraries, and the local inputs' digests (remote ones are listed and
+    fingerprinted by the run's own find-data task, with the run's credentials)."""
+    local = {k: v for k, v in values.items() if k not in INPUT_PARAMS or "://" not in str(v)}
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "code": code_version(),
+        "libraries": library_versions(),
+        "parameters": parameters(values, sources),
+        "inputs": input_digests(local),
+    }
+
+
+def read_spec_record(spec: dict[str, Any]) -> dict[str, Any] | None:
+    """The record a compiled spec (its first YAML document) carries, or None."""
+    description = (spec.get("pipelineInfo") or {}).get("description") or ""
+    if not description.startswith(SPEC_PREFIX):
+        return None
+    return json.loads(description[len(SPEC_PREFIX) :])
+
+
 def values_of(run: dict[str, Any]) -> dict[str, Any]:
     """The parameter values a record's run was given (every source but the defaults), as
     ``rerun`` passes them again: a default stays a default, as it was."""
@@ -154,9 +182,18 @@ def values_of(run: dict[str, Any]) -> dict[str, Any]:
 
 
 def cloud_labels() -> dict[str, str]:
-    """alignpipe's version and commit as Vertex/Kubeflow labels (lowercase, 63 characters)."""
+    """alignpipe's version and commit, and the libraries' versions, as Vertex/Kubeflow labels
+    (lowercase, 63 characters)."""
     code = code_version()
-    labels = {"alignpipe_version": re.sub(r"[^a-z0-9_-]", "-", code["alignpipe"].lower())}
+    labels = {"alignpipe_version": _label(code["alignpipe"])}
     if code.get("commit"):
         labels["alignpipe_commit"] = code["commit"][:12] + ("-dirty" if code.get("dirty") else "")
+    for name, version in library_versions().items():  # jax_version: 0-10-2
+        if version:
+            labels[f"{name.split('-')[0]}_version"] = _label(version)
     return {k: v.lower()[:63] for k, v in labels.items()}
+
+
+def _label(text: str) -> str:
+    """``text`` as a label value: lowercase letters, digits, ``_`` and ``-``."""
+    return re.sub(r"[^a-z0-9_-]", "-", text.lower())

@@ -11,9 +11,9 @@ with sft first (``sft_on_base``), Qwen3 is aligned as given with its template's
 ``enable_thinking`` off, and Gemma 3 (its system message folded into the first user turn
 by its template) with LoRA adapters, exported merged and as a PEFT adapter (loaded by
 ``peft``); Qwen3.5 (hybrid Gated DeltaNet and attention layers, thinking on) with adapters
-on every linear layer, aligned by DPO. Qwen2 and Gemma 2 share these code paths; their import and export are tested
-in test_hf_import.py and test_hf_export.py, which keeps this module's three runs in the
-suite's time.
+on every linear layer, aligned by DPO. Qwen2 and Gemma 2 share these code paths; their
+import and export are tested in test_hf_import.py and test_hf_export.py, which keeps this
+module's four runs in the suite's time.
 ``transformers``, ``torch`` and ``peft`` are imported in this module only.
 """
 

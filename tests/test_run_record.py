@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime
 import json
+from importlib import metadata
 
 import pytest
 import yaml
@@ -109,7 +110,29 @@ def test_a_record_holds_every_parameter_its_source_and_its_inputs(tmp_path, caps
 def test_cloud_labels_name_the_code():
     labels = run_record.cloud_labels()
     assert labels["alignpipe_version"]
+    assert labels["jax_version"] == metadata.version("jax").replace(".", "-")
+    assert labels["kfp_version"] and labels["apache_version"]  # apache-beam
     assert all(len(v) <= 63 and v == v.lower() for v in labels.values())
+
+
+def test_a_compiled_spec_carries_the_record_of_its_runs(tmp_path):
+    """The parameters with their sources, the code and the libraries travel in the spec's
+    pipelineInfo description (Vertex and Kubeflow keep it with each run)."""
+    config = tmp_path / "run.yaml"
+    config.write_text("ppo:\n  iterations: 7\n")
+    data = tmp_path / "prefs.jsonl"
+    data.write_text('{"prompt": "p", "chosen": "a", "rejected": "b"}\n')
+    spec = tmp_path / "p.yaml"
+    argv = ["compile", "--target", "vertex", "-o", str(spec), "--config", str(config)]
+    assert main([*argv, "--seed", "6", "--data-uri", str(data)]) == 0
+    compiled = next(yaml.safe_load_all(spec.read_text()))
+    record = run_record.read_spec_record(compiled)
+    assert record["parameters"]["seed"] == {"value": 6, "source": "flag"}
+    assert record["parameters"]["ppo_iterations"] == {"value": 7, "source": "config"}
+    assert record["parameters"]["kl_coef"]["source"] == "default"
+    assert record["code"]["alignpipe"] and record["libraries"]["kfp"]
+    assert list(record["inputs"]["data_uri"]) == [str(data)]
+    assert compiled["pipelineInfo"]["name"] == "alignpipe"  # the rest of the spec as it was
 
 
 ORBAX_SAVE = """

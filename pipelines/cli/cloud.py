@@ -113,7 +113,8 @@ def _compile(args: argparse.Namespace, rest: list[str]) -> int:
 
     def body() -> int:
         placement = options.placement(args)
-        compile_pipeline(placement, options.values(args), args.output, args.fresh_from)
+        values, sources = options.sourced_values(args)
+        compile_pipeline(placement, values, args.output, args.fresh_from, sources)
         print(f"wrote {args.output} ({args.target}: {placement.describe()})")
         return 0
 
@@ -125,19 +126,18 @@ def _cloud(args: argparse.Namespace, action: str) -> int:
     from pipelines.targets import cloud
     from pipelines.targets.spec import compile_pipeline
 
-    placement, settings, values = (
-        options.placement(args),
-        options.settings(args),
-        options.values(args),
-    )
+    placement, settings = options.placement(args), options.settings(args)
+    values, sources = options.sourced_values(args)
     cloud.check_settings(args.target, settings)  # before compiling: fail fast on settings
     # Training state outside the artifacts, where a retried task finds it.
     values = params.with_cloud_checkpoint_root(values, settings.pipeline_root)
+    if "checkpoint_root" not in sources and values.get("checkpoint_root"):
+        sources = {**sources, "checkpoint_root": "pipeline root"}  # the run record says so
     for warning in cloud.settings_warnings(args.target, settings):
         print(f"warning: {warning}", file=sys.stderr)
     with tempfile.TemporaryDirectory() as folder:
         package = str(Path(folder) / "alignpipe.yaml")
-        compile_pipeline(placement, values, package, args.fresh_from)
+        compile_pipeline(placement, values, package, args.fresh_from, sources)
         if action == "submit":
             run = cloud.submit(args.target, package, values, placement, settings)
             what = f"submitted to {args.target}"

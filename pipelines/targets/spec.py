@@ -4,6 +4,7 @@ a slice of several hosts: a JobSet launched over the hosts, ``gke/jobset.py``)."
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -23,19 +24,28 @@ def compile_pipeline(
     values: dict[str, Any],
     package_path: str | Path,
     fresh_from: str | None = None,
+    sources: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """Check the parameters for ``placement``, then write the pipeline spec; returns them.
 
-    The given values become the compiled pipeline's defaults.
+    The given values become the compiled pipeline's defaults; the spec's description carries
+    the runs' record (``run_record.spec_record``: each value's source from ``sources``).
     """
     from kfp import compiler
 
+    from pipelines import run_record
+
     checked = params.validate(values, placement.chips)
     pipeline = build_pipeline(placement, fresh_from)
-    Path(package_path).parent.mkdir(parents=True, exist_ok=True)
-    compiler.Compiler().compile(pipeline, str(package_path), pipeline_parameters=values or None)
+    package = Path(package_path)
+    package.parent.mkdir(parents=True, exist_ok=True)
+    compiler.Compiler().compile(pipeline, str(package), pipeline_parameters=values or None)
     if placement.target == "vertex" or placement.hosts > 1:
-        rewrite_training(placement, Path(package_path))
+        rewrite_training(placement, package)
+    spec, *platform = yaml.safe_load_all(package.read_text())
+    record = run_record.spec_record(values, sources or {k: "flag" for k in values})
+    spec["pipelineInfo"]["description"] = run_record.SPEC_PREFIX + json.dumps(record)
+    package.write_text(yaml.safe_dump_all([spec, *platform], sort_keys=False))
     return checked
 
 
