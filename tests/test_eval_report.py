@@ -232,7 +232,8 @@ def test_gold_as_judge_is_stated_and_not_repeated() -> None:
     parser = parse(page)
     header = f'data-judge="gold" data-gate-judge="gold">Judge: the gold reward {GOLD}; no reward'
     assert page.index(header) < (page.index("data-blessed"))
-    assert page.count(f"win rate ({GOLD})") == 1  # the judge's row; no second gold row
+    assert page.count(f"<th>win rate ({GOLD})") == 1  # the judge's row; no second gold row
+    assert page.count(f"<th>length-controlled win rate ({GOLD})") == 1
     assert "win rate (reward model)" not in page
     assert '<td class="num missing">no reward model</td>' in page  # reward-model accuracy
     assert "oracle baseline" in page and "no reward model (the gold reward judged)" in page

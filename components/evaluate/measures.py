@@ -40,6 +40,7 @@ from components.evaluate.judges import (  # noqa: F401 (re-exported: measures is
     JUDGE_REWARD_MODEL,
     JUDGES,
 )
+from components.evaluate.length_control import length_controlled_win_rate
 
 SCHEMA_VERSION = 1
 HISTOGRAM_BINS = 20
@@ -468,6 +469,9 @@ def summarize(
         "win_rate": win_rate_with_interval(
             aligned.rewards, draws.rewards, shared_keys=not config.greedy, **bootstrap
         ),
+        "lc_win_rate": lc_win_rate(
+            aligned, reference, "rewards", shared_keys=not config.greedy, **bootstrap
+        ),
         "reward": paired_difference(a_rewards, r_rewards, **bootstrap),
         "reward_histogram": reward_histogram(a_rewards, r_rewards),
         "kl": kl,
@@ -516,4 +520,29 @@ def _gold_part(
         "win_rate": win_rate_with_interval(
             aligned.gold_rewards, reference_gold, shared_keys=shared_keys, **bootstrap
         ),
+        "lc_win_rate": lc_win_rate(
+            aligned, reference, "gold_rewards", shared_keys=shared_keys, **bootstrap
+        ),
     }
+
+
+def lc_win_rate(
+    aligned: PolicyOutputs,
+    reference: PolicyOutputs,
+    scores: str,
+    *,
+    shared_keys: bool,
+    **bootstrap: Any,
+) -> dict[str, Any] | None:
+    """The length-controlled win rate (``length_control.py``) of the two policies' samples,
+    judged by their ``scores`` (``rewards`` or ``gold_rewards``), over independent pairs;
+    None where they have none (one sample each, drawn with one key: the win rate's
+    independent pairs are then the reference's best-of-n draws, whose lengths are not kept)."""
+    a, r = _samples_by_prompt(getattr(aligned, scores), getattr(reference, scores))
+    if shared_keys and a.shape[1] == r.shape[1] == 1:
+        return None
+    pairs = independent_pairs(a.shape[1], r.shape[1], shared_keys=shared_keys)
+    return length_controlled_win_rate(
+        a, r, response_lengths(aligned.response_mask), response_lengths(reference.response_mask),
+        pairs=pairs, **bootstrap,
+    )  # fmt: skip

@@ -159,6 +159,11 @@ def _head_to_head_rows(summary: Mapping[str, Any]) -> list[tuple[str, str, str |
     rows = [
         (f"win rate ({judge_name(summary)})", "win_rate.value", "win_rate"),
         (
+            f"length-controlled win rate ({judge_name(summary)})",
+            "lc_win_rate.value",
+            "lc_win_rate",
+        ),
+        (
             f"mean {score} difference (aligned − reference)",
             "reward.difference.value",
             "reward.difference",
@@ -171,6 +176,11 @@ def _head_to_head_rows(summary: Mapping[str, Any]) -> list[tuple[str, str, str |
         name = at(summary, "gold.name") or "gold"
         rows += [
             (f"win rate ({name})", "gold.win_rate.value", "gold.win_rate"),
+            (
+                f"length-controlled win rate ({name})",
+                "gold.lc_win_rate.value",
+                "gold.lc_win_rate",
+            ),
             (
                 f"mean {name} difference (aligned − reference)",
                 "gold.difference.value",
@@ -188,8 +198,9 @@ def _head_to_head(summary: Mapping[str, Any]) -> str:
     body = []
     for label, value_path, interval_path in _head_to_head_rows(summary):
         part = value_path.split(".")[0]
-        # A part left out is None at its top key; a NaN figure inside one shows as n/a.
-        if at(summary, part) is None:
+        # A part left out is None (at its top key, or the figure's own: gold's LC win rate);
+        # a NaN figure inside one shows as n/a.
+        if at(summary, part) is None or at(summary, value_path.rpartition(".")[0]) is None:
             why = "no reward model" if gold_judged and part == "reward_model_accuracy" else ""
             cells = f'<td class="num missing">{why or "not measured"}</td><td></td>'
         else:
@@ -206,9 +217,23 @@ def _head_to_head(summary: Mapping[str, Any]) -> str:
         f"{esc(level)} percentile-bootstrap intervals over prompts. Win rates compare each "
         "aligned sample with each reference draw of its prompt that was not drawn with the "
         "same key (independent pairs: the same key makes both responses identical wherever "
-        f"the policies agree). {verdicts} over those pairs: {counts}.{_coupled(summary)}</p>"
+        f"the policies agree). {verdicts} over those pairs: {counts}.{_coupled(summary)}"
+        f"{_length_control(summary)}</p>"
         f"<table><tr><th>measure</th><th>value</th><th>{esc(level)} interval</th>"
         f"</tr>{''.join(body)}</table>"
+    )
+
+
+def _length_control(summary: Mapping[str, Any]) -> str:
+    """A sentence on the length-controlled win rate: the model fitted, the length term."""
+    if at(summary, "lc_win_rate") is None:
+        return ""
+    return (
+        " The length-controlled win rate is the win rate at equal response lengths "
+        f"(AlpacaEval 2's idea; {esc(at(summary, 'lc_win_rate.model'))}), fitted on the "
+        "aligned and reference samples' independent pairs: length coefficient b1 "
+        f"{figure(summary, 'lc_win_rate.length_coefficient', 'span')}, mean length "
+        f"difference {figure(summary, 'lc_win_rate.mean_length_difference', 'span')} tokens."
     )
 
 
