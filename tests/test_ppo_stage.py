@@ -149,6 +149,12 @@ def test_output_is_a_ppo_model_artifact(aligned) -> None:
     for name in TRL_NAMES + ("time/rollout_tokens_per_s", "time/update_tokens_per_s"):
         assert all(np.isfinite(r[name]) for r in records), name
     assert os.listdir(os.path.join(output, "tensorboard"))
+    # Length drift: each rollout's mean length against the first's, whose policy is the
+    # reference.
+    first = records[0]["response_length"]
+    assert records[0]["response_length_ratio"] == 1.0
+    for record in records:
+        assert record["response_length_ratio"] == pytest.approx(record["response_length"] / first)
 
 
 def _checkpoint_steps(output: str) -> list[int]:
@@ -188,6 +194,9 @@ def test_sigkill_and_resume_ends_with_identical_parameters(artifacts, aligned, t
     _run(artifacts, output)
     expected, resumed = _params(uninterrupted), _params(output)
     jax.tree.map(np.testing.assert_array_equal, resumed, expected)
+    # The reference's length came back with the checkpoint: the same drift figures.
+    ratios = [r["response_length_ratio"] for r in read_metrics(output)]
+    assert ratios == [r["response_length_ratio"] for r in read_metrics(uninterrupted)]
 
 
 def test_sharded_resume_of_a_replicated_checkpoint_ends_alike(

@@ -53,6 +53,8 @@ from components.ppo.score_norm import SCORE_NORM_KEY
 from components.ppo.update import PPOState, make_ema_update, make_update
 
 log = logging.getLogger(__name__)
+# The checkpoint meta entry holding the reference's mean response length.
+REFERENCE_LENGTH_KEY = "reference_response_length"
 PyTree = Any
 
 
@@ -161,6 +163,9 @@ class PPOLoop:
         self.last_saved = -1
         # The rollout figures of the latest good policy (saved with it): the output's figures.
         self.good_rollout: dict[str, float] = {}
+        # The reference's mean response length: the first rollout's, whose policy is the
+        # reference; each rollout's length is logged against it (a drift monitor).
+        self.reference_length: float | None = None
         self.template = PPOState.create(nets.policy, nets.critic, config)
         # LoRA's bases: placed once, read by every phase, never donated or checkpointed.
         self.frozen = None if nets.frozen is None else Frozen(*map(self._place, nets.frozen))
@@ -216,6 +221,7 @@ class PPOLoop:
         if "guard" in meta:  # older checkpoints: guard.json as it was read
             self.guard.state = GuardState.from_json_dict(meta["guard"])
         self.good_rollout = dict(meta.get("rollout", {}))
+        self.reference_length = meta.get(REFERENCE_LENGTH_KEY)
         self.key = restored.rng
         self.prompts.restore(restored.data_position)
         self.last_saved = restored.step
@@ -228,6 +234,7 @@ class PPOLoop:
             "kl_controller": self.controller.to_json_dict(),
             "guard": self.guard.state.to_json_dict(),
             "rollout": self.good_rollout,
+            REFERENCE_LENGTH_KEY: self.reference_length,
             "policy_updates": self.policy_updates,
             # Read back before the networks are built on resume (score_norm.saved_score_stats).
             SCORE_NORM_KEY: {
@@ -356,6 +363,10 @@ class PPOLoop:
         """One iteration; returns a final status when the run ends, else None."""
         position = self.prompts.position()
         batch, rollout, controller, t_rollout = self._rollout()
+        if self.reference_length is None and self.iteration == 0:
+            self.reference_length = rollout["response_length"]
+        if self.reference_length:  # None: resumed from a checkpoint that did not keep it
+            rollout["response_length_ratio"] = rollout["response_length"] / self.reference_length
         last = self.iteration == self.config.iterations
         verdict = self.guard.judge_rollout(rollout, final=last)
         reason = verdict.trip
