@@ -24,6 +24,8 @@ from typing import Any
 import numpy as np
 from numpy.typing import ArrayLike
 
+from components.evaluate.bootstrap import bootstrap_interval
+
 MODEL = "logistic: logit P(win) = b0 + b1·tanh(Δlen / sd(Δlen)); LC win rate = sigmoid(b0)"
 RIDGE = 1.0
 NEWTON_STEPS = 50
@@ -78,8 +80,6 @@ def length_controlled_win_rate(
     """The LC win rate of [P, S] aligned and [P, N] reference samples (their judge's scores
     and lengths) over the [S, N] ``pairs`` mask, with its interval, the raw win rate of the
     same pairs, the length coefficient b1 and the model it fitted."""
-    from components.evaluate.measures import bootstrap_interval  # (measures imports this)
-
     a, r = np.asarray(aligned_rewards, np.float64), np.asarray(reference_rewards, np.float64)
     a_len = np.asarray(aligned_lengths, np.float64).reshape(a.shape)
     r_len = np.asarray(reference_lengths, np.float64).reshape(r.shape)

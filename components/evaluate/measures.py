@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -34,6 +34,7 @@ from components.evaluate.best_of_n import (  # noqa: F401 (re-exported: measures
     gain_at_kl,
 )
 from components.evaluate.best_of_n import summary_part as best_of_n_summary
+from components.evaluate.bootstrap import bootstrap_interval  # noqa: F401 (measures' API)
 from components.evaluate.config import EvalConfig
 from components.evaluate.judges import (  # noqa: F401 (re-exported: measures is the API)
     JUDGE_GOLD,
@@ -149,38 +150,6 @@ def independent_win_rate(
 def reward_model_accuracy(chosen_rewards: ArrayLike, rejected_rewards: ArrayLike) -> float:
     """Share of preference pairs the reward model orders as the labels do, a tie counting half."""
     return win_rate(chosen_rewards, rejected_rewards)
-
-
-def bootstrap_interval(
-    statistic_fn: Callable[..., float],
-    *arrays: ArrayLike,
-    n_resamples: int,
-    confidence: float,
-    seed: int,
-) -> tuple[float, float]:
-    """Percentile-bootstrap (low, high) of ``statistic_fn(*arrays)``, resampling indices jointly."""
-    columns = [np.asarray(array) for array in arrays]
-    if not columns or len(columns[0]) == 0:
-        raise ValueError("bootstrap_interval needs at least one non-empty array")
-    n = len(columns[0])
-    if any(len(column) != n for column in columns):
-        raise ValueError(
-            f"paired arrays differ in length: {[len(c) for c in columns]}; pass one row per prompt"
-        )
-    if n_resamples < 1:
-        raise ValueError(f"n_resamples: {n_resamples} must be at least 1")
-    if not 0.0 < confidence < 1.0:
-        raise ValueError(f"confidence: {confidence} must be in (0, 1), e.g. 0.95")
-    rng = np.random.default_rng(seed)
-    stats = np.empty(n_resamples, np.float64)
-    for i in range(n_resamples):  # one index draw at a time keeps memory O(n)
-        rows = rng.integers(0, n, size=n)
-        stats[i] = statistic_fn(*(column[rows] for column in columns))
-    if np.isnan(stats).any():
-        return math.nan, math.nan
-    tail = (1.0 - confidence) / 2.0
-    low, high = np.quantile(stats, [tail, 1.0 - tail])
-    return float(low), float(high)
 
 
 def win_rate_with_interval(
