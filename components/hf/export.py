@@ -32,9 +32,10 @@ from components.core.model import lora
 from components.core.model.transformer import ModelConfig, Transformer
 from components.core.training.checkpoint import load_model_params, read_model_config
 from components.hf import safetensors_io
-from components.hf.families import family_of_config, tensor_specs
+from components.hf.families import family_of_config
 from components.hf.hf_config import hf_config_from_model
 from components.hf.model_card import model_card
+from components.hf.tensor_map import tensor_specs
 
 EXPORT_DTYPES = {
     "float32": np.dtype(np.float32),

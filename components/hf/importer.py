@@ -37,12 +37,11 @@ from components.hf.families import (
     FAMILY_ARCHITECTURE,
     LANGUAGE_MODEL_PREFIXES,
     HFImportError,
-    TensorSpec,
     family_of_hf,
     is_multimodal,
     model_config_from_hf,
-    tensor_specs,
 )
+from components.hf.tensor_map import TensorSpec, tensor_specs
 
 log = logging.getLogger(__name__)
 

@@ -33,7 +33,7 @@ from components.hf.export import (
     write_hf,
     write_json,
 )
-from components.hf.families import stack_index
+from components.hf.tensor_map import stack_index
 
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"

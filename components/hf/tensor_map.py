@@ -1,0 +1,90 @@
+"""Where each Hugging Face tensor of a family goes in alignpipe's params: the tensor map the
+importer reads checkpoints with and the exporter writes them with."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from components.core.model.config import ModelConfig
+from components.hf.families import GEMMAS
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class TensorSpec:
+    """One HF tensor and its place in our params: ``path`` in the pure dict, ``layer`` index."""
+
+    hf_name: str
+    path: tuple[str, ...]
+    transpose: bool
+    layer: int | None = None
+
+
+# Qwen3.5's DeltaNet tensors (under model.layers.N.) and their place in a DeltaBlock.
+DELTA_TENSORS = {
+    "linear_attn.in_proj_qkv.weight": (("delta", "w_qkv", "kernel"), True),
+    "linear_attn.in_proj_z.weight": (("delta", "w_z", "kernel"), True),
+    "linear_attn.in_proj_b.weight": (("delta", "w_b", "kernel"), True),
+    "linear_attn.in_proj_a.weight": (("delta", "w_a", "kernel"), True),
+    "linear_attn.out_proj.weight": (("delta", "w_out", "kernel"), True),
+    "linear_attn.conv1d.weight": (("delta", "conv"), False),
+    "linear_attn.dt_bias": (("delta", "dt_bias"), False),
+    "linear_attn.A_log": (("delta", "a_log"), False),
+    "linear_attn.norm.weight": (("delta", "norm"), False),
+    "input_layernorm.weight": (("attn_norm", "scale"), False),
+    "post_attention_layernorm.weight": (("mlp_norm", "scale"), False),
+    "mlp.gate_proj.weight": (("mlp", "w_gate", "kernel"), True),
+    "mlp.up_proj.weight": (("mlp", "w_up", "kernel"), True),
+    "mlp.down_proj.weight": (("mlp", "w_down", "kernel"), True),
+}
+
+
+def stack_index(config: ModelConfig) -> list[tuple[str, int]]:
+    """Per checkpoint layer: its stack (``blocks`` or ``linear_blocks``) and index there."""
+    return config.stack_places()
+
+
+def tensor_specs(config: ModelConfig, family: str) -> list[TensorSpec]:
+    """Every HF tensor of ``family`` for ``config`` and where it goes in our params."""
+    specs = [
+        TensorSpec("model.embed_tokens.weight", ("embed", "embedding"), False),
+        TensorSpec("model.norm.weight", ("final_norm", "scale"), False),
+    ]
+    if not config.tie_embeddings:
+        specs.append(TensorSpec("lm_head.weight", ("lm_head",), True))
+    # Gemma 2 and 3 name their pre-MLP norm pre_feedforward_layernorm and uses
+    # post_attention_layernorm for the attention output; Llama/Qwen2 use it pre-MLP.
+    norms = {"input_layernorm": "attn_norm"}
+    if family in GEMMAS:
+        norms.update(
+            post_attention_layernorm="post_attn_norm",
+            pre_feedforward_layernorm="mlp_norm",
+            post_feedforward_layernorm="post_mlp_norm",
+        )
+    else:
+        norms["post_attention_layernorm"] = "mlp_norm"
+    linears = {
+        "self_attn.q_proj": ("attn", "wq"),
+        "self_attn.k_proj": ("attn", "wk"),
+        "self_attn.v_proj": ("attn", "wv"),
+        "self_attn.o_proj": ("attn", "wo"),
+        "mlp.gate_proj": ("mlp", "w_gate"),
+        "mlp.up_proj": ("mlp", "w_up"),
+        "mlp.down_proj": ("mlp", "w_down"),
+    }
+    if config.qk_norm:
+        norms.update({"self_attn.q_norm": "attn/q_norm", "self_attn.k_norm": "attn/k_norm"})
+    for i, (stack, j) in enumerate(stack_index(config)):
+        prefix = f"model.layers.{i}."
+        if stack == "linear_blocks":
+            for hf_name, (ours, transpose) in DELTA_TENSORS.items():
+                specs.append(TensorSpec(f"{prefix}{hf_name}", (stack, *ours), transpose, j))
+            continue
+        for hf_norm, ours in norms.items():
+            path = (stack, *ours.split("/"), "scale")
+            specs.append(TensorSpec(f"{prefix}{hf_norm}.weight", path, False, j))
+        for hf_linear, ours in linears.items():
+            path = (stack, *ours)
+            specs.append(TensorSpec(f"{prefix}{hf_linear}.weight", (*path, "kernel"), True, j))
+            if config.qkv_bias and hf_linear[-6:] in ("q_proj", "k_proj", "v_proj"):
+                specs.append(TensorSpec(f"{prefix}{hf_linear}.bias", (*path, "bias"), False, j))
+    return specs
