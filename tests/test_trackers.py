@@ -1,6 +1,7 @@
-"""Experiment trackers (report_to) against their real local backends: an MLflow file store,
-W&B offline mode (its run file read back record by record), and Vertex AI Experiments
-against the SDK's own function signatures (nothing reaches Google Cloud)."""
+"""Experiment trackers (report_to) against their real local backends: TensorBoard's own event
+reader, an MLflow file store, W&B offline mode (its run file read back record by record), and
+Vertex AI Experiments against the SDK's own function signatures (nothing reaches Google
+Cloud)."""
 
 from __future__ import annotations
 
@@ -42,6 +43,23 @@ def test_report_to_names_trackers_as_trl_does():
     assert trackers.tracked_name("eval/accuracy") == "eval/accuracy"
     assert trackers.run_id_of(RUN_OUTPUT) == "alignpipe-20261205"
     assert trackers.vertex_name("Alignpipe_Run.7-SFT") == "alignpipe-run-7-sft"
+
+
+def test_tensorboards_own_reader_reads_the_scalars(tmp_path):
+    """TensorBoard's event accumulator (what its scalars dashboard loads) reads our event
+    files: the Hugging Face trainers' tags, the scalars plugin, every step."""
+    from tensorboard.backend.event_processing.plugin_event_accumulator import EventAccumulator
+    from tensorboard.util import tensor_util
+
+    _log_steps(str(tmp_path), SFTConfig())  # report_to's default: tensorboard
+    accumulator = EventAccumulator(str(tmp_path / "tensorboard"))
+    accumulator.Reload()
+    assert sorted(accumulator.Tags()["tensors"]) == ["eval/loss", "train/loss"]
+    for tag, scale in (("train/loss", 1.0), ("eval/loss", 2.0)):
+        assert accumulator.SummaryMetadata(tag).plugin_data.plugin_name == "scalars"
+        points = [(e.step, float(tensor_util.make_ndarray(e.tensor_proto))) for e in
+                  accumulator.Tensors(tag)]  # fmt: skip
+        assert points == [(s, pytest.approx(scale / s)) for s in (1, 2, 3)]
 
 
 def test_a_missing_tracker_package_names_its_extra(monkeypatch, tmp_path):
