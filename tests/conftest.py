@@ -102,7 +102,7 @@ def pytest_runtest_logreport(report):
     name = report.nodeid.split("::")[0].rsplit("/", 1)[-1]
     _measured[name] = _measured.get(name, 0.0) + report.duration
     global _last_report
-    _last_report = time.monotonic()
+    _last_report = _monotonic()
 
 
 # After a worker crash, pytest-xdist (3.x, --dist loadfile) replaces it and goes on, but then
@@ -111,7 +111,26 @@ def pytest_runtest_logreport(report):
 # controller ends such a run once no test has reported for STALL_SECONDS after a crash,
 # naming why; the longest test takes under 7 minutes.
 STALL_SECONDS = 900
-_last_report = time.monotonic()
+_monotonic = time.monotonic  # tests monkeypatch time.monotonic; the watchdog keeps its own
+_last_report = _monotonic()
+# The tests whose worker crashed under them (one node id a line; STALLED when the run was
+# ended by the watchdog): tests/rerun_crashed.py runs them again, alone, when they are the
+# run's only failures. Written as each crash happens, by xdist's controller.
+CRASHED = Path(__file__).resolve().parent.parent / ".pytest_cache" / "alignpipe-crashed"
+STALLED = "STALLED"
+
+
+def pytest_sessionstart(session):
+    """The controller (or a plain pytest) starts with no crash recorded."""
+    if not hasattr(session.config, "workerinput"):
+        CRASHED.unlink(missing_ok=True)
+
+
+def pytest_handlecrashitem(crashitem, report, sched):
+    """xdist's controller: the test a crashed worker was running."""
+    CRASHED.parent.mkdir(parents=True, exist_ok=True)
+    with CRASHED.open("a", encoding="utf-8") as handle:
+        handle.write(crashitem + "\n")
 
 
 def pytest_testnodedown(node, error):
@@ -120,8 +139,10 @@ def pytest_testnodedown(node, error):
         return
 
     def watch() -> None:
-        while time.monotonic() - _last_report < STALL_SECONDS:
+        while _monotonic() - _last_report < STALL_SECONDS:
             time.sleep(10)
+        with CRASHED.open("a", encoding="utf-8") as handle:
+            handle.write(STALLED + "\n")
         sys.stderr.write(
             f"\nconftest: a test worker crashed ({error}) and no test has reported for "
             f"{STALL_SECONDS} s since: pytest-xdist stopped scheduling; ending the run "
