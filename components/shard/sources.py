@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -66,7 +67,9 @@ def expand_patterns(patterns: list[str]) -> list[str]:
         matches = FileSystems.match([pattern])[0].metadata_list
         if not matches:
             raise InputError(f"input: {pattern!r} matches no file; check the path or glob")
-        files.update(m.path for m in matches if not hf_datasets.is_dataset_folder(m.path))
+        # A glob may match local folders too (object stores list objects only): their
+        # files come only through a folder named as such, above.
+        files.update(m.path for m in matches if "://" in m.path or not os.path.isdir(m.path))
     return sorted(files)
 
 
