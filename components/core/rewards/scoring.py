@@ -193,14 +193,14 @@ class RewardScorer:
             except Exception:
                 where = self._first_raising(function, kwargs, count)
                 raise _raised(function, kwargs, traceback.format_exc(), where) from None
-        chunks = np.array_split(np.arange(count), min(self.workers, max(count, 1)))
+        split = np.array_split(np.arange(count), min(self.workers, max(count, 1)))
+        chunks = [c for c in split if len(c)]
         futures = [
             self._pool.submit(_call_in_worker, index, _rows(kwargs, int(c[0]), int(c[-1]) + 1))
             for c in chunks
-            if len(c)
         ]
         output: list[Any] = []
-        for chunk, future in zip([c for c in chunks if len(c)], futures, strict=True):
+        for chunk, future in zip(chunks, futures, strict=True):
             try:
                 part, error = future.result(timeout=self.timeout)
             except concurrent.futures.TimeoutError:
