@@ -186,3 +186,84 @@ QWEN3_5_TEMPLATE = """{%- macro render_content(content) %}
 {%- endif %}
 {%- endif %}
 """
+# Gemma 4's structure (google/gemma-4-E2B-it's chat_template.jinja, July 2026; tools and
+# audio/video left out): <bos>, then "<|turn>ROLE\n" ... "<turn|>\n" turns, assistant turns
+# as "model"; a system turn when the chat opens with a system (or developer) message or
+# enable_thinking is true, which puts <|think|> at its start; thought channels
+# (<|channel>thought\n...<channel|>) stripped from the model turns' content, and
+# reasoning_content rendered as one only on model turns after the last user turn;
+# consecutive assistant messages sharing one model turn; text parts trimmed, images as
+# <|image|>. The generation prompt is E2B/E4B's "<|turn>model\n" (the 26B/31B templates
+# add an empty "<|channel>thought\n<channel|>" to it when thinking is off).
+GEMMA4_TEMPLATE = """{%- macro strip_thinking(text) -%}
+{%- set ns = namespace(result='') -%}
+{%- for part in text.split('<channel|>') -%}
+{%- if '<|channel>' in part -%}
+{%- set ns.result = ns.result + part.split('<|channel>')[0] -%}
+{%- else -%}
+{%- set ns.result = ns.result + part -%}
+{%- endif -%}
+{%- endfor -%}
+{{- ns.result | trim -}}
+{%- endmacro -%}
+{%- macro render_text(text, role) -%}
+{{- strip_thinking(text) if role == 'model' else text | trim -}}
+{%- endmacro -%}
+{%- set enable_thinking = enable_thinking | default(false) -%}
+{%- set loop_messages = messages -%}
+{{- bos_token -}}
+{%- if enable_thinking or (messages and messages[0]['role'] in ['system', 'developer']) -%}
+{{- '<|turn>system\n' -}}
+{%- if enable_thinking -%}
+{{- '<|think|>\n' -}}
+{%- endif -%}
+{%- if messages and messages[0]['role'] in ['system', 'developer'] -%}
+{%- if messages[0]['content'] is string -%}
+{{- messages[0]['content'] | trim -}}
+{%- else -%}
+{%- for item in messages[0]['content'] -%}
+{{- item['text'] | trim + ' ' -}}
+{%- endfor -%}
+{%- endif -%}
+{%- set loop_messages = messages[1:] -%}
+{%- endif -%}
+{{- '<turn|>\n' -}}
+{%- endif -%}
+{%- set ns = namespace(last_user=-1, previous_role=none) -%}
+{%- for message in loop_messages -%}
+{%- if message['role'] == 'user' -%}
+{%- set ns.last_user = loop.index0 -%}
+{%- endif -%}
+{%- endfor -%}
+{%- for message in loop_messages -%}
+{%- if message['role'] != 'tool' -%}
+{%- set role = 'model' if message['role'] == 'assistant' else message['role'] -%}
+{%- if not (role == 'model' and ns.previous_role == 'assistant') -%}
+{{- '<|turn>' + role + '\n' -}}
+{%- endif -%}
+{%- set thinking = message.get('reasoning') or message.get('reasoning_content') -%}
+{%- if thinking and loop.index0 > ns.last_user -%}
+{{- '<|channel>thought\n' + thinking + '\n<channel|>' -}}
+{%- endif -%}
+{%- if message['content'] is string -%}
+{{- render_text(message['content'], role) -}}
+{%- elif message['content'] is sequence -%}
+{%- for item in message['content'] -%}
+{%- if item['type'] == 'text' -%}
+{{- render_text(item['text'], role) -}}
+{%- elif item['type'] in ['image', 'image_url'] -%}
+{{- '<|image|>' -}}
+{%- endif -%}
+{%- endfor -%}
+{%- endif -%}
+{%- set later = loop_messages[loop.index0 + 1:] | rejectattr('role', 'equalto', 'tool') | list -%}
+{%- if not (role == 'model' and later and later[0]['role'] == 'assistant') -%}
+{{- '<turn|>\n' -}}
+{%- endif -%}
+{%- set ns.previous_role = message['role'] -%}
+{%- endif -%}
+{%- endfor -%}
+{%- if add_generation_prompt -%}
+{{- '<|turn>model\n' -}}
+{%- endif -%}
+"""

@@ -29,6 +29,7 @@ import torch
 import transformers
 from hf_templates import (  # tests/hf_templates.py (this script runs from tests/)
     GEMMA3_TEMPLATE,
+    GEMMA4_TEMPLATE,
     GEMMA_TEMPLATE,
     LLAMA_TEMPLATE,
     MISTRAL_TEMPLATE,
@@ -111,6 +112,32 @@ QWEN3_5 = dict(
     shard_size="10MB",
 )
 
+GEMMA4 = dict(
+    specials=[
+        "<pad>",
+        "<eos>",
+        "<bos>",
+        "<|turn>",
+        "<turn|>",
+        "<|think|>",
+        "<|channel>",
+        "<channel|>",
+        "<mask>",
+        "<|image>",
+        "<image|>",
+        "<|image|>",
+    ],  # fmt: skip
+    bos="<bos>",
+    eos="<eos>",  # as Google's tokenizer_config.json; the turn ends with <turn|>
+    pad="<pad>",
+    stop=["<eos>", "<turn|>"],  # generation_config.json's [1, 106]
+    template=GEMMA4_TEMPLATE,
+    template_file=True,
+    dtype=torch.bfloat16,
+    extra_rows=6,
+    shard_size="10MB",
+)
+
 FAMILIES = {
     "llama": dict(
         specials=[
@@ -167,8 +194,10 @@ FAMILIES = {
     "gemma3_mm": GEMMA3,
     "qwen3_5": QWEN3_5,
     "qwen3_5_mm": QWEN3_5,
+    "gemma4": GEMMA4,
+    "gemma4_mm": GEMMA4,
 }
-MULTIMODAL = ("gemma3_mm", "qwen3_5_mm")
+MULTIMODAL = ("gemma3_mm", "qwen3_5_mm", "gemma4_mm")
 
 
 def train_tokenizer(specials: list[str], bos: str | None) -> Tokenizer:
@@ -294,6 +323,44 @@ def hf_config(family: str, vocab: int, ids: dict) -> transformers.PretrainedConf
             vision_end_token_id=ids["eos_token_id"],
             tie_word_embeddings=False,
         )
+    if family.startswith("gemma4"):
+        text = transformers.Gemma4TextConfig(
+            **{**common, "num_hidden_layers": 9, "max_position_embeddings": 1024},
+            head_dim=16,
+            global_head_dim=32,  # full layers' heads twice as wide, as the released 256 / 512
+            num_global_key_value_heads=1,  # != num_key_value_heads, read with attention_k_eq_v
+            attention_k_eq_v=True,
+            sliding_window=8,
+            layer_types=["sliding_attention", "sliding_attention", "full_attention"] * 3,
+            num_kv_shared_layers=3,  # the last period reuses the second period's keys/values
+            use_double_wide_mlp=True,
+            hidden_size_per_layer_input=8,
+            vocab_size_per_layer_input=vocab,
+            final_logit_softcapping=3.0,  # small, so tanh bends the fixture's logits
+            rope_parameters={
+                "sliding_attention": dict(rope_type="default", rope_theta=1e4),
+                "full_attention": dict(
+                    rope_type="proportional", partial_rotary_factor=0.25, rope_theta=1e6
+                ),
+            },
+            rms_norm_eps=1e-6,
+        )
+        if family == "gemma4":
+            return text
+        vision = transformers.Gemma4VisionConfig(
+            hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+            num_key_value_heads=2, head_dim=8, patch_size=4, position_embedding_size=64,
+        )  # fmt: skip
+        return transformers.Gemma4Config(
+            text_config=text.to_dict(),
+            vision_config=vision.to_dict(),
+            audio_config=None,
+            # Rows past the tokenizer: Gemma4Model treats these ids as image tokens (zero
+            # per-layer inputs, bidirectional spans), so no text token may be one.
+            image_token_id=vocab - 1,
+            boi_token_id=vocab - 2,
+            eoi_token_id=vocab - 3,
+        )
     if family.startswith("gemma3"):
         text = transformers.Gemma3TextConfig(
             **{**common, "num_hidden_layers": 4},
@@ -344,7 +411,8 @@ def randomise(model: torch.nn.Module, family: str) -> None:
         for name, param in model.named_parameters():
             noise = torch.randn(param.shape, generator=generator)
             if "norm" in name:
-                zero_centred = family.startswith("gemma") or (
+                # Gemma 4's norms apply w itself (start at 1), Gemma 2 and 3's 1 + w.
+                zero_centred = family.startswith(("gemma2", "gemma3")) or (
                     family.startswith("qwen3_5") and "linear_attn.norm" not in name
                 )
                 base = 0.0 if zero_centred else 1.0
@@ -355,7 +423,11 @@ def randomise(model: torch.nn.Module, family: str) -> None:
                 # Qwen3.5's fixture is compared over 512 tokens: smaller weights keep its
                 # float32 logits within 1e-4 of float64's (at 0.25, transformers' own
                 # float32 run strays 5e-4 from its float64 run).
-                param.copy_((0.06 if family.startswith("qwen3_5") else 0.25) * noise)
+                small = family.startswith(("qwen3_5", "gemma4"))
+                param.copy_((0.06 if small else 0.25) * noise)
+        for name, buffer in model.named_buffers():
+            if name.endswith("layer_scalar"):  # Gemma 4's per-layer output scalar (saved)
+                buffer.copy_(0.8 + 0.4 * torch.rand(buffer.shape, generator=generator))
 
 
 def write_family(family: str, spec: dict) -> None:

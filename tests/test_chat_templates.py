@@ -21,7 +21,7 @@ transformers = pytest.importorskip("transformers")
 from jinja2.exceptions import TemplateError  # noqa: E402
 
 FIXTURES = Path(__file__).parent / "fixtures" / "hf"
-FAMILIES = ("llama", "qwen2", "gemma2", "qwen3", "mistral", "gemma3", "qwen3_5")
+FAMILIES = ("llama", "qwen2", "gemma2", "qwen3", "mistral", "gemma3", "qwen3_5", "gemma4")
 SYSTEM = {"role": "system", "content": "You are a kind assistant.  "}
 TURNS = [
     {"role": "user", "content": "  Name a colour, please."},
@@ -141,7 +141,7 @@ def test_reasoning_content_and_text_parts_reach_the_template(renderers):
     assert refused.value.reason == "unsupported_content"
 
 
-@pytest.mark.parametrize("family", ["qwen3", "gemma3", "mistral", "llama", "qwen3_5"])
+@pytest.mark.parametrize("family", ["qwen3", "gemma3", "mistral", "llama", "qwen3_5", "gemma4"])
 def test_a_response_ends_where_the_template_ends_the_turn(renderers, family):
     """The shard's response ids end with the template's end-of-turn (a stop id), nothing
     appended after: Gemma's ``<end_of_turn>``, not ``<end_of_turn>\\n<eos>``."""

@@ -29,7 +29,9 @@ from components.hf.importer import import_hf
 from pipelines.cli.main import main
 
 FIXTURES = pathlib.Path(__file__).parent / "fixtures" / "hf"
-FAMILIES = ("llama", "qwen2", "gemma2", "qwen3", "qwen3_untied", "mistral", "gemma3", "qwen3_5")
+FAMILIES = (
+    "llama", "qwen2", "gemma2", "qwen3", "qwen3_untied", "mistral", "gemma3", "qwen3_5", "gemma4",
+)  # fmt: skip
 CONFIG_KEYS = (
     "architectures",
     "vocab_size",
@@ -124,7 +126,7 @@ def test_exported_generation_config_keeps_the_stop_set(round_trips, family):
     listed = [exported["eos_token_id"], original["eos_token_id"]]
     listed = [ids if isinstance(ids, list) else [ids] for ids in listed]
     assert listed[0] == listed[1]
-    if family in ("qwen3", "gemma3", "qwen3_5"):  # the end-of-turn token and eos
+    if family in ("qwen3", "gemma3", "qwen3_5", "gemma4"):  # the end-of-turn token and eos
         assert len(listed[0]) == 2
 
 

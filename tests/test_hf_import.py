@@ -30,7 +30,7 @@ from pipelines.cli.main import main
 FIXTURES = pathlib.Path(__file__).parent / "fixtures" / "hf"
 FAMILIES = (
     "llama", "qwen2", "gemma2", "qwen3", "qwen3_untied", "mistral", "gemma3", "gemma3_mm",
-    "qwen3_5", "qwen3_5_mm",
+    "qwen3_5", "qwen3_5_mm", "gemma4", "gemma4_mm",
 )  # fmt: skip
 
 

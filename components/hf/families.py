@@ -5,20 +5,22 @@ every layer when set), Qwen2/2.5 (q/k/v biases), Qwen3 (per-head q/k norms), Gem
 ((1 + w) norms, post-norms, soft-capping, scaled embeddings, GeGLU, query scalar,
 sliding window on alternate layers) and Gemma 3 (Gemma 2's blocks with q/k norms, local
 and global layers in the config's pattern, a rotary table per layer type) map onto
-``ModelConfig`` fields. Gemma 3's multimodal checkpoints (4B and up) import their
-language model, text only. Anything else in a checkpoint's ``config.json`` that would
-change the computation is refused here, by name, with the reason: each family's list is
-in ``REFUSALS``.
+``ModelConfig`` fields; so do Qwen3.5's hybrid stack and Gemma 4 (gemma4.py). Gemma 3's,
+Qwen3.5's and Gemma 4's multimodal checkpoints import their language model, text only.
+Anything else in a checkpoint's ``config.json`` that would change the computation is
+refused here, by name, with the reason: each family's list is in ``REFUSALS`` (Gemma 4's
+in gemma4.py).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
-from collections.abc import Callable
 from typing import Any
 
+from components.core.model import layer_kinds
 from components.core.model.config import ModelConfig
+from components.hf import gemma4
+from components.hf.refusals import HFImportError, Refusal, refuse
 from components.hf.text_defaults import GEMMA3_TEXT_DEFAULTS, QWEN3_5_TEXT_DEFAULTS
 
 ARCHITECTURES = {
@@ -31,6 +33,8 @@ ARCHITECTURES = {
     "Gemma3ForConditionalGeneration": "gemma3",
     "Qwen3_5ForCausalLM": "qwen3_5",
     "Qwen3_5ForConditionalGeneration": "qwen3_5",
+    "Gemma4ForCausalLM": "gemma4",
+    "Gemma4ForConditionalGeneration": "gemma4",
 }
 # What an export writes: Gemma 3's multimodal checkpoints come back as the text model.
 FAMILY_ARCHITECTURE = {
@@ -41,8 +45,9 @@ FAMILY_ARCHITECTURE = {
     "gemma2": "Gemma2ForCausalLM",
     "gemma3": "Gemma3ForCausalLM",
     "qwen3_5": "Qwen3_5ForCausalLM",
+    "gemma4": "Gemma4ForCausalLM",
 }
-MODEL_TYPES = {"gemma3": "gemma3_text", "qwen3_5": "qwen3_5_text"}
+MODEL_TYPES = {"gemma3": "gemma3_text", "qwen3_5": "qwen3_5_text", "gemma4": "gemma4_text"}
 # Architectures met in the field that alignpipe does not model, and why.
 REFUSED_ARCHITECTURES = {
     "Qwen3MoeForCausalLM": "Qwen3 MoE: mixture-of-experts layers are not modelled; "
@@ -64,6 +69,7 @@ REFUSED_ARCHITECTURES = {
 MULTIMODAL = {
     "Gemma3ForConditionalGeneration": "gemma3",
     "Qwen3_5ForConditionalGeneration": "qwen3_5",
+    "Gemma4ForConditionalGeneration": "gemma4",
 }
 # Multimodal checkpoints whose language model alignpipe reads: the name prefixes their
 # language model's tensors carry (transformers 5, then 4.x), and the towers left out.
@@ -77,6 +83,7 @@ TIE_DEFAULT = {
     "gemma2": True,
     "gemma3": True,
     "qwen3_5": False,
+    "gemma4": True,
 }
 GEMMA_ACTIVATIONS = ("gelu_pytorch_tanh", "gelu_tanh")
 GEMMAS = ("gemma2", "gemma3")
@@ -85,19 +92,6 @@ ROPE_TYPES = {  # rope_type: families that model it
     "linear": ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3"),
     "llama3": ("llama",),
 }
-
-
-class HFImportError(ValueError):
-    """A Hugging Face checkpoint alignpipe cannot import, with the reason and the fix."""
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Refusal:
-    """A config field whose value alignpipe does not model: ``refused(value)`` says when."""
-
-    field: str
-    refused: Callable[[Any], bool]
-    reason: str
 
 
 def _truthy(value: Any) -> bool:
@@ -185,7 +179,8 @@ def family_of_hf(hf: dict[str, Any]) -> str:
             raise HFImportError(f"unsupported architecture {arch}: {REFUSED_ARCHITECTURES[arch]}")
     raise HFImportError(
         f"unsupported architecture {architectures or hf.get('model_type')!r}; alignpipe imports "
-        f"{sorted(ARCHITECTURES)} (Llama 3.x, Mistral, Qwen2/2.5, Qwen3, Gemma 2, Gemma 3)"
+        f"{sorted(ARCHITECTURES)} (Llama 3.x, Mistral, Qwen2/2.5, Qwen3, Qwen3.5, Gemma 2, "
+        "Gemma 3, Gemma 4)"
     )
 
 
@@ -217,19 +212,18 @@ def language_model_config(hf: dict[str, Any]) -> dict[str, Any]:
         tied = bool(hf.get("tie_word_embeddings", False))
         text = {**QWEN3_5_TEXT_DEFAULTS, **text, "tie_word_embeddings": tied}
         return {**text, "architectures": ["Qwen3_5ForCausalLM"], "model_type": "qwen3_5_text"}
+    if family == "gemma4":
+        tied = bool(hf.get("tie_word_embeddings", True))  # Gemma4Config's own flag
+        text = {**gemma4.TEXT_DEFAULTS, **text, "tie_word_embeddings": tied}
+        return {**text, "architectures": ["Gemma4ForCausalLM"], "model_type": "gemma4_text"}
     text = {**GEMMA3_TEXT_DEFAULTS, **text}
     return {**text, "architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text"}
-
-
-def _refuse(condition: bool, what: str) -> None:
-    if condition:
-        raise HFImportError(f"unsupported checkpoint: {what}")
 
 
 def _check_refusals(hf: dict[str, Any], family: str) -> None:
     for refusal in REFUSALS[family]:
         value = hf.get(refusal.field)
-        _refuse(
+        refuse(
             refusal.refused(value),
             f"{refusal.field}={json.dumps(value)}: {refusal.reason} (not modelled for {family})",
         )
@@ -238,13 +232,13 @@ def _check_refusals(hf: dict[str, Any], family: str) -> None:
 def _rope_table(rope: dict[str, Any], family: str, default_theta: float) -> dict[str, Any]:
     """One rotary table's ModelConfig fields from its parameters, refusing unmodelled types."""
     rope_type = rope.get("rope_type", rope.get("type", "default"))
-    _refuse(
+    refuse(
         family not in ROPE_TYPES.get(rope_type, ()),
         f"rope_type {rope_type!r}; alignpipe models plain rotary, linear scaling and Llama "
         "3.1's 'llama3' scaling (Llama only)",
     )
     partial = float(rope.get("partial_rotary_factor", 1.0))
-    _refuse(partial != 1.0 and family != "qwen3_5", f"partial rotary embeddings for {family}")
+    refuse(partial != 1.0 and family != "qwen3_5", f"partial rotary embeddings for {family}")
     fields: dict[str, Any] = {"rope_theta": float(rope.get("rope_theta", default_theta))}
     if partial != 1.0:
         fields["rotary_fraction"] = partial
@@ -272,17 +266,17 @@ def _rope_fields(hf: dict[str, Any], family: str) -> dict[str, Any]:
         rope.pop("mrope_section", None), rope.pop("mrope_interleaved", None)
         rope.setdefault("partial_rotary_factor", hf.get("partial_rotary_factor", 0.25))
     if family != "gemma3":
-        _refuse(per_type, f"rotary parameters per layer type for {family}")
+        refuse(per_type, f"rotary parameters per layer type for {family}")
         return _rope_table(rope, family, theta)
     if per_type:  # transformers 5: {"full_attention": {...}, "sliding_attention": {...}}
         unknown = sorted(set(rope) - {"full_attention", "sliding_attention"})
-        _refuse(bool(unknown), f"rotary parameters for layer types {unknown}")
+        refuse(bool(unknown), f"rotary parameters for layer types {unknown}")
         full, local = rope.get("full_attention") or {}, rope.get("sliding_attention") or {}
     else:  # 4.x: rope_theta and rope_scaling are the global layers', rope_local_base_freq
         full = {**(hf.get("rope_scaling") or {}), "rope_theta": theta}
         local = {"rope_type": "default"}
     local_theta = float(local.get("rope_theta", hf.get("rope_local_base_freq", 10000.0)))
-    _refuse(
+    refuse(
         local.get("rope_type", "default") != "default" or "factor" in local,
         f"scaled rotary on Gemma 3's sliding layers ({local})",
     )
@@ -294,7 +288,7 @@ def _layer_types(hf: dict[str, Any], family: str) -> tuple[str, ...]:
     n_layers = int(hf["num_hidden_layers"])
     if hf.get("layer_types"):
         types = tuple(hf["layer_types"])
-        _refuse(len(types) != n_layers, f"{len(types)} layer_types for {n_layers} layers")
+        refuse(len(types) != n_layers, f"{len(types)} layer_types for {n_layers} layers")
         return types
     if family in GEMMAS:  # Gemma 2's alternation; Gemma 3's sliding_window_pattern (6)
         pattern = int(hf.get("sliding_window_pattern") or (2 if family == "gemma2" else 6))
@@ -316,8 +310,8 @@ def _qwen3_5_fields(hf: dict[str, Any]) -> dict[str, Any]:
         for i in range(n_layers)
     ]
     unknown = sorted(set(types) - {"linear_attention", "full_attention"})
-    _refuse(bool(unknown), f"Qwen3.5 layer types {unknown}")
-    _refuse(len(types) != n_layers, f"{len(types)} layer_types for {n_layers} layers")
+    refuse(bool(unknown), f"Qwen3.5 layer types {unknown}")
+    refuse(len(types) != n_layers, f"{len(types)} layer_types for {n_layers} layers")
     return dict(
         layer_types=tuple(types),
         qk_norm=True,
@@ -333,6 +327,8 @@ def _qwen3_5_fields(hf: dict[str, Any]) -> dict[str, Any]:
 
 def _family_fields(hf: dict[str, Any], family: str) -> dict[str, Any]:
     """The ModelConfig fields that differ by family, refusing unmodelled options."""
+    if family == "gemma4":
+        return gemma4.text_fields(hf)
     _check_refusals(hf, family)
     if family == "qwen3_5":
         try:
@@ -344,12 +340,12 @@ def _family_fields(hf: dict[str, Any], family: str) -> dict[str, Any]:
     window = hf.get("sliding_window")
     if family in ("qwen2", "qwen3", "llama"):
         window = None  # Qwen: only with use_sliding_window (refused); Llama has none
-    _refuse(
+    refuse(
         family == "gemma3" and window is None,
         "Gemma 3 with sliding_window=null (its local layers would attend globally)",
     )
     types = _layer_types(hf, family) if window is not None else ()
-    _refuse(
+    refuse(
         family == "llama" and bool(hf.get("sliding_window")),
         "Llama with a sliding_window (a Mistral checkpoint saved as Llama?)",
     )
@@ -402,13 +398,22 @@ def model_config_from_hf(hf: dict[str, Any], *, dtype: str, remat: str = "full")
         )
     except KeyError as missing:
         raise HFImportError(f"config.json lacks {missing}, which a {family} config has") from None
-    fields.update(_rope_fields(hf, family))
+    if family != "gemma4":  # its rotary tables are read per layer type with its fields
+        fields.update(_rope_fields(hf, family))
     fields.update(_family_fields(hf, family))
     return ModelConfig(**fields)
 
 
 def _exportable_as(config: ModelConfig) -> list[str]:
     """The HF families whose architecture computes what ``config`` computes."""
+    if gemma4.is_gemma4(config):
+        return ["gemma4"]
+    gemma4_only = (
+        config.layer_scalar, config.per_layer_dim, config.kv_shared_layers, config.v_norm,
+        config.rope_proportional, layer_kinds.split_global(config),
+    )  # fmt: skip
+    if any(gemma4_only):
+        return []
     if config.is_hybrid or config.attn_output_gate or config.rotary_fraction != 1.0:
         qwen3_5 = (
             config.is_hybrid

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from components.core.model.config import ModelConfig
+from components.hf import gemma4
 from components.hf.families import FAMILY_ARCHITECTURE, GEMMAS, MODEL_TYPES
 
 
@@ -113,6 +114,9 @@ def hf_config_from_model(config: ModelConfig, family: str, token_ids: dict, dtyp
             del hf["head_dim"]  # transformers 4.x Qwen2 derives it and has no such field
     elif family == "qwen3_5":
         hf.update(_qwen3_5_fields(config, rope))
+    elif family == "gemma4":
+        hf.update(gemma4.hf_text_fields(config))
+        del hf["rope_theta"]
     elif family == "mistral":
         hf.update(hidden_act="silu", sliding_window=config.sliding_window)
     else:

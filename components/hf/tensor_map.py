@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 
 from components.core.model.config import ModelConfig
+from components.hf import gemma4
 from components.hf.families import GEMMAS
 
 
@@ -51,6 +52,14 @@ def tensor_specs(config: ModelConfig, family: str) -> list[TensorSpec]:
     ]
     if not config.tie_embeddings:
         specs.append(TensorSpec("lm_head.weight", ("lm_head",), True))
+    if family == "gemma4":
+        for hf_name, (ours, transpose) in gemma4.outer_tensors(config).items():
+            specs.append(TensorSpec(hf_name, ours, transpose))
+        for i, (stack, j) in enumerate(stack_index(config)):
+            for hf_name, (ours, transpose) in gemma4.layer_tensors(config, stack).items():
+                name = f"model.layers.{i}.{hf_name}"
+                specs.append(TensorSpec(name, (stack, *ours), transpose, j))
+        return specs
     # Gemma 2 and 3 name their pre-MLP norm pre_feedforward_layernorm and uses
     # post_attention_layernorm for the attention output; Llama/Qwen2 use it pre-MLP.
     norms = {"input_layernorm": "attn_norm"}

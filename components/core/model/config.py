@@ -8,7 +8,9 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from components.core.model import layer_kinds
 from components.core.model.adapter_targets import ADAPTER_TARGETS, DELTA_TARGETS, LORA_TARGETS
+from components.core.model.layer_kinds import check_kinds
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 MLP_ACTIVATIONS = ("silu", "gelu_tanh")
@@ -83,6 +85,23 @@ class ModelConfig:
     delta_value_dim: int = 128
     delta_conv_kernel: int = 4
     delta_chunk: int = 64
+    # Gemma 4 (layer_kinds.py): full-attention layers with their own head width and KV heads
+    # (None: head_dim, n_kv_heads), keys serving as values there (attention_k_eq_v); values
+    # RMS-normed without a scale; the last kv_shared_layers layers reusing the keys and
+    # values of the last earlier layer of their type, their MLP shared_mlp_factor times as
+    # wide (use_double_wide_mlp); per-layer input embeddings of per_layer_dim a layer over
+    # per_layer_vocab rows; a fixed scalar on each layer's output; and full layers' rotary
+    # "proportional" (rotary_fraction of the angles turn, exponents over the whole head).
+    global_head_dim: int | None = None
+    global_kv_heads: int | None = None
+    global_k_eq_v: bool = False
+    v_norm: bool = False
+    kv_shared_layers: int = 0
+    shared_mlp_factor: int = 1
+    per_layer_dim: int = 0
+    per_layer_vocab: int = 0
+    layer_scalar: bool = False
+    rope_proportional: bool = False
     # Logits live a tile of at most this many elements (positions × vocabulary) at a time
     # wherever log-probs, entropy or KL are reduced (core/model/vocab_tiles.py): 2**24 fp32
     # = 64 MiB; 0 = whole. The sampler's one position a step is never tiled.
@@ -178,6 +197,7 @@ class ModelConfig:
                 f"ModelConfig.logits_tile must be >= 0 (0 = whole logits), got {self.logits_tile}"
             )
         self._check_hybrid()
+        check_kinds(self)
         if self.rope_linear_factor <= 0 or (self.rope_local_theta or 1.0) <= 0:
             raise ValueError("ModelConfig.rope_linear_factor and rope_local_theta must be positive")
         if self.rope_scaling_factor is not None and not (
@@ -190,7 +210,9 @@ class ModelConfig:
 
     def _check_hybrid(self) -> None:
         """Gated DeltaNet layers: their heads and widths, a repeating pattern, no window."""
-        if not 0 < self.rotary_fraction <= 1 or int(self.rotary_dim) % 2:
+        if not 0 < self.rotary_fraction <= 1 or (
+            int(self.rotary_dim) % 2 and not self.rope_proportional
+        ):
             raise ValueError(
                 f"ModelConfig.rotary_fraction ({self.rotary_fraction}) must be in (0, 1] and "
                 f"leave an even rotary width (head_dim {self.resolved_head_dim})"
@@ -221,14 +243,8 @@ class ModelConfig:
         return [kind == "linear_attention" for kind in self.layer_types] or [False] * self.n_layers
 
     def stack_places(self) -> list[tuple[str, int]]:
-        """Per checkpoint layer: its stack (``blocks`` or ``linear_blocks``) and index there."""
-        taken = {"blocks": 0, "linear_blocks": 0}
-        places = []
-        for is_linear in self.linear_layers():
-            stack = "linear_blocks" if is_linear else "blocks"
-            places.append((stack, taken[stack]))
-            taken[stack] += 1
-        return places
+        """Per checkpoint layer: its stack (``layer_kinds.STACKS``) and index there."""
+        return layer_kinds.stack_places(self)
 
     def layer_period(self) -> tuple[bool, ...]:
         """The shortest run of :meth:`linear_layers` flags that repeats to make the stack.
@@ -249,19 +265,29 @@ class ModelConfig:
         )
 
     def target_stacks(self, target: str) -> tuple[str, ...]:
-        """The layer stacks (transformer.py) holding the adapter target ``target``: attention
-        projections in ``blocks``, DeltaNet ones in ``linear_blocks``, the MLP's in both."""
+        """The layer stacks (layer_kinds.py) holding the adapter target ``target``: DeltaNet
+        projections in ``linear_blocks``, the MLP's in every stack, the attention ones in
+        the attention stacks that have them (Gemma 4: no k/v where layers reuse them, no v
+        where keys serve as values)."""
+        counts = layer_kinds.stack_counts(self)
         if target in DELTA_TARGETS:
-            return ("linear_blocks",)
-        if target in ("gate_proj", "up_proj", "down_proj") and self.is_hybrid:
-            return ("blocks", "linear_blocks")
-        return ("blocks",)
+            return tuple(s for s in counts if s == "linear_blocks")
+        if target in ("gate_proj", "up_proj", "down_proj"):
+            return tuple(counts)
+        stacks = []
+        for stack in counts:
+            kind = layer_kinds.stack_kind(self, stack)
+            has = stack != "linear_blocks" and (
+                target in ("q_proj", "o_proj")
+                or (kind.owns_kv and (target == "k_proj" or not kind.k_eq_v))
+            )
+            if has:
+                stacks.append(stack)
+        return tuple(stacks)
 
     def present_targets(self, targets: tuple[str, ...]) -> tuple[str, ...]:
         """Those of ``targets`` this model's layers have (all-linear names DeltaNet's too)."""
-        return tuple(
-            t for t in targets if self.is_hybrid or "linear_blocks" not in self.target_stacks(t)
-        )
+        return tuple(t for t in targets if self.target_stacks(t))
 
     @property
     def rotary_dim(self) -> int:

@@ -10,6 +10,7 @@ defaults are Llama.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
 
@@ -19,6 +20,7 @@ import numpy as np
 from flax import nnx
 
 from components.core.model.config import ModelConfig
+from components.core.model.layer_kinds import LayerKind, kind_of
 
 # Llama and Qwen2 initialise every matrix with N(0, 0.02); one place for that default.
 INIT_STD = 0.02
@@ -100,9 +102,10 @@ class RMSNorm(nnx.Module):
     ``1 + w``, so its weights load unchanged; a fresh norm starts as the identity either way.
     """
 
-    def __init__(self, dim: int, config: ModelConfig):
+    def __init__(self, dim: int, config: ModelConfig, *, scaled: bool = True):
         self.offset = config.norm_scale_offset
-        self.scale = nnx.Param(jnp.full((dim,), 1.0 - self.offset, jnp.float32))
+        # Gemma 4's value norm has no scale: it only normalises.
+        self.scale = nnx.Param(jnp.full((dim,), 1.0 - self.offset, jnp.float32)) if scaled else None
         self.eps = config.norm_eps
         self.dtype = config.compute_dtype
 
@@ -110,6 +113,8 @@ class RMSNorm(nnx.Module):
         """Normalise the last axis and apply the learned scale."""
         x = x.astype(jnp.float32)
         x = x * jax.lax.rsqrt(jnp.mean(jnp.square(x), axis=-1, keepdims=True) + self.eps)
+        if self.scale is None:
+            return x.astype(self.dtype)
         return (x * (self.offset + self.scale[...])).astype(self.dtype)
 
 
@@ -144,12 +149,31 @@ def rope_inv_freq(config: ModelConfig, *, local: bool = False) -> np.ndarray:
 Rotary = tuple[jax.Array, jax.Array]
 
 
+def proportional_inv_freq(config: ModelConfig) -> np.ndarray:
+    """Gemma 4's full layers (rope_type "proportional"): [global head_dim / 2] frequencies,
+    the first ``rotary_fraction`` of them ``theta ** (-2i / head_dim)`` (exponents over the
+    whole head, not the rotated part), the rest 0: those pairs do not turn."""
+    head_dim = config.global_head_dim or config.resolved_head_dim
+    turning = int(config.rotary_fraction * head_dim // 2)
+    exponents = np.arange(0, 2 * turning, 2, dtype=np.float32) / head_dim
+    inv_freq = np.zeros(head_dim // 2, np.float32)
+    inv_freq[:turning] = 1.0 / config.rope_theta**exponents
+    return (inv_freq / config.rope_linear_factor).astype(np.float32)
+
+
 def _inv_freq_tables(config: ModelConfig) -> np.ndarray:
-    """[K, head_dim / 2]: the global frequencies, and the local ones when they differ."""
-    tables = [rope_inv_freq(config)]
-    if config.rope_local_theta is not None:
-        tables.append(rope_inv_freq(config, local=True))
-    return np.stack(tables)
+    """[K, width]: the global frequencies, and the local ones when they differ. Tables of
+    different widths (Gemma 4: full layers' heads twice as wide) are padded with zero
+    frequencies; a layer takes its head's half (:meth:`Attention.__call__`)."""
+    if config.rope_proportional:
+        local = dataclasses.replace(config, rotary_fraction=1.0, rope_proportional=False)
+        tables = [proportional_inv_freq(config), rope_inv_freq(local, local=True)]
+    else:
+        tables = [rope_inv_freq(config)]
+        if config.rope_local_theta is not None:
+            tables.append(rope_inv_freq(config, local=True))
+    width = max(len(t) for t in tables)
+    return np.stack([np.pad(t, (0, width - len(t))) for t in tables])
 
 
 def rope_tables(positions: jax.Array, config: ModelConfig) -> Rotary:
@@ -236,31 +260,38 @@ def attend(
 
 
 class Attention(nnx.Module):
-    """Causal grouped-query self-attention with rotary positions and an optional KV cache."""
+    """Causal grouped-query self-attention with rotary positions and an optional KV cache.
 
-    def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
-        head_dim = config.resolved_head_dim
+    ``kind`` (layer_kinds.py) gives the layer's head width and KV heads (Gemma 4's full
+    layers differ from its sliding ones), whether keys serve as values, and whether the
+    layer owns keys and values or reuses those a storing layer computed.
+    """
+
+    def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs, kind: LayerKind | None = None):
+        kind = kind_of(config, kind)
+        head_dim = kind.head_dim
         self.config = config
         self.n_heads = config.n_heads
-        self.n_kv_heads = config.n_kv_heads
+        self.n_kv_heads = kind.n_kv_heads
         self.head_dim = head_dim
         self.scale = (config.query_pre_attn_scalar or head_dim) ** -0.5
-        dim, n_heads, n_kv, qkv_bias = (
-            config.dim,
-            config.n_heads,
-            config.n_kv_heads,
-            config.qkv_bias,
-        )
+        dim, n_heads, n_kv, qkv_bias = config.dim, config.n_heads, kind.n_kv_heads, config.qkv_bias
         # Qwen3.5's q_proj emits, per head, the queries then as many gate values.
         self.gated = config.attn_output_gate
         q_width = n_heads * head_dim * (2 if self.gated else 1)
         self.wq = dense(dim, q_width, config, rngs, qkv_bias, target="q_proj")
-        self.wk = dense(dim, n_kv * head_dim, config, rngs, qkv_bias, target="k_proj")
-        self.wv = dense(dim, n_kv * head_dim, config, rngs, qkv_bias, target="v_proj")
+        owns, own_values = kind.owns_kv, kind.owns_kv and not kind.k_eq_v
+        kv_width = n_kv * head_dim
+        self.wk = dense(dim, kv_width, config, rngs, qkv_bias, target="k_proj") if owns else None
+        self.wv = (
+            dense(dim, kv_width, config, rngs, qkv_bias, target="v_proj") if own_values else None
+        )
         self.wo = dense(n_heads * head_dim, dim, config, rngs, target="o_proj")
         # Qwen3 and Gemma 3 norm each head's queries and keys (one [head_dim] scale each).
         self.q_norm = RMSNorm(head_dim, config) if config.qk_norm else None
-        self.k_norm = RMSNorm(head_dim, config) if config.qk_norm else None
+        self.k_norm = RMSNorm(head_dim, config) if config.qk_norm and owns else None
+        # Gemma 4 normalises each head's values, without a scale.
+        self.v_norm = RMSNorm(head_dim, config, scaled=False) if config.v_norm and owns else None
 
     def __call__(
         self,
@@ -276,20 +307,35 @@ class Attention(nnx.Module):
         With ``cache_kv`` (k [B,Kv,Hd,S], v [B,Kv,S,Hd]: :class:`KVCache`'s layout), the
         new keys are written at ``cache_index``, the queries attend over the whole cache
         (``allowed`` is then [B,T,S]), and the cache with the new keys is returned instead.
+
+        A layer that reuses keys and values (Gemma 4's shared layers) takes them as
+        ``cache_kv``: the storing layer's (k, v) [B,T,Kv,Hd], or with ``cache_index`` its
+        cache, read and returned unchanged.
         """
         batch, length, _ = x.shape
+        # Tables wider than this head's half (Gemma 4's full layers' are) are sliced to it.
+        rotary = tuple(table[..., : self.head_dim // 2] for table in rotary)
         q = on_rows(self.wq, x).reshape(batch, length, self.n_heads, -1)
         gate = None
         if self.gated:
             q, gate = jnp.split(q, 2, axis=-1)
             gate = gate.reshape(batch, length, -1)
-        k = on_rows(self.wk, x).reshape(batch, length, self.n_kv_heads, self.head_dim)
-        v = on_rows(self.wv, x).reshape(batch, length, self.n_kv_heads, self.head_dim)
         if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
+            q = self.q_norm(q)
         q = apply_rope(q, rotary)
-        k = apply_rope(k, rotary)
         softcap = self.config.attn_logit_softcap
+        if self.wk is None:  # keys and values of the storing layer
+            k, v = cache_kv
+            heads_major = cache_index is not None
+            out = attend(q, k, v, allowed, self.scale, softcap, heads_major=heads_major)
+            return self._output(out, gate), (k, v)
+        k = on_rows(self.wk, x).reshape(batch, length, self.n_kv_heads, self.head_dim)
+        v = k if self.wv is None else on_rows(self.wv, x).reshape(k.shape)
+        if self.k_norm is not None:
+            k = self.k_norm(k)
+        if self.v_norm is not None:
+            v = self.v_norm(v)
+        k = apply_rope(k, rotary)
         if cache_kv is None:
             out = attend(q, k, v, allowed, self.scale, softcap)
             return self._output(out, gate), (k, v)
@@ -313,11 +359,12 @@ class Attention(nnx.Module):
 class GatedMLP(nnx.Module):
     """Gated MLP: down(act(gate(x)) * up(x)); SwiGLU with silu, GeGLU with gelu_tanh."""
 
-    def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
+    def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs, hidden_dim: int | None = None):
+        hidden = hidden_dim or config.hidden_dim
         self.activation = config.mlp_activation
-        self.w_gate = dense(config.dim, config.hidden_dim, config, rngs, target="gate_proj")
-        self.w_up = dense(config.dim, config.hidden_dim, config, rngs, target="up_proj")
-        self.w_down = dense(config.hidden_dim, config.dim, config, rngs, target="down_proj")
+        self.w_gate = dense(config.dim, hidden, config, rngs, target="gate_proj")
+        self.w_up = dense(config.dim, hidden, config, rngs, target="up_proj")
+        self.w_down = dense(hidden, config.dim, config, rngs, target="down_proj")
 
     def __call__(self, x: jax.Array) -> jax.Array:
         """Apply the gated MLP to ``x`` [..., dim], its rows as one matrix (:func:`on_rows`)."""
@@ -328,19 +375,40 @@ class GatedMLP(nnx.Module):
         return on_rows(mlp, x)
 
 
+class PerLayerInput(nnx.Module):
+    """Gemma 4's per-layer input: x + norm(proj(act(gate(x)) * input)), ``input`` [B,T,P]
+    this layer's slice of the per-layer embeddings (transformer.py)."""
+
+    def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
+        self.activation = config.mlp_activation
+        dim, width = config.dim, config.per_layer_dim
+        self.gate = dense(dim, width, config, rngs, target="per_layer_input_gate")
+        self.project = dense(width, dim, config, rngs, target="per_layer_projection")
+        self.norm = RMSNorm(dim, config)
+
+    def __call__(self, x: jax.Array, per_layer: jax.Array) -> jax.Array:
+        gated = ACTIVATIONS[self.activation](on_rows(self.gate, x)) * per_layer.astype(x.dtype)
+        return x + self.norm(on_rows(self.project, gated))
+
+
 class Block(nnx.Module):
     """One pre-norm decoder layer: x + attn(norm(x)), then x + mlp(norm(x)).
 
     With ``post_norms`` (Gemma 2) each sub-layer's output is normed again before the add.
+    Gemma 4 then adds its per-layer input and scales the layer's output by a fixed scalar
+    (a checkpoint value transformers keeps as a buffer: its gradient is stopped here).
     """
 
-    def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
+    def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs, kind: LayerKind | None = None):
+        kind = kind_of(config, kind)
         self.attn_norm = RMSNorm(config.dim, config)
-        self.attn = Attention(config, rngs=rngs)
+        self.attn = Attention(config, rngs=rngs, kind=kind)
         self.mlp_norm = RMSNorm(config.dim, config)
-        self.mlp = GatedMLP(config, rngs=rngs)
+        self.mlp = GatedMLP(config, rngs=rngs, hidden_dim=kind.hidden_dim)
         self.post_attn_norm = RMSNorm(config.dim, config) if config.post_norms else None
         self.post_mlp_norm = RMSNorm(config.dim, config) if config.post_norms else None
+        self.per_layer = PerLayerInput(config, rngs=rngs) if config.per_layer_dim else None
+        self.scalar = nnx.Param(jnp.ones((1,), jnp.float32)) if config.layer_scalar else None
 
     def __call__(
         self,
@@ -349,9 +417,11 @@ class Block(nnx.Module):
         allowed: jax.Array,
         cache_kv: tuple[jax.Array, jax.Array] | None = None,
         cache_index: jax.Array | None = None,
+        per_layer: jax.Array | None = None,
     ) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
         """Run the layer; returns the new residual stream and this call's (k, v), or with
-        ``cache_kv`` the cache with them written (:meth:`Attention.__call__`)."""
+        ``cache_kv`` the cache with them written (:meth:`Attention.__call__`).
+        ``per_layer``: this layer's per-layer input [B,T,P] (Gemma 4)."""
         attn_out, kv = self.attn(self.attn_norm(x), rotary, allowed, cache_kv, cache_index)
         if self.post_attn_norm is not None:
             attn_out = self.post_attn_norm(attn_out)
@@ -359,4 +429,9 @@ class Block(nnx.Module):
         mlp_out = self.mlp(self.mlp_norm(x))
         if self.post_mlp_norm is not None:
             mlp_out = self.post_mlp_norm(mlp_out)
-        return x + mlp_out, kv
+        x = x + mlp_out
+        if self.per_layer is not None:
+            x = self.per_layer(x, per_layer)
+        if self.scalar is not None:
+            x = x * jax.lax.stop_gradient(self.scalar[...]).astype(x.dtype)
+        return x, kv

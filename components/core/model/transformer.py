@@ -39,7 +39,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from components.core.model import vocab_tiles
+from components.core.model import kind_scan, layer_kinds, vocab_tiles
 from components.core.model.config import PRESETS, REMAT_POLICIES, ModelConfig, model_config
 from components.core.model.delta import DeltaBlock, DeltaState
 from components.core.model.layers import (
@@ -106,28 +106,19 @@ def layer_allowed(allowed: jax.Array, window: jax.Array | None, is_sliding: jax.
     return allowed if window is None else jnp.where(is_sliding, window, allowed)
 
 
-def _stack(kind: type, config: ModelConfig, count: int, rngs: nnx.Rngs) -> nnx.Module:
-    """``count`` layers of ``kind``, created under vmap: every param gains a leading layer axis."""
+def _stack(config: ModelConfig, stack: str, count: int, rngs: nnx.Rngs) -> nnx.Module:
+    """``count`` layers of ``stack``'s kind, created under vmap: every param gains a leading
+    layer axis."""
+    kind = layer_kinds.stack_kind(config, stack)
 
     @nnx.split_rngs(splits=count)
     @nnx.vmap(in_axes=(0,), out_axes=0)
     def stacked(rngs: nnx.Rngs) -> nnx.Module:
-        return kind(config, rngs=rngs)
+        if stack == "linear_blocks":
+            return DeltaBlock(config, rngs=rngs)
+        return Block(config, rngs=rngs, kind=kind)
 
     return stacked(rngs)
-
-
-def _by_period(stack: nnx.State, periods: int) -> nnx.State:
-    """A layer stack [L, ...] as [periods, L / periods, ...] (fsdp chunks included)."""
-    return jax.tree.map(lambda a: a.reshape(periods, -1, *a.shape[1:]), stack)
-
-
-def _unstack(stacked: Any) -> tuple[Any, ...]:
-    """A scan's per-period outputs [periods, per, ...] as one entry per layer, in order."""
-    leaves = jax.tree.leaves(stacked)
-    count = leaves[0].shape[0] * leaves[0].shape[1] if leaves else 0
-    flat = jax.tree.map(lambda a: a.reshape(-1, *a.shape[2:]), stacked)
-    return tuple(jax.tree.map(lambda a, i=i: a[i], flat) for i in range(count))
 
 
 def _lm_head(config: ModelConfig, rngs: nnx.Rngs) -> nnx.Param:
@@ -162,9 +153,14 @@ class Transformer(nnx.Module):
             rngs=rngs,
         )
 
-        linear = sum(config.linear_layers())
-        self.blocks = _stack(Block, config, config.n_layers - linear, rngs)
-        self.linear_blocks = _stack(DeltaBlock, config, linear, rngs) if linear else None
+        # Every stack of layer_kinds.STACKS as an attribute, None where the model has none.
+        counts = layer_kinds.stack_counts(config)
+        for stack in layer_kinds.STACKS:
+            layers = _stack(config, stack, counts[stack], rngs) if stack in counts else None
+            setattr(self, stack, layers)
+        self.per_layer_inputs = (
+            kind_scan.PerLayerEmbeddings(config, rngs=rngs) if config.per_layer_dim else None
+        )
         self.final_norm = RMSNorm(config.dim, config)
         # Assigned once each: NNX fixes an attribute as data or static on first assignment.
         self.lm_head = None if config.tie_embeddings else _lm_head(config, rngs)
@@ -193,10 +189,10 @@ class Transformer(nnx.Module):
         positions = positions_from_mask(mask)
         rotary = self.rotary(mask) if rotary is None else rotary
         allowed = causal_allowed(mask)
-        if self.linear_blocks is not None:
-            x, _ = self._hybrid(self._embed(tokens), mask, rotary, allowed)
-            return self.final_norm(x)
         window = sliding_allowed(self.config, allowed, positions, positions)
+        if layer_kinds.uses_kinds(self.config):
+            x, _ = self._kinds(tokens, mask, rotary, allowed, window)
+            return self.final_norm(x)
         graphdef, layers = nnx.split(self.blocks)
 
         def layer(x: jax.Array, inputs: tuple[nnx.State, jax.Array]) -> tuple[jax.Array, None]:
@@ -219,52 +215,12 @@ class Transformer(nnx.Module):
         )
         return self.final_norm(x)
 
-    def _hybrid(
-        self,
-        x: jax.Array,
-        mask: jax.Array,
-        rotary: Rotary,
-        allowed: jax.Array,
-        *,
-        collect: bool = False,
-    ) -> tuple[jax.Array, tuple[Any, Any] | None]:
-        """A hybrid stack over ``x`` [B,T,D], scanned a period at a time (module docstring).
-
-        Returns the residual stream and, with ``collect``, per period the attention layers'
-        (k, v) and the DeltaNet layers' states, each stacked [periods, per period, ...].
-        """
-        period = self.config.layer_period()
-        periods = self.config.n_layers // len(period)
-        attention_def, attention = nnx.split(self.blocks)
-        linear_def, linear = nnx.split(self.linear_blocks)
-        rotary = layer_rotary(rotary, False)
-
-        def one_period(x: jax.Array, params: tuple[nnx.State, nnx.State]):
-            attention, linear = params
-            kvs, states, taken = [], [], {True: 0, False: 0}
-            for is_linear in period:
-                stack, graphdef = (linear, linear_def) if is_linear else (attention, attention_def)
-                layer = jax.tree.map(lambda a, i=taken[is_linear]: a[i], stack)
-                block = nnx.merge(graphdef, fsdp.gather(layer))
-                taken[is_linear] += 1
-                if is_linear:
-                    x, state = block(x, mask)
-                    states.append(state)
-                else:
-                    x, kv = block(x, rotary, allowed)
-                    kvs.append(kv)
-            if not collect:
-                return x, None
-            stacked = (jax.tree.map(lambda *a: jnp.stack(a), *kvs),)
-            return x, (*stacked, jax.tree.map(lambda *a: jnp.stack(a), *states))
-
-        unroll = self.config.remat == "none" and not fsdp.is_sharded((attention, linear))
-        if self.config.remat != "none":
-            one_period = jax.checkpoint(
-                one_period, policy=REMAT_POLICIES[self.config.remat], prevent_cse=False
-            )
-        layers = (_by_period(attention, periods), _by_period(linear, periods))
-        return jax.lax.scan(one_period, x, layers, unroll=unroll)
+    def _kinds(self, tokens, mask, rotary, allowed, window, *, collect: bool = False):
+        """A stack of several layer kinds (Qwen3.5, Gemma 4): kind_scan.scan over the
+        embedded ``tokens`` and, for Gemma 4, their per-layer inputs."""
+        x = self._embed(tokens)
+        per_layer = None if self.per_layer_inputs is None else self.per_layer_inputs(tokens, x)
+        return kind_scan.scan(self, x, mask, rotary, allowed, window, per_layer, collect=collect)
 
     def rotary(self, mask: jax.Array) -> Rotary:
         """The rotary tables (:func:`layers.rope_tables`) of the positions of ``mask`` [..., T]."""
@@ -302,14 +258,12 @@ class Transformer(nnx.Module):
         rotary = rope_tables(positions, self.config)
         allowed = causal_allowed(mask)
         delta: tuple[DeltaState, ...] = ()
-        if self.linear_blocks is not None:
-            x, ((k, v), states) = self._hybrid(
-                self._embed(tokens), mask, rotary, allowed, collect=True
-            )
-            k, v = (a.reshape(-1, *a.shape[2:]) for a in (k, v))
-            delta = _unstack(states)
+        window = sliding_allowed(self.config, allowed, positions, positions)
+        if layer_kinds.uses_kinds(self.config):
+            x, (kvs, states) = self._kinds(tokens, mask, rotary, allowed, window, collect=True)
+            k, v = [kv[0] for kv in kvs], [kv[1] for kv in kvs]
+            delta = tuple(states)
         else:
-            window = sliding_allowed(self.config, allowed, positions, positions)
             graphdef, layers = nnx.split(self.blocks)
 
             def layer(x: jax.Array, inputs: tuple[nnx.State, jax.Array]):
@@ -322,8 +276,9 @@ class Transformer(nnx.Module):
             x, (k, v) = jax.lax.scan(layer, self._embed(tokens), (layers, self._sliding_flags()))
         grow = cache_size - length
 
-        def per_layer(stacked: jax.Array, order: tuple[int, ...]) -> tuple[jax.Array, ...]:
-            """[L,B,P,Kv,Hd] -> one [B,Kv,Hd,S] (k) or [B,Kv,S,Hd] (v) a layer."""
+        def per_layer(stacked: Any, order: tuple[int, ...]) -> tuple[jax.Array, ...]:
+            """[L,B,P,Kv,Hd] (or L such arrays) -> one [B,Kv,Hd,S] (k) or [B,Kv,S,Hd] (v)
+            a layer."""
             pad = [(0, grow) if axis == 1 else (0, 0) for axis in order]
             return tuple(jnp.pad(one.transpose(order), pad) for one in stacked)
 
@@ -344,13 +299,7 @@ class Transformer(nnx.Module):
         inside the loop, XLA:CPU copies every layer's weights each step. The split holds a
         second copy of the blocks' weights (this device's chunks under fsdp) while it runs.
         """
-        stacks = {"blocks": nnx.split(self.blocks)[1]}
-        if self.linear_blocks is not None:
-            stacks["linear_blocks"] = nnx.split(self.linear_blocks)[1]
-        return tuple(  # in the checkpoint's layer order
-            jax.tree.map(lambda a, i=index: a[i], stacks[stack])
-            for stack, index in self.config.stack_places()
-        )
+        return kind_scan.layer_params(self)
 
     def decode(
         self, tokens: jax.Array, cache: KVCache, layers: tuple[nnx.State, ...] | None = None
@@ -368,27 +317,38 @@ class Transformer(nnx.Module):
         allowed = key_mask[:, None, :]
         # Filled slots hold consecutive positions of real tokens, so cumsum recovers them.
         window = sliding_allowed(self.config, allowed, positions, positions_from_mask(key_mask))
-        graphdefs = {False: nnx.split(self.blocks)[0]}
-        if self.linear_blocks is not None:
-            graphdefs[True] = nnx.split(self.linear_blocks)[0]
+        stacks = self.config.stack_places()
+        graphdefs = {s: nnx.split(getattr(self, s))[0] for s, _ in dict(stacks).items()}
         x, keys, values, states = self._embed(tokens[:, None]), [], [], []
+        per_layer = None
+        if self.per_layer_inputs is not None:
+            per_layer = self.per_layer_inputs(tokens[:, None], x)
         layers = self.layer_params() if layers is None else layers
         kv_cache, delta_cache = iter(zip(cache.k, cache.v, strict=True)), iter(cache.delta)
+        stores = layer_kinds.store_layers(self.config) if self.config.kv_shared_layers else {}
+        stored: dict[bool, tuple[jax.Array, jax.Array]] = {}
         real = jnp.ones((tokens.shape[0], 1), jnp.int32)
-        for params, sliding, is_linear in zip(
-            layers, self.config.sliding_layers(), self.config.linear_layers(), strict=True
+        for i, (params, sliding, (stack, _)) in enumerate(
+            zip(layers, self.config.sliding_layers(), stacks, strict=True)
         ):
             # Sharded (fsdp): a layer is gathered after the last one ran, one whole at a time.
-            block = nnx.merge(graphdefs[is_linear], fsdp.gather(fsdp.after(params, x)))
-            if is_linear:
+            block = nnx.merge(graphdefs[stack], fsdp.gather(fsdp.after(params, x)))
+            if stack == "linear_blocks":
                 x, state = block(x, real, next(delta_cache))
                 states.append(state)
                 continue
             layer_mask = layer_allowed(allowed, window, sliding)
+            inputs = None if per_layer is None else per_layer[:, :, i]
+            rotary_i = layer_rotary(rotary, sliding)
+            if stack.startswith("shared_"):  # reads the storing layer's cache as it stands
+                x, _ = block(x, rotary_i, layer_mask, stored[sliding], cache.length, inputs)
+                continue
             kv = next(kv_cache)
-            x, (k, v) = block(x, layer_rotary(rotary, sliding), layer_mask, kv, cache.length)
+            x, (k, v) = block(x, rotary_i, layer_mask, kv, cache.length, inputs)
             keys.append(k)
             values.append(v)
+            if stores.get(sliding) == i:
+                stored[sliding] = (k, v)
         cache = KVCache(
             k=tuple(keys),
             v=tuple(values),

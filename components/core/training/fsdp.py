@@ -40,9 +40,11 @@ from jax import lax
 from jax.flatten_util import ravel_pytree
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from components.core.model import layer_kinds
+
 PyTree = Any
 AXIS = "data"
-LAYER_STACKS = ("blocks", "linear_blocks")  # Transformer stacks: a leading layer axis
+LAYER_STACKS = layer_kinds.STACKS  # Transformer stacks: a leading layer axis
 
 
 @jax.tree_util.register_pytree_node_class
