@@ -288,3 +288,31 @@ def test_checkpoint_keeps_chunks_on_save_and_restores_whole_tensors(tmp_path):
     expected = jax.device_get(state)
     for a, b in zip(jax.tree.leaves(expected), jax.tree.leaves(restored.state), strict=True):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_a_table_read_by_rows_is_never_gathered_and_its_gradient_stays_in_chunks():
+    """Gemma 4's per-layer input table under fsdp (fsdp.sharded_rows): each device's rows
+    equal the whole table's, the chunks' gradient is the whole gradient's (summed over the
+    devices, as every fsdp gradient), and gather_outer leaves the table in its chunks."""
+    vocab, width = 37, 10  # 370 elements over 8 devices: chunks of 47, not whole rows
+    table = np.random.default_rng(0).normal(size=(vocab, width)).astype(np.float32)
+    ids = np.random.default_rng(1).integers(0, vocab, size=(DEVICES, 3, 5))
+    weights = np.random.default_rng(2).normal(size=(DEVICES, 3, 5, width)).astype(np.float32)
+    placed = fsdp.shard({"per_layer_inputs": {"table": table}}, jax.local_devices()[:DEVICES])
+
+    def loss(params, ids, weights):
+        node = fsdp.gather_outer(params)["per_layer_inputs"]["table"]
+        assert isinstance(node, fsdp.Sharded)
+        return jnp.sum(fsdp.sharded_rows(node, ids) * weights)
+
+    rows = jax.pmap(
+        lambda p, i: fsdp.sharded_rows(fsdp.gather_outer(p)["per_layer_inputs"]["table"], i),
+        axis_name=fsdp.AXIS,
+    )(placed, ids)
+    np.testing.assert_array_equal(np.asarray(rows), table[ids])
+    grads = jax.pmap(jax.grad(loss), axis_name=fsdp.AXIS)(placed, ids, weights)
+    chunks = grads["per_layer_inputs"]["table"]
+    whole = fsdp.unshard(jax.tree.map(np.asarray, chunks))
+    expected = np.zeros_like(table)
+    np.add.at(expected, ids.reshape(-1), weights.reshape(-1, width))
+    np.testing.assert_allclose(whole, expected, rtol=1e-5, atol=1e-5)

@@ -11,7 +11,8 @@ with sft first (``sft_on_base``), Qwen3 is aligned as given with its template's
 ``enable_thinking`` off, and Gemma 3 (its system message folded into the first user turn
 by its template) with LoRA adapters, exported merged and as a PEFT adapter (loaded by
 ``peft``); Qwen3.5 (hybrid Gated DeltaNet and attention layers, thinking on) with adapters
-on every linear layer, aligned by DPO. Qwen2 and Gemma 2 share these code paths; their
+on every linear layer, aligned by DPO; Gemma 4 (its turns, its <eos> and <turn|> stops) fully
+fine-tuned by GRPO. Qwen2 and Gemma 2 share these code paths; their
 import and export are tested in test_hf_import.py and test_hf_export.py, which keeps this
 module's four runs in the suite's time.
 ``transformers``, ``torch`` and ``peft`` are imported in this module only.
@@ -93,14 +94,19 @@ FAMILIES = {
         "dpo_batch_size": 16,
         "dpo_learning_rate": 2e-3,  # as ppo_learning_rate: enough to tell it from its base
     },
+    # Gemma 4 (full layers of their own shapes, shared keys and values, per-layer inputs):
+    # every weight trained, the per-layer input table included, by GRPO (no critic); its
+    # rollouts decode through the shared layers' cache.
+    "gemma4": {"algorithm": "grpo", "group_size": 2},  # 16 rollouts: 8 devices x 2
 }
 # The stage that aligned the policy, by its algorithm.
-ALIGNING = {"dpo": "dpo"}
+ALIGNING = {"dpo": "dpo", "grpo": "ppo"}
 SYSTEM = {
     "llama": "You are a kind assistant.",
     "qwen3": "Answer kindly.",
     "gemma3": "Be kind.",
     "qwen3_5": "Answer briefly.",
+    "gemma4": "Reply kindly.",
 }
 PROMPTS, NEW_TOKENS = 4, 12
 LOGIT_ATOL = 1e-4  # fp32 on both sides; the import tests measure ~1e-6
@@ -286,7 +292,7 @@ def test_a_lora_policy_exports_merged_and_as_a_peft_adapter(aligned):
 CHAT = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello world!"}]
 
 
-@pytest.mark.parametrize("family", ["qwen3", "qwen3_untied", "mistral", "gemma3"])
+@pytest.mark.parametrize("family", ["qwen3", "qwen3_untied", "mistral", "gemma3", "gemma4"])
 def test_sampling_stops_on_any_stop_id_as_transformers_does(tmp_path, family):
     """The sampler ends a response on any id of the stop set, as ``generate`` does with an
     ``eos_token_id`` list: a stop id the greedy path meets mid-way (here the third token

@@ -10,6 +10,7 @@ import yaml
 from flax import nnx
 
 from components.core.config import ALL_LINEAR, LORA_TARGETS
+from components.core.model import layer_kinds, lora
 from components.core.model.config import ModelConfig, model_config
 from components.core.model.lora import TARGET_PATHS
 from components.core.model.transformer import Transformer
@@ -52,6 +53,28 @@ def test_param_count_is_the_models(preset, vocab):
     blocks = sum(x.size for x in jax.tree.leaves(state["blocks"]))
     assert layer_param_count(config) * config.n_layers == blocks
     assert outer_param_count(config) == param_count(config) - blocks
+
+
+@pytest.mark.parametrize("preset", ["gemma4-e4b", "gemma4-31b", "qwen3.5-9b"])
+def test_param_count_of_stacks_of_several_kinds_is_the_models(preset):
+    """Gemma 4's kinds (full layers wider, shared layers without keys, the per-layer input
+    table) and Qwen3.5's: the planner's count is the model's, its largest layer fsdp's
+    gathered one, and a LoRA run's adapters those lora.attach places."""
+    config = model_config(preset, 262144)
+    abstract = nnx.eval_shape(lambda: Transformer(config, rngs=nnx.Rngs(0)))
+    state = nnx.state(abstract)
+    assert param_count(config) == sum(x.size for x in jax.tree.leaves(state))
+    layers = [
+        sum(x.size for x in jax.tree.leaves(state[stack])) // count
+        for stack, count in layer_kinds.stack_counts(config).items()
+        if stack != "linear_blocks"
+    ]
+    assert layer_param_count(config) == max(layers)
+    adapted = lora.with_lora(config, 8, 16.0, LORA_TARGETS)
+    abstract = nnx.eval_shape(lambda: Transformer(adapted, rngs=nnx.Rngs(0)))
+    adapters = nnx.filter_state(nnx.state(abstract), nnx.LoRAParam)
+    counted = adapter_param_count(config, 8, LORA_TARGETS)
+    assert counted == sum(x.size for x in jax.tree.leaves(adapters))
 
 
 @pytest.mark.parametrize(("name", "stage"), [(n, s) for n in sorted(RUN_PRESETS) for s in STAGES])

@@ -44,6 +44,7 @@ tests/test_memory_calibration*.py hold the sum within 15% of XLA's figure.
 
 from __future__ import annotations
 
+from components.core.model import layer_kinds
 from components.core.model.config import ModelConfig
 from components.core.model.vocab_tiles import positions_per_tile
 
@@ -83,20 +84,35 @@ LORA_BASES = {"sft": 1, "reward": 1, "ppo": 2, "grpo": 2, "rloo": 2, "dpo": 1}
 
 def param_count(config: ModelConfig) -> int:
     """Parameters of the model (without a scalar head)."""
-    linear = sum(config.linear_layers())
-    layers = (config.n_layers - linear) * layer_param_count(config)
-    return layers + linear * delta_layer_param_count(config) + outer_param_count(config)
+    counts = layer_kinds.stack_counts(config)
+    layers = sum(
+        count * (delta_layer_param_count(config) if stack == "linear_blocks" else
+                 kind_param_count(config, stack))
+        for stack, count in counts.items()
+    )  # fmt: skip
+    return layers + outer_param_count(config)
+
+
+def kind_param_count(config: ModelConfig, stack: str) -> int:
+    """Parameters of one attention layer of ``stack`` (layer_kinds.py): Gemma 4's full
+    layers are wider, its shared layers have no key or value projections."""
+    kind = layer_kinds.stack_kind(config, stack)
+    d, hd = config.dim, kind.head_dim
+    queries = config.n_heads * (3 if config.attn_output_gate else 2)  # q (and its gate), o
+    kv_projections = (1 if kind.k_eq_v else 2) * kind.n_kv_heads if kind.owns_kv else 0
+    attn = d * hd * (queries + kv_projections)
+    if config.qkv_bias:
+        attn += hd * (config.n_heads + kv_projections)
+    norms = (4 if config.post_norms else 2) * d
+    norms += hd * ((2 if kind.owns_kv else 1) if config.qk_norm else 0)
+    per_layer = 2 * d * config.per_layer_dim + d if config.per_layer_dim else 0
+    return attn + 3 * d * kind.hidden_dim + norms + per_layer + int(config.layer_scalar)
 
 
 def layer_param_count(config: ModelConfig) -> int:
-    """Parameters of one (attention) layer of the stack."""
-    d, hd = config.dim, config.resolved_head_dim
-    queries = config.n_heads * (3 if config.attn_output_gate else 2)  # q (and its gate), o
-    attn = d * hd * (queries + 2 * config.n_kv_heads)
-    if config.qkv_bias:
-        attn += hd * (config.n_heads + 2 * config.n_kv_heads)
-    norms = (4 if config.post_norms else 2) * d + (2 * hd if config.qk_norm else 0)
-    return attn + 3 * d * config.hidden_dim + norms
+    """Parameters of one attention layer of the stack: the largest kind's (Gemma 4)."""
+    stacks = [s for s in layer_kinds.stack_counts(config) if s != "linear_blocks"]
+    return max(kind_param_count(config, s) for s in stacks or ["blocks"])
 
 
 def delta_layer_param_count(config: ModelConfig) -> int:
@@ -111,18 +127,25 @@ def delta_layer_param_count(config: ModelConfig) -> int:
 
 
 def outer_param_count(config: ModelConfig) -> int:
-    """Parameters outside the layer stack: embeddings, untied output head, final norm."""
-    return config.vocab_size * config.dim * (1 if config.tie_embeddings else 2) + config.dim
+    """Parameters outside the layer stack: embeddings, untied output head, final norm, and
+    Gemma 4's per-layer input table [V, L·P], its projection [D, L·P] and norm [P]."""
+    outer = config.vocab_size * config.dim * (1 if config.tie_embeddings else 2) + config.dim
+    if config.per_layer_dim:
+        width = config.n_layers * config.per_layer_dim
+        outer += (config.per_layer_vocab + config.dim) * width + config.per_layer_dim
+    return outer
 
 
-def projection_shapes(config: ModelConfig) -> dict[str, tuple[int, int]]:
+def projection_shapes(config: ModelConfig, stack: str = "blocks") -> dict[str, tuple[int, int]]:
     """(in, out) of each projection of a layer an adapter can wrap, by Hugging Face name."""
-    d, hidden = config.dim, config.hidden_dim
-    q, kv = config.n_heads * config.resolved_head_dim, config.n_kv_heads * config.resolved_head_dim
+    kind = layer_kinds.stack_kind(config, stack)
+    d, hidden = config.dim, kind.hidden_dim
+    q, kv = config.n_heads * kind.head_dim, kind.n_kv_heads * kind.head_dim
     keys = config.delta_key_heads * config.delta_key_dim
     values = config.delta_value_heads * config.delta_value_dim
+    gate = 2 if config.attn_output_gate else 1  # Qwen3.5's q_proj emits a gate per query
     return {
-        "q_proj": (d, q),
+        "q_proj": (d, gate * q),
         "k_proj": (d, kv),
         "v_proj": (d, kv),
         "o_proj": (q, d),
@@ -141,12 +164,11 @@ def projection_shapes(config: ModelConfig) -> dict[str, tuple[int, int]]:
 def adapter_param_count(config: ModelConfig, rank: int, targets: tuple[str, ...]) -> int:
     """LoRA parameters of one network: A [in, r] and B [r, out] on each target of each layer
     that has it (hybrid stacks: DeltaNet projections on their layers only)."""
-    shapes = projection_shapes(config)
-    linear = sum(config.linear_layers())
-    count = {"blocks": config.n_layers - linear, "linear_blocks": linear}
+    count = layer_kinds.stack_counts(config)
     return rank * sum(
-        sum(shapes[target]) * sum(count[s] for s in config.target_stacks(target))
+        sum(projection_shapes(config, stack)[target]) * count[stack]
         for target in config.present_targets(targets)
+        for stack in config.target_stacks(target)
     )
 
 
@@ -192,12 +214,16 @@ def _layer_matmuls(config: ModelConfig, sequences: int, seq_len: int) -> float:
     """One layer's projection outputs live at once, in the compute dtype: the attention
     block's (queries and keys, values) or one of the MLP's hidden activations, whichever is
     wider, and the residual stream with its normed copy (XLA fuses the rest away)."""
-    hd, kv = config.resolved_head_dim, config.n_kv_heads
-    attention = config.n_heads * hd * (2 if config.attn_output_gate else 1) + 2 * kv * hd
+    kinds = [layer_kinds.stack_kind(config, s) for s in layer_kinds.stack_counts(config)]
+    attention = max(
+        config.n_heads * k.head_dim * (2 if config.attn_output_gate else 1)
+        + 2 * k.n_kv_heads * k.head_dim
+        for k in kinds
+    )
     if config.is_hybrid:  # a DeltaNet layer's conv channels and output gate
         values = config.delta_value_heads * config.delta_value_dim
         attention = max(attention, 2 * config.delta_key_heads * config.delta_key_dim + 2 * values)
-    widths = max(attention, config.hidden_dim) + 2 * config.dim
+    widths = max(attention, *(k.hidden_dim for k in kinds)) + 2 * config.dim
     return sequences * seq_len * widths * compute_bytes(config)
 
 
@@ -208,6 +234,7 @@ def forward_bytes(
     projections and attention scores), then ``tiles`` logits tiles over ``logits_len``
     positions a sequence."""
     layers = layer_forward_bytes(config, sequences, seq_len)
+    layers += per_layer_input_bytes(config, sequences, seq_len)
     return layers + logits_bytes(config, sequences * logits_len, tiles)
 
 
@@ -222,29 +249,37 @@ def layer_forward_bytes(config: ModelConfig, sequences: int, seq_len: int) -> fl
 
 
 def recompute_bytes(config: ModelConfig, sequences: int, seq_len: int) -> float:
-    """What the backward pass of a hybrid stack holds for the period it recomputes: every
-    layer of the period at once (0 for a plain stack, whose layer is counted in
-    :func:`backward_bytes` alone)."""
-    if not config.is_hybrid:
+    """What the backward pass of a stack scanned by period (Qwen3.5, Gemma 4) holds for the
+    period it recomputes: every layer of the longest period at once (0 for a plain stack,
+    whose layer is counted in :func:`backward_bytes` alone)."""
+    if not layer_kinds.uses_kinds(config):
         return 0.0
     one_layer = _layer_matmuls(config, sequences, seq_len)
-    period = config.layer_period()
-    linear = sum(period)
     attention = one_layer + attention_bytes(config, sequences, seq_len, train=True)
     delta = one_layer + delta_bytes(config, sequences, seq_len, train=True)
-    return (len(period) - linear) * attention + linear * delta
+    return max(
+        sum(delta if stack == "linear_blocks" else attention for stack, _ in segment.period)
+        for segment in layer_kinds.segments(config)
+    )
+
+
+def per_layer_input_bytes(config: ModelConfig, sequences: int, seq_len: int) -> float:
+    """Gemma 4's per-layer inputs [B, T, L, P] in the compute dtype, live the whole pass."""
+    width = config.n_layers * config.per_layer_dim
+    return sequences * seq_len * width * compute_bytes(config)
 
 
 def backward_bytes(config: ModelConfig, sequences: int, seq_len: int, *, logits_len: int) -> float:
     """Activations of a forward and backward pass on one chip, besides the gradients: what the
     remat policy keeps of every layer, the layer being recomputed (its attention scores,
-    probabilities and their gradient), the loss's logits tiles."""
+    probabilities and their gradient), the loss's logits tiles; Gemma 4's per-layer inputs
+    and their gradient."""
     one_layer = _layer_matmuls(config, sequences, seq_len)
     recomputed = one_layer + attention_bytes(config, sequences, seq_len, train=True)
     scanned = config.n_layers
-    if config.is_hybrid:  # the scan recomputes a whole period: every layer of it lives at once
+    if layer_kinds.uses_kinds(config):  # a scan step recomputes a whole period at once
         recomputed = recompute_bytes(config, sequences, seq_len)
-        scanned = config.n_layers // len(config.layer_period())
+        scanned = sum(segment.periods for segment in layer_kinds.segments(config))
     inputs = scanned * sequences * seq_len * config.dim * compute_bytes(config)
     if config.remat == "full":
         kept = inputs
@@ -252,7 +287,8 @@ def backward_bytes(config: ModelConfig, sequences: int, seq_len: int, *, logits_
         kept = inputs + config.n_layers * one_layer
     else:
         kept = scanned * recomputed
-    return kept + recomputed + logits_bytes(config, sequences * logits_len, TRAIN_TILES)
+    per_layer = 2 * per_layer_input_bytes(config, sequences, seq_len)
+    return kept + recomputed + per_layer + logits_bytes(config, sequences * logits_len, TRAIN_TILES)
 
 
 def activation_bytes(
@@ -273,9 +309,19 @@ def logits_bytes(config: ModelConfig, positions: int, tiles: int) -> float:
     return tiles * min(positions, per_tile) * config.vocab_size * 4
 
 
-def embedding_bytes(config: ModelConfig, dtype_bytes: int = PARAM_BYTES) -> int:
-    """One copy of the input embedding [V, D] (fp32 unless ``dtype_bytes`` says)."""
-    return config.vocab_size * config.dim * dtype_bytes
+def per_layer_table_count(config: ModelConfig) -> int:
+    """Elements of Gemma 4's per-layer input table [V, L·P] (0 without one)."""
+    return config.per_layer_vocab * config.n_layers * config.per_layer_dim
+
+
+def embedding_bytes(
+    config: ModelConfig, dtype_bytes: int = PARAM_BYTES, *, per_layer: bool = True
+) -> int:
+    """One copy of the input embedding [V, D] (fp32 unless ``dtype_bytes`` says), and with
+    ``per_layer`` of Gemma 4's per-layer input table, whose gradient is as dense when it is
+    whole (replicated; fsdp never gathers it: fsdp.sharded_rows)."""
+    table = per_layer_table_count(config) if per_layer else 0
+    return (config.vocab_size * config.dim + table) * dtype_bytes
 
 
 def cast_bytes(config: ModelConfig, program: str) -> int:
@@ -287,9 +333,13 @@ def cast_bytes(config: ModelConfig, program: str) -> int:
 def kv_cache_bytes(config: ModelConfig, sequences: int, length: int) -> float:
     """Keys and values of every attention layer for ``sequences`` of ``length`` tokens, and
     each Gated DeltaNet layer's state (fp32, its size free of ``length``) and conv inputs."""
-    kv = config.n_kv_heads * config.resolved_head_dim
+    widths = sum(
+        count * kind.n_kv_heads * kind.head_dim
+        for stack, count in layer_kinds.stack_counts(config).items()
+        if stack != "linear_blocks" and (kind := layer_kinds.stack_kind(config, stack)).owns_kv
+    )  # Gemma 4: full layers' own widths; shared layers read the storing layer's cache
+    keys = 2 * widths * sequences * length * compute_bytes(config)
     linear = sum(config.linear_layers())
-    keys = 2 * (config.n_layers - linear) * sequences * length * kv * compute_bytes(config)
     return keys + linear * sequences * delta_state_bytes(config)
 
 
@@ -311,9 +361,10 @@ def gathered_bytes(
     With LoRA (``adapters``: a network's adapter parameters) the frozen base is gathered in
     the compute dtype and has no gradient; a layer's adapters come in float32 with theirs.
     """
+    gathered_outer = outer_param_count(config) - per_layer_table_count(config)  # read by rows
     if adapters is None:
-        outer = outer_param_count(config) * PARAM_BYTES * (2 if trained else 1)
+        outer = gathered_outer * PARAM_BYTES * (2 if trained else 1)
         return networks * outer + LAYERS_GATHERED * layer_param_count(config) * PARAM_BYTES
     c = compute_bytes(config)
     layer = layer_param_count(config) * c + adapters // config.n_layers * 2 * PARAM_BYTES
-    return networks * outer_param_count(config) * c + LAYERS_GATHERED * layer
+    return networks * gathered_outer * c + LAYERS_GATHERED * layer

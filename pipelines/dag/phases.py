@@ -96,6 +96,14 @@ class Placement:
         each device casts its chunk, and what it gathers stands for the whole copies."""
         return 0.0 if self.fsdp else memory.cast_bytes(config, program)
 
+    def lookup(self, config: ModelConfig, sequences: int, length: int) -> float:
+        """fsdp: Gemma 4's per-layer rows of every chip's tokens, looked up from the table's
+        chunks (fsdp.sharded_rows) in float32; 0 otherwise."""
+        if not (self.fsdp and config.per_layer_dim):
+            return 0.0
+        width = config.n_layers * config.per_layer_dim
+        return self.chips * sequences * length * width * memory.PARAM_BYTES
+
     def gathered(self, config: ModelConfig, *, networks: int, trained: bool) -> float:
         if not self.fsdp:
             return 0.0
@@ -119,7 +127,7 @@ def _training(
     ``backward``); ``program``: "train" (sft, reward, dpo's step) or "update" (RL's)."""
     # With fsdp the gathered gradient (Placement.gathered) is one of the copies.
     copies = memory.EMBEDDING_GRADIENTS[program] - (1 if place.fsdp else 0)
-    gradients = 0 if lora else copies * memory.embedding_bytes(config)
+    gradients = 0 if lora else copies * memory.embedding_bytes(config, per_layer=not place.fsdp)
     return max(temps, temps / 2 + gradients + place.casts(config, program) + backward)
 
 
@@ -151,14 +159,14 @@ def _train(config: ModelConfig, algorithm: str, flags: dict, place: Placement, l
     held, temps = place.state(config, trained=1, frozen=1 if lora else 0)
     acts = memory.backward_bytes(config, sequences, length, logits_len=logits_len)
     temps = _training(config, place, temps, acts, program="train", lora=lora)
-    batch = sequences * length * 3 * 4  # tokens, mask, loss mask
+    batch = sequences * length * 3 * 4 + place.lookup(config, sequences, length)
     gathered = place.gathered(config, networks=1, trained=True)
     return Phase("train", held + temps + batch + gathered, 0.0)
 
 
 def _dpo(config: ModelConfig, flags: dict, place: Placement, lora: bool) -> list[Phase]:
     sequences, length = 2 * flags["batch_size"] // place.chips, flags["max_len"]
-    batch = sequences * length * 3 * 4
+    batch = sequences * length * 3 * 4 + place.lookup(config, sequences, length)
     # The reference: the frozen copy (LoRA: the base with the adapters off) scores the batch
     # beside the policy's train state.
     frozen, _ = place.state(config, trained=0, frozen=1)
@@ -208,6 +216,8 @@ def _sampling(
     one = memory.INFERENCE_TILES
     prefill = memory.forward_bytes(config, sequences, prompt, logits_len=1, tiles=one)
     decode = memory.forward_bytes(config, sequences, 1, logits_len=1, tiles=one)
+    prefill += place.lookup(config, sequences, prompt)
+    decode += place.lookup(config, sequences, 1)
     result = [
         Phase("prefill", held + cache + prefill, resident),
         Phase("decode", held + cache + decode, resident),
@@ -222,6 +232,7 @@ def _sampling(
     if config.is_hybrid:  # XLA:CPU runs two networks' hybrid passes side by side
         scoring += memory.layer_forward_bytes(config, sequences, length)
     rows = sequences * length * RL_BATCH_FIELDS * 4
+    scoring += place.lookup(config, sequences, length)
     result.append(Phase("scoring", held + scoring + rows, resident))
     # The update: policy (and critic) forward and backward on one minibatch, each holding its
     # outer tensors and their gradients; the reference and reward model (LoRA: their bases,
@@ -236,6 +247,7 @@ def _sampling(
     temps = _training(config, place, temps, acts, program="update", lora=lora)
     gathered = place.gathered(config, networks=trained, trained=True)
     frozen, _ = place.state(config, trained=0, frozen=0 if lora else 2)
+    gathered += place.lookup(config, minibatch, length)
     result.append(Phase("update", held + temps + rows + gathered, frozen))
     return result
 

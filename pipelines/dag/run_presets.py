@@ -29,6 +29,17 @@ checks each claim). Figures are per chip; a run may use 90% of a chip's physical
   once. With LoRA (rank 16 on all twelve projections) on v5e-32: fits at 512 + 256 tokens;
   evaluate's merged float32 models do not fit a v5e-16.
 
+* Gemma 4 E4B (N = 7.46e9, 2.82e9 of them the per-layer input table [262144, 42 x 256];
+  35 sliding and 7 full layers, the last 18 reusing keys and values) on v5p-16 with fsdp:
+  every algorithm fits at 1,024 + 1,024 tokens, PPO's update the peak (its policy's and
+  critic's gradients). fsdp never gathers the per-layer table: each chip looks up its rows
+  from the table's chunks (fsdp.sharded_rows), holding every chip's rows of the batch
+  instead of the table (11 GiB in float32, with a gradient as large). With LoRA (rank 16)
+  on v5e-16: fits at 512 + 256 tokens, evaluate's merged float32 model the peak. Gemma 4
+  31B (``gemma4-31b``: N = 3.07e10) has no preset: with LoRA on v5e-64 evaluate's merged
+  float32 model holds its gathered embedding (5.3 GiB) and three 0.53e9-parameter layers
+  gathered at once, 17.3 GiB a chip.
+
 Where the planner stands against XLA: within 15% of the compiled programs replicated at the
 calibration shapes (tests/test_memory_calibration*.py); with fsdp it counts gathered
 tensors and casts apart that XLA partly overlaps, 0.9-1.2x at those shapes. ``alignpipe plan
@@ -352,6 +363,46 @@ RUN_PRESETS: dict[str, RunPreset] = {
         chip="v5e",
         chips=32,
         hosts=8,
+        prompt_len=512,
+        response_len=256,
+        fsdp=True,
+        **_BF16_FULL,
+        lora_rank=16,
+        lora_alpha=32.0,
+        stages={
+            "sft": {"batch_size": 32},
+            "reward": {"batch_size": 32},
+            "dpo": {"batch_size": 32},
+            "ppo": {"rollout_batch_size": 64, "minibatches": 2},
+            "evaluate": {"batch_size": 16},  # per host: 4 sequences on each of its 4 chips
+        },
+    ),
+    "v5p-16-gemma4-e4b": RunPreset(
+        model="gemma4-e4b",
+        vocab_size=262144,
+        example="google/gemma-4-E4B-it",
+        chip="v5p",
+        chips=8,
+        hosts=2,
+        prompt_len=1024,
+        response_len=1024,
+        fsdp=True,
+        **_BF16_FULL,
+        stages={
+            "sft": {"batch_size": 32},
+            "reward": {"batch_size": 16},
+            "dpo": {"batch_size": 16},
+            "ppo": {"rollout_batch_size": 64, "minibatches": 8},
+            "evaluate": {"batch_size": 32},
+        },
+    ),
+    "v5e-16-gemma4-e4b-lora": RunPreset(
+        model="gemma4-e4b",
+        vocab_size=262144,
+        example="google/gemma-4-E4B-it",
+        chip="v5e",
+        chips=16,
+        hosts=4,
         prompt_len=512,
         response_len=256,
         fsdp=True,

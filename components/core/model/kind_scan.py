@@ -55,7 +55,12 @@ class PerLayerEmbeddings(nnx.Module):
         shape = (*tokens.shape, config.n_layers, width)
         # Ids past the table (a tokenizer grown beyond it) read row 0, as Tunix does.
         ids = jnp.where(tokens < config.per_layer_vocab, tokens, 0)
-        own = jnp.take(self.table[...], ids, axis=0).astype(dtype).reshape(shape)
+        table = self.table.get_value()
+        if isinstance(table, fsdp.Sharded):  # fsdp: this device's chunk of the table
+            own = fsdp.sharded_rows(table, ids)
+        else:
+            own = jnp.take(table, ids, axis=0)
+        own = own.astype(dtype).reshape(shape)
         own = own * jnp.asarray(width**0.5, dtype)
         projected = on_rows(self.project, embedded) * jnp.asarray(config.dim**-0.5, dtype)
         projected = self.norm(projected.reshape(shape))

@@ -45,6 +45,7 @@ from components.core.model import layer_kinds
 PyTree = Any
 AXIS = "data"
 LAYER_STACKS = layer_kinds.STACKS  # Transformer stacks: a leading layer axis
+ROW_TABLES = ("per_layer_inputs", "table")  # read by rows only: never gathered whole
 
 
 @jax.tree_util.register_pytree_node_class
@@ -98,16 +99,50 @@ def gather(tree: PyTree) -> PyTree:
     )
 
 
+def _row_table(path: tuple) -> bool:
+    """Whether ``path`` leads to a table only ever read by rows (:func:`sharded_rows`)."""
+    keys = [getattr(key, "key", None) for key in path]
+    return any(keys[i : i + 2] == list(ROW_TABLES) for i in range(len(keys) - 1))
+
+
 def gather_outer(tree: PyTree) -> PyTree:
-    """Gather the chunks without a leading layer axis; the layer stack stays sharded.
+    """Gather the chunks without a leading layer axis; the layer stack stays sharded, and so
+    does a table read by rows (Gemma 4's per-layer inputs: :func:`sharded_rows`).
 
     The model's layer scan gathers each layer's chunks itself (:func:`gather`).
     """
 
-    def one(node: Any) -> Any:
-        return _gather_one(node) if _is_sharded(node) and node.chunk.ndim == 1 else node
+    def one(path: tuple, node: Any) -> Any:
+        whole = _is_sharded(node) and node.chunk.ndim == 1 and not _row_table(path)
+        return _gather_one(node) if whole else node
 
-    return jax.tree.map(one, tree, is_leaf=_is_sharded)
+    return jax.tree_util.tree_map_with_path(one, tree, is_leaf=_is_sharded)
+
+
+def sharded_rows(node: Sharded, ids: jax.Array) -> jax.Array:
+    """Rows ``ids`` [...] of a [V, W] table held as chunks (``node``), without gathering it.
+
+    Every device looks up, for every device's ids (an all-gather of the ids), the elements
+    of their rows that lie in its own chunk, zeros elsewhere; a reduce-scatter sums the
+    pieces and hands each device its own rows [..., W]. A device holds the rows of every
+    device's ids ([N, ..., W]), not the table: Gemma 4 E4B's [262144, 10752] would be 11 GiB
+    in float32. The gradient flows back to each device's chunk alone.
+    """
+    chunk, (_, width) = node.chunk, node.rest
+    size = chunk.shape[-1]
+    me = lax.axis_index(node.axis)
+    every = lax.all_gather(ids.astype(jnp.int32), node.axis)  # [N, ...]
+    # This chunk starts at element me·size = row·width + col; in int32 without overflow
+    # (the table may hold more than 2**31 elements) from size = rows·width + cols.
+    rows, cols = divmod(size, width)
+    start_row = me * rows + (me * cols) // width
+    start_col = (me * cols) % width
+    step = every[..., None] - start_row  # rows after the chunk's first
+    inside_rows = (step >= 0) & (step <= rows + 1)
+    local = jnp.clip(step, 0, rows + 1) * width + jnp.arange(width) - start_col
+    inside = inside_rows & (local >= 0) & (local < size)
+    pieces = jnp.where(inside, chunk[jnp.clip(local, 0, size - 1)], 0)
+    return lax.psum_scatter(pieces, node.axis, scatter_dimension=0)
 
 
 def after(tree: PyTree, done: Any) -> PyTree:
