@@ -166,6 +166,7 @@ def _hf_config(**changes) -> dict:
         ({"enable_moe_block": True, "num_experts": 128}, "enable_moe_block"),
         ({"use_bidirectional_attention": "all"}, "use_bidirectional_attention"),
         ({"attention_bias": True}, "attention_bias"),
+        ({"attention_dropout": 0.1}, "attention_dropout"),
         ({"hidden_activation": "silu"}, "hidden_activation"),
         ({"per_layer_config": {"2": {"head_dim": 32, "sliding_window": 4}}}, "sliding_window"),
         ({"per_layer_config": {"0": {"head_dim": 32}}}, "sliding layer"),

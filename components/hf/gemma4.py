@@ -16,9 +16,12 @@ Every field of ``Gemma4TextConfig`` that changes the computation is read or refu
 - accepted: ``use_bidirectional_attention: "vision"`` (only image tokens attend both ways;
   a text-only run has none, so it is causal);
 - refused: ``enable_moe_block`` and ``num_experts`` (26B-A4B), ``use_bidirectional_attention:
-  "all"``, ``attention_bias``, activations other than GELU-tanh, quantized weights, other
-  rotary types, ``per_layer_config`` keys other than the two shapes, and full layers of
-  different shapes.
+  "all"``, ``attention_bias``, ``attention_dropout`` > 0, activations other than GELU-tanh,
+  quantized weights, other rotary types, ``per_layer_config`` keys other than the two
+  shapes, and full layers of different shapes;
+- without effect on the computation: ``initializer_range``, ``use_cache``, the token ids
+  (the tokenizer's and generation_config.json's are read), ``top_k_experts`` and
+  ``moe_intermediate_size`` (MoE only, refused above).
 """
 
 from __future__ import annotations
@@ -70,6 +73,11 @@ REFUSALS = [
         "(E2B, E4B, 31B)",
     ),
     Refusal("num_experts", bool, "mixture-of-experts layers (Gemma 4 26B-A4B)"),
+    Refusal(
+        "attention_dropout",
+        lambda v: bool(v and float(v) > 0),
+        "dropout on the attention weights (alignpipe trains without dropout)",
+    ),
     Refusal(
         "use_bidirectional_attention",
         lambda v: v not in (None, "vision"),

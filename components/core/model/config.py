@@ -337,6 +337,27 @@ class ModelConfig:
         return cls(**d)
 
 
+# What every Gemma 4 layer does (components/hf/gemma4.py reads the same from a checkpoint).
+GEMMA4_LAYERS: dict[str, Any] = dict(
+    head_dim=256,
+    global_head_dim=512,
+    norm_eps=1e-6,
+    mlp_activation="gelu_tanh",
+    post_norms=True,
+    embed_scale=True,
+    qk_norm=True,
+    v_norm=True,
+    layer_scalar=True,
+    query_pre_attn_scalar=1.0,
+    final_logit_softcap=30.0,
+    rope_theta=1_000_000.0,
+    rope_local_theta=10_000.0,
+    rope_proportional=True,
+    rotary_fraction=0.25,
+    dtype="bfloat16",
+    remat="full",
+)
+
 # Shapes of published models (vocab_size is supplied by the tokenizer). max_seq_len bounds
 # generation only: rotary positions have no table, so it can be raised freely.
 PRESETS: dict[str, dict[str, Any]] = {
@@ -421,66 +442,34 @@ PRESETS: dict[str, dict[str, Any]] = {
     # per-layer input table): 35 sliding layers (head 256) and 7 full ones (head 512),
     # five to one; the last 18 reuse the keys and values of layers 22 and 23.
     "gemma4-e4b": dict(
+        **GEMMA4_LAYERS,
         dim=2560,
         n_layers=42,
         n_heads=8,
         n_kv_heads=2,
-        head_dim=256,
         hidden_dim=10240,
         max_seq_len=131072,
-        norm_eps=1e-6,
-        mlp_activation="gelu_tanh",
-        post_norms=True,
-        embed_scale=True,
-        qk_norm=True,
-        v_norm=True,
-        layer_scalar=True,
-        query_pre_attn_scalar=1.0,
-        final_logit_softcap=30.0,
         sliding_window=512,
         layer_types=(("sliding_attention",) * 5 + ("full_attention",)) * 7,
-        rope_theta=1_000_000.0,
-        rope_local_theta=10_000.0,
-        rope_proportional=True,
-        rotary_fraction=0.25,
-        global_head_dim=512,
         global_kv_heads=2,
         kv_shared_layers=18,
         per_layer_dim=256,
         per_layer_vocab=262144,
-        dtype="bfloat16",
-        remat="full",
     ),  # fmt: skip
     # Gemma 4 31B's language model (vocab 262144, tied: 3.07e10 params): 50 sliding layers
     # (16 KV heads of 256) and 10 full ones (4 KV heads of 512, keys serving as values).
     "gemma4-31b": dict(
+        **GEMMA4_LAYERS,
         dim=5376,
         n_layers=60,
         n_heads=32,
         n_kv_heads=16,
-        head_dim=256,
         hidden_dim=21504,
         max_seq_len=262144,
-        norm_eps=1e-6,
-        mlp_activation="gelu_tanh",
-        post_norms=True,
-        embed_scale=True,
-        qk_norm=True,
-        v_norm=True,
-        layer_scalar=True,
-        query_pre_attn_scalar=1.0,
-        final_logit_softcap=30.0,
         sliding_window=1024,
         layer_types=(("sliding_attention",) * 5 + ("full_attention",)) * 10,
-        rope_theta=1_000_000.0,
-        rope_local_theta=10_000.0,
-        rope_proportional=True,
-        rotary_fraction=0.25,
-        global_head_dim=512,
         global_kv_heads=4,
         global_k_eq_v=True,
-        dtype="bfloat16",
-        remat="full",
     ),  # fmt: skip
     # Llama-2-7B (vocab 32000, untied head: 6.74e9 params).
     "7b": dict(
