@@ -10,7 +10,9 @@ from typing import Literal
 from components.core.config import check_finite
 from components.core.flags import field
 
-FORMATS = ("auto", "explicit", "implicit", "conversational", "vertex")
+FORMATS = (
+    "auto", "explicit", "implicit", "conversational", "vertex", "prompt", "conversational_prompt",
+)  # fmt: skip
 SYSTEM_MESSAGES = ("keep", "fold", "drop")
 
 
@@ -18,9 +20,14 @@ SYSTEM_MESSAGES = ("keep", "fold", "drop")
 class ShardConfig:
     """How preference files become TFRecord shards."""
 
-    format: Literal["auto", "explicit", "implicit", "conversational", "vertex"] = field(
-        "auto", help="record format; 'auto' detects it per file from its first JSON object"
-    )
+    format: Literal[
+        "auto", "explicit", "implicit", "conversational", "vertex", "prompt",
+        "conversational_prompt",
+    ] = field(
+        "auto",
+        help="record format; 'auto' detects it per file from its first JSON object (pairs, or "
+        "TRL's prompt-only records: 'prompt', 'conversational_prompt')",
+    )  # fmt: skip
     tokenizer: str = field(
         "byte",
         help="'byte' (built-in), a Hugging Face tokenizer.json or folder, "

@@ -1,4 +1,5 @@
-"""Preference record formats: detection and conversion to (prompt, chosen, rejected) text.
+"""Record formats: detection and conversion to (prompt, chosen, rejected) text, or to a
+prompt alone with its columns.
 
 - explicit: ``{"prompt": str, "chosen": str, "rejected": str, "margin"?: float}`` (TRL)
 - implicit: ``{"chosen": str, "rejected": str}`` in Anthropic HH style; the prompt is the
@@ -7,11 +8,16 @@
   messages (``prompt`` may be absent: then it is the messages both share), rendered with
   the tokenizer's chat template or the documented default
 - vertex: ``{"input_text": str, "candidate_0": str, "candidate_1": str, "choice": 0|1}``
+- prompt: TRL's prompt-only records, ``{"prompt": str, ...}``; conversational_prompt:
+  ``{"prompt": [messages], ...}``, rendered with the generation prompt. Every other field
+  (``answer``, ``solution``, ``tests``, anything) is kept as the record's columns, a JSON
+  object stored with the prompt, for the reward functions that score its responses.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 from typing import Any
 
@@ -55,19 +61,29 @@ REASONS = (
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class TextPair:
-    """One preference pair as text, whatever format it came in."""
+    """One preference pair as text, whatever format it came in; or a prompt alone
+    (``prompt_only``: no responses) with its other fields as ``columns`` (JSON)."""
 
     prompt: str
     chosen: str
     rejected: str
     margin: float = 0.0
     gold_reward: str | None = None
+    prompt_only: bool = False
+    columns: str = "{}"
+
+
+PROMPT_FORMATS = ("prompt", "conversational_prompt")
+# Fields that make a record a pair (or a completion, not read yet) rather than a prompt.
+RESPONSE_FIELDS = ("chosen", "rejected", "completion", "candidate_0", "candidate_1")
 
 
 def detect_format(obj: dict[str, Any]) -> str | None:
     """The format an object is written in, or None."""
     if "input_text" in obj and "choice" in obj:
         return "vertex"
+    if "prompt" in obj and not any(field in obj for field in RESPONSE_FIELDS):
+        return "conversational_prompt" if isinstance(obj["prompt"], list) else "prompt"
     if isinstance(obj.get("prompt"), list) or isinstance(obj.get("chosen"), list):
         return "conversational"
     if "prompt" in obj and "chosen" in obj:
@@ -252,6 +268,34 @@ def _vertex(obj: dict[str, Any]) -> TextPair:
     return TextPair(prompt, candidates[choice], candidates[1 - choice], 0.0, _gold(obj))
 
 
+def _columns(obj: dict[str, Any]) -> str:
+    """Every field but the prompt, as one JSON object (values JSON cannot hold, such as a
+    Parquet timestamp, as their text)."""
+    rest = {key: value for key, value in obj.items() if key != "prompt"}
+    try:
+        return json.dumps(rest, ensure_ascii=False, sort_keys=True, default=str)
+    except ValueError as error:  # a NaN is JSON's, but a circular value is not
+        raise Invalid("wrong_type", f"columns cannot be stored as JSON: {error}") from None
+
+
+def _prompt_only(
+    obj: dict[str, Any], fmt: str, tokenizer: Tokenizer, template_kwargs: dict, system: str
+) -> TextPair:
+    """A prompt-only record: its prompt (messages rendered up to the model's turn) and
+    columns."""
+    if fmt == "prompt":
+        prompt = _require(obj, "prompt", str)
+    else:
+        messages = with_system_message(_messages(obj, "prompt"), system)
+        if not messages:
+            raise Invalid("empty_prompt", "prompt has no messages")
+        try:
+            prompt = tokenizer.render_chat(messages, True, **template_kwargs)
+        except Exception as error:  # a template can raise anything on odd input
+            raise Invalid("chat_template", f"the model's chat template refused: {error}") from error
+    return TextPair(prompt, "", "", 0.0, _gold(obj), prompt_only=True, columns=_columns(obj))
+
+
 def to_text_pair(
     obj: Any,
     fmt: str | None,
@@ -272,17 +316,26 @@ def to_text_pair(
         pair = _implicit(obj)
     elif fmt == "conversational":
         pair = _conversational(obj, tokenizer, template_kwargs or {}, system_message)
+    elif fmt in PROMPT_FORMATS:
+        pair = _prompt_only(obj, fmt, tokenizer, template_kwargs or {}, system_message)
     else:
         pair = _vertex(obj)
     if not pair.prompt.strip():
         raise Invalid("empty_prompt", "prompt is empty")
+    if pair.prompt_only:
+        _check_unicode(pair, ("prompt", "columns"))
+        return pair
     if not pair.chosen.strip() or not pair.rejected.strip():
         raise Invalid("empty_response", "chosen or rejected response is empty")
     if pair.chosen == pair.rejected:
         raise Invalid("identical_responses", "chosen and rejected are identical")
-    for name in ("prompt", "chosen", "rejected"):
+    _check_unicode(pair, ("prompt", "chosen", "rejected"))
+    return pair
+
+
+def _check_unicode(pair: TextPair, names: tuple[str, ...]) -> None:
+    for name in names:
         try:
             getattr(pair, name).encode("utf-8")
         except UnicodeEncodeError as error:  # a lone surrogate escape such as "\ud800"
             raise Invalid("not_json", f"{name} is not valid Unicode: {error}") from None
-    return pair

@@ -64,6 +64,10 @@ def _split_summary(shards: list[dict], output: str, num_shards: int) -> dict[str
     }
 
 
+PREFERENCE_SHARDS = "preference_shards"
+PROMPT_SHARDS = "prompt_shards"
+
+
 def build_manifest(
     stats: list[dict], config: ShardConfig, tokenizer_info: dict, output: str
 ) -> dict[str, Any]:
@@ -79,6 +83,7 @@ def build_manifest(
         for split in SPLITS
     }
     gold = {g for s in shards for g in s["gold_rewards"]}
+    prompt_only = sum(s.get("prompt_only", 0) for s in shards)
     counts = {
         "input_records": sum(s["records"] for s in sources),
         "blank_lines": sum(s["blank_lines"] for s in sources),
@@ -87,10 +92,13 @@ def build_manifest(
         "rejected": sum(by_reason.values()),
         "duplicates": sum(s["duplicates"] for s in shards),
         "truncated": splits["train"]["truncated"] + splits["eval"]["truncated"],
+        "prompt_only": prompt_only,
     }
     return {
         "schema_version": SCHEMA_VERSION,
-        "kind": "preference_shards",
+        # What the records are: preference pairs, or prompts alone with their columns (a
+        # mix is refused by the stage: stage._check).
+        "kind": PROMPT_SHARDS if prompt_only else PREFERENCE_SHARDS,
         "sources": [
             {k: s[k] for k in ("uri", "bytes", "sha256", "records", "blank_lines", "format")}
             for s in sources

@@ -35,8 +35,10 @@ class TokenPair:
 
     @property
     def dedupe_key(self) -> bytes:
-        """Identity for exact-duplicate removal: same prompt, chosen and rejected text."""
-        joined = "\x00".join((self.text.prompt, self.text.chosen, self.text.rejected))
+        """Identity for exact-duplicate removal: same prompt, chosen and rejected text (a
+        prompt-only record: same prompt and columns)."""
+        text = self.text
+        joined = "\x00".join((text.prompt, text.chosen, text.rejected, text.columns))
         return hashlib.sha256(joined.encode("utf-8")).digest()
 
 
@@ -100,6 +102,8 @@ def tokenize(
     """Token ids of prompt (bos first) and responses (ending as the template ends a turn, or
     with eos), cut or refused when too long."""
     prompt = tokenizer.encode_prompt(pair.prompt)
+    if pair.prompt_only:
+        return _prompt_alone(prompt, tokenizer, config)
     chosen, rejected = (response_ids(tokenizer, text) for text in (pair.chosen, pair.rejected))
     limits = (config.max_prompt_tokens, config.max_response_tokens, config.max_response_tokens)
     lengths = (len(prompt), len(chosen), len(rejected))
@@ -119,6 +123,24 @@ def tokenize(
     if chosen == rejected:
         raise Invalid("identical_responses", "chosen and rejected are identical after truncation")
     return prompt, chosen, rejected, True
+
+
+def _prompt_alone(
+    prompt: list[int], tokenizer: Tokenizer, config: ShardConfig
+) -> tuple[list, list, list, bool]:
+    """A prompt-only record's ids: the prompt, cut at its start (bos kept) or refused when
+    too long; no responses."""
+    keep = config.max_prompt_tokens
+    if len(prompt) <= keep:
+        return prompt, [], [], False
+    if config.too_long == "reject":
+        raise Invalid(
+            "too_long",
+            f"the prompt has {len(prompt)} tokens; the limit is {keep} (raise "
+            "max_prompt_tokens or use too_long=truncate)",
+        )
+    head = prompt[:1] if tokenizer.bos_id is not None else []
+    return head + prompt[len(prompt) - (keep - len(head)) :], [], [], True
 
 
 def process_object(
@@ -168,7 +190,17 @@ def process_item(
 
 
 def encode_example(pair: TokenPair) -> bytes:
-    """The ``tf.train.Example`` of a pair, serialized (features as in ARCHITECTURE.md)."""
+    """The ``tf.train.Example`` of a pair, serialized (features as in ARCHITECTURE.md); of a
+    prompt-only record, its prompt and columns (JSON)."""
+    if pair.text.prompt_only:
+        return tfrecord.encode_example(
+            {
+                "prompt_ids": ("int64", pair.prompt_ids),
+                "prompt": ("bytes", [pair.text.prompt.encode("utf-8")]),
+                "columns": ("bytes", [pair.text.columns.encode("utf-8")]),
+                "prompt_hash": ("int64", [pair.prompt_hash]),
+            }
+        )
     return tfrecord.encode_example(
         {
             "prompt_ids": ("int64", pair.prompt_ids),
@@ -191,9 +223,14 @@ def decode_example(data: bytes) -> dict[str, Any]:
     feature = example.features.feature
     out: dict[str, Any] = {}
     for key in ("prompt_ids", "chosen_ids", "rejected_ids", "prompt_hash"):
-        out[key] = list(feature[key].int64_list.value)
+        if key in feature:
+            out[key] = list(feature[key].int64_list.value)
     for key in ("prompt", "chosen", "rejected"):
-        out[key] = feature[key].bytes_list.value[0].decode("utf-8")
-    out["margin"] = feature["margin"].float_list.value[0]
+        if key in feature:
+            out[key] = feature[key].bytes_list.value[0].decode("utf-8")
+    if "columns" in feature:  # a prompt-only record
+        out["columns"] = json.loads(feature["columns"].bytes_list.value[0].decode("utf-8"))
+    else:
+        out["margin"] = feature["margin"].float_list.value[0]
     out["prompt_hash"] = out["prompt_hash"][0]
     return out

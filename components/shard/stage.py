@@ -81,8 +81,14 @@ def _check(manifest: dict[str, Any], config: ShardConfig, output: str) -> None:
     reasons = ", ".join(f"{k}: {v}" for k, v in manifest["rejected_by_reason"].items()) or "none"
     if counts["input_records"] == 0 or valid == 0:
         raise ShardError(
-            f"no valid preference pair in {counts['input_records']} input records "
+            f"no valid preference pair or prompt in {counts['input_records']} input records "
             f"(rejected by reason: {reasons}); see {rejected_path} for each record and why"
+        )
+    prompts = counts.get("prompt_only", 0)
+    if 0 < prompts < valid:
+        raise ShardError(
+            f"the inputs mix {valid - prompts} preference pairs and {prompts} prompt-only "
+            "records; a shard folder holds one kind: shard each kind into its own output"
         )
     fraction = counts["rejected"] / counts["input_records"]
     if fraction > config.max_invalid_fraction:

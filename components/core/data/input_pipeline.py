@@ -61,6 +61,17 @@ def read_manifest(shards_dir: str) -> dict[str, Any]:
     return manifest
 
 
+def require_pairs(manifest: dict[str, Any], shards_dir: str, stage: str) -> None:
+    """Refuse shards of prompts alone (TRL's prompt-only records) to a stage that trains
+    on preference pairs, naming the fix."""
+    if manifest.get("kind") == "prompt_shards":
+        raise DataError(
+            f"{shards_dir} holds prompt-only records (no chosen or rejected response): the "
+            f"{stage} stage trains on preference pairs. Shard preference data for it, or "
+            "start the RL stage from a given policy (--base-policy) on these prompts"
+        )
+
+
 def longest_lengths(manifest: dict[str, Any]) -> tuple[int, int]:
     """The longest prompt and the longest response of the shards, in tokens (from the manifest).
 
@@ -373,6 +384,7 @@ def preference_dataset(
     """Preference-pair batches of this host (``batch_size`` is the per-host batch)."""
     if batch_size < 1 or max_len < 2:
         raise ValueError(f"need batch_size >= 1 and max_len >= 2, got {batch_size}, {max_len}")
+    require_pairs(read_manifest(shards_dir), shards_dir, "this")
     files, common, pairs = host_reader(shards_dir, split, host_index, host_count, seed)
     return PreferenceBatches(
         files, batch_size=batch_size, max_len=max_len, shuffle=shuffle, repeat=repeat,

@@ -303,12 +303,13 @@ def train_on_preferences(
     """
     from flax import nnx
 
-    from components.core.data.input_pipeline import longest_lengths, read_manifest
+    from components.core.data.input_pipeline import longest_lengths, read_manifest, require_pairs
     from components.core.model.artifact import hf_source, is_pretrained, stage_model
     from components.core.training.distributed import maybe_initialize
 
     maybe_initialize()
     manifest = read_manifest(shards_dir)
+    require_pairs(manifest, shards_dir, stage)
     if not config.max_len:
         config = dataclasses.replace(config, max_len=sum(longest_lengths(manifest)))
     pretrained = bool(base) and is_pretrained(base)

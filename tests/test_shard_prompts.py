@@ -1,0 +1,124 @@
+"""Prompt-only datasets (TRL's ``{"prompt": ...}`` records, standard and conversational)
+through the shard stage: columns kept beside the prompt, rejected records with their
+reasons and counts conserved, the split by prompt hash, the manifest's kind; the RL
+stages' prompt reader takes them, the pair-training stages refuse them by name."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+
+import pytest
+import tensorflow as tf
+
+from components.core.data.input_pipeline import DataError, preference_dataset
+from components.core.data.prompts import prompt_dataset
+from components.shard import ShardConfig, ShardError, run
+from components.shard.formats import Invalid, detect_format, to_text_pair
+from components.shard.records import decode_example, place, prompt_hash
+
+FIXTURES = pathlib.Path(__file__).parent / "fixtures" / "hf"
+
+
+def _records(count: int) -> list[dict]:
+    return [
+        {"prompt": f"What is {i} plus {i + 1}?", "answer": str(2 * i + 1), "level": i % 3}
+        for i in range(count)
+    ]
+
+
+def _write(path: pathlib.Path, rows: list) -> str:
+    path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows))
+    return str(path)
+
+
+def _examples(output: str) -> list[dict]:
+    files = sorted(pathlib.Path(output).glob("*/*.tfrecord"))
+    return [
+        {**decode_example(bytes(raw)), "split": f.parent.name}
+        for f in files
+        for raw in tf.data.TFRecordDataset(str(f)).as_numpy_iterator()
+    ]
+
+
+def test_formats_detect_prompt_only_records_and_keep_their_columns():
+    assert detect_format({"prompt": "Hi", "answer": "1"}) == "prompt"
+    assert detect_format({"prompt": [{"role": "user", "content": "Hi"}]}) == (
+        "conversational_prompt"
+    )
+    # A pair, or a prompt-completion record, is not a prompt alone.
+    assert detect_format({"prompt": "Hi", "chosen": "a", "rejected": "b"}) == "explicit"
+    assert detect_format({"prompt": "Hi", "completion": "a"}) is None
+    pair = to_text_pair({"prompt": "Add 2 and 3.", "answer": 5, "tests": ["x"]}, "prompt", None)
+    assert pair.prompt_only and pair.prompt == "Add 2 and 3." and not pair.chosen
+    assert json.loads(pair.columns) == {"answer": 5, "tests": ["x"]}
+    with pytest.raises(Invalid) as empty:
+        to_text_pair({"prompt": "  "}, "prompt", None)
+    assert empty.value.reason == "empty_prompt"
+    with pytest.raises(Invalid) as wrong:
+        to_text_pair({"prompt": 7}, "prompt", None)
+    assert wrong.value.reason == "wrong_type"
+
+
+def test_a_prompt_dataset_shards_with_its_columns_and_rejected_records(tmp_path):
+    good = _records(60)
+    bad = ["{not json", {"prompt": ""}, {"prompt": 3, "answer": "x"}, [1, 2]]
+    source = _write(tmp_path / "prompts.jsonl", [*good, good[0], *bad])  # one duplicate
+    output = str(tmp_path / "shards")
+    config = ShardConfig(num_shards=2, eval_fraction=0.2, min_eval_pairs=1,
+                         max_invalid_fraction=0.1)  # fmt: skip
+    manifest = run(config, [source], output)
+    assert manifest["kind"] == "prompt_shards"
+    counts = manifest["counts"]
+    assert counts["input_records"] == 65 and counts["duplicates"] == 1
+    assert counts["train"] + counts["eval"] == 60 == counts["prompt_only"]
+    assert manifest["rejected_by_reason"] == {
+        "empty_prompt": 1, "not_json": 1, "not_object": 1, "wrong_type": 1,
+    }  # fmt: skip
+    rejected = (tmp_path / "shards" / "rejected" / "rejected.jsonl").read_text().splitlines()
+    assert len(rejected) == 4 and all(json.loads(line)["reason"] for line in rejected)
+    examples = _examples(output)
+    assert len(examples) == 60
+    by_prompt = {e["prompt"]: e for e in examples}
+    for record in good:
+        example = by_prompt[record["prompt"]]
+        assert example["columns"] == {"answer": record["answer"], "level": record["level"]}
+        assert "chosen_ids" not in example and example["prompt_ids"]
+        # The split is the prompt hash's, as for pairs.
+        hashed = prompt_hash(record["prompt"])
+        assert example["prompt_hash"] == hashed
+        assert example["split"] == place(hashed, 0.2, 2)[0]
+    # The RL stages' prompt reader takes them; the pair-training stages refuse them.
+    batches = prompt_dataset(output, "train", batch_size=4, prompt_len=32, seed=0)
+    assert next(iter(batches))["prompt_tokens"].shape == (4, 32)
+    with pytest.raises(DataError, match="prompt-only records"):
+        preference_dataset(output, "train", batch_size=4, max_len=32, seed=0)
+
+
+def test_conversational_prompts_render_up_to_the_models_turn(tmp_path):
+    rows = [
+        {"prompt": [{"role": "user", "content": f"Name colour {i}."}], "answer": f"c{i}"}
+        for i in range(24)
+    ]
+    source = _write(tmp_path / "chat.jsonl", rows)
+    output = str(tmp_path / "shards")
+    config = ShardConfig(
+        tokenizer=str(FIXTURES / "qwen3"), num_shards=1, eval_fraction=0.25, min_eval_pairs=1,
+        chat_template_kwargs='{"enable_thinking": false}',
+    )  # fmt: skip
+    manifest = run(config, [source], output)
+    assert manifest["kind"] == "prompt_shards"
+    assert [s["format"] for s in manifest["sources"]] == ["conversational_prompt"]
+    example = _examples(output)[0]
+    assert example["prompt"].startswith("<|im_start|>user\nName colour")
+    assert example["prompt"].endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
+    assert example["columns"]["answer"].startswith("c")
+
+
+def test_pairs_and_prompts_in_one_output_are_refused(tmp_path):
+    pairs = [{"prompt": f"p{i}", "chosen": "good", "rejected": "bad"} for i in range(20)]
+    first = _write(tmp_path / "pairs.jsonl", pairs)
+    second = _write(tmp_path / "prompts.jsonl", _records(20))
+    config = ShardConfig(num_shards=1, eval_fraction=0.2, min_eval_pairs=1)
+    with pytest.raises(ShardError, match="mix 20 preference pairs and 20 prompt-only"):
+        run(config, [first, second], str(tmp_path / "shards"))
