@@ -295,3 +295,18 @@ def test_a_tracker_not_installed_or_misspelled_is_refused_naming_report_to(tmp_p
     assert message == (
         "--report-to: mlflow not installed here (mlflow: pip install 'alignpipe[mlflow]')"
     )
+
+
+def test_prompt_only_data_is_refused_before_any_task_naming_the_fix(tmp_path):
+    """TRL's prompt-only records in a pipeline run: nothing to train its reward model (or
+    DPO's policy) on, and without a base policy nothing to start from: refused, naming the
+    base policy when it is missing and the stage to run by hand on such data."""
+    data = tmp_path / "prompts.jsonl"
+    data.write_text("".join(json.dumps({"prompt": f"{i} + 1 =", "answer": i + 1}) + "\n"
+                            for i in range(8)))  # fmt: skip
+    message = _refused({"data_uri": str(data)}, tmp_path / "runs")
+    assert message.startswith(f"--data-uri: {data} line 1 is a prompt-only record (prompt)")
+    assert "--base-policy" in message and "python -m components.ppo" in message
+    given = {"data_uri": str(data), "base_policy": str(FIXTURES / "qwen3")}
+    message = _refused(given, tmp_path / "runs2")
+    assert "--base-policy" not in message and "preference pairs" in message

@@ -48,6 +48,7 @@ def check(values: dict[str, Any]) -> None:
         except (ValueError, FileNotFoundError) as error:  # TokenizerError is a ValueError
             raise PreflightError(f"{flag(name)}: {error}") from None
     try:
+        check_data_kind(values)
         check_tokenizers(values)
         check_chat_template(values)
     except (ValueError, FileNotFoundError) as error:
@@ -89,6 +90,44 @@ def check_tokenizers(values: dict[str, Any]) -> None:
                 f"{shards} ({origin}); every model of a run must share the shards' tokenizer: "
                 f"pass models that share one, or --tokenizer with {flag(name)}'s own"
             )
+
+
+def _first_record(data_uri: str, data_format: str) -> tuple[str, int, str | None]:
+    """The first local data file, its first record's line and that record's format."""
+    from components.shard.sources import read_source
+
+    first = stage_io.find_sources(data_uri)[0]["uri"]
+    bundle = next(read_source(first, data_format, 1), None)
+    if not isinstance(bundle, list) or not bundle:
+        return first, 0, None
+    line, _, _, fmt = bundle[0]
+    return first, line, fmt
+
+
+def check_data_kind(values: dict[str, Any]) -> None:
+    """Refuse prompt-only data (TRL's ``{"prompt": ...}`` records) before any task: the
+    pipeline trains its reward model, or DPO's policy, on preference pairs, and with no
+    base policy there is nothing to start reinforcement learning from either."""
+    from components.shard.formats import PROMPT_FORMATS
+
+    data_uri = values["data_uri"]
+    if not data_uri or not _applies("data_uri", values):
+        return
+    first, line, fmt = _first_record(data_uri, values["data_format"])
+    if fmt not in PROMPT_FORMATS:
+        return
+    start = (
+        f"give {flag('base_policy')} (the policy to start from) and "
+        if not values["base_policy"]
+        else ""
+    )
+    raise PreflightError(
+        f"{flag('data_uri')}: {first} line {line} is a prompt-only record ({fmt}): the "
+        f"pipeline trains its reward model (or DPO's policy) on preference pairs. Fix: "
+        f"{start}preference pairs for the reward stage, or shard these prompts "
+        "(`alignpipe data shard`) and run the RL stage on them by hand with a trained reward "
+        "model (`python -m components.ppo --shards ... --policy ... --reward-model ...`)"
+    )
 
 
 def check_chat_template(values: dict[str, Any]) -> None:
