@@ -1,7 +1,8 @@
 """Prompt-only datasets (TRL's ``{"prompt": ...}`` records, standard and conversational)
 through the shard stage: columns kept beside the prompt, rejected records with their
 reasons and counts conserved, the split by prompt hash, the manifest's kind; the RL
-stages' prompt reader takes them, the pair-training stages refuse them by name."""
+stages' prompt reader takes them, the pair-training stages refuse them by name. And TRL's
+prompt-completion records, which train sft alone."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import pathlib
 import pytest
 import tensorflow as tf
 
-from components.core.data.input_pipeline import DataError, preference_dataset
+from components.core.data.input_pipeline import DataError, preference_dataset, require_pairs
 from components.core.data.prompts import prompt_dataset
 from components.shard import ShardConfig, ShardError, run
 from components.shard.formats import Invalid, detect_format, to_text_pair
@@ -48,7 +49,8 @@ def test_formats_detect_prompt_only_records_and_keep_their_columns():
     )
     # A pair, or a prompt-completion record, is not a prompt alone.
     assert detect_format({"prompt": "Hi", "chosen": "a", "rejected": "b"}) == "explicit"
-    assert detect_format({"prompt": "Hi", "completion": "a"}) is None
+    assert detect_format({"prompt": "Hi", "completion": "a"}) == "prompt_completion"
+    assert detect_format({"prompt": [], "completion": []}) == "conversational_completion"
     pair = to_text_pair({"prompt": "Add 2 and 3.", "answer": 5, "tests": ["x"]}, "prompt", None)
     assert pair.prompt_only and pair.prompt == "Add 2 and 3." and not pair.chosen
     assert json.loads(pair.columns) == {"answer": 5, "tests": ["x"]}
@@ -120,5 +122,34 @@ def test_pairs_and_prompts_in_one_output_are_refused(tmp_path):
     first = _write(tmp_path / "pairs.jsonl", pairs)
     second = _write(tmp_path / "prompts.jsonl", _records(20))
     config = ShardConfig(num_shards=1, eval_fraction=0.2, min_eval_pairs=1)
-    with pytest.raises(ShardError, match="mix 20 preference pairs and 20 prompt-only"):
+    with pytest.raises(ShardError, match="mix 20 prompt-only records and 20 preference pairs"):
         run(config, [first, second], str(tmp_path / "shards"))
+
+
+def test_prompt_completion_records_shard_for_sft_alone(tmp_path):
+    """TRL's prompt-completion records: the completion is the one response (``chosen``),
+    read by sft's pair reader; the reward and dpo stages refuse them by name."""
+    rows = [{"prompt": f"Count to {i}:", "completion": " ".join(map(str, range(i)))}
+            for i in range(1, 31)]  # fmt: skip
+    source = _write(tmp_path / "sft.jsonl", [*rows, {"prompt": "x", "completion": ""}])
+    output = str(tmp_path / "shards")
+    config = ShardConfig(num_shards=1, eval_fraction=0.2, min_eval_pairs=1,
+                         max_invalid_fraction=0.1)  # fmt: skip
+    manifest = run(config, [source], output)
+    assert manifest["kind"] == "completion_shards"
+    assert manifest["counts"]["completions"] == 30
+    assert manifest["rejected_by_reason"] == {"empty_response": 1}
+    example = _examples(output)[0]
+    assert example["chosen_ids"] and example["rejected_ids"] == []
+    assert example["chosen"].strip() and example["rejected"] == ""
+    batch = next(iter(preference_dataset(output, "train", batch_size=4, max_len=64, seed=0)))
+    assert batch["loss_mask"].sum() > 0  # the completion's tokens are sft's targets
+    require_pairs(manifest, output, "sft")
+    for stage in ("reward", "dpo"):
+        with pytest.raises(DataError, match=f"prompt-completion records .* the {stage} stage"):
+            require_pairs(manifest, output, stage)
+    pairs = _write(tmp_path / "pairs.jsonl", [
+        {"prompt": f"p{i}", "chosen": "good", "rejected": "bad"} for i in range(10)
+    ])  # fmt: skip
+    with pytest.raises(ShardError, match="mix 30 prompt-completion records and 10 preference"):
+        run(config, [source, pairs], str(tmp_path / "mixed"))

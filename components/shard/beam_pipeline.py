@@ -101,7 +101,7 @@ def _entry(pair: TokenPair) -> tuple:
         lengths,
         pair.truncated,
         pair.text.gold_reward,
-        pair.text.prompt_only,
+        pair.text.kind,
     )
 
 
@@ -172,7 +172,8 @@ class WriteShard(beam.DoFn):
             "unique_prompts": len({entry[0] for entry in kept}),
             "duplicates": len(entries) - len(kept),
             "truncated": sum(1 for entry in kept if entry[6]),
-            "prompt_only": sum(1 for entry in kept if entry[8]),
+            "prompt_only": sum(1 for entry in kept if entry[8] == "prompt"),
+            "completions": sum(1 for entry in kept if entry[8] == "completion"),
             "gold_rewards": sorted({entry[7] or "" for entry in kept}),
             "eval_candidates": candidates,
             "lengths": {

@@ -12,6 +12,7 @@ from components.core.flags import field
 
 FORMATS = (
     "auto", "explicit", "implicit", "conversational", "vertex", "prompt", "conversational_prompt",
+    "prompt_completion", "conversational_completion",
 )  # fmt: skip
 SYSTEM_MESSAGES = ("keep", "fold", "drop")
 
@@ -22,11 +23,11 @@ class ShardConfig:
 
     format: Literal[
         "auto", "explicit", "implicit", "conversational", "vertex", "prompt",
-        "conversational_prompt",
+        "conversational_prompt", "prompt_completion", "conversational_completion",
     ] = field(
         "auto",
-        help="record format; 'auto' detects it per file from its first JSON object (pairs, or "
-        "TRL's prompt-only records: 'prompt', 'conversational_prompt')",
+        help="record format; 'auto' detects it per file from its first JSON object (pairs, "
+        "TRL's prompt-only records for RL, or its prompt-completion records for sft)",
     )  # fmt: skip
     tokenizer: str = field(
         "byte",

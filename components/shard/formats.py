@@ -12,6 +12,8 @@ prompt alone with its columns.
   ``{"prompt": [messages], ...}``, rendered with the generation prompt. Every other field
   (``answer``, ``solution``, ``tests``, anything) is kept as the record's columns, a JSON
   object stored with the prompt, for the reward functions that score its responses.
+- prompt_completion: TRL's ``{"prompt": str, "completion": str}``; conversational_completion:
+  both as message lists. The completion is the record's one response (sft's target).
 """
 
 from __future__ import annotations
@@ -61,20 +63,26 @@ REASONS = (
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class TextPair:
-    """One preference pair as text, whatever format it came in; or a prompt alone
-    (``prompt_only``: no responses) with its other fields as ``columns`` (JSON)."""
+    """One preference pair as text, whatever format it came in (``kind`` "pair"); or a
+    prompt alone with its other fields as ``columns`` (JSON) ("prompt"); or a prompt and its
+    completion, as ``chosen`` ("completion")."""
 
     prompt: str
     chosen: str
     rejected: str
     margin: float = 0.0
     gold_reward: str | None = None
-    prompt_only: bool = False
+    kind: str = "pair"
     columns: str = "{}"
+
+    @property
+    def prompt_only(self) -> bool:
+        return self.kind == "prompt"
 
 
 PROMPT_FORMATS = ("prompt", "conversational_prompt")
-# Fields that make a record a pair (or a completion, not read yet) rather than a prompt.
+COMPLETION_FORMATS = ("prompt_completion", "conversational_completion")
+# Fields that make a record a pair or a completion rather than a prompt alone.
 RESPONSE_FIELDS = ("chosen", "rejected", "completion", "candidate_0", "candidate_1")
 
 
@@ -84,6 +92,9 @@ def detect_format(obj: dict[str, Any]) -> str | None:
         return "vertex"
     if "prompt" in obj and not any(field in obj for field in RESPONSE_FIELDS):
         return "conversational_prompt" if isinstance(obj["prompt"], list) else "prompt"
+    if "prompt" in obj and "completion" in obj and "chosen" not in obj:
+        chat = isinstance(obj["prompt"], list) or isinstance(obj["completion"], list)
+        return "conversational_completion" if chat else "prompt_completion"
     if isinstance(obj.get("prompt"), list) or isinstance(obj.get("chosen"), list):
         return "conversational"
     if "prompt" in obj and "chosen" in obj:
@@ -293,7 +304,28 @@ def _prompt_only(
             prompt = tokenizer.render_chat(messages, True, **template_kwargs)
         except Exception as error:  # a template can raise anything on odd input
             raise Invalid("chat_template", f"the model's chat template refused: {error}") from error
-    return TextPair(prompt, "", "", 0.0, _gold(obj), prompt_only=True, columns=_columns(obj))
+    return TextPair(prompt, "", "", 0.0, _gold(obj), kind="prompt", columns=_columns(obj))
+
+
+def _completion(
+    obj: dict[str, Any], fmt: str, tokenizer: Tokenizer, template_kwargs: dict, system: str
+) -> TextPair:
+    """A prompt-completion record: the completion as the one response."""
+    if fmt == "prompt_completion":
+        prompt, completion = _require(obj, "prompt", str), _require(obj, "completion", str)
+    else:
+        messages = with_system_message(_messages(obj, "prompt"), system)
+        reply = _messages(obj, "completion")
+        if not messages:
+            raise Invalid("empty_prompt", "prompt has no messages")
+        try:
+            prompt = tokenizer.render_chat(messages, True, **template_kwargs)
+            completion = _reply_text(tokenizer, messages, reply, prompt, template_kwargs)
+        except Invalid:
+            raise
+        except Exception as error:  # a template can raise anything on odd input
+            raise Invalid("chat_template", f"the model's chat template refused: {error}") from error
+    return TextPair(prompt, completion, "", 0.0, _gold(obj), kind="completion")
 
 
 def to_text_pair(
@@ -318,12 +350,19 @@ def to_text_pair(
         pair = _conversational(obj, tokenizer, template_kwargs or {}, system_message)
     elif fmt in PROMPT_FORMATS:
         pair = _prompt_only(obj, fmt, tokenizer, template_kwargs or {}, system_message)
+    elif fmt in COMPLETION_FORMATS:
+        pair = _completion(obj, fmt, tokenizer, template_kwargs or {}, system_message)
     else:
         pair = _vertex(obj)
     if not pair.prompt.strip():
         raise Invalid("empty_prompt", "prompt is empty")
     if pair.prompt_only:
         _check_unicode(pair, ("prompt", "columns"))
+        return pair
+    if pair.kind == "completion":
+        if not pair.chosen.strip():
+            raise Invalid("empty_response", "completion is empty")
+        _check_unicode(pair, ("prompt", "chosen"))
         return pair
     if not pair.chosen.strip() or not pair.rejected.strip():
         raise Invalid("empty_response", "chosen or rejected response is empty")

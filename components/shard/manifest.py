@@ -66,6 +66,7 @@ def _split_summary(shards: list[dict], output: str, num_shards: int) -> dict[str
 
 PREFERENCE_SHARDS = "preference_shards"
 PROMPT_SHARDS = "prompt_shards"
+COMPLETION_SHARDS = "completion_shards"
 
 
 def build_manifest(
@@ -84,6 +85,10 @@ def build_manifest(
     }
     gold = {g for s in shards for g in s["gold_rewards"]}
     prompt_only = sum(s.get("prompt_only", 0) for s in shards)
+    completions = sum(s.get("completions", 0) for s in shards)
+    kind = PREFERENCE_SHARDS
+    if prompt_only or completions:
+        kind = PROMPT_SHARDS if prompt_only else COMPLETION_SHARDS
     counts = {
         "input_records": sum(s["records"] for s in sources),
         "blank_lines": sum(s["blank_lines"] for s in sources),
@@ -93,12 +98,13 @@ def build_manifest(
         "duplicates": sum(s["duplicates"] for s in shards),
         "truncated": splits["train"]["truncated"] + splits["eval"]["truncated"],
         "prompt_only": prompt_only,
+        "completions": completions,
     }
     return {
         "schema_version": SCHEMA_VERSION,
-        # What the records are: preference pairs, or prompts alone with their columns (a
-        # mix is refused by the stage: stage._check).
-        "kind": PROMPT_SHARDS if prompt_only else PREFERENCE_SHARDS,
+        # What the records are: preference pairs, prompts alone with their columns, or
+        # prompts with one completion (a mix is refused by the stage: stage._check).
+        "kind": kind,
         "sources": [
             {k: s[k] for k in ("uri", "bytes", "sha256", "records", "blank_lines", "format")}
             for s in sources

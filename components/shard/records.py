@@ -104,7 +104,9 @@ def tokenize(
     prompt = tokenizer.encode_prompt(pair.prompt)
     if pair.prompt_only:
         return _prompt_alone(prompt, tokenizer, config)
-    chosen, rejected = (response_ids(tokenizer, text) for text in (pair.chosen, pair.rejected))
+    chosen = response_ids(tokenizer, pair.chosen)
+    # A completion record has one response: rejected stays empty.
+    rejected = response_ids(tokenizer, pair.rejected) if pair.kind == "pair" else []
     limits = (config.max_prompt_tokens, config.max_response_tokens, config.max_response_tokens)
     lengths = (len(prompt), len(chosen), len(rejected))
     if all(n <= cap for n, cap in zip(lengths, limits, strict=True)):
@@ -120,7 +122,7 @@ def tokenize(
         head = prompt[:1] if tokenizer.bos_id is not None else []
         prompt = head + prompt[len(prompt) - (keep - len(head)) :]
     chosen, rejected = chosen[: config.max_response_tokens], rejected[: config.max_response_tokens]
-    if chosen == rejected:
+    if pair.kind == "pair" and chosen == rejected:
         raise Invalid("identical_responses", "chosen and rejected are identical after truncation")
     return prompt, chosen, rejected, True
 

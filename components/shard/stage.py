@@ -84,11 +84,17 @@ def _check(manifest: dict[str, Any], config: ShardConfig, output: str) -> None:
             f"no valid preference pair or prompt in {counts['input_records']} input records "
             f"(rejected by reason: {reasons}); see {rejected_path} for each record and why"
         )
-    prompts = counts.get("prompt_only", 0)
-    if 0 < prompts < valid:
+    kinds = {
+        "prompt-only records": counts.get("prompt_only", 0),
+        "prompt-completion records": counts.get("completions", 0),
+    }
+    kinds["preference pairs"] = valid - sum(kinds.values())
+    present = {name: n for name, n in kinds.items() if n}
+    if len(present) > 1:
+        mix = " and ".join(f"{n} {name}" for name, n in present.items())
         raise ShardError(
-            f"the inputs mix {valid - prompts} preference pairs and {prompts} prompt-only "
-            "records; a shard folder holds one kind: shard each kind into its own output"
+            f"the inputs mix {mix}; a shard folder holds one kind: shard each kind into its "
+            "own output"
         )
     fraction = counts["rejected"] / counts["input_records"]
     if fraction > config.max_invalid_fraction:

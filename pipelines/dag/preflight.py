@@ -107,13 +107,21 @@ def _first_record(data_uri: str, data_format: str) -> tuple[str, int, str | None
 def check_data_kind(values: dict[str, Any]) -> None:
     """Refuse prompt-only data (TRL's ``{"prompt": ...}`` records) before any task: the
     pipeline trains its reward model, or DPO's policy, on preference pairs, and with no
-    base policy there is nothing to start reinforcement learning from either."""
-    from components.shard.formats import PROMPT_FORMATS
+    base policy there is nothing to start reinforcement learning from either; and
+    prompt-completion data, which trains sft alone."""
+    from components.shard.formats import COMPLETION_FORMATS, PROMPT_FORMATS
 
     data_uri = values["data_uri"]
     if not data_uri or not _applies("data_uri", values):
         return
     first, line, fmt = _first_record(data_uri, values["data_format"])
+    if fmt in COMPLETION_FORMATS:
+        raise PreflightError(
+            f"{flag('data_uri')}: {first} line {line} is a prompt-completion record ({fmt}): "
+            "one response each, which trains the sft stage only, not the reward model or DPO. "
+            "Fix: give preference pairs, or shard these (`alignpipe data shard`) and run the "
+            "sft stage on them by hand (`python -m components.sft --shards ... --output ...`)"
+        )
     if fmt not in PROMPT_FORMATS:
         return
     start = (

@@ -62,13 +62,20 @@ def read_manifest(shards_dir: str) -> dict[str, Any]:
 
 
 def require_pairs(manifest: dict[str, Any], shards_dir: str, stage: str) -> None:
-    """Refuse shards of prompts alone (TRL's prompt-only records) to a stage that trains
-    on preference pairs, naming the fix."""
-    if manifest.get("kind") == "prompt_shards":
+    """Refuse shards a stage cannot train on, naming the fix: prompts alone (TRL's
+    prompt-only records) to every pair reader; prompt-completion records to any stage but
+    sft (they have one response, not a chosen and a rejected one)."""
+    kind = manifest.get("kind")
+    if kind == "prompt_shards":
         raise DataError(
             f"{shards_dir} holds prompt-only records (no chosen or rejected response): the "
             f"{stage} stage trains on preference pairs. Shard preference data for it, or "
             "start the RL stage from a given policy (--base-policy) on these prompts"
+        )
+    if kind == "completion_shards" and stage != "sft":
+        raise DataError(
+            f"{shards_dir} holds prompt-completion records (one response each): the {stage} "
+            "stage compares a chosen and a rejected response; they train the sft stage only"
         )
 
 
@@ -86,7 +93,7 @@ def longest_lengths(manifest: dict[str, Any]) -> tuple[int, int]:
         )
 
     prompt = longest("prompt")
-    response = max(longest("chosen"), longest("rejected"))
+    response = max(longest("chosen"), longest("rejected"))  # completions: chosen alone
     if prompt < 1 or response < 1:
         raise DataError("the manifest records no token lengths; set the lengths explicitly")
     return prompt, response
@@ -384,7 +391,8 @@ def preference_dataset(
     """Preference-pair batches of this host (``batch_size`` is the per-host batch)."""
     if batch_size < 1 or max_len < 2:
         raise ValueError(f"need batch_size >= 1 and max_len >= 2, got {batch_size}, {max_len}")
-    require_pairs(read_manifest(shards_dir), shards_dir, "this")
+    if read_manifest(shards_dir).get("kind") == "prompt_shards":
+        require_pairs(read_manifest(shards_dir), shards_dir, "this")
     files, common, pairs = host_reader(shards_dir, split, host_index, host_count, seed)
     return PreferenceBatches(
         files, batch_size=batch_size, max_len=max_len, shuffle=shuffle, repeat=repeat,
