@@ -1,0 +1,171 @@
+"""The tiny config of each family that tests/make_hf_fixtures.py saves: small enough for CI,
+and still exercising every feature alignpipe maps (needs transformers)."""
+
+from __future__ import annotations
+
+import transformers
+
+
+def hf_config(family: str, vocab: int, ids: dict) -> transformers.PretrainedConfig:
+    """A tiny config of the family that still exercises every feature alignpipe maps."""
+    common = dict(
+        vocab_size=vocab,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+        **ids,
+    )
+    if family == "llama":
+        rope = dict(
+            rope_type="llama3",
+            rope_theta=500000.0,
+            factor=8.0,
+            low_freq_factor=1.0,
+            high_freq_factor=4.0,
+            original_max_position_embeddings=16,  # small, so the scaling bends real frequencies
+        )
+        return transformers.LlamaConfig(
+            **common, rope_parameters=rope, tie_word_embeddings=False, rms_norm_eps=1e-5
+        )
+    if family == "qwen2":
+        return transformers.Qwen2Config(
+            **common,
+            rope_parameters=dict(rope_type="default", rope_theta=1e6),
+            tie_word_embeddings=True,
+            rms_norm_eps=1e-6,
+        )
+    if family in ("qwen3", "qwen3_untied"):
+        return transformers.Qwen3Config(
+            **common,
+            head_dim=16,  # != hidden / heads, as Qwen3's (128 at hidden 1024, 16 heads)
+            rope_parameters=dict(rope_type="default", rope_theta=1e6),
+            tie_word_embeddings=family == "qwen3",
+            rms_norm_eps=1e-6,
+        )
+    if family == "mistral":
+        return transformers.MistralConfig(
+            **common,
+            head_dim=16,  # != hidden / heads, as Mistral Small 3's
+            sliding_window=4,  # < SEQ_LEN: the window really masks (Mistral 7B v0.1's 4096)
+            rope_parameters=dict(rope_type="default", rope_theta=1e6),
+            tie_word_embeddings=False,
+            rms_norm_eps=1e-5,
+        )
+    if family.startswith("qwen3_5"):
+        text = transformers.Qwen3_5TextConfig(
+            **{**common, "num_hidden_layers": 8, "max_position_embeddings": 1024},
+            head_dim=16,
+            # Two periods of three Gated DeltaNet layers and a gated attention layer.
+            layer_types=(["linear_attention"] * 3 + ["full_attention"]) * 2,
+            linear_num_key_heads=2,
+            linear_num_value_heads=4,  # two value heads per key head, as the 9B's 16 and 32
+            linear_key_head_dim=8,
+            linear_value_head_dim=12,  # != the key width, so the two are not confused
+            linear_conv_kernel_dim=4,
+            rope_parameters=dict(
+                rope_type="default",
+                rope_theta=1e7,
+                partial_rotary_factor=0.25,
+                mrope_section=[1, 1, 0],
+                mrope_interleaved=True,
+            ),
+            tie_word_embeddings=family == "qwen3_5",
+            rms_norm_eps=1e-6,
+        )
+        if family == "qwen3_5":
+            return text
+        vision = transformers.models.qwen3_5.Qwen3_5VisionConfig(
+            depth=1, hidden_size=16, intermediate_size=32, num_heads=2, out_hidden_size=32,
+            patch_size=14, num_position_embeddings=16,
+        )  # fmt: skip
+        return transformers.Qwen3_5Config(
+            text_config=text.to_dict(),
+            vision_config=vision.to_dict(),
+            image_token_id=ids["eos_token_id"],
+            video_token_id=ids["eos_token_id"],
+            vision_start_token_id=ids["eos_token_id"],
+            vision_end_token_id=ids["eos_token_id"],
+            tie_word_embeddings=False,
+        )
+    if family.startswith("gemma4"):
+        text = transformers.Gemma4TextConfig(
+            **{**common, "num_hidden_layers": 9, "max_position_embeddings": 1024},
+            head_dim=16,
+            global_head_dim=32,  # full layers' heads twice as wide, as the released 256 / 512
+            num_global_key_value_heads=1,  # != num_key_value_heads, read with attention_k_eq_v
+            attention_k_eq_v=True,
+            sliding_window=8,
+            layer_types=["sliding_attention", "sliding_attention", "full_attention"] * 3,
+            num_kv_shared_layers=3,  # the last period reuses the second period's keys/values
+            use_double_wide_mlp=True,
+            hidden_size_per_layer_input=8,
+            vocab_size_per_layer_input=vocab,
+            final_logit_softcapping=3.0,  # small, so tanh bends the fixture's logits
+            rope_parameters={
+                "sliding_attention": dict(rope_type="default", rope_theta=1e4),
+                "full_attention": dict(
+                    rope_type="proportional", partial_rotary_factor=0.25, rope_theta=1e6
+                ),
+            },
+            rms_norm_eps=1e-6,
+        )
+        if family == "gemma4":
+            return text
+        vision = transformers.Gemma4VisionConfig(
+            hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+            num_key_value_heads=2, head_dim=8, patch_size=4, position_embedding_size=64,
+        )  # fmt: skip
+        return transformers.Gemma4Config(
+            text_config=text.to_dict(),
+            vision_config=vision.to_dict(),
+            audio_config=None,
+            # Rows past the tokenizer: Gemma4Model treats these ids as image tokens (zero
+            # per-layer inputs, bidirectional spans), so no text token may be one.
+            image_token_id=vocab - 1,
+            boi_token_id=vocab - 2,
+            eoi_token_id=vocab - 3,
+        )
+    if family.startswith("gemma3"):
+        text = transformers.Gemma3TextConfig(
+            **{**common, "num_hidden_layers": 4},
+            head_dim=16,
+            query_pre_attn_scalar=24,  # != head_dim, so the scale is really read
+            sliding_window=4,  # < SEQ_LEN, so the local layers differ from global ones
+            # Both layer types, not in Gemma 2's alternation: the pattern is really read.
+            layer_types=["sliding_attention"] * 2 + ["full_attention", "sliding_attention"],
+            rope_parameters={  # a base per layer type; the global one linearly scaled (4B+)
+                "full_attention": dict(rope_type="linear", factor=8.0, rope_theta=1e6),
+                "sliding_attention": dict(rope_type="default", rope_theta=1e4),
+            },
+            rms_norm_eps=1e-6,
+        )
+        if family == "gemma3":
+            return text
+        vision = transformers.SiglipVisionConfig(
+            hidden_size=16,
+            intermediate_size=32,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            image_size=28,
+            patch_size=14,
+        )
+        return transformers.Gemma3Config(
+            text_config=text,
+            vision_config=vision,
+            mm_tokens_per_image=4,
+            image_token_index=ids["eos_token_id"],  # any id in the tiny vocabulary
+            boi_token_index=ids["bos_token_id"],
+            eoi_token_index=ids["bos_token_id"],
+        )
+    return transformers.Gemma2Config(
+        **common,
+        head_dim=16,  # != hidden / heads, as Gemma 2 9B's
+        query_pre_attn_scalar=24,  # != head_dim, so the scale is really read
+        sliding_window=4,  # < SEQ_LEN, so the windowed layer differs from a global one
+        attn_logit_softcapping=2.0,  # small caps so tanh bends the fixture's logits
+        final_logit_softcapping=3.0,
+        rms_norm_eps=1e-6,
+    )
