@@ -38,8 +38,10 @@ class TokenPair:
         """Identity for exact-duplicate removal: same prompt, chosen and rejected text (a
         prompt-only record: same prompt and columns)."""
         text = self.text
-        joined = "\x00".join((text.prompt, text.chosen, text.rejected, text.columns))
-        return hashlib.sha256(joined.encode("utf-8")).digest()
+        parts = (text.prompt, text.chosen, text.rejected)
+        if text.prompt_only:  # the pairs' key is as it was: shards keep their order
+            parts = (*parts, text.columns)
+        return hashlib.sha256("\x00".join(parts).encode("utf-8")).digest()
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
