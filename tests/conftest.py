@@ -101,6 +101,9 @@ def pytest_runtest_logreport(report):
     the workers' reports arrive here too)."""
     name = report.nodeid.split("::")[0].rsplit("/", 1)[-1]
     _measured[name] = _measured.get(name, 0.0) + report.duration
+    _reported.add(report.nodeid)
+    if report.failed:
+        _failed.add(report.nodeid)
     global _last_report
     _last_report = _monotonic()
 
@@ -110,20 +113,41 @@ def pytest_runtest_logreport(report):
 # DSession.loop_once, 2026-12-05): CI's limit, not pytest, ended the run. A watchdog on the
 # controller ends such a run once no test has reported for STALL_SECONDS after a crash,
 # naming why; the longest test takes under 7 minutes.
-STALL_SECONDS = 900
+STALL_SECONDS = int(os.environ.get("ALIGNPIPE_STALL_SECONDS", "900"))
 _monotonic = time.monotonic  # tests monkeypatch time.monotonic; the watchdog keeps its own
 _last_report = _monotonic()
+# The controller's view of the run, for a stalled run's rerun (tests/rerun_crashed.py): every
+# collected test, those that reported, and those that failed.
+_collected: set[str] = set()
+_reported: set[str] = set()
+_failed: set[str] = set()
 # The tests whose worker crashed under them (one node id a line; STALLED when the run was
 # ended by the watchdog): tests/rerun_crashed.py runs them again, alone, when they are the
 # run's only failures. Written as each crash happens, by xdist's controller.
 CRASHED = Path(__file__).resolve().parent.parent / ".pytest_cache" / "alignpipe-crashed"
 STALLED = "STALLED"
+# The run's failures and the tests it never ran (JSON), written by xdist's controller at the
+# end, or by the watchdog when it ends a stalled run.
+RUN_RECORD = CRASHED.with_name("alignpipe-run.json")
+
+
+def _write_run_record() -> None:
+    crashed = set(CRASHED.read_text(encoding="utf-8").split()) if CRASHED.exists() else set()
+    unrun = sorted(_collected - _reported - crashed)
+    RUN_RECORD.parent.mkdir(parents=True, exist_ok=True)
+    RUN_RECORD.write_text(json.dumps({"failed": sorted(_failed), "unrun": unrun}))
 
 
 def pytest_sessionstart(session):
     """The controller (or a plain pytest) starts with no crash recorded."""
     if not hasattr(session.config, "workerinput"):
         CRASHED.unlink(missing_ok=True)
+        RUN_RECORD.unlink(missing_ok=True)
+
+
+def pytest_xdist_node_collection_finished(node, ids):
+    """xdist's controller: what the workers collected (the same on each)."""
+    _collected.update(ids)
 
 
 def pytest_handlecrashitem(crashitem, report, sched):
@@ -143,6 +167,7 @@ def pytest_testnodedown(node, error):
             time.sleep(10)
         with CRASHED.open("a", encoding="utf-8") as handle:
             handle.write(STALLED + "\n")
+        _write_run_record()
         sys.stderr.write(
             f"\nconftest: a test worker crashed ({error}) and no test has reported for "
             f"{STALL_SECONDS} s since: pytest-xdist stopped scheduling; ending the run "
@@ -156,9 +181,13 @@ def pytest_testnodedown(node, error):
 
 def pytest_sessionfinish(session):
     """Record this run's module times over the earlier ones (a partial run updates its own)."""
-    cache = getattr(session.config, "cache", None)
-    if cache is None or not _measured or hasattr(session.config, "workerinput"):
+    if hasattr(session.config, "workerinput"):
         return  # an xdist worker: the controller records
+    if _collected:  # xdist's controller: for tests/rerun_crashed.py
+        _write_run_record()
+    cache = getattr(session.config, "cache", None)
+    if cache is None or not _measured:
+        return
     recorded = {**(cache.get(CACHE_KEY, None) or {}), **_measured}
     cache.set(CACHE_KEY, {name: round(seconds, 1) for name, seconds in sorted(recorded.items())})
 

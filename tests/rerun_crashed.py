@@ -4,8 +4,11 @@ under it (a segfault inside XLA:CPU's compiler, about once a run on 2 cores in
 and exit with their status; otherwise exit 1 (the run's failures stand).
 
 A crashed test is a failure of the process, not of the test: its rerun asserts everything
-the test asserts. Any other failure, or a run the watchdog ended (tests/conftest.py), is
-left as it failed.
+the test asserts. Any other failure is left as it failed. A run the watchdog ended
+(tests/conftest.py: xdist stopped scheduling after the crash) reruns its crashed tests and
+every test it never ran, when the crashed tests were its only failures. The run's failures
+and never-run tests come from the record xdist's controller writes (conftest.RUN_RECORD),
+not pytest's ``lastfailed`` cache, which keeps failures of earlier runs.
 """
 
 from __future__ import annotations
@@ -17,18 +20,29 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 CRASHED = ROOT / ".pytest_cache" / "alignpipe-crashed"
-LAST_FAILED = ROOT / ".pytest_cache" / "v" / "cache" / "lastfailed"
+RUN_RECORD = CRASHED.with_name("alignpipe-run.json")
+
+
+def to_rerun(crashed: list[str], record: dict | None) -> list[str]:
+    """The tests to run again: the crashed ones and those the run never ran, when the
+    crashed tests were its only failures; [] when some other failure stands."""
+    tests = set(crashed) - {"STALLED"}
+    if not tests or record is None or set(record["failed"]) - tests:
+        return []
+    return sorted(tests | set(record["unrun"]))
 
 
 def main() -> int:
     crashed = CRASHED.read_text().split() if CRASHED.exists() else []
-    failed = set(json.loads(LAST_FAILED.read_text())) if LAST_FAILED.exists() else set()
-    if not crashed or "STALLED" in crashed or not failed or not failed <= set(crashed):
+    record = json.loads(RUN_RECORD.read_text()) if RUN_RECORD.exists() else None
+    tests = to_rerun(crashed, record)
+    if not tests:
         return 1
-    print(f"\nrerun_crashed: every failure was a crashed worker's test; running again: {crashed}")
+    print(f"\nrerun_crashed: every failure was a crashed worker's test; running again "
+          f"{len(tests)} tests: {tests[:10]}{' ...' if len(tests) > 10 else ''}")  # fmt: skip
     sys.stdout.flush()
     return subprocess.call([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                            *sorted(set(crashed))], cwd=ROOT)  # fmt: skip
+                            *tests], cwd=ROOT)  # fmt: skip
 
 
 if __name__ == "__main__":
