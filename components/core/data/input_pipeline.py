@@ -391,8 +391,9 @@ def preference_dataset(
     """Preference-pair batches of this host (``batch_size`` is the per-host batch)."""
     if batch_size < 1 or max_len < 2:
         raise ValueError(f"need batch_size >= 1 and max_len >= 2, got {batch_size}, {max_len}")
-    if read_manifest(shards_dir).get("kind") == "prompt_shards":
-        require_pairs(read_manifest(shards_dir), shards_dir, "this")
+    manifest = read_manifest(shards_dir)
+    if manifest.get("kind") == "prompt_shards":  # completions: sft's, checked by its stage
+        require_pairs(manifest, shards_dir, "this")
     files, common, pairs = host_reader(shards_dir, split, host_index, host_count, seed)
     return PreferenceBatches(
         files, batch_size=batch_size, max_len=max_len, shuffle=shuffle, repeat=repeat,

@@ -231,7 +231,7 @@ class ModelConfig:
             raise ValueError(f"ModelConfig.delta_chunk must be >= 1, got {self.delta_chunk}")
         if self.sliding_window is not None:
             raise ValueError("ModelConfig: sliding windows beside linear_attention layers")
-        self.layer_period()  # refuses a pattern that does not repeat
+        # A pattern that does not repeat: refused by layer_kinds.check_kinds, per segment.
 
     @property
     def is_hybrid(self) -> bool:
