@@ -29,9 +29,14 @@ RECORD_FILE = "run.json"
 SCHEMA_VERSION = 1
 LIBRARIES = ("jax", "flax", "optax", "orbax-checkpoint", "kfp", "apache-beam", "transformers")
 # Where a value came from, weakest first: a later source overrides an earlier one.
-SOURCES = ("default", "run preset", "last run", "config", "flag")
+SOURCES = ("default", "task", "run preset", "last run", "config", "flag")
 # Parameters that name inputs: their digests are recorded.
-INPUT_PARAMS = ("data_uri", "base_policy", "reward_base_policy", "tokenizer", "gold_reward")
+INPUT_PARAMS = (
+    "data_uri", "sft_data_uri", "base_policy", "reward_base_policy", "tokenizer", "gold_reward",
+    "reward_functions",
+)  # fmt: skip
+# Parameters whose PATH.py:FUNCTION specs name files (a module or built-in names none).
+FUNCTION_PARAMS = ("gold_reward", "reward_functions")
 
 
 def code_version() -> dict[str, Any]:
@@ -83,9 +88,9 @@ def input_digests(values: dict[str, Any]) -> dict[str, dict[str, str]]:
     found = {}
     for name in INPUT_PARAMS:
         text = str(values.get(name) or "")
-        if name == "gold_reward":  # PATH.py:FUNCTION names a file; a module or built-in not
-            text = text.split(".py:")[0] + ".py" if ".py:" in text else ""
         paths = [p.strip() for p in text.split(",") if p.strip()]
+        if name in FUNCTION_PARAMS:
+            paths = [p.split(".py:")[0] + ".py" for p in paths if ".py:" in p]
         digests = {}
         for path in paths:
             for match in _matches(path):

@@ -251,6 +251,24 @@ def find_sources(data_uri: str) -> list[dict[str, str]]:
     return [{"uri": f, "fingerprint": fingerprint(f)} for f in files]
 
 
+def with_role(sources: list[dict[str, str]], role: str) -> list[dict[str, str]]:
+    """``sources`` marked as data of ``role`` ("sft": the sft stage's own data)."""
+    return [{**source, "role": role} for source in sources]
+
+
+def sources_by_role(sources: list[dict[str, Any]]) -> dict[str, list[str]]:
+    """The sources' uris by role: "" (the run's data) and "sft" (the sft stage's own)."""
+    roles: dict[str, list[str]] = {}
+    for source in sources:
+        roles.setdefault(source.get("role", ""), []).append(source["uri"])
+    return roles
+
+
+def has_shards(folder: str) -> bool:
+    """Whether the shard task wrote shards into ``folder`` (an output left empty has none)."""
+    return fileio.exists(fileio.join(folder, "manifest.json"))
+
+
 def data_tokenizer(sources: list[dict[str, Any]]) -> str:
     """The tokenizer the sources name (the built-in task names its own), else the byte one."""
     named = {source.get("tokenizer") for source in sources}

@@ -20,7 +20,8 @@ from pipelines.targets.vertex import jobs as vertex_jobs
 
 TRAIN_IMAGE = "us-docker.pkg.dev/p/alignpipe/train:1"
 DATA_IMAGE = "us-docker.pkg.dev/p/alignpipe/data:1"
-TRAINING = ("sft", "reward", "ppo", "dpo", "evaluate")
+# ppo-2: the ppo task of the reward-functions branch (no reward model).
+TRAINING = ("sft", "reward", "ppo", "ppo-2", "dpo", "evaluate")
 CPU_TASKS = ("builtin-data", "find-data", "shard", "check-policy", "promote", "plan-run")
 
 
@@ -139,23 +140,45 @@ def test_training_runs_only_on_new_data(vertex):
 
 
 def test_algorithm_dpo_branch_replaces_reward_and_ppo(vertex):
-    """algorithm=dpo runs the dpo task; the else branch holds reward and ppo; one OneOf
-    reference feeds evaluate and promote."""
+    """algorithm=dpo runs the dpo task; the reward-model branch holds reward and ppo, the
+    reward-functions branch (train_reward_model false) a ppo without a reward model; one
+    OneOf reference feeds evaluate and promote."""
     tasks = _tasks(vertex)
     conditions = {t["taskInfo"]["name"]: t.get("triggerPolicy", {}) for t in tasks.values()}
     assert conditions["algorithm-dpo"]["condition"] == (
         "inputs.parameter_values['pipelinechannel--algorithm'] == 'dpo'"
     )
-    assert conditions["algorithm-rl"]["condition"].startswith("!(")
+    trained = "inputs.parameter_values['pipelinechannel--train_reward_model'] == true"
+    assert conditions["reward-model"]["condition"].endswith(f"&& {trained}")
+    assert conditions["reward-functions"]["condition"].endswith(f"&& !({trained})")
     assert list(_branch(vertex, "algorithm-dpo")) == ["dpo"]
-    assert set(_branch(vertex, "algorithm-rl")) == {"reward", "ppo"}
+    assert set(_branch(vertex, "reward-model")) == {"reward", "ppo"}
+    assert set(_branch(vertex, "reward-functions")) == {"ppo-2"}
     dpo_inputs = tasks["dpo"]["inputs"]["parameters"]
     assert dpo_inputs["beta"] == {"componentInputParameter": "pipelinechannel--dpo_beta"}
     policy = tasks["evaluate"]["inputs"]["parameters"]["policy"]["taskOutputParameter"]
-    assert policy["producerTask"] == _group_of(vertex, "ppo")
+    assert policy["producerTask"] == _group_of(vertex, "ppo") == _group_of(vertex, "ppo-2")
     assert tasks["evaluate"]["inputs"]["parameters"]["reward_model"] == {
         "componentInputParameter": "pipelinechannel--eval_reward_model"
     }
+
+
+def test_a_run_without_the_reward_stage_scores_with_its_functions(vertex, gke):
+    """The reward-functions branch's ppo takes no reward model and the functions as
+    parameters, on vertex and gke alike; the sft task reads the run's own sft shards too."""
+    for spec in (vertex, gke[0]):
+        tasks = _tasks(spec)
+        scored = tasks["ppo-2"]["inputs"]
+        assert set(scored["artifacts"]) == {"shards"}
+        assert "reward" in tasks["ppo"]["inputs"]["artifacts"]
+        for name in ("reward_functions", "reward_weights", "reward_timeout", "reward_workers"):
+            assert scored["parameters"][name] == {
+                "componentInputParameter": f"pipelinechannel--{name}"
+            }
+        assert set(tasks["sft"]["inputs"]["artifacts"]) == {"shards", "sft_shards"}
+    compiled = vertex["root"]["inputDefinitions"]["parameters"]
+    assert compiled["train_reward_model"]["defaultValue"] is True
+    assert compiled["reward_functions"]["defaultValue"] == ""
 
 
 def test_reward_gate_stops_the_run_before_ppo(vertex):

@@ -306,7 +306,12 @@ def test_prompt_only_data_is_refused_before_any_task_naming_the_fix(tmp_path):
                             for i in range(8)))  # fmt: skip
     message = _refused({"data_uri": str(data)}, tmp_path / "runs")
     assert message.startswith(f"--data-uri: {data} line 1 is a prompt-only record (prompt)")
-    assert "--base-policy" in message and "python -m components.ppo" in message
+    assert "--train-reward-model false and --reward-functions" in message
+    assert "--base-policy" in message and "--sft-data-uri" in message
     given = {"data_uri": str(data), "base_policy": str(FIXTURES / "qwen3")}
     message = _refused(given, tmp_path / "runs2")
     assert "--base-policy" not in message and "preference pairs" in message
+    scored = {**given, "base_policy": "", "train_reward_model": False, "algorithm": "grpo",
+              "reward_functions": "builtin/exact-match"}  # fmt: skip
+    message = _refused(scored, tmp_path / "runs3")
+    assert "--reward-functions" not in message and "--sft-data-uri" in message

@@ -148,8 +148,10 @@ def stage_main(
     config_cls: type,
     paths: dict[str, str],
     run: Callable[..., dict[str, Any]],
+    optional: tuple[str, ...] = (),
 ) -> int:
     """A stage's container entry: ``--<path>`` flags and one flag per config field → ``run``.
+    The paths named in ``optional`` may be left out ('' then).
 
     ``paths`` maps each path argument of ``run`` (e.g. ``shards_dir``) to its help text;
     its flag is the name without a ``_dir`` suffix (``--shards``), except those spelled as
@@ -162,7 +164,9 @@ def stage_main(
     parser = argparse.ArgumentParser(prog=prog, description=description)
     for name, help_text in paths.items():
         flag = path_flag(name)
-        parser.add_argument(flag, dest=name, required=True, help=help_text)
+        parser.add_argument(
+            flag, dest=name, required=name not in optional, default="", help=help_text
+        )
         if name in PATH_FLAGS:
             add_renamed(parser, "--" + name.removesuffix("_dir").replace("_", "-"), flag)
     add_config_flags(parser, config_cls)

@@ -9,6 +9,7 @@ from components.core.config import TrackingSettings, check_finite
 from components.core.data import builtin_task
 from components.core.data.gold import validate_gold_reward
 from components.core.flags import field
+from components.core.rewards.functions import load_one, parse_specs, parse_weights
 
 # Samples per prompt and policy: each adds a paired comparison per prompt. Measured on a demo
 # run (88 eval prompts, win rate 0.77): the 95% interval is ±0.060 with 1 sample, ±0.044 with
@@ -84,6 +85,27 @@ class EvalConfig(TrackingSettings):
         help="best-of-n baseline: n responses of the reference, the reward model keeps its "
         "best; comma-separated n (1 included), empty or greedy: no baseline",
     )
+    # The verifiable evaluation (verifiable_stage.py): setting reward_functions switches to it.
+    reward_functions: str = field(
+        "",
+        help="reward functions, comma-separated, as the ppo stage's (builtin/exact-match, "
+        "PATH.py:FUNCTION, MODULE:FUNCTION); when set, the evaluation is the verifiable one: "
+        "accuracy and pass@k by the first function (the verifier: full marks, >= 1.0, is "
+        "correct), no reward model; '' = the preference evaluation (win rate)",
+    )
+    reward_weights: str = field(
+        "", help="weights of reward_functions, comma-separated, one each ('' = 1.0 each)"
+    )
+    pass_samples: int = field(
+        8,
+        help="verifiable evaluation: responses sampled per prompt at temperature for pass@k "
+        "(k = 1, 2, 4, ... up to it, and it); 0 = the greedy response alone",
+    )
+    min_accuracy_gain: float = field(
+        0.0,
+        help="verifiable evaluation: blessing requires the lower interval bound of the accuracy "
+        "gain over the reference > this, strictly (0: the policy solves more prompts)",
+    )
 
     def __post_init__(self) -> None:
         TrackingSettings.__post_init__(self)
@@ -130,6 +152,39 @@ class EvalConfig(TrackingSettings):
         except ValueError as error:
             raise ValueError(f"gold_reward: {error}") from None
         self.best_of_n_sizes()  # refuses a malformed list early
+        self._check_verifiable()
+
+    def _check_verifiable(self) -> None:
+        """The verifiable evaluation's fields: specs without loading user code (the stage
+        does), weights that match them, a sample count, a gain threshold a gain can pass."""
+        specs = parse_specs(self.reward_functions)
+        for spec in specs:
+            if spec.startswith("builtin/") or ":" not in spec:
+                try:
+                    load_one(spec)
+                except ValueError as error:
+                    raise ValueError(f"reward_functions: {error}") from None
+        if self.reward_weights.strip() and not specs:
+            raise ValueError(
+                f"reward_weights: {self.reward_weights!r} weighs no reward function; give "
+                "reward_functions too, or leave reward_weights ''"
+            )
+        parse_weights(self.reward_weights, len(specs))  # its messages name reward_weights
+        if self.pass_samples < 0:
+            raise ValueError(
+                f"pass_samples: {self.pass_samples} must be >= 0 (0 = greedy responses only)"
+            )
+        if specs and self.greedy and self.pass_samples:
+            raise ValueError(
+                f"pass_samples: {self.pass_samples} samples per prompt need greedy=False (greedy "
+                "decoding would draw one response that many times); set pass_samples=0 for the "
+                "greedy response alone"
+            )
+        if not -1.0 <= self.min_accuracy_gain < 1.0:
+            raise ValueError(
+                f"min_accuracy_gain: {self.min_accuracy_gain} must be in [-1, 1) (a difference "
+                "of two accuracies that a gain can exceed), e.g. 0.0"
+            )
 
     def best_of_n_sizes(self) -> tuple[int, ...]:
         """The best-of-n sizes, ascending, or () when the baseline is off (empty or greedy)."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import math
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -25,6 +26,8 @@ PPO_KL_TARGET_KEY = "objective/kl_target"
 TARGET_COLOR = "#2ca02c"
 # The band the controller is held to after its warm-up: each rollout's KL within ±50%.
 TARGET_BAND = 0.5
+# A reward function's mean per rollout, as the ppo stage logs it (TRL's name).
+REWARD_FUNCTION_KEY = re.compile(r"rewards/[^/]+/mean")
 
 
 def _png(figure: Figure) -> bytes:
@@ -207,4 +210,37 @@ def best_of_n_frontier(
     axes.set_title(f"{metric} against KL: aligned policy and best-of-n")
     axes.grid(alpha=0.3)
     axes.legend(fontsize="small")
+    return _png(figure)
+
+
+def reward_function_curves(
+    rows: Sequence[Mapping[str, Any]] | None, *, verifier: str | None = None
+) -> bytes | None:
+    """Each reward function's mean per rollout (``rewards/<name>/mean``, TRL's tag) over
+    training steps; the ``verifier``'s (full marks = correct, 0 otherwise: exact-match) is
+    the share of the rollout's samples answered correctly, and is labelled so."""
+    if not rows:
+        return None
+    names = sorted(
+        {key.split("/")[1] for row in rows for key in row if REWARD_FUNCTION_KEY.fullmatch(key)}
+    )
+    figure = Figure(figsize=(6, 3.2))
+    axes = figure.subplots()
+    drawn = False
+    for name in names:
+        steps, values = series(rows, f"rewards/{name}/mean")
+        if values:
+            label = f"{name}: sampled accuracy" if name == verifier else name
+            axes.plot(steps, values, marker="." if len(values) < 30 else None, label=label)
+            drawn = True
+    if not drawn:
+        return None
+    axes.set_xlabel("step")
+    axes.set_ylabel("mean over the rollout's responses")
+    axes.grid(alpha=0.3)
+    axes.legend(fontsize="small")
+    title = "mean reward per rollout, by function"
+    if names == [verifier]:
+        title = f"sampled accuracy per rollout ({verifier})"
+    axes.set_title(title)
     return _png(figure)

@@ -41,7 +41,7 @@ from components.core.data.gold import GoldReward, is_builtin, resolve_gold_rewar
 from components.core.data.input_pipeline import (
     DataError,
     check_vocab,
-    longest_lengths,
+    longest_response,
     read_manifest,
 )
 from components.core.data.tokenizers import Tokenizer, load_tokenizer
@@ -54,7 +54,7 @@ from components.core.model.artifact import (
 )
 from components.core.training.checkpoint import read_model_config
 from components.core.training.distributed import maybe_initialize
-from components.evaluate import anchor, generation, run_info
+from components.evaluate import anchor, generation, run_info, verifiable_stage
 from components.evaluate.config import EvalConfig
 from components.evaluate.gate import Gate, decide
 from components.evaluate.measures import (
@@ -427,7 +427,18 @@ def run(
     rate and gold gain against it; '' = the reference); ``past``: earlier promotions' drift
     rows (``anchor.drift_row``) for the report's drift table. ``run_id``: the pipeline run's,
     for the report's header (``summary["run"]``, run_info.py).
+
+    With ``config.reward_functions`` the evaluation is the verifiable one instead
+    (verifiable_stage.py: accuracy and pass@k by the first reward function); ``reward_dir``,
+    ``anchor_dir`` and ``past`` are then not used.
     """
+    if config.reward_functions:
+        for name, given in (("reward_dir", reward_dir), ("anchor_dir", anchor_dir)):
+            if given:
+                log.info("%s %s is not used: reward functions judge the evaluation", name, given)
+        return verifiable_stage.run(
+            config, shards_dir, policy_dir, reference_dir, output, run_id=run_id
+        )
     maybe_initialize()
     dirs = model_dirs(policy_dir, reference_dir, reward_dir, anchor_dir)
     # Checked before any model loads: an output that cannot be written fails now, not after
@@ -441,7 +452,8 @@ def run(
     inputs = check_inputs(config, shards_dir, loaded)
     fileio.makedirs(output)
     if not config.max_new_tokens:
-        config = dataclasses.replace(config, max_new_tokens=longest_lengths(inputs.manifest)[1])
+        longest = longest_response(inputs.manifest, shards_dir, "evaluate")
+        config = dataclasses.replace(config, max_new_tokens=longest)
     tokenizer = load_tokenizer(fileio.join(shards_dir, "tokenizer"))
     measured = measure(
         config, shards_dir, inputs.manifest, load_models(loaded, config.seed, sharded=config.fsdp),

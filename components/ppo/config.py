@@ -37,6 +37,7 @@ from components.core.config import (
     learning_rate_field,
 )
 from components.core.flags import field
+from components.core.rewards.functions import check_reward_settings
 
 if TYPE_CHECKING:
     from components.core.training.optim import OptimConfig
@@ -236,6 +237,27 @@ class PPOConfig(
         "prompts; 0 = none",
     )
     whiten_rewards: bool = field(False, help="whiten per-token rewards before the GAE")
+    reward_functions: str = field(
+        "",
+        help="reward functions scoring each rollout on the host, comma-separated (TRL's "
+        "reward_funcs): builtin/exact-match, builtin/think-format, builtin/length-penalty, "
+        "PATH.py:FUNCTION (local or gs://) or MODULE:FUNCTION, each (prompts, completions, "
+        "**columns) -> list[float | None]; summed with the reward model's normalized score, "
+        "or alone when the stage gets no reward model; '' = the reward model alone",
+    )
+    reward_weights: str = field(
+        "", help="weights of reward_functions, comma-separated, one each ('' = 1.0 each)"
+    )
+    reward_timeout: float = field(
+        60.0,
+        help="reward_workers > 0: seconds one call of a reward function may take on its "
+        "share of a rollout before the stage fails naming it",
+    )
+    reward_workers: int = field(
+        0,
+        help="processes the reward functions run in (each call split over them, with "
+        "reward_timeout); 0 = in the stage's own process, no timeout",
+    )
     # Counted in iterations, and a guard restoration loses what followed the last save.
     save_every: int = group_field(CheckpointSettings, "save_every", 5)
 
@@ -325,6 +347,9 @@ class PPOConfig(
                 f"scale_rewards: {self.scale_rewards!r} applies to algorithm grpo only; with "
                 f"{self.algorithm} leave it at auto"
             )
+        check_reward_settings(
+            self.reward_functions, self.reward_weights, self.reward_timeout, self.reward_workers
+        )
         if self.kl_horizon < 0:
             raise ValueError(f"kl_horizon: {self.kl_horizon} must be >= 0 (0 = sized to the run)")
         if 0 < self.kl_horizon < self.rollout_batch_size:

@@ -31,6 +31,7 @@ import jax
 import numpy as np
 
 from components.core import fileio
+from components.core.data.prompts import TEXT_KEYS
 from components.core.model import lora
 from components.core.training import parallel
 from components.core.training.checkpoint import (
@@ -42,13 +43,22 @@ from components.core.training.metrics import MetricsLogger
 from components.core.training.optim import make_schedule
 from components.ppo.config import STATUS_COMPLETED, STATUS_STOPPED_KL_GUARD, PPOConfig
 from components.ppo.guard import KL_METRIC, GuardState, KLGuard
+from components.ppo.host_rewards import HostRewards
 from components.ppo.kl_control import (
     KLControllerState,
     init_kl_controller,
     raise_kl_coef,
     resume_kl_controller,
 )
-from components.ppo.rollout import Frozen, Models, RolloutParams, ScoreNorm, TokenIds, make_rollout
+from components.ppo.rollout import (
+    Frozen,
+    Models,
+    RolloutParams,
+    ScoreNorm,
+    TokenIds,
+    make_rollout,
+    make_rollout_phases,
+)
 from components.ppo.score_norm import SCORE_NORM_KEY
 from components.ppo.update import PPOState, make_ema_update, make_update
 
@@ -65,7 +75,7 @@ class Networks:
     models: Models
     policy: PyTree
     critic: PyTree | None  # None for grpo and rloo
-    reward: PyTree
+    reward: PyTree | None  # None: reward functions alone
     ids: TokenIds
     norm: ScoreNorm
     frozen: Frozen | None = None  # LoRA: the bases (policy, critic and reward hold the rest)
@@ -99,13 +109,15 @@ _PHASES_KEPT = 4
 
 
 def compiled_phases(config: PPOConfig, nets: Networks) -> tuple[Any, Any, Any]:
-    """The pmapped rollout, update and EMA functions of this configuration (cached)."""
+    """The pmapped rollout, update and EMA functions of this configuration (cached). With
+    reward functions the rollout is two programs (rollout.RolloutPhases), scored between."""
     key = (nets.models, dataclasses.astuple(config), nets.ids, nets.norm)
     if key not in _PHASES:
         if len(_PHASES) >= _PHASES_KEPT:
             _PHASES.pop(next(iter(_PHASES)))
         ema = make_ema_update(config.ref_ema_decay) if config.ref_ema_decay else None
-        rollout = make_rollout(nets.models, config, nets.ids, nets.norm)
+        make = make_rollout_phases if config.reward_functions else make_rollout
+        rollout = make(nets.models, config, nets.ids, nets.norm)
         _PHASES[key] = (rollout, make_update(nets.models, config), ema)
     return _PHASES[key]
 
@@ -144,10 +156,15 @@ class PPOLoop:
         prompts: Any,
         output: str,
         checkpointer: TrainCheckpointer | None = None,
+        host_rewards: HostRewards | None = None,
     ) -> None:
         """``checkpointer``: ``ppo_checkpointer``'s (built before the networks, whose score
-        statistics a checkpoint holds), or None for one without input fingerprints."""
+        statistics a checkpoint holds), or None for one without input fingerprints;
+        ``host_rewards``: the reward functions' scorer, when ``config.reward_functions``."""
+        if bool(config.reward_functions) != (host_rewards is not None):
+            raise ValueError("reward_functions and host_rewards go together")
         self.config, self.nets, self.prompts, self.output = config, nets, prompts, output
+        self.host_rewards = host_rewards
         self.rollout, self.update, self.ema = compiled_phases(config, nets)
         self.checkpointer = checkpointer or ppo_checkpointer(config, output)
         self.guard = KLGuard(
@@ -289,10 +306,34 @@ class PPOLoop:
             # Each prompt's group side by side: a device holds whole groups (config checks).
             size = self.config.group_size
             prompts = {name: np.repeat(rows, size, axis=0) for name, rows in prompts.items()}
+        texts = {name: prompts.pop(name) for name in TEXT_KEYS if name in prompts}
         prompts = parallel.shard_batch(prompts)
-        batch, metrics, controller = self.rollout(params, prompts, self._rng(0), self.controller)
-        metrics = host_floats(metrics)  # waits for the devices
+        if self.host_rewards is None:
+            batch, metrics, controller = self.rollout(
+                params, prompts, self._rng(0), self.controller
+            )
+            metrics = host_floats(metrics)  # waits for the devices
+        else:
+            batch, metrics, controller = self._scored_rollout(params, prompts, texts)
         return batch, metrics, parallel.unreplicate(controller), time.perf_counter() - start
+
+    def _scored_rollout(
+        self, params: RolloutParams, prompts: dict, texts: dict[str, np.ndarray]
+    ) -> tuple[dict, dict[str, float], KLControllerState]:
+        """Sample on the devices, score this host's rows with the reward functions, finish
+        on the devices (rollout.RolloutPhases); the functions' metrics join the rollout's."""
+        batch, extra, controller = self.rollout.sample(
+            params, prompts, self._rng(0), self.controller
+        )
+        tokens = np.asarray(batch["response_tokens"])  # waits for the devices
+        shape = tokens.shape[:2]
+        mask = np.asarray(batch["response_mask"]).reshape(-1, tokens.shape[-1])
+        rewards = self.host_rewards(texts, tokens.reshape(-1, tokens.shape[-1]), mask)
+        functions = rewards.total.astype(np.float32).reshape(shape)  # [devices, rows]
+        observed = parallel.unreplicate(controller)  # its coefficient weighs this rollout
+        batch, metrics = self.rollout.finish(batch, extra, functions, observed)
+        metrics = {**host_floats(metrics), **rewards.metrics(self.host_rewards.functions)}
+        return batch, metrics, controller
 
     def _update(self, batch: dict) -> tuple[dict[str, float], float]:
         """All PPO epochs on ``batch``; returns metrics and seconds."""

@@ -37,7 +37,7 @@ class Models(NamedTuple):
 
     policy: nnx.GraphDef
     critic: nnx.GraphDef
-    reward: nnx.GraphDef
+    reward: nnx.GraphDef | None  # None: reward functions alone score the rollouts
 
 
 class Frozen(NamedTuple):
@@ -71,7 +71,7 @@ class RolloutParams(NamedTuple):
             policy=lora.join(self.policy, policy),
             reference=lora.join(self.reference, policy),
             critic=None if self.critic is None else lora.join(self.critic, shared),
-            reward=lora.join(self.reward, shared),
+            reward=None if self.reward is None else lora.join(self.reward, shared),
         )
 
 
@@ -205,12 +205,137 @@ def _group_advantages(
 def _score(
     models: Models, params: RolloutParams, batch: dict, config: PPOConfig, after: jax.Array
 ) -> tuple[jax.Array | None, jax.Array]:
-    """Critic values (None without a critic) and raw reward-model scores, one net at a time."""
+    """Critic values (None without a critic) and raw reward-model scores (zeros without a
+    reward model: reward functions alone), one net at a time."""
+    values = None
+    if not config.uses_groups:
+        values = scoring.response_values(models.critic, fsdp.after(params.critic, after), batch)
+        after = values
+    if models.reward is None:
+        return values, jnp.zeros(batch["response_tokens"].shape[0], jnp.float32)
+    return values, scoring.sequence_scores(models.reward, fsdp.after(params.reward, after), batch)
+
+
+def sample_step(
+    models: Models,
+    params: RolloutParams,
+    prompts: dict[str, jax.Array],
+    rng: jax.Array,
+    controller: KLControllerState,
+    *,
+    config: PPOConfig,
+    ids: TokenIds,
+) -> tuple[dict[str, jax.Array], dict[str, jax.Array], KLControllerState]:
+    """The device half of a rollout before any host scoring: one device's sampled batch, what
+    the networks say of it (log-probs of policy and reference, KL, values, reward-model
+    scores) and the KL controller after it observed this rollout's KL.
+
+    The coefficient the controller sets from this rollout's KL weighs this rollout's penalty.
+    TRL and OpenRLHF weigh it with the coefficient of the rollout before and update the
+    controller after the step: a delay of one iteration in the loop, which on the demo kept
+    the KL swinging ±40% around its target with a period of about 10 iterations.
+    """
+    rng = jax.random.fold_in(rng, lax.axis_index(AXIS))
+    params = params.joined()
+    batch = _sample(models, params, prompts, rng, config, ids)
+    mask = batch["response_mask"]
+    # One network's pass at a time: under fsdp each pass gathers its network only once the
+    # previous pass is done (the two output heads are then whole together in the tiles).
+    policy = fsdp.after(params.policy, batch["response_tokens"])
+    # Both networks' log-probs and the KL of their whole next-token distributions (the
+    # controller's and the guard's measure), a tile of logits at a time (vocab_tiles).
+    stats = scoring.response_stats(
+        models.policy, policy, batch, config.temperature, reference=params.reference
+    )
+    exact_kl = losses.masked_mean(stats.kl, mask, axis_name=AXIS)
+    controller = update_kl_controller(controller, exact_kl, config.rollout_batch_size)
+    values, raw_scores = _score(models, params, batch, config, stats.ref_logprobs)
+    has_eos = jnp.any(is_stop(batch["response_tokens"], ids.eos_id) & (mask != 0), axis=1)
+    extra = dict(
+        logprobs=stats.logprobs, ref_logprobs=stats.ref_logprobs, raw_scores=raw_scores,
+        has_eos=has_eos, exact_kl=exact_kl,
+    )  # fmt: skip
+    if values is not None:
+        extra["values"] = values
+    return batch, extra, controller
+
+
+def combine_scores(
+    raw_scores: jax.Array,
+    has_eos: jax.Array,
+    norm: ScoreNorm,
+    functions: jax.Array | None,
+    *,
+    reward_model: bool,
+) -> tuple[jax.Array, jax.Array]:
+    """Each response's score [B] and whether anything judged it [B].
+
+    The reward model's normalized score (``normalize_scores``; without a reward model, only
+    the missing-EOS penalty) plus the reward functions' weighted total (``functions``, NaN
+    where no function judged a response), used as the functions return it, as TRL does.
+    A response no function judged and no reward model scored is unscorable.
+    """
+    if reward_model:
+        scores = normalize_scores(raw_scores, has_eos, norm)
+    else:
+        scores = -norm.missing_eos_penalty * (~has_eos).astype(jnp.float32)
+    if functions is None:
+        return scores, jnp.ones_like(has_eos)
+    judged = ~jnp.isnan(functions)
+    scores = scores + jnp.where(judged, functions, 0.0)
+    return scores, judged | reward_model
+
+
+def _fill_unscorable(scores: jax.Array, scorable: jax.Array, group_size: int) -> jax.Array:
+    """Each unscorable score replaced by its group's mean over the scorable ones (0 when
+    none is): it then moves neither its group's baseline nor, much, its spread."""
+    grouped = scores.reshape(-1, group_size)
+    ok = scorable.reshape(-1, group_size)
+    count = jnp.maximum(jnp.sum(ok, axis=1, keepdims=True), 1)
+    mean = jnp.sum(jnp.where(ok, grouped, 0.0), axis=1, keepdims=True) / count
+    return jnp.where(ok, grouped, mean).reshape(-1)
+
+
+def finish_step(
+    batch: dict[str, jax.Array],
+    extra: dict[str, jax.Array],
+    functions: jax.Array | None,
+    controller: KLControllerState,
+    *,
+    config: PPOConfig,
+    norm: ScoreNorm,
+    reward_model: bool = True,
+) -> tuple[dict[str, jax.Array], dict[str, jax.Array]]:
+    """The rest of a rollout: scores (``combine_scores``, ``functions`` the host's reward
+    functions' totals or None), the KL penalty weighed by the controller's coefficient,
+    advantages (GAE, or the groups'; zero for an unscorable response: no learning signal,
+    TRL's convention) and the global metrics."""
+    mask = batch["response_mask"]
+    real = mask != 0
+    logprobs, ref_logprobs = extra["logprobs"], extra["ref_logprobs"]
+    scores, scorable = combine_scores(
+        extra["raw_scores"], extra["has_eos"], norm, functions, reward_model=reward_model
+    )
+    kl = losses.kl_penalty(logprobs, ref_logprobs, mask, config.kl_estimator)
+    kl_coef = controller.kl_coef
+    out = dict(scores=scores, raw_scores=extra["raw_scores"], has_eos=extra["has_eos"],
+               exact_kl=extra["exact_kl"])  # fmt: skip
     if config.uses_groups:
-        return None, scoring.sequence_scores(models.reward, fsdp.after(params.reward, after), batch)
-    values = scoring.response_values(models.critic, fsdp.after(params.critic, after), batch)
-    raw = scoring.sequence_scores(models.reward, fsdp.after(params.reward, values), batch)
-    return values, raw
+        filled = _fill_unscorable(scores, scorable, config.group_size)
+        advantages, out["non_score"], out["group_std"] = _group_advantages(
+            filled, kl, mask, kl_coef, config
+        )
+        batch.update(ref_logprobs=jnp.where(real, ref_logprobs, 0.0))
+    else:
+        values = extra["values"]
+        rewards, out["non_score"] = losses.token_rewards(scores, kl, mask, kl_coef)
+        advantages, returns = _advantages(rewards, values, mask, config)
+        out["values"] = values
+        batch.update(values=jnp.where(real, values, 0.0), returns=returns)
+    advantages = jnp.where(scorable[:, None], advantages, 0.0)
+    metrics = _metrics(batch, kl, logprobs, out)
+    batch.update(logprobs=jnp.where(real, logprobs, 0.0), advantages=advantages)
+    return batch, metrics
 
 
 def rollout_step(
@@ -225,47 +350,12 @@ def rollout_step(
     norm: ScoreNorm,
 ) -> tuple[dict[str, jax.Array], dict[str, jax.Array], KLControllerState]:
     """One device's rollout batch for the update, the global rollout metrics, and the KL
-    controller after it observed this rollout's KL.
-
-    The coefficient the controller sets from this rollout's KL weighs this rollout's penalty.
-    TRL and OpenRLHF weigh it with the coefficient of the rollout before and update the
-    controller after the step: a delay of one iteration in the loop, which on the demo kept
-    the KL swinging ±40% around its target with a period of about 10 iterations.
-    """
-    rng = jax.random.fold_in(rng, lax.axis_index(AXIS))
-    params = params.joined()
-    batch = _sample(models, params, prompts, rng, config, ids)
-    mask = batch["response_mask"]
-    real = mask != 0
-    # One network's pass at a time: under fsdp each pass gathers its network only once the
-    # previous pass is done (the two output heads are then whole together in the tiles).
-    policy = fsdp.after(params.policy, batch["response_tokens"])
-    # Both networks' log-probs and the KL of their whole next-token distributions (the
-    # controller's and the guard's measure), a tile of logits at a time (vocab_tiles).
-    stats = scoring.response_stats(
-        models.policy, policy, batch, config.temperature, reference=params.reference
+    controller after it observed this rollout's KL, scored by the reward model alone
+    (:func:`sample_step`, then :func:`finish_step`, in one program)."""
+    batch, extra, controller = sample_step(
+        models, params, prompts, rng, controller, config=config, ids=ids
     )
-    logprobs, ref_logprobs = stats.logprobs, stats.ref_logprobs
-    exact_kl = losses.masked_mean(stats.kl, mask, axis_name=AXIS)
-    controller = update_kl_controller(controller, exact_kl, config.rollout_batch_size)
-    kl_coef = controller.kl_coef
-    values, raw_scores = _score(models, params, batch, config, ref_logprobs)
-    has_eos = jnp.any(is_stop(batch["response_tokens"], ids.eos_id) & real, axis=1)
-    scores = normalize_scores(raw_scores, has_eos, norm)
-    kl = losses.kl_penalty(logprobs, ref_logprobs, mask, config.kl_estimator)
-    extra = dict(scores=scores, raw_scores=raw_scores, has_eos=has_eos, exact_kl=exact_kl)
-    if config.uses_groups:
-        advantages, extra["non_score"], extra["group_std"] = _group_advantages(
-            scores, kl, mask, kl_coef, config
-        )
-        batch.update(ref_logprobs=jnp.where(real, ref_logprobs, 0.0))
-    else:
-        rewards, extra["non_score"] = losses.token_rewards(scores, kl, mask, kl_coef)
-        advantages, returns = _advantages(rewards, values, mask, config)
-        extra["values"] = values
-        batch.update(values=jnp.where(real, values, 0.0), returns=returns)
-    metrics = _metrics(batch, kl, logprobs, extra)
-    batch.update(logprobs=jnp.where(real, logprobs, 0.0), advantages=advantages)
+    batch, metrics = finish_step(batch, extra, None, controller, config=config, norm=norm)
     return batch, metrics, controller
 
 
@@ -286,3 +376,33 @@ def make_rollout(
         )
 
     return jax.pmap(step, axis_name=AXIS, in_axes=(0, 0, None, None))
+
+
+class RolloutPhases(NamedTuple):
+    """A rollout in two pmapped programs, for reward functions scored on the host between
+    them: ``sample(params, prompts, rng, controller) -> (batch, extra, controller)`` and
+    ``finish(batch, extra, functions, controller) -> (batch, metrics)``."""
+
+    sample: Callable[..., tuple[dict, dict, KLControllerState]]
+    finish: Callable[..., tuple[dict, dict]]
+
+
+def make_rollout_phases(
+    models: Models, config: PPOConfig, ids: TokenIds, norm: ScoreNorm
+) -> RolloutPhases:
+    """:class:`RolloutPhases` of this configuration (no reward model when ``models.reward``
+    is None). ``functions`` carries a leading device axis like the batch."""
+
+    def sample(params: RolloutParams, prompts: dict, rng: jax.Array, controller):
+        return sample_step(models, params, prompts, rng, controller, config=config, ids=ids)
+
+    def finish(batch: dict, extra: dict, functions: jax.Array, controller):
+        return finish_step(
+            batch, extra, functions, controller, config=config, norm=norm,
+            reward_model=models.reward is not None,
+        )  # fmt: skip
+
+    return RolloutPhases(
+        jax.pmap(sample, axis_name=AXIS, in_axes=(0, 0, None, None)),
+        jax.pmap(finish, axis_name=AXIS, in_axes=(0, 0, 0, None)),
+    )

@@ -21,8 +21,14 @@ import jax
 from flax import nnx
 
 from components.core import fileio
-from components.core.data.input_pipeline import check_vocab, longest_lengths, read_manifest
+from components.core.data.input_pipeline import (
+    check_vocab,
+    longest_lengths,
+    longest_response,
+    read_manifest,
+)
 from components.core.data.prompts import prompt_dataset
+from components.core.data.tokenizers import load_tokenizer
 from components.core.model import lora
 from components.core.model.artifact import (
     ModelMismatchError,
@@ -34,11 +40,15 @@ from components.core.model.artifact import (
     save_model,
     with_adapters,
 )
+from components.core.rewards.completions import is_conversational
+from components.core.rewards.functions import load_reward_functions
+from components.core.rewards.scoring import RewardScorer
 from components.core.training.distributed import is_primary, maybe_initialize
 from components.core.training.trainer import StreamBatches
 from components.hf.importer import remove_import, resolve_base
 from components.ppo.config import STATUS_STOPPED_KL_GUARD, PPOConfig
 from components.ppo.gold import mean_gold_reward
+from components.ppo.host_rewards import HostRewards
 from components.ppo.loop import Networks, PPOLoop, ppo_checkpointer
 from components.ppo.rollout import Frozen, Models, ScoreNorm, TokenIds
 from components.ppo.score_norm import policy_score_stats, saved_score_stats
@@ -100,12 +110,84 @@ def build_networks(
     as ``config.score_norm`` says, on train prompts of ``shards_dir``; without one (shape
     measurements) the reward stage's statistics stand in. ``score_stats`` (a resumed run's,
     from its checkpoint) are taken as they are, and nothing is sampled for them.
+
+    ``reward_dir`` '' (reward functions alone): no reward model; ppo's critic starts from the
+    policy with a fresh head, and scores are the functions' rewards as they return them.
     """
     policy, policy_info = _load(policy_dir, manifest, config, scalar_head=False)
     require_policy(
         policy_info, policy_dir, "--policy", " (the reward model goes as --reward-model)"
     )
     policy = with_adapters(policy, config, config.seed)
+    tokenizer = manifest["tokenizer"]
+    ids = TokenIds(
+        eos_id=tuple(int(i) for i in tokenizer.get("stop_ids") or [tokenizer["eos_id"]]),
+        pad_id=int(tokenizer["pad_id"]),
+        vocab_size=int(tokenizer["vocab_size"]),
+    )
+    reward, stats = None, {"mean": 0.0, "std": 1.0}  # reward functions alone: scores as given
+    if reward_dir:
+        reward, stats = _reward_model(
+            config, manifest, policy, reward_dir, ids,
+            shards_dir=shards_dir, score_stats=score_stats,
+        )  # fmt: skip
+    policy_graph, policy_params = nnx.split(policy, nnx.Param)
+    reward_graph, reward_params = None, None
+    if reward is not None:
+        reward_graph, reward_params = nnx.split(reward, nnx.Param)
+    critic_graph, critic_params = reward_graph, None  # grpo and rloo: no critic
+    if not config.uses_groups:
+        # From the reward model, else (reward functions alone) the policy with a fresh head.
+        critic, _ = _load(reward_dir or policy_dir, manifest, config, scalar_head=True)
+        # The critic's own seed: its adapters' A differs from the policy's.
+        critic = with_adapters(critic, config, config.seed + 1)
+        fold_normalization(critic, stats["mean"], stats["std"])
+        critic_graph, critic_params = nnx.split(critic, nnx.Param)
+    policy_params, policy_base = lora.split(policy_params, policy.config)
+    frozen = None
+    if policy_base is not None:
+        # The reward model keeps its head; its base, one copy in the compute dtype, is the
+        # critic's too (the reward artifact with fresh adapters holds the very same weights).
+        # Without a reward model the critic's base is its own (the policy's weights).
+        dtype = policy.config.compute_dtype
+        shared = None
+        if reward_params is not None:
+            reward_params, shared = lora.freeze(reward_params, dtype)
+        if critic_params is not None and shared is None:
+            critic_params, shared = lora.freeze(critic_params, dtype)
+        elif critic_params is not None:
+            critic_params = nnx.filter_state(critic_params, lora.TRAINABLE)
+        frozen = Frozen(jax.device_get(policy_base), jax.device_get(shared))
+    nets = Networks(
+        models=Models(policy_graph, critic_graph, reward_graph),
+        policy=jax.device_get(policy_params),
+        critic=None if critic_params is None else jax.device_get(critic_params),
+        reward=None if reward_params is None else jax.device_get(reward_params),
+        ids=ids,
+        norm=ScoreNorm(
+            stats["mean"],
+            stats["std"],
+            config.missing_eos_penalty,
+            config.reward_clip,
+            quantiles=tuple(stats.get("quantiles", ())) if config.score_norm == "quantile" else (),
+        ),  # fmt: skip
+        frozen=frozen,
+    )
+    return policy, nets
+
+
+def _reward_model(
+    config: PPOConfig,
+    manifest: dict,
+    policy: nnx.Module,
+    reward_dir: str,
+    ids: TokenIds,
+    *,
+    shards_dir: str,
+    score_stats: dict[str, float] | None,
+) -> tuple[nnx.Module, dict[str, Any]]:
+    """The reward model (adapters merged) and the statistics its scores are normalized by
+    (:func:`build_networks` says which)."""
     reward, reward_info = _load(reward_dir, manifest, config, scalar_head=None)
     if reward.scalar_head is None:
         raise ModelMismatchError(
@@ -113,12 +195,6 @@ def build_networks(
             "pass the output of the reward stage as --reward-model"
         )
     reward = lora.merge(reward)
-    tokenizer = manifest["tokenizer"]
-    ids = TokenIds(
-        eos_id=tuple(int(i) for i in tokenizer.get("stop_ids") or [tokenizer["eos_id"]]),
-        pad_id=int(tokenizer["pad_id"]),
-        vocab_size=int(tokenizer["vocab_size"]),
-    )
     stats = score_stats or read_reward_stats(reward_dir, reward_info)
     if score_stats is not None:
         log.info(
@@ -139,40 +215,7 @@ def build_networks(
             "mean %.4g, std %.4g (the data's chosen and rejected responses: %.4g, %.4g)",
             stats["samples"], stats["mean"], stats["std"], data_stats["mean"], data_stats["std"],
         )  # fmt: skip
-    policy_graph, policy_params = nnx.split(policy, nnx.Param)
-    reward_graph, reward_params = nnx.split(reward, nnx.Param)
-    critic_graph, critic_params = reward_graph, None  # grpo and rloo: no critic
-    if not config.uses_groups:
-        critic, _ = _load(reward_dir, manifest, config, scalar_head=True)
-        # The critic's own seed: its adapters' A differs from the policy's.
-        critic = with_adapters(critic, config, config.seed + 1)
-        fold_normalization(critic, stats["mean"], stats["std"])
-        critic_graph, critic_params = nnx.split(critic, nnx.Param)
-    policy_params, policy_base = lora.split(policy_params, policy.config)
-    frozen = None
-    if policy_base is not None:
-        # The reward model keeps its head; its base, one copy in the compute dtype, is the
-        # critic's too (the reward artifact with fresh adapters holds the very same weights).
-        reward_params, shared = lora.freeze(reward_params, reward.config.compute_dtype)
-        frozen = Frozen(jax.device_get(policy_base), jax.device_get(shared))
-        if critic_params is not None:
-            critic_params = nnx.filter_state(critic_params, lora.TRAINABLE)
-    nets = Networks(
-        models=Models(policy_graph, critic_graph, reward_graph),
-        policy=jax.device_get(policy_params),
-        critic=None if critic_params is None else jax.device_get(critic_params),
-        reward=jax.device_get(reward_params),
-        ids=ids,
-        norm=ScoreNorm(
-            stats["mean"],
-            stats["std"],
-            config.missing_eos_penalty,
-            config.reward_clip,
-            quantiles=tuple(stats.get("quantiles", ())) if config.score_norm == "quantile" else (),
-        ),  # fmt: skip
-        frozen=frozen,
-    )
-    return policy, nets
+    return reward, stats
 
 
 def known_gold_rewards() -> set[str]:
@@ -219,7 +262,8 @@ def _gold_figures(before: dict | None, after: dict | None) -> dict[str, Any]:
 
 
 def prompt_streams(config: PPOConfig, shards_dir: str) -> StreamBatches:
-    """This host's train prompts: one batch from each of its streams per iteration."""
+    """This host's train prompts: one batch from each of its streams per iteration (with
+    their texts and columns when reward functions score the rollouts)."""
     own, per_stream, count = config.prompt_streams()
     readers = [
         prompt_dataset(
@@ -233,17 +277,36 @@ def prompt_streams(config: PPOConfig, shards_dir: str) -> StreamBatches:
             shuffle=True,
             repeat=True,
             holdout=config.validation_fraction,
+            with_text=bool(config.reward_functions),
         )
         for stream in own
     ]
     return StreamBatches(readers)
 
 
+def host_rewards(config: PPOConfig, shards_dir: str, manifest: dict) -> HostRewards | None:
+    """The reward functions' scorer of the rollouts (None without reward functions)."""
+    if not config.reward_functions:
+        return None
+    functions = load_reward_functions(config.reward_functions, config.reward_weights)
+    scorer = RewardScorer(functions, workers=config.reward_workers, timeout=config.reward_timeout)
+    return HostRewards(
+        scorer, load_tokenizer(fileio.join(shards_dir, "tokenizer")),
+        conversational=is_conversational(manifest), max_new_tokens=config.max_new_tokens,
+    )  # fmt: skip
+
+
 def run(
     config: PPOConfig, shards_dir: str, policy_dir: str, reward_dir: str, output: str
 ) -> dict[str, float]:
-    """Align ``policy_dir`` against ``reward_dir`` on ``shards_dir``'s prompts into ``output``."""
+    """Align ``policy_dir`` against ``reward_dir`` (and/or ``config.reward_functions``; ''
+    = none) on ``shards_dir``'s prompts into ``output``."""
     maybe_initialize()
+    if not reward_dir and not config.reward_functions:
+        raise ValueError(
+            "ppo: nothing scores the rollouts: pass the reward stage's output as "
+            "--reward-model, or reward functions as --reward-functions (or both)"
+        )
     manifest = read_manifest(shards_dir)
     if config.validation_fraction > 0 and manifest.get("gold_reward") not in known_gold_rewards():
         raise ValueError(
@@ -251,7 +314,7 @@ def run(
             f"{shards_dir} names no gold reward this release knows, so nothing would be "
             "measured on them; set it to 0, or shard data that names a gold reward"
         )
-    prompt_max, response_max = longest_lengths(manifest)
+    prompt_max = longest_lengths(manifest)[0]
     pretrained = is_pretrained(policy_dir)
     given_policy = policy_dir  # fingerprinted as given: an HF folder's import is redone
     # A Hugging Face folder is imported once into the task's work folder.
@@ -259,7 +322,7 @@ def run(
     config = dataclasses.replace(
         config.resolved(pretrained=pretrained),
         prompt_len=config.prompt_len or prompt_max,
-        max_new_tokens=config.max_new_tokens or response_max,
+        max_new_tokens=config.max_new_tokens or longest_response(manifest, shards_dir, "ppo"),
     )
     inputs = {"--shards": shards_dir, "--policy": given_policy, "--reward-model": reward_dir}
     checkpointer = ppo_checkpointer(config, output, inputs)
@@ -269,7 +332,12 @@ def run(
     )  # fmt: skip
     prompts = prompt_streams(config, shards_dir)
     gold_before = _gold(nets, nets.whole_policy(nets.policy), shards_dir, manifest, config)
-    result = PPOLoop(config, nets, prompts, output, checkpointer).run(nets.reward)
+    scorer = host_rewards(config, shards_dir, manifest)
+    try:
+        result = PPOLoop(config, nets, prompts, output, checkpointer, scorer).run(nets.reward)
+    finally:
+        if scorer is not None:
+            scorer.scorer.close()
     gold_after = _gold(nets, result.policy, shards_dir, manifest, config)
     status = {
         "status": result.status,

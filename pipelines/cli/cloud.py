@@ -124,6 +124,7 @@ def _compile(args: argparse.Namespace, rest: list[str]) -> int:
 def _cloud(args: argparse.Namespace, action: str) -> int:
     """Check settings, compile to a temporary file, then submit or schedule it."""
     from pipelines.targets import cloud
+    from pipelines.targets.function_files import with_uploaded_functions
     from pipelines.targets.spec import compile_pipeline
 
     placement, settings = options.placement(args), options.settings(args)
@@ -131,6 +132,8 @@ def _cloud(args: argparse.Namespace, action: str) -> int:
     cloud.check_settings(args.target, settings)  # before compiling: fail fast on settings
     # Training state outside the artifacts, where a retried task finds it.
     values = params.with_cloud_checkpoint_root(values, settings.pipeline_root)
+    # A local reward or gold function file travels with the run (function_files.py).
+    values = with_uploaded_functions(values, settings.pipeline_root)
     if "checkpoint_root" not in sources and values.get("checkpoint_root"):
         sources = {**sources, "checkpoint_root": "pipeline root"}  # the run record says so
     for warning in cloud.settings_warnings(args.target, settings):

@@ -171,8 +171,11 @@ def given(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, str]]:
 
 
 def sourced_values(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, str]]:
-    """:func:`values`, and where each value came from (run_record.SOURCES)."""
-    values, sources = given(args)
+    """:func:`values`, and where each value came from (run_record.SOURCES): a built-in
+    ``task``'s settings (pipelines/dag/tasks.py) under the given ones."""
+    from pipelines.dag.tasks import with_task
+
+    values, sources = with_task(*given(args))
     preset = run_preset(args)
     if preset is None:
         return values, sources

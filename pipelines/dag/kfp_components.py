@@ -40,10 +40,13 @@ def shard(
     beam_args: str,
     base_policy: str,
     shards: Output[Dataset],
+    sft_shards: Output[Dataset],
     metrics: Output[Metrics],
 ):
     """Validate, dedupe, tokenize and shard the sources (Beam; DirectRunner unless told);
-    ``tokenizer`` '' = the base policy's own, else the data's."""
+    ``tokenizer`` '' = the base policy's own, else the data's. Sources of role "sft" (the
+    sft stage's own data) are sharded apart, with the same settings, into ``sft_shards``
+    (left empty without them)."""
     import json
     import shlex
     import time
@@ -55,19 +58,26 @@ def shard(
 
     started = time.time()
     found = json.loads(sources)
-    inputs = [source["uri"] for source in found]
     tokenizer = policies.shards_tokenizer(tokenizer, found, base_policy)
     config = stage_io.config_from(ShardConfig, locals())
+    by_role = stage_io.sources_by_role(found)
     # Dataflow workers write to the artifact's gs:// URI; they cannot see this task's files.
-    output = shards.uri if "DataflowRunner" in beam_args else shards.path
-    with stage_io.failure_reason(shards.path):  # e.g. too much rejected, too small an eval split
-        manifest = run(config, inputs, output, beam_args=shlex.split(beam_args))
-    shards.metadata["counts"] = manifest["counts"]
-    stage_io.write_metrics(metrics, "shard", manifest["counts"], started)
+    on_dataflow = "DataflowRunner" in beam_args
+    for role, artifact in (("", shards), ("sft", sft_shards)):
+        if role not in by_role:
+            continue
+        output = artifact.uri if on_dataflow else artifact.path
+        # e.g. too much rejected, too small an eval split
+        with stage_io.failure_reason(artifact.path):
+            manifest = run(config, by_role[role], output, beam_args=shlex.split(beam_args))
+        artifact.metadata["counts"] = manifest["counts"]
+        if not role:
+            stage_io.write_metrics(metrics, "shard", manifest["counts"], started)
 
 
 def sft(
     shards: Input[Dataset],
+    sft_shards: Input[Dataset],
     base_policy: str,
     preset: str,
     max_len: int,
@@ -88,8 +98,9 @@ def sft(
     metrics: Output[Metrics],
     checkpoint_root: str = "",
 ) -> str:
-    """Train the initial policy on the chosen responses, from ``base_policy`` (a reference
-    from check_policy, '' = a fresh model of the preset); returns a reference to it."""
+    """Train the initial policy on the chosen responses (of ``sft_shards`` when the run has
+    sft data of its own, else of ``shards``), from ``base_policy`` (a reference from
+    check_policy, '' = a fresh model of the preset); returns a reference to it."""
     import time
 
     from pipelines import stage_io
@@ -101,10 +112,11 @@ def sft(
     base = base_policy  # the reference: its fingerprint covers the base's weights
     base_policy = stage_io.reference_uri(base) if base else ""
     config = stage_io.config_from(SFTConfig, locals())
-    inputs = {"shards": shards.uri, "base_policy": base}
+    data = sft_shards if stage_io.has_shards(sft_shards.path) else shards
+    inputs = {"shards": data.uri, "base_policy": base}
     state = stage_io.training_state(checkpoint_root, "sft", config, inputs, model.uri)
     with stage_io.failure_reason(model.path), state:
-        summary = run(config, shards.path, model.path)
+        summary = run(config, data.path, model.path)
     stage_io.write_metrics(metrics, "sft", summary, started)
     return stage_io.reference(model.uri, stage_io.now())
 
@@ -153,7 +165,6 @@ def reward(
 def ppo(
     shards: Input[Dataset],
     policy: str,
-    reward: Input[Model],
     seed: int,
     remat: str,
     dtype: str,
@@ -180,12 +191,18 @@ def ppo(
     kl_control: str,
     score_norm: str,
     loss_type: str,
+    reward_functions: str,
+    reward_weights: str,
+    reward_timeout: float,
+    reward_workers: int,
     model: Output[Model],
     metrics: Output[Metrics],
     checkpoint_root: str = "",
+    reward: Input[Model] | None = None,
 ) -> str:
-    """Align the policy against the reward model with PPO, GRPO or RLOO (resumes from its
-    checkpoints); returns a reference to the aligned policy and the reward model that judges it."""
+    """Align the policy against the reward model and/or the reward functions (none: the
+    functions alone) with PPO, GRPO or RLOO (resumes from its checkpoints); returns a
+    reference to the aligned policy and the reward model that judges it ('' for none)."""
     import time
 
     from pipelines import stage_io
@@ -197,18 +214,19 @@ def ppo(
 
     config = stage_io.config_from(PPOConfig, locals())
     policy_dir = stage_io.reference_uri(policy)
-    inputs = {"shards": shards.uri, "policy": policy, "reward": reward.uri}
+    reward_uri, reward_path = (reward.uri, reward.path) if reward is not None else ("", "")
+    inputs = {"shards": shards.uri, "policy": policy, "reward": reward_uri}
     state = stage_io.training_state(checkpoint_root, "ppo", config, inputs, model.uri)
     with stage_io.failure_reason(model.path), state:
-        summary = run(config, shards.path, policy_dir, reward.path, model.path)
+        summary = run(config, shards.path, policy_dir, reward_path, model.path)
     stage_io.write_metrics(metrics, "ppo", summary, started)
     figures = {
-        "reward_accuracy": reward.metadata.get("eval/accuracy"),
+        "reward_accuracy": reward.metadata.get("eval/accuracy") if reward is not None else None,
         "stopped_kl_guard": summary.get("stopped_kl_guard"),
         "restores": summary.get("guard/restores"),
     }
     return stage_io.reference(
-        model.uri, stage_io.now(), algorithm=algorithm, reward=reward.uri, figures=figures
+        model.uri, stage_io.now(), algorithm=algorithm, reward=reward_uri, figures=figures
     )
 
 
@@ -269,8 +287,11 @@ def evaluate(
     min_win_rate_lower: float,
     max_kl: float,
     max_anchor_kl: float,
+    min_accuracy_gain: float,
     max_eval_prompts: int,
     gold_reward: str,
+    reward_functions: str,
+    reward_weights: str,
     samples_per_prompt: int,
     best_of_n: str,
     max_new_tokens: int,
@@ -291,7 +312,8 @@ def evaluate(
 
     The judge is ``reward_model`` when given (a reward model trained apart from the one the
     policy was aligned against, or a dpo policy's), else the reward model the policy was
-    aligned against, else the gold reward.
+    aligned against, else the gold reward; with ``reward_functions``, they judge it: the
+    verifiable evaluation (accuracy, pass@k) by the first of them.
     """
     import json
     import time

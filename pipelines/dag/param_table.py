@@ -95,6 +95,23 @@ PARAMS: tuple[Param, ...] = (
         "globs, Hugging Face dataset folders, local or gs://, or bq://PROJECT.DATASET.TABLE; "
         "'' = generate the built-in task into the run",
     ),
+    Param(
+        "sft_data_uri",
+        default="",
+        kind=str,
+        help="the sft stage's own data (TRL prompt-completion records or preference pairs; "
+        "files as data_uri), sharded apart with the same settings, e.g. a few formatted "
+        "solutions before RL on prompts; '' = sft trains on data_uri's",
+    ),
+    Param(
+        "task",
+        default="",
+        kind=str,
+        help="with data_uri '': the built-in task generated into the run: '' = the preference "
+        "task, arithmetic = the reasoning task (problems with exact answers, a few formatted "
+        "solutions for sft, GRPO with builtin/exact-match; pipelines/dag/tasks.py sets its "
+        "defaults)",
+    ),
     # 4000 (was 2000): the same sft and reward steps see more distinct pairs; on the demo's
     # validation prompts ppo's gold win rate of independent pairs rose from 0.697 to 0.706
     # (kl_target 0.045, score_norm quantile, seeds 0 and 1).
@@ -176,6 +193,16 @@ PARAMS: tuple[Param, ...] = (
         "baselines), or dpo (no reward model: the dpo stage replaces the reward and ppo stages)",
     ),
     Param("group_size", (("ppo", "group_size"),)),
+    Param(
+        "train_reward_model",
+        default=True,
+        kind=bool,
+        help="ppo, grpo, rloo: train the reward model (the reward stage) and score rollouts "
+        "with it; false = reward_functions alone score them and the reward stage is skipped",
+    ),
+    _shared("reward_functions", "reward_functions", "ppo", "evaluate"),
+    _shared("reward_weights", "reward_weights", "ppo", "evaluate"),
+    *_stage("ppo", "reward_timeout", "reward_workers"),
     *_stage("ppo", "iterations", "rollout_batch_size", "minibatches", prefix="ppo_"),
     *_stage("ppo", "learning_rate", "critic_learning_rate", prefix="ppo_"),
     Param("ppo_epochs", (("ppo", "ppo_epochs"),)),
@@ -184,7 +211,7 @@ PARAMS: tuple[Param, ...] = (
     Param("grpo_loss_type", (("ppo", "loss_type"),)),
     *_stage("dpo", "steps", "batch_size", "learning_rate", "beta", prefix="dpo_"),
     *_stage("dpo", "loss_type", "label_smoothing", prefix="dpo_"),
-    *_stage("evaluate", "min_win_rate_lower", "max_kl", "max_anchor_kl"),
+    *_stage("evaluate", "min_win_rate_lower", "max_kl", "max_anchor_kl", "min_accuracy_gain"),
     *_stage("evaluate", "max_eval_prompts", "gold_reward"),
     Param(
         "eval_reward_model",

@@ -74,6 +74,8 @@ def validate(values: dict[str, Any], chips: int) -> dict[str, Any]:
     if merged["builtin_pairs"] < 1:
         raise ParamError(f"builtin_pairs: {merged['builtin_pairs']} must be at least 1")
     _check_algorithm(merged)
+    _check_rewards(merged)
+    _check_task(merged)
     _check_registry(merged)
     _check_checkpoint_root(merged["checkpoint_root"])
     for stage in ("shard", *trained_stages(merged), "evaluate"):
@@ -90,7 +92,8 @@ def trained_stages(values: dict[str, Any]) -> tuple[str, ...]:
     or with sft_on_base)."""
     stages = TRAINED_STAGES["dpo" if values["algorithm"] == "dpo" else "rl"]
     sft = not values["base_policy"] or values["sft_on_base"]
-    return tuple(s for s in stages if s != "sft" or sft)
+    reward = values.get("train_reward_model", True)
+    return tuple(s for s in stages if (s != "sft" or sft) and (s != "reward" or reward))
 
 
 def _check_algorithm(values: dict[str, Any]) -> None:
@@ -98,12 +101,54 @@ def _check_algorithm(values: dict[str, Any]) -> None:
     algorithm = values["algorithm"]
     if algorithm not in ALGORITHMS:
         raise ParamError(f"algorithm: {algorithm!r} is unknown; use one of {ALGORITHMS}")
-    has_gold = values["gold_reward"] or not values["data_uri"]  # the built-in task has one
+    # The built-in preference task has a gold reward; reward functions judge a verifiable run.
+    has_gold = values["gold_reward"] or not values["data_uri"] or values["reward_functions"]
     if algorithm == "dpo" and not (values["eval_reward_model"] or has_gold):
         raise ParamError(
             "algorithm: dpo trains no reward model, so evaluate has no judge for your data: "
             "pass eval_reward_model (a reward model folder) or gold_reward (a gold scoring "
             "function, PATH.py:FUNCTION)"
+        )
+
+
+def _check_rewards(values: dict[str, Any]) -> None:
+    """Something scores an RL run's rollouts, and the reward functions this machine can load
+    (built-ins and local files) load; a module or gs:// file is loaded by the task."""
+    from components.core.rewards.functions import load_reward_functions, parse_specs
+
+    if values["algorithm"] != "dpo" and not values["train_reward_model"]:
+        if not values["reward_functions"]:
+            raise ParamError(
+                "train_reward_model: false, and no reward_functions: nothing would score the "
+                f"{values['algorithm']} rollouts; give reward_functions (e.g. "
+                "builtin/exact-match, or PATH.py:FUNCTION), or set train_reward_model true"
+            )
+    local = [
+        spec for spec in parse_specs(values["reward_functions"])
+        if spec.startswith("builtin/") or (".py:" in spec and "://" not in spec)
+    ]  # fmt: skip
+    try:
+        load_reward_functions(",".join(local))
+    except (ValueError, OSError, ImportError) as error:
+        raise ParamError(f"reward_functions: {error}") from None
+
+
+def _check_task(values: dict[str, Any]) -> None:
+    """A built-in task this release has, generated only when no data is given; sft data of
+    its own only beside given data."""
+    from pipelines.dag.tasks import TASKS
+
+    if values["task"] not in TASKS:
+        raise ParamError(f"task: {values['task']!r} is unknown; use one of {sorted(TASKS)}")
+    if values["task"] and values["data_uri"]:
+        raise ParamError(
+            f"task: {values['task']!r} generates the built-in data, but data_uri is given; "
+            "leave one of them ''"
+        )
+    if values["sft_data_uri"] and not values["data_uri"]:
+        raise ParamError(
+            "sft_data_uri: the built-in tasks bring their own sft data; give data_uri too, or "
+            "leave sft_data_uri ''"
         )
 
 

@@ -1,19 +1,23 @@
 """The alignment pipeline (KFP v2), built for one target.
 
 Steps:
-1. data      the built-in task generated into the run (``data_uri`` '') or the files
-             ``data_uri`` matches (a glob: the newest data of a periodic run)
+1. data      the built-in task (``task``) generated into the run (``data_uri`` '') or the
+             files ``data_uri`` (and ``sft_data_uri``) match (a glob: the newest data of a
+             periodic run)
    plan      when those files equal the last promoted run's, the run trains nothing and
              ends as "no new data" (unless ``force_run``); resolves the anchor policy
              that drift is measured from (``anchor_policy``, else the first promoted one)
-2. shard     validate, dedupe, tokenize and shard by prompt hash (Beam)
-3. sft       train the initial policy when no ``base_policy`` is given, or on it when
-             ``sft_on_base``; otherwise the given policy (an alignpipe or Hugging Face
-             folder, or the last promoted one) is checked and used as it is
+2. shard     validate, dedupe, tokenize and shard by prompt hash (Beam); the sft data of
+             the run's own apart, with the same settings
+3. sft       train the initial policy (on the sft data's shards when the run has some, else
+             the data's) when no ``base_policy`` is given, or on it when ``sft_on_base``;
+             otherwise the given policy (an alignpipe or Hugging Face folder, or the last
+             promoted one) is checked and used as it is
 4. reward    train the Bradley-Terry reward model; below ``min_reward_accuracy`` the run
-             stops here, the model kept for inspection
-5. ppo       align the policy against the reward model (PPO, GRPO or RLOO), KL to the
-             initial policy
+             stops here, the model kept for inspection; skipped when ``train_reward_model``
+             is false (``reward_functions`` alone score the rollouts)
+5. ppo       align the policy against the reward model and/or the reward functions (PPO,
+             GRPO or RLOO), KL to the initial policy
    dpo       instead of 4 and 5 when ``algorithm`` is dpo: align the policy on the pairs
              directly, no reward model
 6. evaluate  win rate, KL, rewards against the initial policy, judged by the reward model
@@ -78,11 +82,12 @@ def build_pipeline(placement: Placement, fresh_from: str | None = None) -> Any:
         """Align a policy to the preference data; promote it only when evaluation blesses it."""
         p = dict(zip(PARAMETER_NAMES, channels, strict=True))  # the parameter channels by name
         with dsl.If(p["data_uri"] == "", name="builtin-data"):
-            data = c.builtin_data(pairs=p["builtin_pairs"], seed=p["seed"])
+            data = c.builtin_data(pairs=p["builtin_pairs"], seed=p["seed"], task=p["task"])
             generated = configure(data, "data", DATA)
         with dsl.Else(name="given-data"):
             # Never cached: the same glob matches new files on a later run.
-            found = configure(c.find_data(data_uri=p["data_uri"]), "data", DATA, cache=False)
+            found = c.find_data(data_uri=p["data_uri"], sft_data_uri=p["sft_data_uri"])
+            configure(found, "data", DATA, cache=False)
         sources = dsl.OneOf(generated.outputs["Output"], found.output)
         plan = c.plan_run(
             data_uri=p["data_uri"], sources=sources, force_run=p["force_run"],
@@ -116,6 +121,7 @@ def _train_and_evaluate(
         **params.stage_values("shard", p),
     )  # fmt: skip
     shards = configure(shard, "shard", DATA).outputs["shards"]
+    sft_shards = shard.outputs["sft_shards"]  # empty unless the run has sft data of its own
     # Each training task keeps its resumable state under checkpoint_root (stage_io.state_key).
     state = {"checkpoint_root": p["checkpoint_root"]}
 
@@ -126,7 +132,8 @@ def _train_and_evaluate(
     base = checked.outputs["reference"]
     with dsl.If(checked.outputs["Output"] == True, name="train-policy"):  # noqa: E712
         sft_values = {**params.stage_values("sft", p), "base_policy": base}
-        sft = configure(c.sft(shards=shards, **sft_values, **state), "sft", TRAIN)
+        sft = c.sft(shards=shards, sft_shards=sft_shards, **sft_values, **state)
+        configure(sft, "sft", TRAIN)
     with dsl.Else(name="warm-start"):
         given = configure(c.given_policy(reference=base), "sft", LIGHT)
     initial_policy = dsl.OneOf(sft.outputs["Output"], given.output)
@@ -135,18 +142,19 @@ def _train_and_evaluate(
     # model: a failed task stops its dependents on every backend with its reason as the
     # error. Each branch returns a reference to its policy (kfp.local cannot dsl.OneOf
     # artifacts): evaluate and promote stay one task each, whichever branch ran.
+    ppo_values = {**params.stage_values("ppo", p), **state}
     with dsl.If(p["algorithm"] == "dpo", name="algorithm-dpo"):
         dpo = c.dpo(shards=shards, policy=initial_policy, **params.stage_values("dpo", p), **state)
         configure(dpo, "dpo", TRAIN)
-    with dsl.Else(name="algorithm-rl"):
+    with dsl.Elif(p["train_reward_model"] == True, name="reward-model"):  # noqa: E712
         reward = c.reward(shards=shards, **params.stage_values("reward", p), **state)
         reward_model = configure(reward, "reward", TRAIN).outputs["model"]
-        ppo = c.ppo(
-            shards=shards, policy=initial_policy, reward=reward_model,
-            **params.stage_values("ppo", p), **state,
-        )  # fmt: skip
+        ppo = c.ppo(shards=shards, policy=initial_policy, reward=reward_model, **ppo_values)
         configure(ppo, "ppo", TRAIN)
-    aligned = dsl.OneOf(dpo.outputs["Output"], ppo.outputs["Output"])
+    with dsl.Else(name="reward-functions"):
+        # No reward model: the reward functions alone score the rollouts.
+        scored = configure(c.ppo(shards=shards, policy=initial_policy, **ppo_values), "ppo", TRAIN)
+    aligned = dsl.OneOf(dpo.outputs["Output"], ppo.outputs["Output"], scored.outputs["Output"])
     evaluate = c.evaluate(
         shards=shards, policy=aligned, reference=initial_policy, anchor=anchor,
         reward_model=p["eval_reward_model"], **params.stage_values("evaluate", p),

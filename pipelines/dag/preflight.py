@@ -105,10 +105,11 @@ def _first_record(data_uri: str, data_format: str) -> tuple[str, int, str | None
 
 
 def check_data_kind(values: dict[str, Any]) -> None:
-    """Refuse prompt-only data (TRL's ``{"prompt": ...}`` records) before any task: the
-    pipeline trains its reward model, or DPO's policy, on preference pairs, and with no
-    base policy there is nothing to start reinforcement learning from either; and
-    prompt-completion data, which trains sft alone."""
+    """Refuse data the run cannot train on, before any task: prompt-completion data as the
+    run's data (it trains sft alone: ``sft_data_uri``), and prompt-only data (TRL's
+    ``{"prompt": ...}`` records) unless reward functions alone score the rollouts
+    (``train_reward_model`` false; the reward model and DPO train on pairs) and there is a
+    policy to start from (``base_policy``, or sft on ``sft_data_uri``)."""
     from components.shard.formats import COMPLETION_FORMATS, PROMPT_FORMATS
 
     data_uri = values["data_uri"]
@@ -119,23 +120,27 @@ def check_data_kind(values: dict[str, Any]) -> None:
         raise PreflightError(
             f"{flag('data_uri')}: {first} line {line} is a prompt-completion record ({fmt}): "
             "one response each, which trains the sft stage only, not the reward model or DPO. "
-            "Fix: give preference pairs, or shard these (`alignpipe data shard`) and run the "
-            "sft stage on them by hand (`python -m components.sft --shards ... --output ...`)"
+            f"Fix: give them as {flag('sft_data_uri')} (the sft stage's own data) beside "
+            "preference pairs or prompts"
         )
     if fmt not in PROMPT_FORMATS:
         return
-    start = (
-        f"give {flag('base_policy')} (the policy to start from) and "
-        if not values["base_policy"]
-        else ""
-    )
-    raise PreflightError(
-        f"{flag('data_uri')}: {first} line {line} is a prompt-only record ({fmt}): the "
-        f"pipeline trains its reward model (or DPO's policy) on preference pairs. Fix: "
-        f"{start}preference pairs for the reward stage, or shard these prompts "
-        "(`alignpipe data shard`) and run the RL stage on them by hand with a trained reward "
-        "model (`python -m components.ppo --shards ... --policy ... --reward-model ...`)"
-    )
+    fixes = []
+    if values["algorithm"] == "dpo" or values["train_reward_model"]:
+        fixes.append(
+            f"{flag('train_reward_model')} false and {flag('reward_functions')} to score the "
+            "rollouts (ppo, grpo or rloo; the reward model and DPO train on preference pairs)"
+        )
+    if not values["base_policy"] and not values["sft_data_uri"]:
+        fixes.append(
+            f"{flag('base_policy')} (the policy to start from) or {flag('sft_data_uri')} "
+            "(formatted solutions the sft stage trains one on)"
+        )
+    if fixes:
+        raise PreflightError(
+            f"{flag('data_uri')}: {first} line {line} is a prompt-only record ({fmt}). Fix: "
+            "give " + "; and ".join(fixes)
+        )
 
 
 def check_chat_template(values: dict[str, Any]) -> None:

@@ -11,26 +11,41 @@ from typing import NamedTuple
 from kfp.dsl import Artifact, Dataset, Input, Model, Output
 
 
-def builtin_data(pairs: int, seed: int, data: Output[Dataset]) -> str:
-    """Generate the built-in preference task as JSONL; returns the shard stage's sources."""
+def builtin_data(pairs: int, seed: int, task: str, data: Output[Dataset]) -> str:
+    """Generate a built-in task as JSONL; returns the shard stage's sources: the preference
+    task's pairs, or (``task`` arithmetic) the reasoning task's prompts and, of role "sft",
+    its formatted solutions."""
     import json
 
+    from components.core.data import reasoning_task
     from components.core.data.builtin_task import write_jsonl
     from components.core.data.tokenizers import BUILTIN_WORDS
     from components.core.fileio import join
 
+    if task == "arithmetic":
+        data.metadata.update(reasoning_task.write_task(data.path, seed=seed))
+        tokenizer = "builtin-arithmetic"
+        return json.dumps([
+            {"uri": join(data.uri, reasoning_task.PROMPTS_FILE), "tokenizer": tokenizer},
+            {"uri": join(data.uri, reasoning_task.SFT_FILE), "tokenizer": tokenizer,
+             "role": "sft"},
+        ])  # fmt: skip
     data.metadata["pairs"] = write_jsonl(join(data.path, "pairs.jsonl"), pairs, seed=seed)
     # The task's own word-level tokenizer: what an empty ``tokenizer`` parameter picks.
     return json.dumps([{"uri": join(data.uri, "pairs.jsonl"), "tokenizer": BUILTIN_WORDS}])
 
 
-def find_data(data_uri: str) -> str:
-    """List the files ``data_uri`` matches, with fingerprints (never cached: a glob moves)."""
+def find_data(data_uri: str, sft_data_uri: str) -> str:
+    """List the files ``data_uri`` (and, of role "sft", ``sft_data_uri``) match, with
+    fingerprints (never cached: a glob moves)."""
     import json
 
     from pipelines import stage_io
 
-    return json.dumps(stage_io.find_sources(data_uri))
+    sources = stage_io.find_sources(data_uri)
+    if sft_data_uri:
+        sources += stage_io.with_role(stage_io.find_sources(sft_data_uri), "sft")
+    return json.dumps(sources)
 
 
 def plan_run(

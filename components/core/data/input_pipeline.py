@@ -83,7 +83,9 @@ def longest_lengths(manifest: dict[str, Any]) -> tuple[int, int]:
     """The longest prompt and the longest response of the shards, in tokens (from the manifest).
 
     Stages size their sequences from these when a length is left at 0, so short data
-    (like the built-in task's ~20 word tokens) is not padded to a long default.
+    (like the built-in task's ~20 word tokens) is not padded to a long default. Prompt-only
+    shards have no responses: their longest response is 0, which a stage sampling responses
+    refuses (:func:`longest_response`).
     """
 
     def longest(name: str) -> int:
@@ -94,9 +96,21 @@ def longest_lengths(manifest: dict[str, Any]) -> tuple[int, int]:
 
     prompt = longest("prompt")
     response = max(longest("chosen"), longest("rejected"))  # completions: chosen alone
-    if prompt < 1 or response < 1:
+    if prompt < 1 or (response < 1 and manifest.get("kind") != "prompt_shards"):
         raise DataError("the manifest records no token lengths; set the lengths explicitly")
     return prompt, response
+
+
+def longest_response(manifest: dict[str, Any], shards_dir: str, stage: str) -> int:
+    """The longest response in the shards, for a sampling stage's ``max_new_tokens`` 0; a
+    DataError naming the flag when the shards hold prompts alone."""
+    response = longest_lengths(manifest)[1]
+    if response < 1:
+        raise DataError(
+            f"{stage}: max_new_tokens 0 takes the longest response in the data, but "
+            f"{shards_dir} holds prompts alone (no responses); set --max-new-tokens"
+        )
+    return response
 
 
 def check_vocab(manifest: dict[str, Any], model_vocab_size: int) -> None:

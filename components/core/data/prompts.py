@@ -22,6 +22,9 @@ from components.core.data.pairs import cut_prompt, shard_examples
 
 _NO_TOKENS = np.zeros(0, np.int64)
 _PROMPT_FEATURES = frozenset({"prompt_ids", "prompt_hash"})
+# What reward functions read beside the tokens: the prompt's text and its record's other
+# fields (JSON; "{}" for a pair's prompt). Batches carry them as object arrays, on the host.
+TEXT_KEYS = ("prompt_text", "columns")
 
 
 def holdout_position(prompt_hash: int) -> float:
@@ -34,15 +37,21 @@ def holdout_position(prompt_hash: int) -> float:
     return int.from_bytes(digest.digest()[:8], "big") / 2.0**64
 
 
+def _text(example: dict, name: str, default: str) -> str:
+    values = example.get(name) or [default.encode()]
+    return values[0].decode("utf-8")
+
+
 def unique_prompts(
-    files: list[str], holdout: float = 0.0, held_out: bool = False
+    files: list[str], holdout: float = 0.0, held_out: bool = False, texts: list | None = None
 ) -> list[np.ndarray]:
     """The distinct prompts of ``files`` (by ``prompt_hash``), in file order: with ``holdout``
     > 0 only those outside that fraction (:func:`holdout_position`), or with ``held_out``
-    only those in it."""
+    only those in it. ``texts``, when given, receives each kept prompt's (text, columns)."""
     seen: set[int] = set()
     prompts = []
-    for example in shard_examples(files, _PROMPT_FEATURES):
+    features = _PROMPT_FEATURES | ({"prompt", "columns"} if texts is not None else set())
+    for example in shard_examples(files, features):
         hashes = example.get("prompt_hash", ())
         prompt_hash = int(hashes[0]) if len(hashes) else 0
         if prompt_hash in seen:
@@ -51,6 +60,8 @@ def unique_prompts(
         if holdout > 0 and (holdout_position(prompt_hash) < holdout) != held_out:
             continue
         prompts.append(example.get("prompt_ids", _NO_TOKENS).astype(np.int32))
+        if texts is not None:
+            texts.append((_text(example, "prompt", ""), _text(example, "columns", "{}")))
     return prompts
 
 
@@ -79,7 +90,10 @@ class PromptBatches(PositionedBatches):
         host_index: int,
         shuffle: bool,
         repeat: bool,
+        texts: list[tuple[str, str]] | None = None,
     ) -> None:
+        """``texts``: each prompt's (text, columns JSON); batches then carry them too
+        (``TEXT_KEYS``, object arrays)."""
         if len(prompts) < batch_size:
             raise DataError(
                 f"this host has {len(prompts)} unique prompts, fewer than batch_size="
@@ -88,6 +102,10 @@ class PromptBatches(PositionedBatches):
         pairs = [left_pad(p, prompt_len, pad_id, bos_id) for p in prompts]
         self.tokens = np.stack([tokens for tokens, _ in pairs])
         self.masks = np.stack([mask for _, mask in pairs])
+        self.texts = None
+        if texts is not None:
+            self.texts = np.empty((len(texts), 2), object)
+            self.texts[:] = texts
         self.batch_size, self.seed, self.host_index = batch_size, seed, host_index
         self.shuffle, self.repeat = shuffle, repeat
         self._batches_per_epoch = len(prompts) // batch_size
@@ -111,7 +129,10 @@ class PromptBatches(PositionedBatches):
         start = self.batches_in_epoch * self.batch_size
         rows = self._order()[start : start + self.batch_size]
         self._advance()
-        return {"prompt_tokens": self.tokens[rows], "prompt_mask": self.masks[rows]}
+        batch = {"prompt_tokens": self.tokens[rows], "prompt_mask": self.masks[rows]}
+        if self.texts is not None:
+            batch.update(zip(TEXT_KEYS, self.texts[rows].T, strict=True))
+        return batch
 
 
 def prompt_dataset(
@@ -127,13 +148,16 @@ def prompt_dataset(
     repeat: bool = True,
     holdout: float = 0.0,
     held_out: bool = False,
+    with_text: bool = False,
 ) -> PromptBatches:
     """Batches of this host's unique prompts, left-padded to ``prompt_len`` (PPO rollouts);
-    ``holdout``/``held_out``: without, or only, that fraction of them (:func:`unique_prompts`)."""
+    ``holdout``/``held_out``: without, or only, that fraction of them (:func:`unique_prompts`);
+    ``with_text``: each batch also carries the prompts' texts and columns (``TEXT_KEYS``)."""
     if batch_size < 1 or prompt_len < 1:
         raise ValueError(f"need batch_size, prompt_len >= 1, got {batch_size}, {prompt_len}")
     files, common, _ = host_reader(shards_dir, split, host_index, host_count, seed)
-    prompts = unique_prompts(files, holdout, held_out)
+    texts: list | None = [] if with_text else None
+    prompts = unique_prompts(files, holdout, held_out, texts)
     if holdout > 0 and len(prompts) < batch_size:
         part = "held out" if held_out else "left after the hold-out"
         raise DataError(
@@ -147,5 +171,6 @@ def prompt_dataset(
         prompt_len=prompt_len,
         shuffle=shuffle,
         repeat=repeat,
+        texts=texts,
         **common,
     )

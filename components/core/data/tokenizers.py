@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import abc
 import hashlib
+import importlib
 import json
 import logging
 import os
@@ -446,11 +447,16 @@ def _load_files(directory: str, kind: str) -> Tokenizer:
 
 
 BUILTIN_WORDS = "builtin-words"
+# The built-in tasks' word-level tokenizers, by spec: (module, function giving their files).
+BUILTIN_TOKENIZERS = {
+    BUILTIN_WORDS: ("builtin_task", "word_tokenizer_files"),
+    "builtin-arithmetic": ("reasoning_task", "reasoning_tokenizer_files"),
+}
 
 
 def load_tokenizer(spec: str) -> Tokenizer:
-    """Load a tokenizer from ``"byte"``, ``"builtin-words"`` (the built-in task's word-level
-    tokenizer), a saved folder, an alignpipe model folder (its ``tokenizer/``), a HF folder
+    """Load a tokenizer from ``"byte"``, a built-in task's word-level one (BUILTIN_TOKENIZERS),
+    a saved folder, an alignpipe model folder (its ``tokenizer/``), a HF folder
     (a model folder's as :func:`fit_to_embedding` fits it) or ``tokenizer.json``, or a
     SentencePiece ``.model``.
 
@@ -471,10 +477,10 @@ def load_tokenizer(spec: str) -> Tokenizer:
 def _load_tokenizer(spec: str) -> Tokenizer:
     if spec in ("", "byte"):
         return ByteTokenizer()
-    if spec == BUILTIN_WORDS:
-        from components.core.data.builtin_task import word_tokenizer_files
-
-        return HFTokenizer(*word_tokenizer_files())
+    if spec in BUILTIN_TOKENIZERS:
+        module, files = BUILTIN_TOKENIZERS[spec]
+        task = importlib.import_module(f"components.core.data.{module}")
+        return HFTokenizer(*getattr(task, files)())
     if fileio.isdir(spec):
         if fileio.exists(fileio.join(spec, INFO_FILE)):
             return _load_saved(spec)

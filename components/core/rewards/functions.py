@@ -69,6 +69,21 @@ def parse_weights(text: str, count: int) -> list[float]:
     return weights
 
 
+def check_reward_settings(specs: str, weights: str, timeout: float, workers: int) -> None:
+    """A stage config's reward-function settings, without loading the functions (the stage
+    does, and the pipeline's checks before a run): weights that match, a positive timeout."""
+    parse_weights(weights, len(parse_specs(specs)))
+    if weights.strip() and not parse_specs(specs):
+        raise ValueError(
+            f"reward_weights: {weights!r} weighs no reward function; give reward_functions "
+            "too, or leave reward_weights ''"
+        )
+    if not timeout > 0 or workers < 0:
+        raise ValueError(
+            f"reward_timeout ({timeout}) must be > 0 and reward_workers ({workers}) >= 0"
+        )
+
+
 def load_one(spec: str) -> RewardFn:
     """The function one spec names (built-in, file or module)."""
     if spec in BUILTIN:

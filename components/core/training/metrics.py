@@ -38,11 +38,12 @@ def _duration(seconds: float) -> str:
 
 
 # What a progress line shows first, per stage: the loss; the reward model's accuracy; RL's
-# normalized score and its KL per token; DPO's loss and its preference accuracy.
+# normalized score and its KL per token (with reward functions: their total and the host
+# seconds they took); DPO's loss and its preference accuracy.
 HEADLINES = {
     "sft": ("loss",),
     "reward": ("accuracy", "loss"),
-    "ppo": ("objective/scores", "objective/kl_per_token"),
+    "ppo": ("objective/scores", "objective/kl_per_token", "reward", "time/reward_functions_s"),
     "dpo": ("loss", "rewards/accuracies"),
 }
 

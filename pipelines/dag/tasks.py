@@ -1,0 +1,45 @@
+"""The built-in tasks a run can generate (``data_uri`` ''), and the parameters each sets.
+
+``task`` '' is the preference task (``components/core/data/builtin_task.py``): the
+pipeline's defaults are its. ``arithmetic`` is the reasoning task
+(``components/core/data/reasoning_task.py``): every problem once as a prompt with its
+answer, a few formatted solutions for the sft warm start, GRPO scored by
+``builtin/exact-match`` alone (no reward stage), and the verifiable evaluation on the
+eval split's problems. Its settings are below; a flag or config file value overrides any.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+ARITHMETIC: dict[str, Any] = {
+    # A quarter of the 155 problems held out (by prompt hash, the same in the prompt and
+    # the solution shards): about 39 eval problems; sft reads its eval split in 8s.
+    "eval_fraction": 0.25,
+    "min_eval_pairs": 8,
+    "sft_steps": 600,
+    "sft_batch_size": 8,
+    "sft_learning_rate": 3e-3,
+    "algorithm": "grpo",
+    "group_size": 8,
+    "train_reward_model": False,
+    "reward_functions": "builtin/exact-match",
+    "ppo_iterations": 200,
+    "ppo_rollout_batch_size": 128,
+    "ppo_learning_rate": 3e-4,
+    "max_new_tokens": 6,
+    # A verifiable reward's usual setting (TRL's GRPO beta 0, DAPO): no KL penalty; the
+    # guard's bound is raised to match, so only a non-finite run trips it.
+    "adaptive_kl": False,
+    "kl_coef": 0.0,
+    "kl_stop": 50.0,
+    "max_kl": 50.0,
+    "eval_max_new_tokens": 6,
+}
+TASKS: dict[str, dict[str, Any]] = {"": {}, "arithmetic": ARITHMETIC}
+
+
+def with_task(values: dict[str, Any], sources: dict[str, str]) -> tuple[dict, dict]:
+    """``values`` over the defaults of the task they name, and where each value came from."""
+    defaults = TASKS.get(values.get("task", ""), {})
+    return {**defaults, **values}, {name: "task" for name in defaults} | sources
