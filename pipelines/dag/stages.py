@@ -26,7 +26,8 @@ STAGE_TASKS = {
     # given-policy stands for sft on warm starts.
     "sft": ("sft", "given-policy"),
     "reward": ("reward",),
-    "ppo": ("ppo",),
+    # ppo-2: the ppo task of a run whose reward functions alone score the rollouts.
+    "ppo": ("ppo", "ppo-2"),
     "dpo": ("dpo",),
     "evaluate": ("evaluate",),
     "promote": ("promote",),

@@ -88,6 +88,7 @@ class RunResult:
             "anchor_win_rate": evaluation.get("anchor/win_rate/value"),
             "anchor_is_reference": evaluation.get("anchor/same_as_reference"),
             "blessed": evaluation.get("blessed"),
+            **_verifiable_figures(record.get("summary", {})),
             "gate": list(record.get("reasons", [])),
             # The evaluation folder's copy ends in .html, so a browser opens it as a page.
             "report": str(Path(eval_folder) / "report.html") if eval_folder else None,
@@ -95,6 +96,23 @@ class RunResult:
 
 
 _OUTCOMES = ("wins", "ties", "losses")
+
+
+def _verifiable_figures(summary: dict[str, Any]) -> dict[str, Any]:
+    """A verifiable evaluation's figures (evaluate/verifiable_stage.py), from eval.json."""
+    if summary.get("kind") != "verifiable":
+        return {"verifiable": False}
+    gain = summary["accuracy_gain"]
+    return {
+        "verifiable": True,
+        "accuracy": summary["accuracy"],
+        "reference_accuracy": summary["reference"]["accuracy"],
+        "accuracy_gain": gain["value"],
+        "accuracy_gain_low": gain["interval"][0],
+        "accuracy_gain_high": gain["interval"][1],
+        "pass_at_k": {k: v["value"] for k, v in summary.get("pass_at_k", {}).items()},
+        "verifier": summary["judge"],
+    }
 
 
 def _independent_judge(figures: dict[str, Any], values: dict[str, Any]) -> list[str]:
@@ -141,6 +159,31 @@ def format_summary(result: RunResult) -> str:
         f"initial policy         {initial_policy(result.values)}",
         f"reward-model accuracy  {_num(f['reward_accuracy'])}",
         f"{f['algorithm'] or 'aligned':<22} {_training_status(f)}",
+        *(_verifiable(f) if f["verifiable"] else _preference(f)),
+        f"blessed                {_blessed(f['blessed'])}",
+        *(f"  gate: {reason}" for reason in f["gate"]),
+        *_independent_judge(f, result.values),
+        f"report                 {f['report']}",
+        f"log                    {result.log}",
+    ]
+    return "\n".join(lines)
+
+
+def _verifiable(f: dict[str, Any]) -> list[str]:
+    """A verifiable evaluation's lines: accuracy before and after, the gain, pass@k."""
+    passes = ", ".join(f"pass@{k} {_num(v)}" for k, v in f["pass_at_k"].items())
+    return [
+        f"accuracy               {_num(f['reference_accuracy'])} -> {_num(f['accuracy'])} "
+        f"(greedy, held-out prompts; judged by the {f['verifier']})",
+        f"accuracy gain          {_interval(f, 'accuracy_gain', signed=True)}",
+        f"pass@k                 {passes or 'n/a'}",
+        f"KL per token           {_general(f['kl_per_token'])} nats",
+    ]
+
+
+def _preference(f: dict[str, Any]) -> list[str]:
+    """A preference evaluation's lines: win rates, gold gain, best-of-n, KL."""
+    return [
         f"win rate vs reference  {_interval(f, 'win_rate')} (judged by the {f['judge']})",
         f"gold win rate          {_interval(f, 'gold_win_rate')}{_outcomes(f['gold_outcomes'])}"
         f" (independent pairs; {_num(f['gold_win_rate_coupled'])} paired by sampling key)",
@@ -154,13 +197,7 @@ def format_summary(result: RunResult) -> str:
         f"KL per token           {_general(f['kl_per_token'])} nats",
         f"KL to the anchor       {_general(f['anchor_kl_per_token'])} nats/token"
         + (" (the anchor is the reference)" if f["anchor_is_reference"] else ""),
-        f"blessed                {_blessed(f['blessed'])}",
-        *(f"  gate: {reason}" for reason in f["gate"]),
-        *_independent_judge(f, result.values),
-        f"report                 {f['report']}",
-        f"log                    {result.log}",
     ]
-    return "\n".join(lines)
 
 
 def initial_policy(values: dict[str, Any]) -> str:
