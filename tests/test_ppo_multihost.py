@@ -296,3 +296,23 @@ def test_evaluate_on_two_hosts_matches_one_host(inputs, ppo_runs):
     coupled = summary["win_rate"]["coupled"]  # sample s with sample s: the same key
     assert coupled is None or coupled["ties"] < coupled["pairs"]
     assert summary["win_rate"]["ties"] < summary["win_rate"]["pairs"]
+
+
+def test_reward_functions_on_two_hosts_match_one_host(inputs):
+    """Each host scores its own rows with the reward functions; the figures are global (the
+    functions' means over every host's responses), as one host computes them."""
+    flags = ["--shards", inputs["shards"], "--policy", inputs["policy"], *PPO_FLAGS]
+    flags += ["--reward-model", inputs["reward"], "--algorithm", "grpo", "--group-size", "4",
+              "--rollout-batch-size", "32", "--iterations", "2",
+              "--reward-functions", "builtin/length-penalty", "--reward-weights", "2"]  # fmt: skip
+    outputs = {hosts: os.path.join(inputs["root"], f"grpo-functions-{hosts}") for hosts in (1, 2)}
+    _run_both("components.ppo", {h: [*flags, "--output", out] for h, out in outputs.items()})
+    records = {hosts: read_metrics(out) for hosts, out in outputs.items()}
+    assert [r["step"] for r in records[2]] == [r["step"] for r in records[1]] == [1, 2]
+    for got, want in zip(records[2], records[1], strict=True):
+        for name in ("rewards/length_penalty/mean", "rewards/length_penalty/std", "reward"):
+            assert got[name] == pytest.approx(want[name], **CLOSE), name
+        assert got["rewards/unscorable_fraction"] == want["rewards/unscorable_fraction"] == 0.0
+        assert got["objective/scores"] == pytest.approx(want["objective/scores"], **CLOSE)
+    # The penalty is 0 up to 4/5 of the 8 new tokens: some responses ran past it.
+    assert any(r["rewards/length_penalty/mean"] < 0 for r in records[1])

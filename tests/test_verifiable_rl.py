@@ -13,7 +13,7 @@ import pytest
 from components.core.rewards.scoring import RewardFunctionError
 from components.core.training.metrics import read_metrics
 from components.ppo import PPOConfig, run
-from components.ppo.rollout import ScoreNorm, _fill_unscorable, combine_scores
+from components.ppo.rollout import ScoreNorm, _fill_unscorable, combine_scores, weighted_total
 from tests import verifiable_task
 
 pytestmark = pytest.mark.slow
@@ -138,3 +138,9 @@ def test_unscorable_responses_get_no_advantage_and_leave_their_group_alone() -> 
     # Groups of two: the unscorable takes its group's scorable mean, or 0 when none is.
     filled = _fill_unscorable(jnp.array([1.0, 9.0, 9.0, 9.0]), jnp.array([1, 0, 0, 0]) > 0, 2)
     np.testing.assert_allclose(filled, [1.0, 1.0, 0.0, 0.0])
+
+
+def test_the_weighted_total_is_trls_nansum() -> None:
+    per_function = jnp.array([[1.0, 0.5], [jnp.nan, 0.5], [jnp.nan, jnp.nan], [0.0, jnp.nan]])
+    total = weighted_total(per_function, (2.0, -1.0))
+    np.testing.assert_allclose(total, [1.5, -0.5, np.nan, 0.0])

@@ -381,6 +381,14 @@ class PPOConfig(
         return self.algorithm in ("grpo", "rloo")
 
     @property
+    def reward_function_weights(self) -> tuple[float, ...]:
+        """The weights of ``reward_functions``, one each (1.0 when ``reward_weights`` is '')."""
+        from components.core.rewards.functions import parse_specs, parse_weights
+
+        count = len(parse_specs(self.reward_functions))
+        return tuple(parse_weights(self.reward_weights, count))
+
+    @property
     def reward_scaling(self) -> str:
         """grpo's advantage scaling, ``scale_rewards`` with auto resolved: none for
         ``dr_grpo`` (Liu et al. 2025 drop both the length normalizer and the std), else group."""

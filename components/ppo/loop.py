@@ -329,10 +329,17 @@ class PPOLoop:
         shape = tokens.shape[:2]
         mask = np.asarray(batch["response_mask"]).reshape(-1, tokens.shape[-1])
         rewards = self.host_rewards(texts, tokens.reshape(-1, tokens.shape[-1]), mask)
-        functions = rewards.total.astype(np.float32).reshape(shape)  # [devices, rows]
+        per_function = rewards.per_function.astype(np.float32).reshape(*shape, -1)
         observed = parallel.unreplicate(controller)  # its coefficient weighs this rollout
-        batch, metrics = self.rollout.finish(batch, extra, functions, observed)
-        metrics = {**host_floats(metrics), **rewards.metrics(self.host_rewards.functions)}
+        batch, metrics = self.rollout.finish(batch, extra, per_function, observed)
+        stats = parallel.unreplicate(metrics.pop("functions"))  # global: over every host
+        metrics = host_floats(metrics)
+        for i, function in enumerate(self.host_rewards.functions):
+            metrics[f"rewards/{function.name}/mean"] = float(stats["means"][i])
+            metrics[f"rewards/{function.name}/std"] = float(stats["stds"][i])
+        metrics["reward"] = float(stats["reward"])
+        metrics["rewards/unscorable_fraction"] = float(stats["unscorable_fraction"])
+        metrics["time/reward_functions_s"] = rewards.seconds  # this host's
         return batch, metrics, controller
 
     def _update(self, batch: dict) -> tuple[dict[str, float], float]:

@@ -288,7 +288,8 @@ def combine_scores(
 
 def _fill_unscorable(scores: jax.Array, scorable: jax.Array, group_size: int) -> jax.Array:
     """Each unscorable score replaced by its group's mean over the scorable ones (0 when
-    none is): it then moves neither its group's baseline nor, much, its spread."""
+    none is): the baseline is then TRL's (``nanmean``); the std counts it at zero distance
+    (docs/algorithms.md says why, and how that differs from TRL's ``nanstd``)."""
     grouped = scores.reshape(-1, group_size)
     ok = scorable.reshape(-1, group_size)
     count = jnp.maximum(jnp.sum(ok, axis=1, keepdims=True), 1)
@@ -296,23 +297,57 @@ def _fill_unscorable(scores: jax.Array, scorable: jax.Array, group_size: int) ->
     return jnp.where(ok, grouped, mean).reshape(-1)
 
 
+def weighted_total(per_function: jax.Array, weights: tuple[float, ...]) -> jax.Array:
+    """TRL's reward of each response [B]: the weighted sum over the functions that judged it
+    (``per_function`` [B, F], NaN = not judged), NaN where none did."""
+    judged = ~jnp.isnan(per_function)
+    total = jnp.sum(jnp.where(judged, per_function * jnp.asarray(weights), 0.0), axis=1)
+    return jnp.where(jnp.any(judged, axis=1), total, jnp.nan)
+
+
+def function_stats(per_function: jax.Array, total: jax.Array) -> dict[str, jax.Array]:
+    """The reward functions' figures over every device's responses: each function's mean
+    and std [F] over the responses it judged (TRL's ``rewards/<name>/mean`` and ``/std``,
+    Bessel-corrected), the weighted total's mean over the judged responses and the share
+    none judged."""
+    judged = ~jnp.isnan(per_function)
+    count = lax.psum(jnp.sum(judged, axis=0), AXIS).astype(jnp.float32)
+    total_sum = lax.psum(jnp.sum(jnp.where(judged, per_function, 0.0), axis=0), AXIS)
+    squares = lax.psum(jnp.sum(jnp.where(judged, per_function**2, 0.0), axis=0), AXIS)
+    mean = total_sum / jnp.maximum(count, 1.0)
+    variance = (squares - count * mean**2) / jnp.maximum(count - 1.0, 1.0)
+    scored = ~jnp.isnan(total)
+    scored_count = lax.psum(jnp.sum(scored), AXIS).astype(jnp.float32)
+    responses = lax.psum(total.shape[0], AXIS)
+    return {
+        "means": jnp.where(count > 0, mean, jnp.nan),
+        "stds": jnp.where(count > 1, jnp.sqrt(jnp.maximum(variance, 0.0)), 0.0),
+        "reward": lax.psum(jnp.sum(jnp.where(scored, total, 0.0)), AXIS) / scored_count,
+        "unscorable_fraction": 1.0 - scored_count / responses,
+    }
+
+
 def finish_step(
     batch: dict[str, jax.Array],
     extra: dict[str, jax.Array],
-    functions: jax.Array | None,
+    per_function: jax.Array | None,
     controller: KLControllerState,
     *,
     config: PPOConfig,
     norm: ScoreNorm,
     reward_model: bool = True,
 ) -> tuple[dict[str, jax.Array], dict[str, jax.Array]]:
-    """The rest of a rollout: scores (``combine_scores``, ``functions`` the host's reward
-    functions' totals or None), the KL penalty weighed by the controller's coefficient,
-    advantages (GAE, or the groups'; zero for an unscorable response: no learning signal,
-    TRL's convention) and the global metrics."""
+    """The rest of a rollout: scores (``combine_scores`` of the reward functions' weighted
+    total of ``per_function`` [B, F], the host's rewards, or None), the KL penalty weighed
+    by the controller's coefficient, advantages (GAE, or the groups'; zero for an
+    unscorable response: no learning signal, TRL's convention) and the global metrics (with
+    reward functions, ``functions``: :func:`function_stats`)."""
     mask = batch["response_mask"]
     real = mask != 0
     logprobs, ref_logprobs = extra["logprobs"], extra["ref_logprobs"]
+    functions = None
+    if per_function is not None:
+        functions = weighted_total(per_function, config.reward_function_weights)
     scores, scorable = combine_scores(
         extra["raw_scores"], extra["has_eos"], norm, functions, reward_model=reward_model
     )
@@ -334,6 +369,8 @@ def finish_step(
         batch.update(values=jnp.where(real, values, 0.0), returns=returns)
     advantages = jnp.where(scorable[:, None], advantages, 0.0)
     metrics = _metrics(batch, kl, logprobs, out)
+    if per_function is not None:
+        metrics["functions"] = function_stats(per_function, functions)
     batch.update(logprobs=jnp.where(real, logprobs, 0.0), advantages=advantages)
     return batch, metrics
 
@@ -381,7 +418,7 @@ def make_rollout(
 class RolloutPhases(NamedTuple):
     """A rollout in two pmapped programs, for reward functions scored on the host between
     them: ``sample(params, prompts, rng, controller) -> (batch, extra, controller)`` and
-    ``finish(batch, extra, functions, controller) -> (batch, metrics)``."""
+    ``finish(batch, extra, per_function, controller) -> (batch, metrics)``."""
 
     sample: Callable[..., tuple[dict, dict, KLControllerState]]
     finish: Callable[..., tuple[dict, dict]]
@@ -391,14 +428,15 @@ def make_rollout_phases(
     models: Models, config: PPOConfig, ids: TokenIds, norm: ScoreNorm
 ) -> RolloutPhases:
     """:class:`RolloutPhases` of this configuration (no reward model when ``models.reward``
-    is None). ``functions`` carries a leading device axis like the batch."""
+    is None). ``per_function`` [devices, rows, F] carries a leading device axis like the
+    batch."""
 
     def sample(params: RolloutParams, prompts: dict, rng: jax.Array, controller):
         return sample_step(models, params, prompts, rng, controller, config=config, ids=ids)
 
-    def finish(batch: dict, extra: dict, functions: jax.Array, controller):
+    def finish(batch: dict, extra: dict, per_function: jax.Array, controller):
         return finish_step(
-            batch, extra, functions, controller, config=config, norm=norm,
+            batch, extra, per_function, controller, config=config, norm=norm,
             reward_model=models.reward is not None,
         )  # fmt: skip
 

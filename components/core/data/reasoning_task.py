@@ -234,17 +234,17 @@ UNSPLIT = ArithmeticConfig(operations=("max", "min"), max_operand=14, held_out_f
 PROMPTS_FILE, SFT_FILE = "prompts.jsonl", "sft.jsonl"
 
 
-def write_task(folder: str, seed: int = 0, sft_count: int = 64) -> dict[str, int]:
+def write_task(
+    folder: str, seed: int = 0, sft_count: int = 64, config: ArithmeticConfig = UNSPLIT
+) -> dict[str, int]:
     """The task's two files in ``folder``: every problem once as an RL prompt record
     (``PROMPTS_FILE``) and ``sft_count`` formatted solutions (``SFT_FILE``); their counts."""
     from components.core import fileio
 
-    problems = len(all_problems(UNSPLIT))
+    problems = len(all_problems(config))
     return {
         "prompts": write_prompts_jsonl(
-            fileio.join(folder, PROMPTS_FILE), problems, seed, config=UNSPLIT
+            fileio.join(folder, PROMPTS_FILE), problems, seed, config=config
         ),
-        "solutions": write_sft_jsonl(
-            fileio.join(folder, SFT_FILE), sft_count, seed, config=UNSPLIT
-        ),
+        "solutions": write_sft_jsonl(fileio.join(folder, SFT_FILE), sft_count, seed, config=config),
     }
