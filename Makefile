@@ -63,6 +63,7 @@ bench: install ## Run every benchmark (prints figures and ratios; ~30 min; insta
 	$(BIN)/python benchmarks/bench_ppo_memory.py
 	$(BIN)/python benchmarks/bench_algorithms.py --json build/bench_algorithms.json
 	$(BIN)/python benchmarks/bench_libraries.py
+	$(BIN)/python benchmarks/bench_verifiable.py --json build/bench_verifiable.json
 
 clean: ## Remove the virtual environment, caches and local runs.
 	rm -rf $(VENV) runs .pytest_cache .ruff_cache build *.egg-info

@@ -17,10 +17,13 @@ GRPO wall time (alignpipe: the whole stage, its start and compiles included; TRL
 of rollout time its host spent in the reward function. Then the targets, judged over every
 seed: gain >= 0.20 with the interval's low bound > 0; host scoring <= 15% of rollout time.
 
-TRL runs in a fresh process per seed (torch and JAX do not share 2 cores well) and needs
-the ``[bench]`` extra (trl==1.12.0); ``--skip-trl`` prints alignpipe's figures alone.
+TRL runs in a fresh process per seed (torch and JAX do not share 2 cores well), for the
+seeds ``--trl-seeds`` names (seed 0: on 2 cores its run takes several times alignpipe's),
+and needs the ``[bench]`` extra (trl==1.12.0); ``--skip-trl`` prints alignpipe's alone.
 
     python benchmarks/bench_verifiable.py [--seeds 0,1,2] [--skip-trl] [--json FILE]
+
+``BENCH_ITERATIONS=4`` shortens both runs (a check that the benchmark runs, not a figure).
 """
 
 from __future__ import annotations
@@ -51,7 +54,7 @@ from components.evaluate.verifiable import verifiable_summary  # noqa: E402
 from pipelines.dag.tasks import ARITHMETIC  # noqa: E402
 
 VERIFIER = ARITHMETIC["reward_functions"]
-ITERATIONS = ARITHMETIC["ppo_iterations"]
+ITERATIONS = int(os.environ.get("BENCH_ITERATIONS", ARITHMETIC["ppo_iterations"]))
 BATCH, GROUP = ARITHMETIC["ppo_rollout_batch_size"], ARITHMETIC["group_size"]
 MINIBATCHES, EPOCHS = 2, 4  # PPOConfig's defaults, which the task keeps
 LEARNING_RATE, NEW_TOKENS = ARITHMETIC["ppo_learning_rate"], ARITHMETIC["max_new_tokens"]
@@ -232,6 +235,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", default="0,1,2", help="comma-separated seeds (0,1,2)")
     parser.add_argument("--skip-trl", action="store_true", help="alignpipe's figures alone")
+    parser.add_argument(
+        "--trl-seeds", default="0",
+        help="the seeds TRL also runs (0: its 400 rollouts take ~10x alignpipe's time here)",
+    )  # fmt: skip
     parser.add_argument("--json", default="", help="also write every figure to this file")
     parser.add_argument("--trl-only", default="", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -246,7 +253,7 @@ def main() -> None:
             root = Path(folder) / f"seed{seed}"
             paths = prepare(root, seed)
             results[seed] = {"alignpipe": ours(paths, root, seed)}
-            if not args.skip_trl:
+            if not args.skip_trl and str(seed) in args.trl_seeds.split(","):
                 results[seed]["trl"] = trl_in_subprocess(paths, root, seed)
     task = reasoning_task.UNSPLIT
     print(
