@@ -19,6 +19,7 @@ from tests import verifiable_task
 pytestmark = pytest.mark.slow
 
 USER_FUNCTIONS = """
+import os
 import time
 
 
@@ -36,6 +37,16 @@ def broken_on_seven(prompts, completions, **kwargs):
     if any("7" in p for p in prompts):
         raise KeyError("no rule for seven")
     return [0.0] * len(completions)
+
+
+CALLS = []
+
+
+def breaks_on_fourth_rollout(prompts, completions, answer, **kwargs):
+    CALLS.append(1)  # once per rollout: this module is loaded once per stage run
+    if len(CALLS) == 4 and os.environ.get("BREAK_GRADER"):
+        raise RuntimeError("the grader's service went away")
+    return [float(a in c) for c, a in zip(completions, answer)]
 
 
 def slow(prompts, completions, **kwargs):
@@ -104,6 +115,22 @@ def test_a_broken_function_fails_the_first_rollout_naming_it(task, tmp_path) -> 
     assert "KeyError: 'no rule for seven'" in str(err.value)
     assert "7" in str(err.value).split("raised on prompt")[1].splitlines()[0]
     assert not _curve(tmp_path, "reward").size  # no rollout was logged
+
+
+def test_a_function_failing_mid_run_keeps_the_checkpoint_and_a_rerun_resumes(
+    task, tmp_path, monkeypatch
+) -> None:
+    spec = f"{task['functions']}:breaks_on_fourth_rollout"
+    monkeypatch.setenv("BREAK_GRADER", "1")
+    with pytest.raises(RewardFunctionError, match="grader's service went away"):
+        _run(task, tmp_path, iterations=6, save_every=2, reward_functions=spec)
+    monkeypatch.delenv("BREAK_GRADER")
+    # Iterations 1-3 were logged; the checkpoint of iteration 2 is kept.
+    assert [r["step"] for r in read_metrics(str(tmp_path)) if "reward" in r] == [1, 2, 3]
+    summary = _run(task, tmp_path, iterations=6, save_every=2, reward_functions=spec)
+    assert summary["step"] == 6.0
+    # The rerun resumed from iteration 2: the log holds each step once, in order.
+    assert [r["step"] for r in read_metrics(str(tmp_path)) if "reward" in r] == list(range(1, 7))
 
 
 def test_a_slow_function_fails_on_its_timeout(task, tmp_path) -> None:
