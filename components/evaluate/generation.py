@@ -11,6 +11,7 @@ architectures share one compilation across policies and runs.
 from __future__ import annotations
 
 import functools
+import logging
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
@@ -30,6 +31,8 @@ from components.core.model.scoring import pair_rewards, response_logprobs
 from components.core.model.transformer import ModelConfig, Transformer
 from components.core.training import parallel
 
+log = logging.getLogger(__name__)
+
 
 class LoadedModel(NamedTuple):
     """A model split for pmap: its graph, its parameters replicated on every local device."""
@@ -43,6 +46,25 @@ def prepare(model: Transformer, *, sharded: bool = False) -> LoadedModel:
     """Split ``model`` and place its parameters: replicated, or in chunks (fsdp.py)."""
     graphdef, params = nnx.split(model, nnx.Param)
     return LoadedModel(graphdef, parallel.place(params, sharded=sharded), model.config)
+
+
+def prompt_length(
+    max_new_tokens: int, manifest: dict[str, Any], models: dict[str, LoadedModel]
+) -> int:
+    """Prompt tokens kept for sampling: the longest eval prompt, within the room the models'
+    ``max_seq_len`` leaves after ``max_new_tokens`` (longer prompts are cut from the left)."""
+    limit = min(model.config.max_seq_len for model in models.values())
+    room = limit - max_new_tokens
+    if room < 1:
+        raise ValueError(
+            f"max_new_tokens: {max_new_tokens} leaves no room for a prompt within "
+            f"the models' max_seq_len of {limit}; lower max_new_tokens"
+        )
+    lengths = manifest["splits"]["eval"].get("token_lengths", {})
+    longest = int(lengths.get("prompt", {}).get("max", room))
+    if longest > room:
+        log.warning("eval prompts over %d tokens are cut from the left", room)
+    return max(min(longest, room), 1)
 
 
 @functools.partial(jax.pmap, axis_name="data", static_broadcasted_argnums=(0, 3))

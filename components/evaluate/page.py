@@ -11,6 +11,21 @@ from typing import Any
 
 from components.evaluate.judges import JUDGE_GOLD
 
+# The reports' style (report.py, verifiable_report.py).
+CSS = """
+body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 72em; color: #222; }
+table { border-collapse: collapse; margin: 0.5em 0 1.5em; }
+th, td { border: 1px solid #ccc; padding: 0.3em 0.6em; text-align: left; vertical-align: top; }
+th { background: #f3f3f3; }
+td.num { text-align: right; font-variant-numeric: tabular-nums; }
+td.text { white-space: pre-wrap; max-width: 28em; }
+.verdict { padding: 0.6em 1em; border-radius: 6px; }
+.blessed { background: #e6f4ea; border: 1px solid #34a853; }
+.rejected { background: #fce8e6; border: 1px solid #d93025; }
+.missing { color: #777; font-style: italic; }
+figure { margin: 1em 0; }
+"""
+
 
 def esc(value: Any) -> str:
     return html.escape(str(value), quote=True)

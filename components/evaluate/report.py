@@ -27,6 +27,7 @@ from components.evaluate.best_of_n_section import best_of_n_section, frontier_pl
 from components.evaluate.gate import Gate
 from components.evaluate.measures import JUDGE_GOLD, JUDGE_REWARD_MODEL
 from components.evaluate.page import (  # noqa: F401 (format_figure: the report's API)
+    CSS,
     at,
     esc,
     figure,
@@ -40,20 +41,6 @@ from components.evaluate.page import (  # noqa: F401 (format_figure: the report'
 EVAL_JSON_SCHEMA_VERSION = 1
 REPORT_FILE = "report.html"
 EVAL_JSON_FILE = "eval.json"
-
-_CSS = """
-body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 72em; color: #222; }
-table { border-collapse: collapse; margin: 0.5em 0 1.5em; }
-th, td { border: 1px solid #ccc; padding: 0.3em 0.6em; text-align: left; vertical-align: top; }
-th { background: #f3f3f3; }
-td.num { text-align: right; font-variant-numeric: tabular-nums; }
-td.text { white-space: pre-wrap; max-width: 28em; }
-.verdict { padding: 0.6em 1em; border-radius: 6px; }
-.blessed { background: #e6f4ea; border: 1px solid #34a853; }
-.rejected { background: #fce8e6; border: 1px solid #d93025; }
-.missing { color: #777; font-style: italic; }
-figure { margin: 1em 0; }
-"""
 
 
 class ReportPaths(NamedTuple):
@@ -356,7 +343,7 @@ def render_report(
     return (
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
         "<title>alignpipe evaluation</title>"
-        f"<style>{_CSS}</style></head><body><h1>alignpipe evaluation</h1>{_run_header(shown)}"
+        f"<style>{CSS}</style></head><body><h1>alignpipe evaluation</h1>{_run_header(shown)}"
         f"{_judge(shown)}"
         f"{_verdict(gate)}{_head_to_head(shown)}{render_drift(shown)}{_per_policy(shown)}"
         f"{best_of_n_section(shown)}"

@@ -184,20 +184,11 @@ def sequence_lengths(
 
     The pair length is None without a reward model: no eval pairs are scored then.
     """
-    limit = min(model.config.max_seq_len for model in models.values())
-    room = limit - config.max_new_tokens
-    if room < 1:
-        raise ValueError(
-            f"max_new_tokens: {config.max_new_tokens} leaves no room for a prompt within "
-            f"the models' max_seq_len of {limit}; lower max_new_tokens"
-        )
-    lengths = manifest["splits"]["eval"].get("token_lengths", {})
-    longest_prompt = int(lengths.get("prompt", {}).get("max", room))
-    if longest_prompt > room:
-        log.warning("eval prompts over %d tokens are cut from the left", room)
-    prompt_len = max(min(longest_prompt, room), 1)
+    prompt_len = generation.prompt_length(config.max_new_tokens, manifest, models)
     if "reward" not in models:
         return prompt_len, None
+    lengths = manifest["splits"]["eval"].get("token_lengths", {})
+    longest_prompt = int(lengths.get("prompt", {}).get("max", prompt_len))
     longest_response = max(int(lengths.get(k, {}).get("max", 0)) for k in ("chosen", "rejected"))
     pair_len = min(models["reward"].config.max_seq_len, longest_prompt + longest_response)
     return prompt_len, max(pair_len, 2)

@@ -31,7 +31,7 @@ from components.core.training.distributed import is_primary
 from components.core.training.metrics import MetricsLogger, read_metrics
 from components.evaluate import plots
 from components.evaluate.gate import Gate
-from components.evaluate.page import at, esc, figure, image
+from components.evaluate.page import CSS, at, esc, figure, image
 
 # The preference evaluation's file names (report.py, outputs.py: the pipeline reads them),
 # restated: importing those modules would stack two more floors on every chain through
@@ -39,17 +39,6 @@ from components.evaluate.page import at, esc, figure, image
 REPORT_FILE, EVAL_JSON_FILE = "report.html", "eval.json"
 METRICS_JSON_FILE, SAMPLES_FILE = "metrics.json", "samples.jsonl"
 YES_NO = {True: "yes", False: "no"}
-_CSS = """
-body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 72em; color: #222; }
-table { border-collapse: collapse; margin: 0.5em 0 1.5em; }
-th, td { border: 1px solid #ccc; padding: 0.3em 0.6em; text-align: left; vertical-align: top; }
-th { background: #f3f3f3; }
-td.num { text-align: right; font-variant-numeric: tabular-nums; }
-.verdict { padding: 0.6em 1em; border-radius: 6px; }
-.blessed { background: #e6f4ea; border: 1px solid #34a853; }
-.rejected { background: #fce8e6; border: 1px solid #d93025; }
-.missing { color: #777; font-style: italic; }
-"""
 
 
 def decide(summary: Mapping[str, Any], min_accuracy_gain: float) -> Gate:
@@ -218,7 +207,7 @@ def render_report(
     )
     return (
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
-        f"<title>alignpipe evaluation</title><style>{_CSS}</style></head><body>"
+        f"<title>alignpipe evaluation</title><style>{CSS}</style></head><body>"
         f"<h1>alignpipe evaluation: verifiable task</h1>{_run_line(shown)}{_judge(shown)}"
         f"{_verdict(record)}{_accuracy_table(shown)}{_functions_table(shown)}<h2>Training</h2>{curves}"
         f"{_samples(rows, num_samples, seed)}</body></html>\n"

@@ -218,23 +218,6 @@ def check_inputs(shards_dir: str, dirs: dict[str, str]) -> dict[str, Any]:
     return manifest
 
 
-def prompt_length(
-    config: EvalConfig, manifest: dict[str, Any], models: dict[str, generation.LoadedModel]
-) -> int:
-    """Prompt tokens kept for sampling: the longest eval prompt, within the models' room."""
-    room = min(model.config.max_seq_len for model in models.values()) - config.max_new_tokens
-    if room < 1:
-        raise ValueError(
-            f"max_new_tokens: {config.max_new_tokens} leaves no room for a prompt within "
-            f"the models' max_seq_len; lower max_new_tokens"
-        )
-    lengths = manifest["splits"]["eval"].get("token_lengths", {})
-    longest = int(lengths.get("prompt", {}).get("max", room))
-    if longest > room:
-        log.warning("eval prompts over %d tokens are cut from the left", room)
-    return max(min(longest, room), 1)
-
-
 def measure(
     config: EvalConfig,
     shards_dir: str,
@@ -244,7 +227,7 @@ def measure(
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """Both policies' answers on the eval prompts: the summary, and one row per prompt."""
     prompts = read_prompts(
-        shards_dir, prompt_len=prompt_length(config, manifest, models),
+        shards_dir, prompt_len=generation.prompt_length(config.max_new_tokens, manifest, models),
         max_prompts=config.max_eval_prompts,
     )  # fmt: skip
     answers = {role: answer(models[role], prompts, config, scoring) for role in ROLES}
