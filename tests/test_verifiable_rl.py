@@ -146,6 +146,13 @@ def test_ppo_without_a_reward_model_trains_a_critic_from_the_policy(task, tmp_pa
     assert np.isfinite(_curve(tmp_path, "val/mean")).all()
 
 
+def test_lora_grpo_with_functions_alone_trains_adapters_only(task, tmp_path) -> None:
+    summary = _run(task, tmp_path, iterations=2, lora_rank=4, learning_rate=1e-3,
+                   reward_functions="builtin/exact-match")  # fmt: skip
+    assert summary["step"] == 2.0
+    assert np.isfinite(_curve(tmp_path, "rewards/exact_match/mean")).all()
+
+
 def test_nothing_to_score_with_is_refused(task, tmp_path) -> None:
     with pytest.raises(ValueError, match="--reward-model, or reward functions"):
         _run(task, tmp_path, iterations=1)
