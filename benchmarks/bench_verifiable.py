@@ -2,11 +2,11 @@
 GRPOTrainer, side by side, over seeds.
 
 Per seed, both start from the same policy: the task's data (``alignpipe run --task
-arithmetic``'s: 450 max/min problems, a quarter held out by prompt hash, 64 formatted
+arithmetic``'s: 450 max/min problems, a quarter held out by prompt hash, 128 formatted
 solutions) is sharded and alignpipe's sft stage trains the demo preset on the solutions;
 TRL gets that policy exported to a Hugging Face folder (``alignpipe export``). Both then run
 GRPO on the same train prompts with ``builtin/exact-match`` alone and the task's settings
-(pipelines/dag/tasks.py): 400 rollouts of 16 prompts x 8 completions, 2 minibatches x 4
+(pipelines/dag/tasks.py): 500 rollouts of 16 prompts x 8 completions, 2 minibatches x 4
 epochs each (TRL: generation_batch_size 128, per-device batch 64, num_iterations 4), learning
 rate 1e-4 after 10 warm-up steps, beta 0, DAPO's loss, group-std scaling, 6 new tokens.
 
@@ -237,7 +237,7 @@ def main() -> None:
     parser.add_argument("--skip-trl", action="store_true", help="alignpipe's figures alone")
     parser.add_argument(
         "--trl-seeds", default="0",
-        help="the seeds TRL also runs (0: its 400 rollouts take ~10x alignpipe's time here)",
+        help="the seeds TRL also runs (0: one more GRPO run per seed)",
     )  # fmt: skip
     parser.add_argument("--json", default="", help="also write every figure to this file")
     parser.add_argument("--trl-only", default="", help=argparse.SUPPRESS)

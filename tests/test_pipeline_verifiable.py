@@ -37,7 +37,7 @@ def test_the_arithmetic_task_runs_without_a_reward_stage(tmp_path, monkeypatch, 
     shards = json.loads((run_dir / "shard" / "sft_shards" / "manifest.json").read_text())
     assert (
         shards["kind"] == "completion_shards"
-        and shards["counts"]["train"] + shards["counts"]["eval"] == 64
+        and shards["counts"]["train"] + shards["counts"]["eval"] == 128
     )
     assert sft["training"]["steps"] == 300
     record = json.loads((run_dir / "evaluate" / "evaluation" / "eval.json").read_text())
