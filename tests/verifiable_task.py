@@ -24,7 +24,7 @@ def build(root) -> dict[str, str]:
     formatted solutions (``sft_shards``, split alike) and the policy trained on those
     (``sft``), under ``root``."""
     paths = {name: str(root / name) for name in ("prompts", "sft_shards", "sft")}
-    reasoning_task.write_task(str(root), seed=0, config=SMALL)
+    reasoning_task.write_task(str(root), seed=0, sft_count=64, config=SMALL)
     shard = ShardConfig(num_shards=1, tokenizer=TOKENIZER, eval_fraction=0.25, min_eval_pairs=8)
     shard_run(shard, [str(root / reasoning_task.PROMPTS_FILE)], paths["prompts"])
     shard_run(shard, [str(root / reasoning_task.SFT_FILE)], paths["sft_shards"])
