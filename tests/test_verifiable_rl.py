@@ -10,10 +10,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from components.core.rewards.scoring import RewardFunctionError
+from components.core.rewards.scoring import RewardFunctionError, weighted_total
 from components.core.training.metrics import read_metrics
 from components.ppo import PPOConfig, run
-from components.ppo.rollout import ScoreNorm, _fill_unscorable, combine_scores, weighted_total
+from components.ppo.rollout import ScoreNorm, _fill_unscorable, combine_scores
 from tests import verifiable_task
 
 pytestmark = pytest.mark.slow
@@ -176,5 +176,5 @@ def test_unscorable_responses_get_no_advantage_and_leave_their_group_alone() -> 
 
 def test_the_weighted_total_is_trls_nansum() -> None:
     per_function = jnp.array([[1.0, 0.5], [jnp.nan, 0.5], [jnp.nan, jnp.nan], [0.0, jnp.nan]])
-    total = weighted_total(per_function, (2.0, -1.0))
+    total = weighted_total(per_function, (2.0, -1.0), xp=jnp)
     np.testing.assert_allclose(total, [1.5, -0.5, np.nan, 0.0])

@@ -23,6 +23,7 @@ from jax import lax
 
 from components.core.model import lora, scoring
 from components.core.model.sampler import generate, is_stop
+from components.core.rewards.scoring import weighted_total
 from components.core.training import fsdp
 from components.ppo import losses
 from components.ppo.config import PPOConfig
@@ -297,14 +298,6 @@ def _fill_unscorable(scores: jax.Array, scorable: jax.Array, group_size: int) ->
     return jnp.where(ok, grouped, mean).reshape(-1)
 
 
-def weighted_total(per_function: jax.Array, weights: tuple[float, ...]) -> jax.Array:
-    """TRL's reward of each response [B]: the weighted sum over the functions that judged it
-    (``per_function`` [B, F], NaN = not judged), NaN where none did."""
-    judged = ~jnp.isnan(per_function)
-    total = jnp.sum(jnp.where(judged, per_function * jnp.asarray(weights), 0.0), axis=1)
-    return jnp.where(jnp.any(judged, axis=1), total, jnp.nan)
-
-
 def function_stats(per_function: jax.Array, total: jax.Array) -> dict[str, jax.Array]:
     """The reward functions' figures over every device's responses: each function's mean
     and std [F] over the responses it judged (TRL's ``rewards/<name>/mean`` and ``/std``,
@@ -347,7 +340,7 @@ def finish_step(
     logprobs, ref_logprobs = extra["logprobs"], extra["ref_logprobs"]
     functions = None
     if per_function is not None:
-        functions = weighted_total(per_function, config.reward_function_weights)
+        functions = weighted_total(per_function, config.reward_function_weights, xp=jnp)
     scores, scorable = combine_scores(
         extra["raw_scores"], extra["has_eos"], norm, functions, reward_model=reward_model
     )

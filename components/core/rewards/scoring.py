@@ -44,34 +44,30 @@ def _short(value: Any) -> str:
     return repr(text if len(text) <= _SHOWN_CHARS else text[:_SHOWN_CHARS] + "…")
 
 
+def weighted_total(per_function: Any, weights: Sequence[float], xp: Any = np) -> Any:
+    """TRL's reward of each completion [N]: the weighted sum over the functions that judged
+    it (``per_function`` [N, F], NaN = not judged: ``nansum``), NaN where none did. ``xp``:
+    numpy on the host, jax.numpy on the devices (the RL stage's rollouts)."""
+    judged = ~xp.isnan(per_function)
+    total = xp.sum(xp.where(judged, per_function * xp.asarray(weights), 0.0), axis=1)
+    return xp.where(xp.any(judged, axis=1), total, xp.nan)
+
+
 @dataclasses.dataclass
 class RewardBatch:
-    """The functions' rewards of one batch: per function [N, F] (NaN = not judged), the
-    weighted total [N] (NaN = judged by none), and the host seconds scoring took."""
+    """The functions' rewards of one batch: per function [N, F] (NaN = not judged), their
+    weights, and the host seconds scoring took. The RL stage's figures of them (TRL's
+    ``rewards/<name>/mean`` and ``/std``) are computed over every host, on the devices
+    (``components/ppo/rollout.function_stats``)."""
 
     per_function: np.ndarray
-    total: np.ndarray
+    weights: tuple[float, ...]
     seconds: float
 
     @property
-    def unscorable(self) -> np.ndarray:
-        return np.isnan(self.total)
-
-    def metrics(self, functions: Sequence[RewardFunction]) -> dict[str, float]:
-        """TRL's tags: ``rewards/<name>/mean`` and ``/std`` over the completions each
-        function judged, ``reward`` (the weighted total's mean), plus the unscorable share
-        and the scoring time."""
-        out: dict[str, float] = {}
-        for i, f in enumerate(functions):
-            column = self.per_function[:, i]
-            judged = column[~np.isnan(column)]
-            out[f"rewards/{f.name}/mean"] = float(judged.mean()) if judged.size else math.nan
-            out[f"rewards/{f.name}/std"] = float(judged.std(ddof=1)) if judged.size > 1 else 0.0
-        scored = self.total[~self.unscorable]
-        out["reward"] = float(scored.mean()) if scored.size else math.nan
-        out["rewards/unscorable_fraction"] = float(self.unscorable.mean()) if self.total.size else 0
-        out["time/reward_functions_s"] = self.seconds
-        return out
+    def total(self) -> np.ndarray:
+        """:func:`weighted_total` of the batch."""
+        return weighted_total(self.per_function, self.weights)
 
 
 def _rows(kwargs: Mapping[str, Any], start: int, stop: int) -> dict[str, Any]:
@@ -180,11 +176,8 @@ class RewardScorer:
         for i, function in enumerate(self.functions):
             output = self._call(i, function, kwargs, count)
             per_function[:, i] = check_output(function, output, kwargs, count)
-        weights = np.array([f.weight for f in self.functions])
-        judged = ~np.isnan(per_function)
-        total = np.where(judged, per_function * weights, 0.0).sum(axis=1)
-        total[~judged.any(axis=1)] = np.nan
-        return RewardBatch(per_function, total, time.monotonic() - started)
+        weights = tuple(f.weight for f in self.functions)
+        return RewardBatch(per_function, weights, time.monotonic() - started)
 
     def _call(self, index: int, function: RewardFunction, kwargs: dict, count: int) -> Any:
         if self._pool is None:
