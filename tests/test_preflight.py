@@ -315,3 +315,4 @@ def test_prompt_only_data_is_refused_before_any_task_naming_the_fix(tmp_path):
               "reward_functions": "builtin/exact-match"}  # fmt: skip
     message = _refused(scored, tmp_path / "runs3")
     assert "--reward-functions" not in message and "--sft-data-uri" in message
+    assert "--max-new-tokens and --eval-max-new-tokens (0 takes the longest" in message

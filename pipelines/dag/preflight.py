@@ -108,8 +108,9 @@ def check_data_kind(values: dict[str, Any]) -> None:
     """Refuse data the run cannot train on, before any task: prompt-completion data as the
     run's data (it trains sft alone: ``sft_data_uri``), and prompt-only data (TRL's
     ``{"prompt": ...}`` records) unless reward functions alone score the rollouts
-    (``train_reward_model`` false; the reward model and DPO train on pairs) and there is a
-    policy to start from (``base_policy``, or sft on ``sft_data_uri``)."""
+    (``train_reward_model`` false; the reward model and DPO train on pairs), there is a
+    policy to start from (``base_policy``, or sft on ``sft_data_uri``) and the responses'
+    length is given (``max_new_tokens``, ``eval_max_new_tokens``)."""
     from components.shard.formats import COMPLETION_FORMATS, PROMPT_FORMATS
 
     data_uri = values["data_uri"]
@@ -135,6 +136,12 @@ def check_data_kind(values: dict[str, Any]) -> None:
         fixes.append(
             f"{flag('base_policy')} (the policy to start from) or {flag('sft_data_uri')} "
             "(formatted solutions the sft stage trains one on)"
+        )
+    unsized = [name for name in ("max_new_tokens", "eval_max_new_tokens") if not values[name]]
+    if unsized:
+        fixes.append(
+            " and ".join(flag(name) for name in unsized) + " (0 takes the longest response in "
+            "the data, and prompts come without responses), e.g. 256"
         )
     if fixes:
         raise PreflightError(
