@@ -265,8 +265,13 @@ def sources_by_role(sources: list[dict[str, Any]]) -> dict[str, list[str]]:
 
 
 def has_shards(folder: str) -> bool:
-    """Whether the shard task wrote shards into ``folder`` (an output left empty has none)."""
+    """Whether the shard task wrote shards into ``folder`` (:func:`no_shards` wrote none)."""
     return fileio.exists(fileio.join(folder, "manifest.json"))
+
+
+def no_shards(path: str) -> None:
+    """Mark a shards output the run has no data for (its sft shards, without sft data)."""
+    fileio.write_text(path, "no sft data of its own: the sft task reads the run's shards\n")
 
 
 def data_tokenizer(sources: list[dict[str, Any]]) -> str:

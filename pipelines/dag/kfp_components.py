@@ -63,6 +63,9 @@ def shard(
     by_role = stage_io.sources_by_role(found)
     # Dataflow workers write to the artifact's gs:// URI; they cannot see this task's files.
     on_dataflow = "DataflowRunner" in beam_args
+    if "sft" not in by_role:
+        # A file all the same: kfp.local counts a task whose output has none as a cache miss.
+        stage_io.no_shards(sft_shards.path)
     for role, artifact in (("", shards), ("sft", sft_shards)):
         if role not in by_role:
             continue
