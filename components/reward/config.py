@@ -25,8 +25,17 @@ class RewardConfig(TrainConfig):
         "policy is aligned to a reward model that cannot rank the data (0 = never)",
     )
 
+    ensemble_size: int = field(
+        1,
+        help="reward models trained with seeds seed, seed+1, ...: PPO trains against the "
+        "first (or, with its conservative_reward, the ensemble's mean - lambda*std or "
+        "minimum) and logs their spread on its samples (ensemble disagreement); 1 = one",
+    )
+
     def __post_init__(self) -> None:
         TrainConfig.__post_init__(self)
+        if not 1 <= self.ensemble_size <= 16:
+            raise ValueError(f"ensemble_size: {self.ensemble_size} must be in 1..16")
         if self.center_rewards_coef < 0:
             raise ValueError(f"center_rewards_coef: {self.center_rewards_coef} must be >= 0")
         if not 0.0 <= self.min_reward_accuracy <= 1.0:

@@ -36,7 +36,6 @@ from components.shard.records import (
 from components.shard.sources import read_source
 from components.shard.tfrecord import write_tfrecords
 
-SPLITS = ("train", "eval")
 STATS_FILE = "_stats.json"
 REJECTED_FILE = "rejected/rejected.jsonl"
 
@@ -228,7 +227,7 @@ def build(
         | "Process"
         >> beam.ParDo(ProcessBundle(config, tokenizer_dir)).with_outputs("rejected", main="pairs")
     )
-    every_shard = [((s, i), []) for s in SPLITS for i in range(config.num_shards)]
+    every_shard = [((s, i), []) for s in config.splits for i in range(config.num_shards)]
     shard_stats = (
         (processed.pairs, pipeline | "EveryShard" >> beam.Create(every_shard))
         | "AllPairs" >> beam.Flatten()

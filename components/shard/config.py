@@ -57,6 +57,12 @@ class ShardConfig:
     )
     num_shards: int = field(8, help="TFRecord files per split")
     eval_fraction: float = field(0.1, help="share of prompts (by prompt hash) held out for eval")
+    heldout_fraction: float = field(
+        0.0,
+        help="share of prompts (by prompt hash, apart from eval's) in a 'heldout' split: the "
+        "reward stage trains a second, held-out reward model on it, which no other stage "
+        "trains on, to watch the aligned policy for reward hacking; 0 = none",
+    )
     # 8: one pair for each device of an 8-device host, the least any pmapped eval reads.
     min_eval_pairs: int = field(
         8,
@@ -71,6 +77,11 @@ class ShardConfig:
         2000, help="input lines handled together as one Beam element (amortizes per-element cost)"
     )
 
+    @property
+    def splits(self) -> tuple[str, ...]:
+        """The splits this configuration writes."""
+        return ("train", "eval", "heldout") if self.heldout_fraction else ("train", "eval")
+
     def __post_init__(self) -> None:
         check_finite(self)
         if self.format not in FORMATS:
@@ -81,6 +92,11 @@ class ShardConfig:
             raise ValueError(f"num_shards: {self.num_shards} must be at least 1")
         if not 0.0 <= self.eval_fraction < 1.0:
             raise ValueError(f"eval_fraction: {self.eval_fraction} must be in [0, 1)")
+        if not 0.0 <= self.heldout_fraction < 1.0 - self.eval_fraction:
+            raise ValueError(
+                f"heldout_fraction: {self.heldout_fraction} must be in [0, 1 - eval_fraction "
+                f"{self.eval_fraction:g}): some prompts must stay to train on"
+            )
         if self.min_eval_pairs < 0:
             raise ValueError(f"min_eval_pairs: {self.min_eval_pairs} must be >= 0 (0 = no check)")
         if not 0.0 <= self.max_invalid_fraction <= 1.0:

@@ -9,7 +9,7 @@ from typing import Any
 
 from components.core import fileio
 from components.core.data.input_pipeline import MANIFEST, SCHEMA_VERSION
-from components.shard.beam_pipeline import REJECTED_FILE, SPLITS, shard_path
+from components.shard.beam_pipeline import REJECTED_FILE, shard_path
 from components.shard.config import ShardConfig
 
 # The reader (core.data.input_pipeline) owns the contract; the writer uses its constants.
@@ -81,7 +81,7 @@ def build_manifest(
             by_reason.update(s["by_reason"])
     splits = {
         split: _split_summary([s for s in shards if s["split"] == split], output, config.num_shards)
-        for split in SPLITS
+        for split in config.splits
     }
     gold = {g for s in shards for g in s["gold_rewards"]}
     prompt_only = sum(s.get("prompt_only", 0) for s in shards)
@@ -96,7 +96,8 @@ def build_manifest(
         "eval": splits["eval"]["pairs"],
         "rejected": sum(by_reason.values()),
         "duplicates": sum(s["duplicates"] for s in shards),
-        "truncated": splits["train"]["truncated"] + splits["eval"]["truncated"],
+        **({"heldout": splits["heldout"]["pairs"]} if "heldout" in splits else {}),
+        "truncated": sum(split["truncated"] for split in splits.values()),
         "prompt_only": prompt_only,
         "completions": completions,
     }
@@ -122,7 +123,8 @@ def build_manifest(
 
 def conserved(counts: dict[str, int]) -> bool:
     """Input records = train + eval + rejected + duplicates."""
-    out = counts["train"] + counts["eval"] + counts["rejected"] + counts["duplicates"]
+    out = counts["train"] + counts["eval"] + counts.get("heldout", 0)
+    out += counts["rejected"] + counts["duplicates"]
     return counts["input_records"] == out
 
 

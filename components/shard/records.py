@@ -73,14 +73,24 @@ SPLIT_SCALE = 2**32
 
 
 def split_position(hash_value: int) -> int:
-    """A prompt's place in [0, 2**32): it is in eval when below ``eval_fraction * 2**32``."""
+    """A prompt's place in [0, 2**32): it is in eval when below ``eval_fraction * 2**32``,
+    in heldout when at or above ``(1 - heldout_fraction) * 2**32``."""
     return hash_value & 0xFFFFFFFF
 
 
-def place(hash_value: int, eval_fraction: float, num_shards: int) -> tuple[str, int]:
-    """Split and shard of a prompt hash: independent bits pick each."""
-    in_eval = split_position(hash_value) < eval_fraction * SPLIT_SCALE
-    return ("eval" if in_eval else "train"), (hash_value >> 32) % num_shards
+def place(
+    hash_value: int, eval_fraction: float, num_shards: int, heldout_fraction: float = 0.0
+) -> tuple[str, int]:
+    """Split and shard of a prompt hash: independent bits pick each. Eval takes the lowest
+    positions and heldout the highest, so either fraction can change without moving a
+    prompt between the other split and train."""
+    position = split_position(hash_value)
+    split = "train"
+    if position < eval_fraction * SPLIT_SCALE:
+        split = "eval"
+    elif heldout_fraction and position >= (1.0 - heldout_fraction) * SPLIT_SCALE:
+        split = "heldout"
+    return split, (hash_value >> 32) % num_shards
 
 
 def response_ids(tokenizer: Tokenizer, text: str) -> list[int]:
@@ -154,7 +164,9 @@ def process_object(
     pair = to_text_pair(obj, fmt, tokenizer, config.template_kwargs(), config.system_message)
     prompt_ids, chosen_ids, rejected_ids, truncated = tokenize(pair, tokenizer, config)
     hash_value = prompt_hash(pair.prompt)
-    split, shard = place(hash_value, config.eval_fraction, config.num_shards)
+    split, shard = place(
+        hash_value, config.eval_fraction, config.num_shards, config.heldout_fraction
+    )
     return TokenPair(
         pair,
         prompt_ids,

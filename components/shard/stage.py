@@ -46,7 +46,7 @@ def pipeline_options(config: ShardConfig, beam_args: list[str]) -> Any:
 
 def _clear_output(output: str) -> None:
     """Remove what an earlier run left, so no stale shard or manifest survives."""
-    for name in ("train", "eval", "rejected", "tokenizer"):
+    for name in ("train", "eval", "heldout", "rejected", "tokenizer"):
         fileio.remove_tree(fileio.join(output, name))
     for name in (MANIFEST_FILE, beam_pipeline.STATS_FILE):
         path = fileio.join(output, name)
@@ -76,7 +76,7 @@ def _check(manifest: dict[str, Any], config: ShardConfig, output: str) -> None:
     counts = manifest["counts"]
     if not conserved(counts):
         raise ShardError(f"record counts do not add up: {counts}")
-    valid = counts["train"] + counts["eval"]
+    valid = counts["train"] + counts["eval"] + counts.get("heldout", 0)
     rejected_path = fileio.join(output, beam_pipeline.REJECTED_FILE)
     reasons = ", ".join(f"{k}: {v}" for k, v in manifest["rejected_by_reason"].items()) or "none"
     if counts["input_records"] == 0 or valid == 0:

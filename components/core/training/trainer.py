@@ -294,8 +294,9 @@ def train_on_preferences(
     summarize_eval: Callable[[dict[str, float]], dict[str, float]],
     wrap_batches: Callable[[Any, PyTree], BatchWrapper] | None = None,
     inputs: dict[str, str] | None = None,
+    train_split: str = "train",
 ) -> PreferenceTraining:
-    """Build the stage's model, train it on the train split, evaluate it on the eval split.
+    """Build the stage's model, train it on ``train_split``, evaluate it on the eval split.
 
     ``wrap_batches(graphdef, initial_params)``, when given, returns the wrapper every split's
     batches pass through (train and eval alike). ``inputs``: the stage's model inputs as
@@ -344,7 +345,8 @@ def train_on_preferences(
         )
     result = fit(
         config=config, output=output, stage=stage, params=trainable, loss_fn=make_loss(graphdef),
-        train_data=batches("train", shuffle=True, repeat=True), evaluate=evaluate, frozen=frozen,
+        train_data=batches(train_split, shuffle=True, repeat=True), evaluate=evaluate,
+        frozen=frozen,
         inputs={"--shards": shards_dir, **(inputs or {})},
     )  # fmt: skip
     final_eval = evaluate(parallel.place(result.params, sharded=config.fsdp))
