@@ -78,6 +78,8 @@ GROUP_FROM_SCRATCH_LEARNING_RATE = 3e-5
 
 STATUS_COMPLETED = "completed"
 STATUS_STOPPED_KL_GUARD = "stopped_kl_guard"
+# The held-out reward model's score fell while the proxy's rose (heldout_patience).
+STATUS_STOPPED_OVEROPTIMISATION = "stopped_overoptimisation"
 
 
 @dataclasses.dataclass(slots=True, kw_only=True)
@@ -258,6 +260,29 @@ class PPOConfig(
         help="processes the reward functions run in (each call split over them, with "
         "reward_timeout); 0 = in the stage's own process, no timeout",
     )
+    # Over-optimisation (ppo/monitors.py): what the reward artifact's held-out model and
+    # ensemble members (reward/members.py) do to the run.
+    conservative_reward: Literal["", "mean", "min", "mean-std"] = field(
+        "",
+        help="with a reward ensemble (reward ensemble_size > 1): train against its mean, its "
+        "minimum or mean - conservative_lambda * std of the members' standardized scores "
+        "(Coste et al. 2023) instead of the first member alone; '' = the first member",
+    )
+    conservative_lambda: float = field(
+        1.0, help="conservative_reward mean-std: the weight of the ensemble's std"
+    )
+    select_checkpoint: Literal["heldout", "last"] = field(
+        "heldout",
+        help="the policy the stage outputs: heldout = of the checkpoints saved, the one whose "
+        "rollout the held-out reward model scored highest (with a held-out model; else the "
+        "last), last = the last",
+    )
+    heldout_patience: int = field(
+        0,
+        help="stop early (status stopped_overoptimisation) when the held-out reward model's "
+        "score has stayed below its best for this many rollouts while the proxy's rose above "
+        "its value then; 0 = never",
+    )
     # Counted in iterations, and a guard restoration loses what followed the last save.
     save_every: int = group_field(CheckpointSettings, "save_every", 5)
 
@@ -271,6 +296,17 @@ class PPOConfig(
         check_learning_rate("critic_learning_rate", self.critic_learning_rate)
         self._check_sizes()
         self._check_coefficients()
+        for name, allowed in (
+            ("conservative_reward", ("", "mean", "min", "mean-std")),
+            ("select_checkpoint", ("heldout", "last")),
+        ):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"{name}: {getattr(self, name)!r} is not one of {allowed}")
+        if self.conservative_lambda < 0 or self.heldout_patience < 0:
+            raise ValueError(
+                f"conservative_lambda ({self.conservative_lambda}) and heldout_patience "
+                f"({self.heldout_patience}) must be >= 0"
+            )
         # Validates the optimizer fields with their own messages.
         self._optim(self.learning_rate or FROM_SCRATCH_LEARNING_RATES[0])
 

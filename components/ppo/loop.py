@@ -41,7 +41,12 @@ from components.core.training.checkpoint import (
 )
 from components.core.training.metrics import MetricsLogger
 from components.core.training.optim import make_schedule
-from components.ppo.config import STATUS_COMPLETED, STATUS_STOPPED_KL_GUARD, PPOConfig
+from components.ppo.config import (
+    STATUS_COMPLETED,
+    STATUS_STOPPED_KL_GUARD,
+    STATUS_STOPPED_OVEROPTIMISATION,
+    PPOConfig,
+)
 from components.ppo.guard import KL_METRIC, GuardState, KLGuard
 from components.ppo.host_rewards import HostRewards
 from components.ppo.kl_control import (
@@ -50,6 +55,7 @@ from components.ppo.kl_control import (
     raise_kl_coef,
     resume_kl_controller,
 )
+from components.ppo.monitors import HELDOUT_SCORE, Monitors, OveroptTracker
 from components.ppo.rollout import (
     Frozen,
     Models,
@@ -65,6 +71,8 @@ from components.ppo.update import PPOState, make_ema_update, make_update
 log = logging.getLogger(__name__)
 # The checkpoint meta entry holding the reference's mean response length.
 REFERENCE_LENGTH_KEY = "reference_response_length"
+OVEROPT_KEY = "overoptimisation"  # the monitors' tracker (monitors.OveroptTracker)
+
 PyTree = Any
 
 
@@ -79,6 +87,8 @@ class Networks:
     ids: TokenIds
     norm: ScoreNorm
     frozen: Frozen | None = None  # LoRA: the bases (policy, critic and reward hold the rest)
+    monitors: PyTree | None = None  # the reward artifact's other models, stacked (monitors.py)
+    monitor_spec: Monitors | None = None
 
     @property
     def reference(self) -> PyTree:
@@ -100,6 +110,9 @@ class LoopResult:
     metrics: dict[str, float]  # the output policy's rollout figures, plus the run's counts
     guard_events: list[dict[str, Any]]
     final_kl: float | None  # KL per token of the output policy's check rollout
+    # select_checkpoint heldout: the iteration output and the last one, with their held-out
+    # reward model scores; None when the last policy is the output by configuration.
+    selected: dict[str, float] | None = None
 
 
 # Compiled phases by (graphs, config, ids, norm): repeated runs in one process (tests, a
@@ -111,22 +124,27 @@ _PHASES_KEPT = 4
 def compiled_phases(config: PPOConfig, nets: Networks) -> tuple[Any, Any, Any]:
     """The pmapped rollout, update and EMA functions of this configuration (cached). With
     reward functions the rollout is two programs (rollout.RolloutPhases), scored between."""
-    key = (nets.models, dataclasses.astuple(config), nets.ids, nets.norm)
+    key = (nets.models, dataclasses.astuple(config), nets.ids, nets.norm, nets.monitor_spec)
     if key not in _PHASES:
         if len(_PHASES) >= _PHASES_KEPT:
             _PHASES.pop(next(iter(_PHASES)))
         ema = make_ema_update(config.ref_ema_decay) if config.ref_ema_decay else None
         make = make_rollout_phases if config.reward_functions else make_rollout
-        rollout = make(nets.models, config, nets.ids, nets.norm)
+        rollout = make(nets.models, config, nets.ids, nets.norm, nets.monitor_spec)
         _PHASES[key] = (rollout, make_update(nets.models, config), ema)
     return _PHASES[key]
 
 
 def ppo_checkpointer(
-    config: PPOConfig, output: str, inputs: dict[str, str] | None = None
+    config: PPOConfig,
+    output: str,
+    inputs: dict[str, str] | None = None,
+    heldout: bool = False,
 ) -> TrainCheckpointer:
     """The run's checkpointer. ``inputs`` (flag → folder: shards, policy, reward) are
-    fingerprinted into the checkpoints' identity, so a resume with other ones is refused."""
+    fingerprinted into the checkpoints' identity, so a resume with other ones is refused.
+    With a ``heldout`` reward model and ``select_checkpoint`` heldout it also keeps the save
+    the held-out model scored highest (monitors.py), which the run outputs."""
     identity = {
         "stage": "ppo",
         "algorithm": config.algorithm,
@@ -135,7 +153,11 @@ def ppo_checkpointer(
     }
     return TrainCheckpointer(
         training_state_dir(output),
-        CheckpointConfig(save_every=config.save_every, keep=config.keep_checkpoints),
+        CheckpointConfig(
+            save_every=config.save_every,
+            keep=config.keep_checkpoints,
+            keep_best=int(heldout and config.select_checkpoint == "heldout"),
+        ),
         identity,
         inputs,
     )
@@ -183,6 +205,11 @@ class PPOLoop:
         # The reference's mean response length: the first rollout's, whose policy is the
         # reference; each rollout's length is logged against it (a drift monitor).
         self.reference_length: float | None = None
+        # The over-optimisation monitors' state (monitors.OveroptTracker); None without them.
+        self.overopt = None
+        if nets.monitor_spec is not None:
+            self.overopt = OveroptTracker(config.heldout_patience, nets.monitor_spec.heldout)
+        self.monitors = None if nets.monitors is None else parallel.place(nets.monitors)
         self.template = PPOState.create(nets.policy, nets.critic, config)
         # LoRA's bases: placed once, read by every phase, never donated or checkpointed.
         self.frozen = None if nets.frozen is None else Frozen(*map(self._place, nets.frozen))
@@ -239,6 +266,8 @@ class PPOLoop:
             self.guard.state = GuardState.from_json_dict(meta["guard"])
         self.good_rollout = dict(meta.get("rollout", {}))
         self.reference_length = meta.get(REFERENCE_LENGTH_KEY)
+        if self.overopt is not None and OVEROPT_KEY in meta:
+            self.overopt.restore(meta[OVEROPT_KEY])
         self.key = restored.rng
         self.prompts.restore(restored.data_position)
         self.last_saved = restored.step
@@ -253,6 +282,7 @@ class PPOLoop:
             "rollout": self.good_rollout,
             REFERENCE_LENGTH_KEY: self.reference_length,
             "policy_updates": self.policy_updates,
+            **({} if self.overopt is None else {OVEROPT_KEY: self.overopt.state()}),
             # Read back before the networks are built on resume (score_norm.saved_score_stats).
             SCORE_NORM_KEY: {
                 "source": self.config.score_norm,
@@ -270,14 +300,15 @@ class PPOLoop:
             extra_trees=extra,
             extra_json=meta,
             force=True,
+            metric=None if self.overopt is None else self.overopt.selection(self.good_rollout),
         )
         self.last_saved = self.iteration
 
-    def _save_due(self) -> bool:
+    def _save_due(self, stopping: bool = False) -> bool:
         """Whether this iteration's good policy is to be checkpointed."""
         if self.iteration <= self.last_saved:
             return False
-        last = self.iteration == self.config.iterations
+        last = self.iteration == self.config.iterations or stopping
         return (
             last
             or self.last_saved < 0
@@ -300,6 +331,7 @@ class PPOLoop:
             critic=None if critic is None else critic.params,
             reward=self.reward,
             frozen=self.frozen,
+            monitors=self.monitors,
         )
         prompts = next(self.prompts)
         if self.config.uses_groups:
@@ -415,17 +447,26 @@ class PPOLoop:
             self.reference_length = rollout["response_length"]
         if self.reference_length:  # None: resumed from a checkpoint that did not keep it
             rollout["response_length_ratio"] = rollout["response_length"] / self.reference_length
+        stopping = False
+        if self.overopt is not None:
+            rollout.update(self.overopt.gains(rollout))
         last = self.iteration == self.config.iterations
         verdict = self.guard.judge_rollout(rollout, final=last)
         reason = verdict.trip
         if reason is None:
             if verdict.good:
                 self.good_rollout = rollout
+                if self.overopt is not None:
+                    stopping = self.overopt.observe(self.iteration, rollout)
                 # With the controller before it saw this rollout: a resume rolls out again.
-                if self._save_due():
+                if self._save_due(stopping):
                     self._save(position)
             if last:
                 return STATUS_COMPLETED
+            if stopping:
+                logger.event(self.iteration + 1, "overoptimisation_stop", **self.overopt.state())
+                log.info("ppo: %s", self.overopt.stop_reason(self.iteration))
+                return STATUS_STOPPED_OVEROPTIMISATION
             # The coefficient this rollout's penalty was weighed with (grpo: the update's).
             self.controller = controller
             update, t_update = self._update(batch)
@@ -458,6 +499,9 @@ class PPOLoop:
             while status is None:
                 status = self._step(logger)
         host = parallel.unreplicate(self.state)
+        policy, selected = host.policy.params, None
+        if self.checkpointer.best_step() is not None:
+            policy, selected = self._select(policy)
         # The figures of the policy this run outputs, not of a later one the guard discarded.
         summary = {
             **self.good_rollout,
@@ -469,10 +513,38 @@ class PPOLoop:
         # None only for a run resumed from a checkpoint written before they held the figures.
         final_kl = self.good_rollout.get(KL_METRIC)
         return LoopResult(
-            self.nets.whole_policy(host.policy.params),
+            self.nets.whole_policy(policy),
             self.policy_updates,
             status,
             summary,
             self.guard.state.events,
             final_kl,
+            selected,
         )
+
+    def _select(self, last_policy: PyTree) -> tuple[PyTree, dict[str, float]]:
+        """The saved policy the held-out reward model scored highest (select_checkpoint
+        heldout), its rollout figures and updates in place of the last's; and what was chosen."""
+        best = self.checkpointer.best_step()
+        last_score = self.good_rollout.get(HELDOUT_SCORE)
+        selected = {"iteration": float(best), "last_iteration": float(self.iteration)}
+        if best == self.iteration:
+            return last_policy, {
+                **selected,
+                "heldout_score": last_score,
+                "last_heldout_score": last_score,
+            }
+        extra = {"reference": self.nets.reference} if self.ema else None
+        restored = self.checkpointer.restore_latest(self.template, self.key, extra, step=best)
+        self.good_rollout = dict(restored.extra_json.get("rollout", {}))
+        self.policy_updates = int(restored.extra_json.get("policy_updates", best))
+        log.info(
+            "ppo: output the policy of iteration %d (held-out reward model score %.4g; the "
+            "last, iteration %d, scored %.4g)",
+            best, self.good_rollout.get(HELDOUT_SCORE, float("nan")), self.iteration,
+            float("nan") if last_score is None else last_score,
+        )  # fmt: skip
+        selected.update(
+            heldout_score=self.good_rollout.get(HELDOUT_SCORE), last_heldout_score=last_score
+        )
+        return restored.state.policy.params, selected

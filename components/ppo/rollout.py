@@ -28,6 +28,7 @@ from components.core.training import fsdp
 from components.ppo import losses
 from components.ppo.config import PPOConfig
 from components.ppo.kl_control import KLControllerState, update_kl_controller
+from components.ppo.monitors import Monitors, member_scores, monitor
 
 PyTree = Any
 AXIS = "data"
@@ -62,6 +63,8 @@ class RolloutParams(NamedTuple):
     critic: PyTree
     reward: PyTree
     frozen: Frozen | None = None
+    # The reward artifact's other models, whole and stacked (monitors.py); None = none.
+    monitors: PyTree = None
 
     def joined(self) -> RolloutParams:
         """Every network's whole parameters (no-op without frozen bases)."""
@@ -73,6 +76,7 @@ class RolloutParams(NamedTuple):
             reference=lora.join(self.reference, policy),
             critic=None if self.critic is None else lora.join(self.critic, shared),
             reward=None if self.reward is None else lora.join(self.reward, shared),
+            monitors=self.monitors,
         )
 
 
@@ -226,10 +230,12 @@ def sample_step(
     *,
     config: PPOConfig,
     ids: TokenIds,
+    monitors: Monitors | None = None,
 ) -> tuple[dict[str, jax.Array], dict[str, jax.Array], KLControllerState]:
     """The device half of a rollout before any host scoring: one device's sampled batch, what
     the networks say of it (log-probs of policy and reference, KL, values, reward-model
-    scores) and the KL controller after it observed this rollout's KL.
+    scores; with ``monitors``, the other reward models' figures and the scores to train on:
+    monitors.py) and the KL controller after it observed this rollout's KL.
 
     The coefficient the controller sets from this rollout's KL weighs this rollout's penalty.
     TRL and OpenRLHF weigh it with the coefficient of the rollout before and update the
@@ -252,9 +258,13 @@ def sample_step(
     controller = update_kl_controller(controller, exact_kl, config.rollout_batch_size)
     values, raw_scores = _score(models, params, batch, config, stats.ref_logprobs)
     has_eos = jnp.any(is_stop(batch["response_tokens"], ids.eos_id) & (mask != 0), axis=1)
+    figures = {}
+    if monitors is not None:
+        members = member_scores(models.reward, params.monitors, batch)
+        raw_scores, figures = monitor(raw_scores, members, monitors)
     extra = dict(
         logprobs=stats.logprobs, ref_logprobs=stats.ref_logprobs, raw_scores=raw_scores,
-        has_eos=has_eos, exact_kl=exact_kl,
+        has_eos=has_eos, exact_kl=exact_kl, monitors=figures,
     )  # fmt: skip
     if values is not None:
         extra["values"] = values
@@ -361,7 +371,7 @@ def finish_step(
         out["values"] = values
         batch.update(values=jnp.where(real, values, 0.0), returns=returns)
     advantages = jnp.where(scorable[:, None], advantages, 0.0)
-    metrics = _metrics(batch, kl, logprobs, out)
+    metrics = {**_metrics(batch, kl, logprobs, out), **extra["monitors"]}
     if per_function is not None:
         metrics["functions"] = function_stats(per_function, functions)
     batch.update(logprobs=jnp.where(real, logprobs, 0.0), advantages=advantages)
@@ -378,19 +388,24 @@ def rollout_step(
     config: PPOConfig,
     ids: TokenIds,
     norm: ScoreNorm,
+    monitors: Monitors | None = None,
 ) -> tuple[dict[str, jax.Array], dict[str, jax.Array], KLControllerState]:
     """One device's rollout batch for the update, the global rollout metrics, and the KL
     controller after it observed this rollout's KL, scored by the reward model alone
     (:func:`sample_step`, then :func:`finish_step`, in one program)."""
     batch, extra, controller = sample_step(
-        models, params, prompts, rng, controller, config=config, ids=ids
+        models, params, prompts, rng, controller, config=config, ids=ids, monitors=monitors
     )
     batch, metrics = finish_step(batch, extra, None, controller, config=config, norm=norm)
     return batch, metrics, controller
 
 
 def make_rollout(
-    models: Models, config: PPOConfig, ids: TokenIds, norm: ScoreNorm
+    models: Models,
+    config: PPOConfig,
+    ids: TokenIds,
+    norm: ScoreNorm,
+    monitors: Monitors | None = None,
 ) -> Callable[..., tuple[dict, dict, KLControllerState]]:
     """``rollout(params, prompts, rng, controller) -> (batch, metrics, controller)`` pmapped
     over devices (:func:`rollout_step`).
@@ -402,8 +417,9 @@ def make_rollout(
 
     def step(params: RolloutParams, prompts: dict, rng: jax.Array, controller):
         return rollout_step(
-            models, params, prompts, rng, controller, config=config, ids=ids, norm=norm
-        )
+            models, params, prompts, rng, controller, config=config, ids=ids, norm=norm,
+            monitors=monitors,
+        )  # fmt: skip
 
     return jax.pmap(step, axis_name=AXIS, in_axes=(0, 0, None, None))
 
@@ -418,14 +434,20 @@ class RolloutPhases(NamedTuple):
 
 
 def make_rollout_phases(
-    models: Models, config: PPOConfig, ids: TokenIds, norm: ScoreNorm
+    models: Models,
+    config: PPOConfig,
+    ids: TokenIds,
+    norm: ScoreNorm,
+    monitors: Monitors | None = None,
 ) -> RolloutPhases:
     """:class:`RolloutPhases` of this configuration (no reward model when ``models.reward``
     is None). ``per_function`` [devices, rows, F] carries a leading device axis like the
     batch."""
 
     def sample(params: RolloutParams, prompts: dict, rng: jax.Array, controller):
-        return sample_step(models, params, prompts, rng, controller, config=config, ids=ids)
+        return sample_step(
+            models, params, prompts, rng, controller, config=config, ids=ids, monitors=monitors
+        )
 
     def finish(batch: dict, extra: dict, per_function: jax.Array, controller):
         return finish_step(

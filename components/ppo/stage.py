@@ -46,12 +46,18 @@ from components.core.rewards.scoring import RewardScorer
 from components.core.training.distributed import is_primary, maybe_initialize
 from components.core.training.trainer import StreamBatches
 from components.hf.importer import remove_import, resolve_base
-from components.ppo.config import STATUS_STOPPED_KL_GUARD, PPOConfig
+from components.ppo.config import (
+    STATUS_STOPPED_KL_GUARD,
+    STATUS_STOPPED_OVEROPTIMISATION,
+    PPOConfig,
+)
 from components.ppo.gold import mean_gold_reward
 from components.ppo.host_rewards import HostRewards
 from components.ppo.loop import Networks, PPOLoop, ppo_checkpointer
+from components.ppo.monitors import Monitors, stack
 from components.ppo.rollout import Frozen, Models, ScoreNorm, TokenIds
 from components.ppo.score_norm import policy_score_stats, saved_score_stats
+from components.reward.members import reward_members
 
 log = logging.getLogger(__name__)
 STATUS_FILE = "ppo_status.json"
@@ -158,6 +164,9 @@ def build_networks(
         elif critic_params is not None:
             critic_params = nnx.filter_state(critic_params, lora.TRAINABLE)
         frozen = Frozen(jax.device_get(policy_base), jax.device_get(shared))
+    monitors, spec = None, None
+    if reward_dir:
+        monitors, spec = _monitors(config, manifest, reward_dir, reward_params)
     nets = Networks(
         models=Models(policy_graph, critic_graph, reward_graph),
         policy=jax.device_get(policy_params),
@@ -172,8 +181,55 @@ def build_networks(
             quantiles=tuple(stats.get("quantiles", ())) if config.score_norm == "quantile" else (),
         ),  # fmt: skip
         frozen=frozen,
+        monitors=monitors,
+        monitor_spec=spec,
     )
     return policy, nets
+
+
+def _monitors(
+    config: PPOConfig, manifest: dict, reward_dir: str, reward_params: Any
+) -> tuple[Any, Monitors | None]:
+    """The reward artifact's held-out model and ensemble members (reward/members.py),
+    stacked whole, and their statistics; (None, None) when it has none."""
+    members = reward_members(reward_dir)
+    ensemble = bool(members.ensemble)
+    if config.conservative_reward and not ensemble:
+        raise ValueError(
+            f"conservative_reward: {config.conservative_reward!r} combines a reward ensemble, "
+            f"but {reward_dir} holds one reward model; train more with the reward stage's "
+            "ensemble_size (pipeline: reward_ensemble), or set conservative_reward ''"
+        )
+    if not members.any:
+        return None, None
+    if config.fsdp:
+        raise ValueError(
+            f"{reward_dir} holds a held-out reward model or an ensemble, which ppo holds whole "
+            "on every device; fsdp runs do not score them: shard with heldout_fraction 0 and "
+            "train the reward stage with ensemble_size 1, or run without fsdp"
+        )
+    trees = []
+    for folder in members.folders:
+        model, _ = _load(folder, manifest, config, scalar_head=None)
+        _, params = nnx.split(lora.merge(model), nnx.Param)
+        trees.append(jax.device_get(params))
+    proxy = read_reward_stats(reward_dir, {})
+    stats = [read_reward_stats(folder, {}) for folder in members.folders]
+    log.info(
+        "ppo: rollouts also scored by %s",
+        ", ".join(
+            (["the held-out reward model"] if members.heldout else [])
+            + ([f"{len(members.ensemble)} more ensemble member(s)"] if ensemble else [])
+        ),
+    )
+    spec = Monitors(
+        proxy=(proxy["mean"], proxy["std"]),
+        members=tuple((s["mean"], s["std"]) for s in stats),
+        heldout=members.heldout is not None,
+        conservative=config.conservative_reward,
+        weight=config.conservative_lambda,
+    )
+    return stack(trees), spec
 
 
 def _reward_model(
@@ -325,7 +381,8 @@ def run(
         max_new_tokens=config.max_new_tokens or longest_response(manifest, shards_dir, "ppo"),
     )
     inputs = {"--shards": shards_dir, "--policy": given_policy, "--reward-model": reward_dir}
-    checkpointer = ppo_checkpointer(config, output, inputs)
+    members = reward_members(reward_dir)
+    checkpointer = ppo_checkpointer(config, output, inputs, heldout=members.heldout is not None)
     policy, nets = build_networks(
         config, manifest, policy_dir, reward_dir, shards_dir=shards_dir,
         score_stats=saved_score_stats(checkpointer, config.score_norm),
@@ -347,6 +404,7 @@ def run(
         "guard_events": result.guard_events,
         "gold_reward": _gold_figures(gold_before, gold_after),
         "score_norm": {"source": config.score_norm, "mean": nets.norm.mean, "std": nets.norm.std},
+        "selected_checkpoint": result.selected,
     }
     save_model(
         output, policy, result.policy, tokenizer=manifest["tokenizer"], stage="ppo",
@@ -360,6 +418,9 @@ def run(
     remove_import(fileio.join(output, "work"))
     metrics = dict(result.metrics)
     metrics["stopped_kl_guard"] = float(result.status == STATUS_STOPPED_KL_GUARD)
+    metrics["stopped_overoptimisation"] = float(result.status == STATUS_STOPPED_OVEROPTIMISATION)
+    if result.selected is not None:
+        metrics["selected_iteration"] = result.selected["iteration"]
     if gold_before is not None:
         metrics.update({"gold/initial": gold_before["eval"], "gold/final": gold_after["eval"]})
         if "validation" in gold_before:

@@ -143,12 +143,22 @@ class CheckpointConfig:
     save_every: int = field(200, help="save training state every this many steps (and at the end)")
     keep: int = field(2, help="keep this many of the latest training checkpoints")
     async_save: bool = field(True, help="write checkpoints in the background while training")
+    # Also keep this many saves with the highest ``metric`` (save's), e.g. PPO's held-out
+    # reward-model score, from which best_step picks; 0 = the latest ``keep`` alone.
+    keep_best: int = 0
 
     def __post_init__(self) -> None:
         if self.save_every < 1:
             raise ValueError(f"save_every must be at least 1, got {self.save_every}")
         if self.keep < 1:
             raise ValueError(f"keep must be at least 1, got {self.keep}")
+
+
+METRIC = "selection"
+
+
+def _metric(metrics: dict[str, float]) -> float:
+    return metrics[METRIC]
 
 
 class CheckpointRestoreError(ValueError):
@@ -190,14 +200,31 @@ class TrainCheckpointer:
         identity as their :func:`input_fingerprint`, so a resume from other ones is refused."""
         fingerprints = {flag: input_fingerprint(path) for flag, path in (inputs or {}).items()}
         self.identity = {**(identity or {}), **fingerprints}
+        keeping: dict[str, Any] = {"max_to_keep": config.keep}
+        if config.keep_best:
+            policies = ocp.checkpoint_managers
+            keeping = {
+                "preservation_policy": policies.AnyPreservationPolicy(
+                    [
+                        policies.LatestN(n=config.keep),
+                        policies.BestN(
+                            get_metric_fn=_metric, n=config.keep_best,
+                            keep_checkpoints_without_metrics=False,
+                        ),
+                    ]
+                ),  # fmt: skip
+                "best_fn": _metric,  # best_step's order
+                "best_mode": "max",
+            }
         options = ocp.CheckpointManagerOptions(
             save_interval_steps=config.save_every,
-            max_to_keep=config.keep,
+            **keeping,
             enable_async_checkpointing=config.async_save,
             # Leftovers of a killed save are never a step; clear them on start.
             cleanup_tmp_directories=True,
         )
         self.directory = directory
+        self._ranked = bool(config.keep_best)
         self._manager = ocp.CheckpointManager(_abs(directory), options=options)
 
     def save(
@@ -211,6 +238,7 @@ class TrainCheckpointer:
         extra_json: dict[str, Any] | None = None,
         force: bool = False,
         chunks: int = 0,
+        metric: float | None = None,
     ) -> bool:
         """Save state at ``step`` when due, or always with ``force``.
 
@@ -228,7 +256,12 @@ class TrainCheckpointer:
                 state=ocp.args.StandardSave(tree), meta=ocp.args.JsonSave(meta)
             ),
             force=force,
+            metrics=None if metric is None else {METRIC: float(metric)},
         )
+
+    def best_step(self) -> int | None:
+        """The kept step of the highest ``metric`` (None when none was ranked)."""
+        return self._manager.best_step() if self._ranked else None
 
     def latest_step(self) -> int | None:
         """The newest complete step, or None."""
@@ -243,9 +276,11 @@ class TrainCheckpointer:
         state_template: PyTree,
         rng_template: jax.Array | np.ndarray,
         extra_templates: dict[str, PyTree] | None = None,
+        step: int | None = None,
     ) -> Restored | None:
-        """The latest complete checkpoint in the templates' structure, or None if none."""
-        step = self._manager.latest_step()
+        """The latest complete checkpoint (or that of ``step``) in the templates' structure,
+        or None if none."""
+        step = self._manager.latest_step() if step is None else step
         if step is None:
             return None
         chunks = int(self._checked_meta(step).get("chunks", 0))
