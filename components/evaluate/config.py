@@ -73,6 +73,31 @@ class EvalConfig(TrackingSettings):
         "drift from the anchor (the first promoted policy) across runs; inf disables the check "
         "(a pipeline parameter must be finite: 1e9)",
     )
+    # Over-optimisation rules (overoptimisation.py), each judged by the model it names;
+    # the first two and the last need the reward artifact's held-out model or ensemble.
+    min_heldout_gain: float = field(
+        0.0,
+        help="blessing requires the held-out reward model's mean gain (in its eval stds) of "
+        "the aligned policy over the reference > this, strictly, when the reward artifact has "
+        "one (shard heldout_fraction); -inf disables the check",
+    )
+    max_reward_gap: float = field(
+        1.0,
+        help="blessing requires the judge's gain minus the held-out reward model's (both in "
+        "their eval stds) <= this: what the proxy credits that an independent judge does not; "
+        "inf disables the check",
+    )
+    max_length_ratio: float = field(
+        3.0,
+        help="blessing requires the aligned policy's mean response length <= this times the "
+        "reference's (length is what reward models are most often gamed with); inf disables",
+    )
+    max_disagreement: float = field(
+        2.0,
+        help="blessing requires the reward ensemble's spread on the aligned samples <= this "
+        "times its spread on the reference's, when the reward artifact has an ensemble "
+        "(reward ensemble_size > 1); inf disables the check",
+    )
     num_report_samples: int = field(20, help="prompts shown with both responses in the report")
     gold_reward: str = field(
         "",
@@ -109,7 +134,16 @@ class EvalConfig(TrackingSettings):
 
     def __post_init__(self) -> None:
         TrackingSettings.__post_init__(self)
-        check_finite(self, allow_inf=("max_kl", "max_anchor_kl"))
+        check_finite(
+            self,
+            allow_inf=(
+                "max_kl", "max_anchor_kl", "min_heldout_gain", "max_reward_gap",
+                "max_length_ratio", "max_disagreement",
+            ),
+        )  # fmt: skip
+        for name in ("max_reward_gap", "max_length_ratio", "max_disagreement"):
+            if math.isnan(getattr(self, name)) or getattr(self, name) < 0:
+                raise ValueError(f"{name}: {getattr(self, name)} must be >= 0; inf disables it")
         if self.seed < 0:
             raise ValueError(f"seed: {self.seed} must be >= 0")
         if self.max_new_tokens < 0:

@@ -9,7 +9,12 @@ Checks, each reported as one line with its figure and threshold:
 - KL(aligned ‖ reference) per response token ≤ ``max_kl``;
 - KL(aligned ‖ anchor) per response token ≤ ``max_anchor_kl`` (when the summary has an
   anchor part: drift across runs from the first promoted policy);
-- every figure in the summary is finite (a NaN means a broken measure, not a pass).
+- every figure in the summary is finite (a NaN means a broken measure, not a pass);
+- over-optimisation (the summary's ``overoptimisation`` part, overoptimisation.py): the
+  aligned policy's mean response length ≤ ``max_length_ratio`` times the reference's; with
+  a held-out reward model, its gain > ``min_heldout_gain`` and the judge's gain minus it
+  ≤ ``max_reward_gap``; with a reward ensemble, its spread on the aligned samples ≤
+  ``max_disagreement`` times its spread on the reference's. Each line names its judge.
 
 The win rate must beat its threshold. It is the win rate of independent draws (each
 aligned sample against the reference's draws of other keys), so an unchanged policy wins
@@ -113,6 +118,7 @@ def decide(summary: Mapping[str, Any], config: EvalConfig) -> Gate:
             _check("KL to the anchor", anchor_kl, config.max_anchor_kl, above=False,
                    unit=" nats/token")
         )  # fmt: skip
+    checks += _overoptimisation_checks(summary.get("overoptimisation"), config)
     broken = [path for path, value in _numbers(summary) if not math.isfinite(value)]
     if broken:
         checks.append((False, f"non-finite figures in the summary ({', '.join(broken)}): fail"))
@@ -121,3 +127,36 @@ def decide(summary: Mapping[str, Any], config: EvalConfig) -> Gate:
     return Gate(
         blessed=all(ok for ok, _ in checks), reasons=[reason for _, reason in checks], judge=judge
     )
+
+
+def _overoptimisation_checks(
+    part: Mapping[str, Any] | None, config: EvalConfig
+) -> list[tuple[bool, str]]:
+    """The over-optimisation rules whose figures the summary has (gate docstring)."""
+    if not part:
+        return []
+    checks = []
+    if part.get("length_ratio") is not None and math.isfinite(config.max_length_ratio):
+        checks.append(
+            _check("response length over the reference's", part["length_ratio"],
+                   config.max_length_ratio, above=False, unit="x")
+        )  # fmt: skip
+    if part.get("heldout_gain") is not None:
+        if math.isfinite(config.min_heldout_gain):
+            gain = _lookup(part, "heldout_gain", "difference", "value")
+            checks.append(
+                _check("reward gain judged by the held-out reward model", gain,
+                       config.min_heldout_gain, above=True, unit=" std")
+            )  # fmt: skip
+        if math.isfinite(config.max_reward_gap):
+            checks.append(
+                _check("judge's gain minus the held-out reward model's", part.get("gap"),
+                       config.max_reward_gap, above=False, unit=" std")
+            )  # fmt: skip
+    ratio = _lookup(part, "disagreement", "ratio")
+    if part.get("disagreement") is not None and math.isfinite(config.max_disagreement):
+        checks.append(
+            _check("reward-ensemble spread over the reference's", ratio,
+                   config.max_disagreement, above=False, unit="x")
+        )  # fmt: skip
+    return checks

@@ -244,3 +244,29 @@ def reward_function_curves(
         title = f"sampled accuracy per rollout ({verifier})"
     axes.set_title(title)
     return _png(figure)
+
+
+# The over-optimisation monitors as the ppo stage logs them (ppo/monitors.py, ppo/loop.py).
+DRIFT_PANELS = (
+    ("reward gain (eval stds)", ("overopt/proxy_gain", "overopt/heldout_gain", "overopt/gap")),
+    ("length and EOS", ("response_length_ratio", "eos_fraction")),
+    ("ensemble spread, entropy", ("overopt/ensemble_std", "objective/entropy")),
+)
+
+
+def drift_curves(rows: Sequence[Mapping[str, Any]] | None) -> bytes | None:
+    """The drift monitors per rollout: proxy and held-out gains and their gap; the response
+    length over the reference's and the EOS share; the ensemble's spread and the entropy.
+    None when the rows hold none of them."""
+    if not rows:
+        return None
+    figure = Figure(figsize=(12, 3.2))
+    drawn = False
+    panels = figure.subplots(1, len(DRIFT_PANELS))
+    for axes, (title, keys) in zip(panels, DRIFT_PANELS, strict=True):
+        shown = _plot_series(axes, rows, keys)
+        axes.set_title(title if shown else f"{title}: not logged")
+        if shown:
+            axes.legend(fontsize="small")
+        drawn = drawn or shown
+    return _png(figure) if drawn else None

@@ -26,6 +26,7 @@ from components.evaluate.anchor import render_drift
 from components.evaluate.best_of_n_section import best_of_n_section, frontier_plot
 from components.evaluate.gate import Gate
 from components.evaluate.measures import JUDGE_GOLD, JUDGE_REWARD_MODEL
+from components.evaluate.overoptimisation_report import overoptimisation_section
 from components.evaluate.page import (  # noqa: F401 (format_figure: the report's API)
     CSS,
     at,
@@ -346,7 +347,7 @@ def render_report(
         f"<style>{CSS}</style></head><body><h1>alignpipe evaluation</h1>{_run_header(shown)}"
         f"{_judge(shown)}"
         f"{_verdict(gate)}{_head_to_head(shown)}{render_drift(shown)}{_per_policy(shown)}"
-        f"{best_of_n_section(shown)}"
+        f"{best_of_n_section(shown)}{overoptimisation_section(shown, ppo_metrics)}"
         f"{_plots(shown, ppo_metrics, reward_metrics)}{_samples(samples)}</body></html>\n"
     )
 
