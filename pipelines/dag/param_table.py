@@ -129,6 +129,7 @@ PARAMS: tuple[Param, ...] = (
     *_stage("shard", "max_prompt_tokens", "max_response_tokens", "num_shards"),
     *_stage("shard", "chat_template_kwargs", "system_message"),
     *_stage("shard", "eval_fraction", "max_invalid_fraction"),
+    Param("heldout_reward", (("shard", "heldout_fraction"),)),
     Param(
         "min_eval_pairs",
         (("shard", "min_eval_pairs"),),
@@ -184,6 +185,7 @@ PARAMS: tuple[Param, ...] = (
         help="stop the run after the reward stage (no ppo, evaluate or promote) when the reward "
         "model's eval accuracy is below this; 0 = never",
     ),
+    Param("reward_ensemble", (("reward", "ensemble_size"),)),
     Param(
         "algorithm",
         (("ppo", "algorithm"),),
@@ -203,6 +205,8 @@ PARAMS: tuple[Param, ...] = (
     _shared("reward_functions", "reward_functions", "ppo", "evaluate"),
     _shared("reward_weights", "reward_weights", "ppo", "evaluate"),
     *_stage("ppo", "reward_timeout", "reward_workers"),
+    *_stage("ppo", "conservative_reward", "conservative_lambda"),
+    *_stage("ppo", "select_checkpoint", "heldout_patience"),
     *_stage("ppo", "iterations", "rollout_batch_size", "minibatches", prefix="ppo_"),
     *_stage("ppo", "learning_rate", "critic_learning_rate", prefix="ppo_"),
     Param("ppo_epochs", (("ppo", "ppo_epochs"),)),
@@ -213,6 +217,8 @@ PARAMS: tuple[Param, ...] = (
     *_stage("dpo", "loss_type", "label_smoothing", prefix="dpo_"),
     *_stage("evaluate", "min_win_rate_lower", "max_kl", "max_anchor_kl", "min_accuracy_gain"),
     *_stage("evaluate", "max_eval_prompts", "gold_reward"),
+    *_stage("evaluate", "min_heldout_gain", "max_reward_gap", "max_length_ratio"),
+    Param("max_disagreement", (("evaluate", "max_disagreement"),)),
     Param(
         "eval_reward_model",
         default="",
