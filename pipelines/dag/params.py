@@ -75,6 +75,7 @@ def validate(values: dict[str, Any], chips: int) -> dict[str, Any]:
         raise ParamError(f"builtin_pairs: {merged['builtin_pairs']} must be at least 1")
     _check_algorithm(merged)
     _check_rewards(merged)
+    _check_monitors(merged)
     _check_task(merged)
     _check_registry(merged)
     _check_checkpoint_root(merged["checkpoint_root"])
@@ -131,6 +132,30 @@ def _check_rewards(values: dict[str, Any]) -> None:
         load_reward_functions(",".join(local))
     except (ValueError, OSError, ImportError) as error:
         raise ParamError(f"reward_functions: {error}") from None
+
+
+def _check_monitors(values: dict[str, Any]) -> None:
+    """The over-optimisation settings a run can act on: a conservative reward needs an
+    ensemble; the held-out model and the ensemble need a reward model that ppo holds whole."""
+    if values["conservative_reward"] and values["reward_ensemble"] < 2:
+        raise ParamError(
+            f"conservative_reward: {values['conservative_reward']!r} combines a reward "
+            f"ensemble, but reward_ensemble is {values['reward_ensemble']}; set reward_ensemble "
+            "to 3 (Coste et al.'s smallest that helps) or conservative_reward ''"
+        )
+    monitored = values["heldout_reward"] > 0 or values["reward_ensemble"] > 1
+    if monitored and values["fsdp"]:
+        raise ParamError(
+            "heldout_reward or reward_ensemble with fsdp: ppo holds those reward models whole "
+            "on every device, which fsdp runs do not; set heldout_reward 0 and "
+            "reward_ensemble 1, or fsdp false"
+        )
+    if monitored and (values["algorithm"] == "dpo" or not values["train_reward_model"]):
+        raise ParamError(
+            "heldout_reward and reward_ensemble train reward models beside the one ppo trains "
+            "against; this run trains none (dpo, or train_reward_model false): set them to "
+            "0 and 1"
+        )
 
 
 def _check_task(values: dict[str, Any]) -> None:
