@@ -90,12 +90,12 @@ def learning_rate_field(auto: str, *, of: str = "") -> Any:
 
 def check_finite(config: Any, allow_inf: tuple[str, ...] = ()) -> None:
     """Refuse nan in any float field of ``config``, and inf outside ``allow_inf`` (fields whose
-    help says inf turns a check off): a range check written ``value < 0`` lets both through,
-    to fail, or train on nan, much later."""
+    help says inf, or for a lower bound -inf, turns a check off): a range check written
+    ``value < 0`` lets both through, to fail, or train on nan, much later."""
     for spec in dataclasses.fields(config):
         value = getattr(config, spec.name)
         if isinstance(value, float) and not math.isfinite(value):
-            if value == math.inf and spec.name in allow_inf:
+            if math.isinf(value) and spec.name in allow_inf:
                 continue
             raise ValueError(f"{spec.name}: {value} must be a finite number")
 

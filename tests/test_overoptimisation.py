@@ -1,0 +1,250 @@
+"""Over-optimisation seen without gold: the held-out split and reward model, the ensemble,
+the ppo monitors, checkpoint selection and the early stop, the evaluation's figures and the
+gate's rules (tiny models, 8 CPU devices)."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import jax
+import numpy as np
+import pytest
+
+import components.sft as sft
+from components.core.data.builtin_task import write_jsonl
+from components.core.data.input_pipeline import read_manifest
+from components.core.model.artifact import load_model
+from components.core.training.metrics import read_metrics
+from components.evaluate.config import EvalConfig
+from components.evaluate.gate import decide
+from components.evaluate.overoptimisation import overoptimisation_part
+from components.evaluate.stage import run as evaluate
+from components.ppo import PPOConfig
+from components.ppo import run as ppo
+from components.ppo.monitors import Monitors, OveroptTracker, monitor
+from components.reward import RewardConfig
+from components.reward import run as train_reward
+from components.reward.members import Members, reward_members
+from components.shard import ShardConfig
+from components.shard import run as shard
+from components.shard.records import place, prompt_hash
+
+TRAIN = dict(preset="tiny", batch_size=64, max_len=0, warmup_steps=10, eval_every=1000)
+TRAIN.update(save_every=1000, report_to="none")
+
+
+def test_the_heldout_split_takes_the_highest_positions_and_leaves_eval_alone():
+    prompts = [f"prompt {i}" for i in range(2000)]
+    without = [place(prompt_hash(p), 0.1, 4)[0] for p in prompts]
+    with_heldout = [place(prompt_hash(p), 0.1, 4, 0.25)[0] for p in prompts]
+    # Eval is the same prompts either way; heldout comes out of train only.
+    assert [s == "eval" for s in without] == [s == "eval" for s in with_heldout]
+    moved = [a for a, b in zip(without, with_heldout, strict=True) if b == "heldout"]
+    assert set(moved) == {"train"}
+    assert abs(len(moved) / len(prompts) - 0.25) < 0.03
+    with pytest.raises(ValueError, match="heldout_fraction: 0.9 must be in"):
+        ShardConfig(eval_fraction=0.2, heldout_fraction=0.9)
+
+
+@pytest.fixture(scope="module")
+def artifacts(tmp_path_factory) -> dict[str, str]:
+    root = tmp_path_factory.mktemp("overopt")
+    write_jsonl(str(root / "pairs.jsonl"), 2000)
+    paths = {name: str(root / name) for name in ("shards", "sft", "reward")}
+    config = ShardConfig(num_shards=2, tokenizer="builtin-words", heldout_fraction=0.3)
+    shard(config, [str(root / "pairs.jsonl")], paths["shards"])
+    sft.run(sft.SFTConfig(steps=100, learning_rate=1e-2, **TRAIN), paths["shards"], paths["sft"])
+    reward = RewardConfig(steps=60, learning_rate=3e-3, ensemble_size=2, **TRAIN)
+    paths["reward_summary"] = train_reward(reward, paths["shards"], paths["reward"])
+    return paths
+
+
+def test_reward_stage_trains_the_heldout_model_and_the_ensemble(artifacts):
+    manifest = read_manifest(artifacts["shards"])
+    counts = manifest["counts"]
+    assert counts["heldout"] > 0 and counts["train"] + counts["eval"] + counts["heldout"] == 2000
+    members = reward_members(artifacts["reward"])
+    assert members.heldout == os.path.join(artifacts["reward"], "heldout")
+    assert members.ensemble == (os.path.join(artifacts["reward"], "ensemble", "1"),)
+    stats = {
+        name: json.load(open(os.path.join(folder, "reward_stats.json")))
+        for name, folder in [("proxy", artifacts["reward"]), ("heldout", members.heldout),
+                             ("member", members.ensemble[0])]
+    }  # fmt: skip
+    assert [s["trained_on"] for s in stats.values()] == ["train", "heldout", "train"]
+    assert [s["seed"] for s in stats.values()] == [0, 0, 1]
+    # Each learned the task (the gold ordering) on its own data.
+    assert all(s["accuracy"] > 0.75 for s in stats.values()), stats
+    summary = artifacts["reward_summary"]
+    assert summary["heldout/eval/accuracy"] == stats["heldout"]["accuracy"]
+    # Not the same model: another seed, other data.
+    proxy, _ = load_model(artifacts["reward"], scalar_head=True)
+    other, _ = load_model(members.heldout, scalar_head=True)
+    assert not np.allclose(proxy.scalar_head.kernel[...], other.scalar_head.kernel[...])
+
+
+def _pmapped_monitor(proxy, members, spec):
+    devices = jax.local_device_count()
+    split = lambda a: np.asarray(a, np.float32).reshape(devices, -1)  # noqa: E731
+    stacked = np.stack([split(m) for m in members], axis=1)  # [D, M, B/D]
+    run = jax.pmap(lambda p, m: monitor(p, m, spec), axis_name="data")
+    train, figures = run(split(proxy), stacked)
+    return np.asarray(train).reshape(-1), {k: float(v[0]) for k, v in figures.items()}
+
+
+def test_monitor_figures_and_the_conservative_rewards():
+    rng = np.random.default_rng(0)
+    proxy = rng.normal(2.0, 3.0, 16)
+    heldout, member = rng.normal(0.0, 1.0, 16), rng.normal(1.0, 2.0, 16)
+    stats = ((2.0, 3.0), ((0.0, 1.0), (1.0, 2.0)))
+    z = np.stack([(proxy - 2.0) / 3.0, (member - 1.0) / 2.0])
+    for kind, combined in [
+        ("", z[0]),
+        ("mean", z.mean(0)),
+        ("min", z.min(0)),
+        ("mean-std", z.mean(0) - 0.5 * z.std(0, ddof=1)),
+    ]:
+        spec = Monitors(*stats, heldout=True, conservative=kind, weight=0.5)
+        train, figures = _pmapped_monitor(proxy, [heldout, member], spec)
+        np.testing.assert_allclose(train, 2.0 + 3.0 * combined, rtol=1e-5, atol=1e-5)
+        assert figures["overopt/proxy_score"] == pytest.approx(z[0].mean(), abs=1e-5)
+        assert figures["overopt/heldout_score"] == pytest.approx(heldout.mean(), abs=1e-5)
+        spread = z.std(0, ddof=1).mean()
+        assert figures["overopt/ensemble_std"] == pytest.approx(spread, rel=1e-5)
+
+
+def test_tracker_gains_gap_and_early_stop():
+    tracker = OveroptTracker(patience=3, heldout=True)
+    # The held-out score peaks at iteration 2 while the proxy keeps rising.
+    heldout = [0.0, 0.3, 0.5, 0.4, 0.35, 0.2, 0.1]
+    stops = []
+    for it, score in enumerate(heldout):
+        rollout = {"overopt/proxy_score": 0.1 * it, "overopt/heldout_score": score}
+        gains = tracker.gains(rollout)
+        assert gains["overopt/gap"] == pytest.approx(0.1 * it - score)
+        stops.append(tracker.observe(it, rollout))
+    assert stops == [False] * 5 + [True, True]  # 3 rollouts below the best of iteration 2
+    assert "below its best (0.5, iteration 2) for 3 rollouts" in tracker.stop_reason(5)
+    again = OveroptTracker(patience=3, heldout=True)
+    again.restore(json.loads(json.dumps(tracker.state())))
+    assert again.state() == tracker.state()
+    # A proxy that fell with it is no hacking: no stop.
+    falling = OveroptTracker(patience=1, heldout=True)
+    for it, score in enumerate([0.5, 0.4, 0.3]):
+        rollout = {"overopt/proxy_score": score, "overopt/heldout_score": score}
+        falling.gains(rollout)
+        assert not falling.observe(it, rollout)
+
+
+@pytest.fixture(scope="module")
+def aligned(artifacts, tmp_path_factory) -> str:
+    output = str(tmp_path_factory.mktemp("ppo"))
+    config = PPOConfig(
+        iterations=8, rollout_batch_size=64, minibatches=2, learning_rate=1e-3, save_every=2,
+        report_to="none",
+    )  # fmt: skip
+    ppo(config, artifacts["shards"], artifacts["sft"], artifacts["reward"], output)
+    return output
+
+
+def test_ppo_logs_the_monitors_and_outputs_the_policy_the_heldout_model_chose(artifacts, aligned):
+    rows = [row for row in read_metrics(aligned) if "overopt/proxy_score" in row]
+    assert len(rows) == 8
+    for name in ("heldout_score", "ensemble_std", "proxy_gain", "heldout_gain", "gap"):
+        assert all(np.isfinite(row[f"overopt/{name}"]) for row in rows), name
+    assert rows[0]["overopt/proxy_gain"] == 0.0 and rows[0]["overopt/gap"] == 0.0
+    # Alignment raised both models' scores: the held-out model agrees it improved.
+    assert rows[-1]["overopt/heldout_gain"] > 0.1
+    status = json.load(open(os.path.join(aligned, "ppo_status.json")))
+    selected = status["selected_checkpoint"]
+    # Saved every 2 iterations; the rollout logged at step k + 1 is iteration k's policy.
+    saved = {k: rows[k]["overopt/heldout_score"] for k in (0, 2, 4, 6)}
+    best = max(saved, key=saved.get)
+    if selected["last_heldout_score"] > saved[best]:
+        best = 8
+    assert selected["iteration"] == best and selected["last_iteration"] == 8
+
+
+def test_evaluate_measures_overoptimisation_and_the_gate_reads_it(artifacts, aligned, tmp_path):
+    config = EvalConfig(
+        max_eval_prompts=48, samples_per_prompt=2, best_of_n="1,2", bootstrap_samples=200,
+        report_to="none",
+    )  # fmt: skip
+    summary = evaluate(
+        config, artifacts["shards"], aligned, artifacts["sft"], artifacts["reward"], str(tmp_path)
+    )
+    part = summary["overoptimisation"]
+    assert part["heldout_gain"]["difference"]["value"] > 0
+    assert part["disagreement"]["members"] == 2 and part["length_ratio"] > 0
+    reasons = json.load(open(tmp_path / "eval.json"))["reasons"]
+    assert any("judged by the held-out reward model" in r for r in reasons)
+    assert any("reward-ensemble spread over the reference's" in r for r in reasons)
+    page = (tmp_path / "report.html").read_text()
+    assert "<h2>Over-optimisation</h2>" in page and "drift monitors per rollout" in page
+
+
+def _hacked(**changes):
+    """A summary that passes every rule, with ``changes`` to the over-optimisation part."""
+    part = {
+        "length_ratio": 1.1,
+        "proxy_gain": {"difference": {"value": 0.8}},
+        "heldout_gain": {"difference": {"value": 0.5}},
+        "gap": 0.3,
+        "disagreement": {"aligned": 0.3, "reference": 0.25, "ratio": 1.2, "members": 3},
+    }
+    part.update(changes)
+    return {
+        "win_rate": {"value": 0.7, "low": 0.62, "high": 0.8},
+        "kl": {"per_token": 0.1},
+        "gold": None,
+        "overoptimisation": part,
+    }
+
+
+@pytest.mark.parametrize(
+    "changes, reason",
+    [
+        ({}, None),
+        ({"length_ratio": 3.4}, "response length over the reference's 3.40x > 3.00x: fail"),
+        (
+            {"heldout_gain": {"difference": {"value": -0.2}}},
+            "reward gain judged by the held-out reward model -0.20 std ≤ 0.00 std: fail",
+        ),
+        ({"gap": 1.6}, "judge's gain minus the held-out reward model's 1.60 std > 1.00 std: fail"),
+        (
+            {"disagreement": {"ratio": 2.5}},
+            "reward-ensemble spread over the reference's 2.50x > 2.00x: fail",
+        ),
+    ],
+)
+def test_each_gate_rule_refuses_a_synthetic_hacked_policy(changes, reason):
+    gate = decide(_hacked(**changes), EvalConfig())
+    assert gate.blessed is (reason is None)
+    if reason:
+        assert reason in gate.reasons
+    off = EvalConfig(
+        min_heldout_gain=-float("inf"), max_reward_gap=float("inf"),
+        max_length_ratio=float("inf"), max_disagreement=float("inf"),
+    )  # fmt: skip
+    assert decide(_hacked(**changes), off).blessed  # inf turns each off
+
+
+def test_overoptimisation_part_from_scores():
+    rng = np.random.default_rng(1)
+    mask = np.ones((40, 2, 5), np.int32)
+    short = mask.copy()
+    short[..., 3:] = 0
+    proxy = (rng.normal(3.0, 1.0, (40, 2)) * 2.0 + 1.0, rng.normal(0.0, 1.0, (40, 2)) * 2.0 + 1.0)
+    heldout = [rng.normal(0.5, 1.0, (40, 2)), rng.normal(0.0, 1.0, (40, 2))]
+    member = [rng.normal(0.0, 3.0, (40, 2)), rng.normal(0.0, 1.0, (40, 2))]
+    part = overoptimisation_part(
+        mask, short, proxy=proxy, proxy_stats={"mean": 1.0, "std": 2.0},
+        members=Members(heldout="h", ensemble=("e",)), member_z=[heldout, member],
+        bootstrap={"n_resamples": 100, "confidence": 0.9, "seed": 0},
+    )  # fmt: skip
+    assert part["length_ratio"] == pytest.approx(5 / 3)
+    proxy_gain = part["proxy_gain"]["difference"]["value"]
+    assert proxy_gain == pytest.approx(3.0, abs=0.4)
+    assert part["gap"] == pytest.approx(proxy_gain - part["heldout_gain"]["difference"]["value"])
+    assert part["disagreement"]["ratio"] > 1.5  # the aligned samples: z 3 apart, and noisier
