@@ -248,3 +248,20 @@ def test_overoptimisation_part_from_scores():
     assert proxy_gain == pytest.approx(3.0, abs=0.4)
     assert part["gap"] == pytest.approx(proxy_gain - part["heldout_gain"]["difference"]["value"])
     assert part["disagreement"]["ratio"] > 1.5  # the aligned samples: z 3 apart, and noisier
+
+
+def test_the_planner_counts_the_monitors_and_refuses_what_does_not_fit():
+    from pipelines.dag import fit, run_presets
+
+    preset = run_presets.RUN_PRESETS["v5e-8-1b"]
+    totals = []
+    for values in ({}, {"heldout_reward": 0.2}, {"heldout_reward": 0.2, "reward_ensemble": 3}):
+        applied, stages = fit.applied(preset, values)
+        totals.append(fit._total(applied, "ppo", stages["ppo"]))
+    # One more 1B model in bf16 per member: 2 bytes x 1.24e9 parameters each.
+    member = 2 * 1_235_814_400
+    assert totals[1] - totals[0] == pytest.approx(member, rel=0.01)
+    assert totals[2] - totals[0] == pytest.approx(3 * member, rel=0.01)
+    fit.check(preset, {"heldout_reward": 0.2})  # fits a v5e-8
+    with pytest.raises(fit.FitError, match=r"ppo needs 18.4 GiB per chip.*--lora-rank 16"):
+        fit.check(preset, {"heldout_reward": 0.2, "reward_ensemble": 3})

@@ -211,8 +211,12 @@ def _monitors(
     trees = []
     for folder in members.folders:
         model, _ = _load(folder, manifest, config, scalar_head=None)
-        _, params = nnx.split(lora.merge(model), nnx.Param)
-        trees.append(jax.device_get(params))
+        model = lora.merge(model)
+        _, params = nnx.split(model, nnx.Param)
+        # In the compute dtype, as LoRA's frozen bases: they only score (the planner counts
+        # them so, pipelines/dag/phases.py); the scalar head stays float32.
+        head, body = lora.freeze(params, model.config.compute_dtype)
+        trees.append(jax.device_get(lora.join(head, body)))
     proxy = read_reward_stats(reward_dir, {})
     stats = [read_reward_stats(folder, {}) for folder in members.folders]
     log.info(

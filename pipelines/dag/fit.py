@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from pipelines.dag import memory, param_table
+from pipelines.dag import memory, param_table, phases
 from pipelines.dag.run_presets import ALGORITHM_STAGES, STAGES, RunPreset, estimate
 
 # Pipeline-wide fields a preset holds itself (the stages share them).
@@ -59,6 +59,12 @@ def applied(preset: RunPreset, values: dict[str, Any]) -> tuple[RunPreset, dict[
     }
     for stage in ("ppo", "evaluate"):
         stages[stage]["prompt_len"] = preset.prompt_len
+    # The reward artifact's held-out model and ensemble members (reward/members.py): ppo
+    # holds them all whole beside its networks, evaluate one at a time beside its three.
+    members = int(values.get("heldout_reward", 0) > 0) + int(values.get("reward_ensemble", 1)) - 1
+    if members > 0:
+        stages["ppo"][phases.MONITOR_MODELS] = members
+        stages["evaluate"][phases.MONITOR_MODELS] = 1
     return preset, stages
 
 
@@ -96,7 +102,9 @@ def _fix(preset: RunPreset, stage: str, overrides: dict[str, Any]) -> str:
     """The cheapest change that brings ``stage`` under the budget, as flags."""
     limit = budget(preset)
     sharded = dataclasses.replace(preset, fsdp=True)
-    if not preset.fsdp and _total(sharded, stage, overrides) <= limit:
+    # fsdp does not hold the held-out model or the ensemble (params._check_monitors).
+    monitored = bool(overrides.get(phases.MONITOR_MODELS))
+    if not preset.fsdp and not monitored and _total(sharded, stage, overrides) <= limit:
         return "--fsdp true (each chip holds 1/chips of the weights and optimizer state)"
     if flags := _smaller_batch(preset, stage, overrides):
         return flags

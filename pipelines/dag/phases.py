@@ -46,6 +46,9 @@ MOMENT_BYTES = 8  # the two Adam moments, resident while the networks sample
 RL_BATCH_FIELDS = 8
 # Networks held in the rollout program: policy, reference, reward (ppo: and the critic).
 ROLLOUT_NETWORKS = {"ppo": 4, "grpo": 3, "rloo": 3}
+# The flag counting the reward models scored beside the judge (ppo/monitors.py: held whole,
+# in the compute dtype, on every chip, through the whole run; evaluate loads one at a time).
+MONITOR_MODELS = "monitor_models"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -206,6 +209,12 @@ def _sampling(
         else:
             frozen, _ = place.state(config, trained=0, frozen=networks)
         resident = place.moments(config, trained)
+    monitors = flags.get(MONITOR_MODELS, 0) * memory.param_count(config)
+    monitors *= memory.compute_bytes(config)  # held in the compute dtype
+    if algorithm == "evaluate":
+        resident += monitors
+    else:
+        frozen += monitors
     prompts = sequences * prompt * 2 * 4
     gathered = place.gathered(config, networks=1, trained=False)
     casts = place.casts(config, "forward" if algorithm == "evaluate" else "rollout")
@@ -248,7 +257,7 @@ def _sampling(
     gathered = place.gathered(config, networks=trained, trained=True)
     frozen, _ = place.state(config, trained=0, frozen=0 if lora else 2)
     gathered += place.lookup(config, minibatch, length)
-    result.append(Phase("update", held + temps + rows + gathered, frozen))
+    result.append(Phase("update", held + temps + rows + gathered, frozen + monitors))
     return result
 
 

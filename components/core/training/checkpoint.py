@@ -208,7 +208,8 @@ class TrainCheckpointer:
                     [
                         policies.LatestN(n=config.keep),
                         policies.BestN(
-                            get_metric_fn=_metric, n=config.keep_best,
+                            get_metric_fn=_metric,
+                            n=config.keep_best,
                             keep_checkpoints_without_metrics=False,
                         ),
                     ]
