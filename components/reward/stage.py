@@ -35,7 +35,15 @@ def run(config: RewardConfig, shards_dir: str, output: str) -> dict[str, Any]:
     """
     from components.core.data.input_pipeline import read_manifest
 
-    heldout = members.HELDOUT in read_manifest(shards_dir)["splits"]
+    splits = read_manifest(shards_dir)["splits"]
+    heldout = members.HELDOUT in splits
+    if heldout and splits[members.HELDOUT]["pairs"] < config.batch_size:
+        raise ValueError(
+            f"{shards_dir}'s heldout split has {splits[members.HELDOUT]['pairs']} pairs, fewer "
+            f"than one batch ({config.batch_size}) of the held-out reward model: raise the "
+            "shard stage's heldout_fraction (pipeline: heldout_reward), use more data, or "
+            "lower batch_size"
+        )
     # A Hugging Face folder is imported once into the task's work folder, for every model.
     base = resolve_base(config.base_policy, fileio.join(output, "work"))
     trained = {"": _train(config, shards_dir, output, base, "train")}
