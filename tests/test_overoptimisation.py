@@ -265,3 +265,14 @@ def test_the_planner_counts_the_monitors_and_refuses_what_does_not_fit():
     fit.check(preset, {"heldout_reward": 0.2})  # fits a v5e-8
     with pytest.raises(fit.FitError, match=r"ppo needs 18.4 GiB per chip.*--lora-rank 16"):
         fit.check(preset, {"heldout_reward": 0.2, "reward_ensemble": 3})
+
+
+def test_the_demo_task_holds_a_heldout_reward_model_where_a_run_can():
+    from pipelines.dag.tasks import with_task
+
+    values, sources = with_task({}, {})
+    assert values["heldout_reward"] == 0.2 and sources["heldout_reward"] == "task"
+    for given in ({"data_uri": "pairs.jsonl"}, {"fsdp": True}, {"algorithm": "dpo"},
+                  {"train_reward_model": False}):  # fmt: skip
+        assert "heldout_reward" not in with_task(given, {})[0], given
+    assert with_task({"heldout_reward": 0.0}, {"heldout_reward": "flag"})[0]["heldout_reward"] == 0

@@ -179,6 +179,9 @@ def sourced_values(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, 
     preset = run_preset(args)
     if preset is None:
         return values, sources
+    if sources.get("heldout_reward") == "task":  # tasks.monitors_fit: not at a preset's scale
+        values.pop("heldout_reward")
+        sources.pop("heldout_reward")
     # Every flag over the preset re-estimates each stage: one that cannot fit is refused
     # here, before a slice is taken (pipelines/dag/fit.py).
     fit.check(preset, values)

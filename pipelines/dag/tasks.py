@@ -1,9 +1,9 @@
 """The built-in tasks a run can generate (``data_uri`` ''), and the parameters each sets.
 
 ``task`` '' is the preference task (``components/core/data/builtin_task.py``): the
-pipeline's defaults are its. ``arithmetic`` is the reasoning task
-(``components/core/data/reasoning_task.py``): every problem once as a prompt with its
-answer, a few formatted solutions for the sft warm start, GRPO scored by
+pipeline's defaults are its, with a held-out reward model (``PREFERENCE``). ``arithmetic``
+is the reasoning task (``components/core/data/reasoning_task.py``): every problem once as a
+prompt with its answer, a few formatted solutions for the sft warm start, GRPO scored by
 ``builtin/exact-match`` alone (no reward stage), and the verifiable evaluation on the
 eval split's problems. Its settings are below; a flag or config file value overrides any.
 """
@@ -42,10 +42,30 @@ ARITHMETIC: dict[str, Any] = {
     "max_kl": 50.0,
     "eval_max_new_tokens": 6,
 }
-TASKS: dict[str, dict[str, Any]] = {"": {}, "arithmetic": ARITHMETIC}
+# The preference task (the demo) watches itself for reward hacking: a fifth of its prompts
+# train a held-out reward model (docs/stages.md, over-optimisation). Measured on this 2-core
+# host (2026-12-05, `alignpipe run` and `alignpipe run --heldout-reward 0.2` one after the
+# other): 285 s and 363 s (+27%; the reward stage 71 s -> 150 s, ppo 138 s -> 141 s), the same
+# gold gain (+0.283 both), blessed both; under the issue's 30%, so on.
+PREFERENCE: dict[str, Any] = {"heldout_reward": 0.2}
+TASKS: dict[str, dict[str, Any]] = {"": PREFERENCE, "arithmetic": ARITHMETIC}
 
 
 def with_task(values: dict[str, Any], sources: dict[str, str]) -> tuple[dict, dict]:
-    """``values`` over the defaults of the task they name, and where each value came from."""
-    defaults = TASKS.get(values.get("task", ""), {})
+    """``values`` over the defaults of the task they name (the built-in preference task's
+    only when it is generated: ``data_uri`` ''), and where each value came from."""
+    task = values.get("task", "")
+    generated = task or not values.get("data_uri")
+    defaults = TASKS.get(task, {}) if generated else {}
+    if not monitors_fit(values):
+        defaults = {k: v for k, v in defaults.items() if k != "heldout_reward"}
     return {**defaults, **values}, {name: "task" for name in defaults} | sources
+
+
+def monitors_fit(values: dict[str, Any]) -> bool:
+    """Whether a run can hold the preference task's held-out reward model: it trains a reward
+    model, without fsdp (params._check_monitors), and no run preset sizes it for a slice (a
+    preset's model is a real one; its data is not the demo's). Where one cannot, the run goes
+    on without it, as the pipeline's own defaults have it."""
+    trains_none = values.get("algorithm") == "dpo" or values.get("train_reward_model") is False
+    return not (trains_none or values.get("fsdp") or values.get("run_preset"))
