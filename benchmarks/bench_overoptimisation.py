@@ -1,0 +1,415 @@
+"""Over-optimisation on the built-in task, seen without gold: where the proxy reward keeps
+rising while gold peaks and falls, what the held-out reward model, checkpoint selection,
+the gate and the length-controlled win rate make of it.
+
+The setting (found by search, 2026-12-05): the reward models learn from few, noisy labels
+(``RM_PAIRS`` pairs labelled at ``BETA`` 3 instead of the task's 10) and PPO optimizes the
+proxy with no KL penalty (``kl_coef`` 0, ``adaptive_kl`` off) at 1e-4 for 100 iterations:
+the policy settles on a word the proxy overrates (e.g. "quite", neutral to gold). Per seed:
+
+1. the sft policy learns from the task's own 4000 pairs (``sft_data_uri``'s role); the
+   reward data (``RM_PAIRS`` pairs) is sharded with ``heldout_fraction`` ``HELDOUT`` (the
+   pipeline's ``heldout_reward``) and ``eval_fraction`` 0.2;
+2. the reward stage trains the proxy on the train split, the held-out model on the heldout
+   split and 2 more ensemble members (``ensemble_size`` 3);
+3. PPO against the proxy saves every ``SAVE_EVERY`` iterations, keeping all, and outputs the
+   policy its held-out model scored highest (``select_checkpoint heldout``);
+4. every saved policy samples the eval prompts (``EVAL_SAMPLES`` each): its gold, proxy and
+   held-out scores (z: each model's eval statistics) and its KL per token to the sft policy;
+5. the evaluate stage judges the selected policy and the last one (the proxy judges; gold is
+   measured beside): the gate's verdict, the raw and length-controlled win rates.
+
+Printed per seed: the iterations where gold and the held-out model peak (the lag), gold's
+drop from its peak while the proxy rose, the gold gain of the selected and the last
+checkpoint as shares of the best one's, where ``heldout_patience`` 3 would have stopped,
+both verdicts and their win rates. Also the ensemble's training as one reward task against
+three (the seed-0 data, each a process of its own). ``--plot`` draws the proxy, held-out and
+gold gains against KL (docs/overoptimisation.png).
+
+    python benchmarks/bench_overoptimisation.py [--seeds 0,1,2] [--plot PATH] [--json PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from components.core.entry import start_process  # noqa: E402
+
+start_process()
+
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+
+from components.core.data.builtin_task import generate_pairs, gold_reward  # noqa: E402
+from components.core.data.tokenizers import BUILTIN_WORDS  # noqa: E402
+from components.core.training.metrics import read_metrics  # noqa: E402
+from pipelines.dag import params  # noqa: E402
+
+SFT_PAIRS, RM_PAIRS, BETA = 4000, 750, 3.0
+EVAL_FRACTION, HELDOUT = 0.2, 0.4  # of the reward data's prompts: ~300 train, ~300 held-out
+REWARD = dict(steps=300, batch_size=32, learning_rate=1e-3, ensemble_size=3)
+PPO = dict(
+    iterations=100, rollout_batch_size=64, learning_rate=1e-4, kl_coef=0.0, adaptive_kl=False,
+    score_norm="policy", save_every=10, keep_checkpoints=1000, kl_stop=1e9, max_restores=0,
+)  # fmt: skip
+SAVE_EVERY, EVAL_SAMPLES, PATIENCE = PPO["save_every"], 8, 3
+
+
+def write(path: Path, pairs: list[dict]) -> str:
+    path.write_text("".join(json.dumps(pair) + "\n" for pair in pairs))
+    return str(path)
+
+
+def prepare(root: Path, seed: int) -> dict[str, str]:
+    """Shards, the sft policy and the reward artifact (proxy, held-out, ensemble) of a seed."""
+    import components.sft as sft
+    from components.reward import RewardConfig
+    from components.reward import run as train_reward
+    from components.shard import ShardConfig
+    from components.shard import run as shard
+
+    root.mkdir(parents=True, exist_ok=True)
+    paths = {name: str(root / name) for name in ("sft_shards", "shards", "sft", "reward")}
+    base = params.stage_values("shard", params.defaults())
+    base.update(tokenizer=BUILTIN_WORDS, eval_fraction=EVAL_FRACTION, min_eval_pairs=0)
+    sft_pairs = write(root / "sft.jsonl", list(generate_pairs(SFT_PAIRS, seed=seed)))
+    shard(ShardConfig(**base), [sft_pairs], paths["sft_shards"])
+    # Other draws than the sft's (seed + 1000), labelled at BETA.
+    rm_pairs = list(generate_pairs(RM_PAIRS, seed=seed + 1000, beta=BETA))
+    shard(
+        ShardConfig(**{**base, "heldout_fraction": HELDOUT}), [write(root / "rm.jsonl", rm_pairs)],
+        paths["shards"],
+    )  # fmt: skip
+    settings = params.stage_values("sft", params.defaults())
+    settings.update(seed=seed, report_to="none")
+    sft.run(sft.SFTConfig(**settings), paths["sft_shards"], paths["sft"])
+    settings = params.stage_values("reward", params.defaults())
+    settings.update(seed=seed, report_to="none", min_reward_accuracy=0.0, **REWARD)
+    train_reward(RewardConfig(**settings), paths["shards"], paths["reward"])
+    return paths
+
+
+def train(paths: dict[str, str], root: Path, seed: int) -> str:
+    from components.ppo import PPOConfig
+    from components.ppo import run as ppo
+
+    settings = params.stage_values("ppo", params.defaults())
+    settings.update(seed=seed, report_to="none", **PPO)
+    output = str(root / "ppo")
+    ppo(PPOConfig(**settings), paths["shards"], paths["sft"], paths["reward"], output)
+    return output
+
+
+def _z(raw: np.ndarray, folder: str) -> np.ndarray:
+    stats = json.loads(Path(folder, "reward_stats.json").read_text())
+    return (raw - stats["mean"]) / stats["std"]
+
+
+def curve(paths: dict[str, str], output: str, seed: int) -> list[dict[str, float]]:
+    """Every saved policy's gold, proxy and held-out scores (z) and KL per token (k3) to the
+    sft policy, on the eval prompts (the same keys for every checkpoint)."""
+    from flax import nnx
+
+    from components.core.data.tokenizers import load_tokenizer
+    from components.core.model import eval_sampling
+    from components.core.model.artifact import load_model
+    from components.core.training import parallel
+    from components.core.training.checkpoint import (
+        CheckpointConfig,
+        TrainCheckpointer,
+        training_state_dir,
+    )
+    from components.evaluate import generation
+    from components.ppo import PPOConfig
+    from components.ppo.update import PPOState
+    from components.reward.members import reward_members
+
+    shards = paths["shards"]
+    info = json.loads(Path(output, "config.json").read_text())
+    config = PPOConfig(**{**info["training"], "report_to": "none"})
+    tokenizer = load_tokenizer(os.path.join(shards, "tokenizer"))
+    prompts = eval_sampling.split_prompts(shards, "eval", prompt_len=config.prompt_len)
+    pairs = zip(prompts.tokens, prompts.mask, strict=True)
+    texts = [tokenizer.decode(t[m != 0].tolist()) for t, m in pairs]
+    settings = eval_sampling.SamplingSettings(
+        config.max_new_tokens, tokenizer.stop_ids, tokenizer.pad_id, config.temperature,
+        tokenizer.vocab_size,
+    )  # fmt: skip
+    sft_model, _ = load_model(paths["sft"])
+    reference = generation.prepare(sft_model)
+    judges = {"proxy": paths["reward"], "heldout": reward_members(paths["reward"]).heldout}
+    rewards = {
+        name: generation.prepare(load_model(folder, scalar_head=True)[0])
+        for name, folder in judges.items()
+    }
+    critic, _ = load_model(paths["reward"], scalar_head=True)
+    template = PPOState.create(
+        jax.device_get(nnx.split(sft_model, nnx.Param)[1]),
+        jax.device_get(nnx.split(critic, nnx.Param)[1]),
+        config,
+    )
+    checkpoints = TrainCheckpointer(training_state_dir(output), CheckpointConfig(keep=1000))
+    rows = []
+    for step in checkpoints.all_steps():
+        restored = checkpoints.restore_latest(template, np.zeros(2, np.uint32), step=step)
+        policy = generation.LoadedModel(
+            reference.graphdef, parallel.place(restored.state.policy.params), reference.config
+        )
+        responses = eval_sampling.sample_responses(
+            policy.graphdef, policy.params, prompts, settings=settings,
+            samples_per_prompt=EVAL_SAMPLES, seed=seed + 12345, batch_size=256,
+        )  # fmt: skip
+        mask = responses.mask != 0
+        gold = np.array([
+            [gold_reward(texts[p], tokenizer.decode(responses.tokens[p, s][mask[p, s]].tolist()))
+             for s in range(EVAL_SAMPLES)]
+            for p in range(len(texts))
+        ])  # fmt: skip
+        row = {"iteration": step, "gold": float(gold.mean())}
+        for name, model in rewards.items():
+            raw = generation.response_rewards(model, prompts, responses, batch_size=256)
+            row[name] = float(_z(raw, judges[name]).mean())
+        logprobs = [
+            generation.policy_logprobs(m, prompts, responses, temperature=1.0, batch_size=256)
+            for m in (policy, reference)
+        ]
+        log_ratio = np.where(mask, logprobs[0] - logprobs[1], 0.0)
+        k3 = np.where(mask, np.expm1(-log_ratio) + log_ratio, 0.0)
+        row["kl_per_token"] = float(k3.sum() / mask.sum())
+        row["length"] = float(mask.sum(-1).mean())
+        rows.append(row)
+    checkpoints.close()
+    return rows
+
+
+def export_last(paths: dict[str, str], output: str, root: Path) -> str:
+    """The last saved policy as a model folder (the stage outputs the selected one)."""
+    from flax import nnx
+
+    from components.core.model.artifact import load_model, save_model
+    from components.core.training.checkpoint import (
+        CheckpointConfig,
+        TrainCheckpointer,
+        training_state_dir,
+    )
+    from components.ppo import PPOConfig
+    from components.ppo.update import PPOState
+
+    info = json.loads(Path(output, "config.json").read_text())
+    config = PPOConfig(**{**info["training"], "report_to": "none"})
+    model, sft_info = load_model(paths["sft"])
+    critic, _ = load_model(paths["reward"], scalar_head=True)
+    template = PPOState.create(
+        jax.device_get(nnx.split(model, nnx.Param)[1]),
+        jax.device_get(nnx.split(critic, nnx.Param)[1]),
+        config,
+    )
+    checkpoints = TrainCheckpointer(training_state_dir(output), CheckpointConfig(keep=1000))
+    restored = checkpoints.restore_latest(template, np.zeros(2, np.uint32))
+    checkpoints.close()
+    last = str(root / "last")
+    save_model(
+        last, model, restored.state.policy.params, tokenizer=sft_info["tokenizer"], stage="ppo",
+        training=info["training"], step=restored.step,
+        tokenizer_dir=os.path.join(paths["shards"], "tokenizer"),
+    )  # fmt: skip
+    return last
+
+
+def judge(paths: dict[str, str], policy: str, output: str, seed: int) -> dict[str, Any]:
+    """The evaluate stage's verdict and win rates of ``policy`` against the sft policy."""
+    from components.evaluate.config import EvalConfig
+    from components.evaluate.stage import run as evaluate
+
+    settings = params.stage_values("evaluate", params.defaults())
+    settings.update(seed=seed, report_to="none")
+    summary = evaluate(
+        EvalConfig(**settings), paths["shards"], policy, paths["sft"], paths["reward"], output
+    )
+    record = json.loads(Path(output, "eval.json").read_text())
+    part = summary["overoptimisation"]
+    return {
+        "blessed": summary["blessed"],
+        "failed": [reason for reason in record["reasons"] if reason.endswith("fail")],
+        "win_rate": summary["win_rate"]["value"],
+        "lc_win_rate": (summary.get("lc_win_rate") or {}).get("value"),
+        "gold_win_rate": summary["gold"]["win_rate"]["value"],
+        "gold_lc_win_rate": (summary["gold"].get("lc_win_rate") or {}).get("value"),
+        "heldout_gain": part["heldout_gain"]["difference"]["value"],
+        "gap": part["gap"],
+        "disagreement": part["disagreement"]["ratio"],
+        "length_ratio": part["length_ratio"],
+    }
+
+
+def early_stop(output: str) -> int | None:
+    """Where ``heldout_patience`` PATIENCE would have stopped the run (its rollouts)."""
+    from components.ppo.monitors import OveroptTracker
+
+    tracker = OveroptTracker(PATIENCE, heldout=True)
+    for row in read_metrics(output):
+        if "overopt/heldout_score" in row:
+            iteration = int(row["step"]) - 1  # logged at step k + 1: iteration k's rollout
+            if tracker.observe(iteration, row):
+                return iteration
+    return None
+
+
+def figures(rows: list[dict], status: dict, output: str) -> dict[str, Any]:
+    gold = np.array([row["gold"] for row in rows])
+    iterations = [row["iteration"] for row in rows]
+    peak, held_peak = int(np.argmax(gold)), int(np.argmax([row["heldout"] for row in rows]))
+    start, best = gold[0], gold[peak] - gold[0]
+    selected = int(status["selected_checkpoint"]["iteration"])
+    at = {row["iteration"]: row for row in rows}
+    return {
+        "gold_peak": iterations[peak],
+        "heldout_peak": iterations[held_peak],
+        "lag": iterations[held_peak] - iterations[peak],
+        "gold_drop": float(gold[peak] - gold[-1]),
+        "proxy_rise_after_gold_peak": rows[-1]["proxy"] - rows[peak]["proxy"],
+        "selected": selected,
+        "selected_share": float((at[selected]["gold"] - start) / best),
+        "last_share": float((gold[-1] - start) / best),
+        "early_stop": early_stop(output),
+    }
+
+
+def ensemble_timing(paths: dict[str, str], root: Path) -> dict[str, float]:
+    """One reward task training 3 members against 3 tasks of one each (a process each)."""
+    settings = params.stage_values("reward", params.defaults())
+    settings.update(report_to="none", min_reward_accuracy=0.0, **REWARD)
+
+    def task(output: str, **changes: Any) -> float:
+        flags = [f"--{k.replace('_', '-')}={v}" for k, v in {**settings, **changes}.items()]
+        command = [sys.executable, "-m", "components.reward", "--shards", paths["shards"],
+                   "--output", output, *flags]  # fmt: skip
+        start = time.perf_counter()
+        subprocess.run(command, check=True, capture_output=True)
+        return time.perf_counter() - start
+
+    one = task(str(root / "timing_one"), ensemble_size=3)
+    three = sum(task(str(root / f"timing_{i}"), ensemble_size=1, seed=i) for i in range(3))
+    # The one task also trains the held-out model: a fourth model, the three tasks none.
+    return {"one_task_s": one, "three_tasks_s": three}
+
+
+def plot(results: dict[int, dict], path: str) -> None:
+    from matplotlib.figure import Figure
+
+    figure = Figure(figsize=(4 * len(results), 3.4))
+    for axes, (seed, result) in zip(figure.subplots(1, len(results), squeeze=False)[0],
+                                    results.items(), strict=True):  # fmt: skip
+        rows = result["curve"]
+        kl = [row["kl_per_token"] for row in rows]
+        for name, color in (("proxy", "tab:blue"), ("heldout", "tab:orange")):
+            axes.plot(kl, [row[name] - rows[0][name] for row in rows], "o-", color=color,
+                      label=f"{name} gain (z)", markersize=3)  # fmt: skip
+        gold = axes.twinx()
+        gold.plot(kl, [row["gold"] - rows[0]["gold"] for row in rows], "s--", color="black",
+                  label="gold gain", markersize=3)  # fmt: skip
+        chosen = next(r for r in rows if r["iteration"] == result["figures"]["selected"])
+        gold.axvline(chosen["kl_per_token"], color="tab:green", linewidth=1, label="selected")
+        axes.set_xlabel("KL to the sft policy (nats per token)")
+        axes.set_title(f"seed {seed}")
+        if seed == next(iter(results)):
+            axes.set_ylabel("reward-model gain (eval stds)")
+            axes.legend(fontsize="small", loc="upper left")
+            gold.legend(fontsize="small", loc="lower right")
+        gold.set_ylabel("gold gain")
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seeds", default="0,1,2", help="comma-separated seeds (0,1,2)")
+    parser.add_argument("--plot", default="", help="draw the gains against KL into this PNG")
+    parser.add_argument("--json", default="", help="also write every figure to this file")
+    parser.add_argument("--skip-timing", action="store_true", help="no ensemble timing")
+    args = parser.parse_args()
+    results: dict[int, dict[str, Any]] = {}
+    timing = None
+    with tempfile.TemporaryDirectory() as folder:
+        for seed in [int(s) for s in args.seeds.split(",")]:
+            root = Path(folder) / f"seed{seed}"
+            start = time.perf_counter()
+            paths = prepare(root, seed)
+            output = train(paths, root, seed)
+            status = json.loads(Path(output, "ppo_status.json").read_text())
+            rows = curve(paths, output, seed)
+            verdicts = {
+                "selected": judge(paths, output, str(root / "eval_selected"), seed),
+                "last": judge(
+                    paths, export_last(paths, output, root), str(root / "eval_last"), seed
+                ),  # fmt: skip
+            }
+            results[seed] = {
+                "curve": rows, "figures": figures(rows, status, output), "verdicts": verdicts,
+                "seconds": time.perf_counter() - start,
+            }  # fmt: skip
+            if timing is None and not args.skip_timing:
+                timing = ensemble_timing(paths, root)
+    print(
+        f"\nbuilt-in task, reward models on {RM_PAIRS} pairs at beta {BETA:g} (heldout_fraction "
+        f"{HELDOUT}), ppo kl_coef 0 lr {PPO['learning_rate']:g} for {PPO['iterations']} "
+        f"iterations, saved every {SAVE_EVERY}; eval prompts, {EVAL_SAMPLES} samples each"
+    )
+    print("seed  gold peak  held-out peak  lag  gold drop  proxy rise  selected  sel/best  "
+          "last/best  early stop")  # fmt: skip
+    for seed, result in results.items():
+        f = result["figures"]
+        print(
+            f"{seed:>4}  {f['gold_peak']:>9}  {f['heldout_peak']:>13}  {f['lag']:>3}  "
+            f"{f['gold_drop']:>9.3f}  {f['proxy_rise_after_gold_peak']:>+10.3f}  "
+            f"{f['selected']:>8}  {f['selected_share']:>8.2f}  {f['last_share']:>9.2f}  "
+            f"{f['early_stop']}"
+        )
+    print("seed  policy    blessed  win rate  LC win rate  gold win  gold LC  held-out gain  "
+          "gap  failed rules")  # fmt: skip
+    for seed, result in results.items():
+        for name, v in result["verdicts"].items():
+            print(
+                f"{seed:>4}  {name:<8}  {str(v['blessed']):<7}  {v['win_rate']:>8.3f}  "
+                f"{v['lc_win_rate'] or float('nan'):>11.3f}  {v['gold_win_rate']:>8.3f}  "
+                f"{v['gold_lc_win_rate'] or float('nan'):>7.3f}  {v['heldout_gain']:>+13.3f}  "
+                f"{v['gap']:>+5.2f}  {'; '.join(v['failed']) or '-'}"
+            )
+    shares = [r["figures"]["selected_share"] for r in results.values()]
+    lasts = [r["figures"]["last_share"] for r in results.values()]
+    lags = [r["figures"]["lag"] for r in results.values()]
+    print(
+        f"target: the selected checkpoint >= 90% of the best one's gold gain, the last less: "
+        f"{'met' if min(shares) >= 0.9 and max(lasts) < min(shares) else 'NOT met'} "
+        f"(selected {[round(s, 2) for s in shares]}, last {[round(s, 2) for s in lasts]})"
+    )
+    print(f"held-out peak minus gold peak (iterations): {lags}")
+    refused = all(not r["verdicts"]["last"]["blessed"] for r in results.values())
+    promoted = all(r["verdicts"]["selected"]["blessed"] for r in results.values())
+    print(f"target: the gate refuses the last policy and blesses the selected one: "
+          f"{'met' if refused and promoted else 'NOT met'}")  # fmt: skip
+    if timing:
+        print(
+            f"ensemble of 3 and the held-out model in one reward task: {timing['one_task_s']:.0f}"
+            f" s; 3 reward tasks of one model each: {timing['three_tasks_s']:.0f} s"
+        )
+    if args.plot:
+        plot(results, args.plot)
+        print(f"plot: {args.plot}")
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps({"results": results, "timing": timing}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
