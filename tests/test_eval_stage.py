@@ -74,7 +74,8 @@ def test_writes_report_eval_json_and_flat_metrics(evaluated):
     result, out = evaluated
     record = json.load(open(f"{out}/eval.json"))
     assert record["blessed"] is result["blessed"]
-    assert len(record["reasons"]) == 4  # win rate, KL, KL to the anchor, finite figures
+    # win rate, KL, KL to the anchor, response length over the reference's, finite figures
+    assert len(record["reasons"]) == 5
     assert record["summary"]["win_rate"] == result["win_rate"]
     metrics = json.load(open(f"{out}/metrics.json"))
     assert metrics["blessed"] == float(result["blessed"])
