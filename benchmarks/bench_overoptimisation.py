@@ -55,8 +55,8 @@ from components.core.data.tokenizers import BUILTIN_WORDS  # noqa: E402
 from components.core.training.metrics import read_metrics  # noqa: E402
 from pipelines.dag import params  # noqa: E402
 
-SFT_PAIRS, RM_PAIRS, BETA = 4000, 750, 3.0
-EVAL_FRACTION, HELDOUT = 0.2, 0.4  # of the reward data's prompts: ~300 train, ~300 held-out
+SFT_PAIRS, RM_PAIRS, BETA = 4000, 600, 3.0
+EVAL_FRACTION, HELDOUT = 0.2, 0.3  # of the reward data's prompts: ~300 train, ~180 held-out
 REWARD = dict(steps=300, batch_size=32, learning_rate=1e-3, ensemble_size=3)
 PPO = dict(
     iterations=100, rollout_batch_size=64, learning_rate=1e-4, kl_coef=0.0, adaptive_kl=False,
@@ -84,8 +84,8 @@ def prepare(root: Path, seed: int) -> dict[str, str]:
     base.update(tokenizer=BUILTIN_WORDS, eval_fraction=EVAL_FRACTION, min_eval_pairs=0)
     sft_pairs = write(root / "sft.jsonl", list(generate_pairs(SFT_PAIRS, seed=seed)))
     shard(ShardConfig(**base), [sft_pairs], paths["sft_shards"])
-    # Other draws than the sft's (seed + 1000), labelled at BETA.
-    rm_pairs = list(generate_pairs(RM_PAIRS, seed=seed + 1000, beta=BETA))
+    # The sft's draws (prompts and responses), labelled at BETA.
+    rm_pairs = list(generate_pairs(RM_PAIRS, seed=seed, beta=BETA))
     shard(
         ShardConfig(**{**base, "heldout_fraction": HELDOUT}), [write(root / "rm.jsonl", rm_pairs)],
         paths["shards"],
@@ -118,25 +118,15 @@ def _z(raw: np.ndarray, folder: str) -> np.ndarray:
 def curve(paths: dict[str, str], output: str, seed: int) -> list[dict[str, float]]:
     """Every saved policy's gold, proxy and held-out scores (z) and KL per token (k3) to the
     sft policy, on the eval prompts (the same keys for every checkpoint)."""
-    from flax import nnx
-
     from components.core.data.tokenizers import load_tokenizer
     from components.core.model import eval_sampling
     from components.core.model.artifact import load_model
     from components.core.training import parallel
-    from components.core.training.checkpoint import (
-        CheckpointConfig,
-        TrainCheckpointer,
-        training_state_dir,
-    )
     from components.evaluate import generation
-    from components.ppo import PPOConfig
-    from components.ppo.update import PPOState
     from components.reward.members import reward_members
 
     shards = paths["shards"]
-    info = json.loads(Path(output, "config.json").read_text())
-    config = PPOConfig(**{**info["training"], "report_to": "none"})
+    config, sft_model, template, checkpoints = saved_policies(paths, output)
     tokenizer = load_tokenizer(os.path.join(shards, "tokenizer"))
     prompts = eval_sampling.split_prompts(shards, "eval", prompt_len=config.prompt_len)
     pairs = zip(prompts.tokens, prompts.mask, strict=True)
@@ -145,20 +135,12 @@ def curve(paths: dict[str, str], output: str, seed: int) -> list[dict[str, float
         config.max_new_tokens, tokenizer.stop_ids, tokenizer.pad_id, config.temperature,
         tokenizer.vocab_size,
     )  # fmt: skip
-    sft_model, _ = load_model(paths["sft"])
     reference = generation.prepare(sft_model)
     judges = {"proxy": paths["reward"], "heldout": reward_members(paths["reward"]).heldout}
     rewards = {
         name: generation.prepare(load_model(folder, scalar_head=True)[0])
         for name, folder in judges.items()
     }
-    critic, _ = load_model(paths["reward"], scalar_head=True)
-    template = PPOState.create(
-        jax.device_get(nnx.split(sft_model, nnx.Param)[1]),
-        jax.device_get(nnx.split(critic, nnx.Param)[1]),
-        config,
-    )
-    checkpoints = TrainCheckpointer(training_state_dir(output), CheckpointConfig(keep=1000))
     rows = []
     for step in checkpoints.all_steps():
         restored = checkpoints.restore_latest(template, np.zeros(2, np.uint32), step=step)
@@ -192,11 +174,12 @@ def curve(paths: dict[str, str], output: str, seed: int) -> list[dict[str, float
     return rows
 
 
-def export_last(paths: dict[str, str], output: str, root: Path) -> str:
-    """The last saved policy as a model folder (the stage outputs the selected one)."""
+def saved_policies(paths: dict[str, str], output: str) -> tuple[Any, Any, Any, Any]:
+    """The ppo run's config, the sft model (the policy's graph), a template of its training
+    state and its checkpointer (every save kept)."""
     from flax import nnx
 
-    from components.core.model.artifact import load_model, save_model
+    from components.core.model.artifact import load_model
     from components.core.training.checkpoint import (
         CheckpointConfig,
         TrainCheckpointer,
@@ -207,7 +190,7 @@ def export_last(paths: dict[str, str], output: str, root: Path) -> str:
 
     info = json.loads(Path(output, "config.json").read_text())
     config = PPOConfig(**{**info["training"], "report_to": "none"})
-    model, sft_info = load_model(paths["sft"])
+    model, _ = load_model(paths["sft"])
     critic, _ = load_model(paths["reward"], scalar_head=True)
     template = PPOState.create(
         jax.device_get(nnx.split(model, nnx.Param)[1]),
@@ -215,12 +198,24 @@ def export_last(paths: dict[str, str], output: str, root: Path) -> str:
         config,
     )
     checkpoints = TrainCheckpointer(training_state_dir(output), CheckpointConfig(keep=1000))
+    return config, model, template, checkpoints
+
+
+def export_last(paths: dict[str, str], output: str, root: Path) -> str:
+    """The last saved policy as a model folder (the stage outputs the selected one)."""
+    import dataclasses
+
+    from components.core.model.artifact import save_model
+    from components.core.training.checkpoint import read_model_config
+
+    config, model, template, checkpoints = saved_policies(paths, output)
     restored = checkpoints.restore_latest(template, np.zeros(2, np.uint32))
     checkpoints.close()
     last = str(root / "last")
     save_model(
-        last, model, restored.state.policy.params, tokenizer=sft_info["tokenizer"], stage="ppo",
-        training=info["training"], step=restored.step,
+        last, model, restored.state.policy.params,
+        tokenizer=read_model_config(paths["sft"])["tokenizer"], stage="ppo",
+        training=dataclasses.asdict(config), step=restored.step,
         tokenizer_dir=os.path.join(paths["shards"], "tokenizer"),
     )  # fmt: skip
     return last

@@ -220,6 +220,7 @@ class _Nets:
     models: Any
     ids: Any
     norm: Any
+    monitor_spec: Any = None  # no held-out model or ensemble
 
 
 def stage_programs(
