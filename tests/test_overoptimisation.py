@@ -276,3 +276,19 @@ def test_the_demo_task_holds_a_heldout_reward_model_where_a_run_can():
                   {"train_reward_model": False}):  # fmt: skip
         assert "heldout_reward" not in with_task(given, {})[0], given
     assert with_task({"heldout_reward": 0.0}, {"heldout_reward": "flag"})[0]["heldout_reward"] == 0
+
+
+def test_a_rerun_repeats_the_recorded_run_without_the_task_defaults(monkeypatch):
+    import argparse
+
+    import pipelines.targets.local.run as local
+    from pipelines.cli import run as cli_run
+
+    recorded = {"task": "arithmetic", "train_reward_model": False}
+    monkeypatch.setattr(local, "last_values", lambda runs_dir: dict(recorded))
+    values, sources = cli_run._rerun_values(argparse.Namespace(runs_dir="runs", run=None))
+    assert values == recorded and set(sources.values()) == {"last run"}
+    # A task named anew brings its settings under the flags.
+    args = argparse.Namespace(runs_dir="runs", run=None, param_task="")
+    values, sources = cli_run._rerun_values(args)
+    assert values["heldout_reward"] == 0.2 and sources["heldout_reward"] == "task"

@@ -67,8 +67,13 @@ def _rerun(args: argparse.Namespace, rest: list[str]) -> int:
 
 def _rerun_values(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, str]]:
     """The repeated run's values (its run.json, or the last run's), the flags over them."""
+    from pipelines.dag.tasks import with_task
     from pipelines.targets.local.run import last_values, run_values
 
     before = run_values(args.runs_dir, args.run) if args.run else last_values(args.runs_dir)
-    values, sources = options.sourced_values(args)
+    values, sources = options.given(args)
+    # The recorded run's values already hold its task's settings; a task's defaults come
+    # in only when the flags name one (they would otherwise override what was recorded).
+    if "task" in values:
+        values, sources = with_task(values, sources)
     return {**before, **values}, {name: "last run" for name in before} | sources
