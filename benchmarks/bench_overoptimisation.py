@@ -280,14 +280,23 @@ def figures(rows: list[dict], status: dict, output: str) -> dict[str, Any]:
     }
 
 
-def ensemble_timing(paths: dict[str, str], root: Path) -> dict[str, float]:
-    """One reward task training 3 members against 3 tasks of one each (a process each)."""
+def ensemble_timing(root: Path) -> dict[str, float]:
+    """One reward task training an ensemble of 3 against 3 tasks of one model each (a
+    process each), on the reward data of ``root`` sharded without a heldout split (so each
+    task trains exactly its own models)."""
+    from components.shard import ShardConfig
+    from components.shard import run as shard
+
+    base = params.stage_values("shard", params.defaults())
+    base.update(tokenizer=BUILTIN_WORDS, eval_fraction=EVAL_FRACTION, min_eval_pairs=0)
+    shards = str(root / "timing_shards")
+    shard(ShardConfig(**base), [str(root / "rm.jsonl")], shards)
     settings = params.stage_values("reward", params.defaults())
     settings.update(report_to="none", min_reward_accuracy=0.0, **REWARD)
 
     def task(output: str, **changes: Any) -> float:
         flags = [f"--{k.replace('_', '-')}={v}" for k, v in {**settings, **changes}.items()]
-        command = [sys.executable, "-m", "components.reward", "--shards", paths["shards"],
+        command = [sys.executable, "-m", "components.reward", "--shards", shards,
                    "--output", output, *flags]  # fmt: skip
         start = time.perf_counter()
         subprocess.run(command, check=True, capture_output=True)
@@ -295,7 +304,6 @@ def ensemble_timing(paths: dict[str, str], root: Path) -> dict[str, float]:
 
     one = task(str(root / "timing_one"), ensemble_size=3)
     three = sum(task(str(root / f"timing_{i}"), ensemble_size=1, seed=i) for i in range(3))
-    # The one task also trains the held-out model: a fourth model, the three tasks none.
     return {"one_task_s": one, "three_tasks_s": three}
 
 
@@ -354,7 +362,7 @@ def main() -> None:
                 "seconds": time.perf_counter() - start,
             }  # fmt: skip
             if timing is None and not args.skip_timing:
-                timing = ensemble_timing(paths, root)
+                timing = ensemble_timing(root)
     print(
         f"\nbuilt-in task, reward models on {RM_PAIRS} pairs at beta {BETA:g} (heldout_fraction "
         f"{HELDOUT}), ppo kl_coef 0 lr {PPO['learning_rate']:g} for {PPO['iterations']} "
