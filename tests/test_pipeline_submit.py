@@ -49,8 +49,10 @@ def test_submit_vertex_pipeline_job(vertex_job):
     assert kwargs["display_name"] == "alignpipe"
     assert kwargs["project"] == "proj" and kwargs["location"] == "us-central1"
     assert kwargs["pipeline_root"] == "gs://bucket/runs"
-    # Training state goes to the pipeline root unless checkpoint_root is given.
+    # Training state goes to the pipeline root unless checkpoint_root is given; the built-in
+    # task (no data_uri) brings its held-out reward model (pipelines/dag/tasks.py).
     assert kwargs["parameter_values"] == {
+        "heldout_reward": 0.2,
         "ppo_iterations": 50,
         "checkpoint_root": "gs://bucket/runs/checkpoints",
     }
@@ -106,7 +108,10 @@ def test_submit_and_schedule_gke_with_the_kfp_client():
         client_cls.assert_called_with(host="https://kfp.example.com")
         args, kwargs = client.create_run_from_pipeline_package.call_args
         assert kwargs == {
-            "arguments": {"kl_coef": 0.05, "checkpoint_root": "gs://bucket/runs/checkpoints"},
+            "arguments": {
+                "heldout_reward": 0.2, "kl_coef": 0.05,
+                "checkpoint_root": "gs://bucket/runs/checkpoints",
+            },
             "run_name": "alignpipe", "experiment_name": "alignpipe",
             "pipeline_root": "gs://bucket/runs", "enable_caching": None, "service_account": None,
             "namespace": None,
@@ -120,7 +125,10 @@ def test_submit_and_schedule_gke_with_the_kfp_client():
     assert kwargs["experiment_id"] == "exp-1"
     assert kwargs["cron_expression"] == "0 30 2 * * *"  # KFP cron leads with seconds
     assert kwargs["max_concurrency"] == 1
-    assert kwargs["params"] == {"checkpoint_root": "gs://bucket/runs/checkpoints"}
+    assert kwargs["params"] == {
+        "heldout_reward": 0.2,
+        "checkpoint_root": "gs://bucket/runs/checkpoints",
+    }
     assert kwargs["pipeline_package_path"].endswith(".yaml")
 
 
