@@ -35,7 +35,8 @@ from components.dpo.train import (
 )
 from components.ppo.config import PPOConfig
 from components.ppo.kl_control import init_kl_controller
-from components.ppo.loop import Networks, compiled_phases
+from components.ppo.loop import compiled_phases
+from components.ppo.networks import Networks
 from components.ppo.rollout import Frozen, RolloutParams
 from components.ppo.stage import build_networks
 from components.ppo.update import PPOState

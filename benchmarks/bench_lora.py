@@ -70,7 +70,8 @@ from components.core.training import parallel  # noqa: E402
 from components.evaluate.measures import paired_difference  # noqa: E402
 from components.ppo.config import FROM_SCRATCH_LEARNING_RATES, PPOConfig  # noqa: E402
 from components.ppo.kl_control import init_kl_controller  # noqa: E402
-from components.ppo.loop import Networks, compiled_phases  # noqa: E402
+from components.ppo.loop import compiled_phases  # noqa: E402
+from components.ppo.networks import Networks  # noqa: E402
 from components.ppo.rollout import Frozen, Models, RolloutParams, ScoreNorm, TokenIds  # noqa: E402
 from components.ppo.stage import prompt_streams  # noqa: E402
 from components.ppo.update import PPOState  # noqa: E402

@@ -121,9 +121,9 @@ def curve(paths: dict[str, str], output: str, seed: int) -> list[dict[str, float
     from components.core.data.tokenizers import load_tokenizer
     from components.core.model import eval_sampling
     from components.core.model.artifact import load_model
+    from components.core.rewards.members import reward_members
     from components.core.training import parallel
     from components.evaluate import generation
-    from components.reward.members import reward_members
 
     shards = paths["shards"]
     config, sft_model, template, checkpoints = saved_policies(paths, output)

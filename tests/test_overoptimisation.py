@@ -15,6 +15,7 @@ import components.sft as sft
 from components.core.data.builtin_task import write_jsonl
 from components.core.data.input_pipeline import read_manifest
 from components.core.model.artifact import load_model
+from components.core.rewards.members import Members, reward_members
 from components.core.training.metrics import read_metrics
 from components.evaluate.config import EvalConfig
 from components.evaluate.gate import decide
@@ -25,7 +26,6 @@ from components.ppo import run as ppo
 from components.ppo.monitors import Monitors, OveroptTracker, monitor
 from components.reward import RewardConfig
 from components.reward import run as train_reward
-from components.reward.members import Members, reward_members
 from components.shard import ShardConfig
 from components.shard import run as shard
 from components.shard.records import place, prompt_hash

@@ -343,7 +343,7 @@ def test_grpo_resumes_exactly(artifacts, group_runs, tmp_path, monkeypatch) -> N
 def test_a_resume_honours_a_changed_kl_target(artifacts, group_runs, tmp_path) -> None:
     """The resumed run's kl_target, not the checkpoint's, steers the coefficient from there
     on (the controller's state carries over: same kind)."""
-    from components.ppo.loop import ppo_checkpointer
+    from components.ppo.checkpoints import ppo_checkpointer
 
     uninterrupted = group_runs["grpo"][1]
     output = str(tmp_path / "policy")

@@ -2,7 +2,7 @@
 
 The judge (the proxy: the reward model the policy was trained against) rewards gaming it
 as much as improving. The reward stage can train a held-out model on prompts no stage
-trained on and ensemble members with other seeds (reward/members.py); here each scores
+trained on and ensemble members with other seeds (core/rewards/members.py); here each scores
 the same aligned and reference samples, standardized by its own eval statistics
 (z-scores, comparable across models), and the summary's ``overoptimisation`` part holds
 
@@ -27,9 +27,10 @@ from typing import Any
 import numpy as np
 
 from components.core.model.artifact import load_model
+from components.core.rewards.members import Members, read_stats
 from components.evaluate import generation
+from components.evaluate.config import EvalConfig
 from components.evaluate.measures import paired_difference, per_prompt, response_lengths
-from components.reward.members import Members, read_stats
 
 
 def _z(raw: np.ndarray, stats: dict[str, Any]) -> np.ndarray:
@@ -101,3 +102,30 @@ def overoptimisation_part(
             "members": len(ensemble) + 1,
         }
     return part
+
+
+def measure_overoptimisation(
+    config: EvalConfig,
+    models: dict[str, generation.LoadedModel],
+    prompts: Any,
+    policies: tuple[Any, Any],
+    members: Members,
+    proxy_stats: dict[str, Any] | None,
+) -> dict[str, Any]:
+    """The summary's ``overoptimisation`` part of the aligned and reference samples
+    (``policies``: stage.PolicyResult each), the judge's when a reward model judged."""
+    aligned, reference = policies
+    judged = "reward" in models
+    member_z = []
+    if judged and members.any:
+        member_z = member_scores(
+            members, prompts, [aligned.responses, reference.responses], seed=config.seed,
+            batch_size=config.batch_size, sharded=config.fsdp,
+        )  # fmt: skip
+    return overoptimisation_part(
+        aligned.responses.mask, reference.responses.mask,
+        proxy=(aligned.rewards, reference.rewards) if judged else None,
+        proxy_stats=proxy_stats if judged else None, members=members, member_z=member_z,
+        bootstrap={"n_resamples": config.bootstrap_samples, "confidence": config.confidence,
+                   "seed": config.seed},
+    )  # fmt: skip

@@ -52,6 +52,7 @@ from components.core.model.artifact import (
     load_model,
     require_policy,
 )
+from components.core.rewards.members import Members, read_stats, reward_members
 from components.core.training.checkpoint import read_model_config
 from components.core.training.distributed import maybe_initialize
 from components.evaluate import anchor, generation, run_info, verifiable_stage
@@ -69,10 +70,9 @@ from components.evaluate.measures import (
     summarize,
 )
 from components.evaluate.outputs import sample_rows, write_outputs
-from components.evaluate.overoptimisation import member_scores, overoptimisation_part
+from components.evaluate.overoptimisation import measure_overoptimisation
 from components.evaluate.report import json_ready, select_samples
 from components.hf.importer import resolve_base
-from components.reward.members import Members, read_stats, reward_members
 
 log = logging.getLogger(__name__)
 
@@ -315,7 +315,7 @@ def measure(
     proxy_stats: dict[str, Any] | None = None,
 ) -> Measured:
     """Sample both policies on the eval prompts and measure them: summary and sample rows.
-    ``members``: the judge's held-out model and ensemble (reward/members.py), scored beside
+    ``members``: the judge's held-out model and ensemble (core/rewards/members.py), scored beside
     it with ``proxy_stats`` (its own eval statistics): overoptimisation.py."""
     prompt_len, pair_len = sequence_lengths(config, manifest, models)
     prompts = eval_sampling.eval_prompts(
@@ -351,8 +351,8 @@ def measure(
         config=config, chosen_rewards=chosen, rejected_rewards=rejected, gold_name=gold_name,
         best_of_n_draws=BestOfNDraws(drawn.rewards, drawn.gold), judge=judge_of(models),
     )  # fmt: skip
-    summary["overoptimisation"] = _overoptimisation(
-        config, models, prompts, aligned, reference, members, proxy_stats
+    summary["overoptimisation"] = measure_overoptimisation(
+        config, models, prompts, (aligned, reference), members or Members(), proxy_stats
     )
     summary["anchor"] = measure_anchor(
         config, models, prompts, prompt_texts, aligned, logprobs, summary,
@@ -371,33 +371,6 @@ def measure(
     for row, row_kl, row_tokens in zip(rows, kl.reshape(-1), tokens.reshape(-1), strict=True):
         row["aligned_kl"], row["aligned_tokens"] = float(row_kl), int(row_tokens)
     return Measured(summary, report_samples(prompt_texts, aligned, reference, config), rows)
-
-
-def _overoptimisation(
-    config: EvalConfig,
-    models: dict[str, generation.LoadedModel],
-    prompts: eval_sampling.Prompts,
-    aligned: PolicyResult,
-    reference: PolicyResult,
-    members: Members,
-    proxy_stats: dict[str, Any] | None,
-) -> dict[str, Any]:
-    """The summary's ``overoptimisation`` part (overoptimisation.py)."""
-    judged = "reward" in models
-    members = members or Members()
-    member_z = []
-    if judged and members.any:
-        member_z = member_scores(
-            members, prompts, [aligned.responses, reference.responses], seed=config.seed,
-            batch_size=config.batch_size, sharded=config.fsdp,
-        )  # fmt: skip
-    return overoptimisation_part(
-        aligned.responses.mask, reference.responses.mask,
-        proxy=(aligned.rewards, reference.rewards) if judged else None,
-        proxy_stats=proxy_stats if judged else None, members=members, member_z=member_z,
-        bootstrap={"n_resamples": config.bootstrap_samples, "confidence": config.confidence,
-                   "seed": config.seed},
-    )  # fmt: skip
 
 
 def measure_anchor(

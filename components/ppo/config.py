@@ -261,7 +261,7 @@ class PPOConfig(
         "reward_timeout); 0 = in the stage's own process, no timeout",
     )
     # Over-optimisation (ppo/monitors.py): what the reward artifact's held-out model and
-    # ensemble members (reward/members.py) do to the run.
+    # ensemble members (core/rewards/members.py) do to the run.
     conservative_reward: Literal["", "mean", "min", "mean-std"] = field(
         "",
         help="with a reward ensemble (reward ensemble_size > 1): train against its mean, its "

@@ -32,15 +32,13 @@ import numpy as np
 
 from components.core import fileio
 from components.core.data.prompts import TEXT_KEYS
-from components.core.model import lora
 from components.core.training import parallel
 from components.core.training.checkpoint import (
-    CheckpointConfig,
     TrainCheckpointer,
-    training_state_dir,
 )
 from components.core.training.metrics import MetricsLogger
 from components.core.training.optim import make_schedule
+from components.ppo.checkpoints import ppo_checkpointer
 from components.ppo.config import (
     STATUS_COMPLETED,
     STATUS_STOPPED_KL_GUARD,
@@ -55,13 +53,11 @@ from components.ppo.kl_control import (
     raise_kl_coef,
     resume_kl_controller,
 )
-from components.ppo.monitors import HELDOUT_SCORE, Monitors, OveroptTracker
+from components.ppo.monitors import HELDOUT_SCORE, OveroptTracker
+from components.ppo.networks import LoopResult, Networks
 from components.ppo.rollout import (
     Frozen,
-    Models,
     RolloutParams,
-    ScoreNorm,
-    TokenIds,
     make_rollout,
     make_rollout_phases,
 )
@@ -74,45 +70,6 @@ REFERENCE_LENGTH_KEY = "reference_response_length"
 OVEROPT_KEY = "overoptimisation"  # the monitors' tracker (monitors.OveroptTracker)
 
 PyTree = Any
-
-
-@dataclasses.dataclass(slots=True)
-class Networks:
-    """Everything the loop starts from: graph definitions and host parameters."""
-
-    models: Models
-    policy: PyTree
-    critic: PyTree | None  # None for grpo and rloo
-    reward: PyTree | None  # None: reward functions alone
-    ids: TokenIds
-    norm: ScoreNorm
-    frozen: Frozen | None = None  # LoRA: the bases (policy, critic and reward hold the rest)
-    monitors: PyTree | None = None  # the reward artifact's other models, stacked (monitors.py)
-    monitor_spec: Monitors | None = None
-
-    @property
-    def reference(self) -> PyTree:
-        """The reference's own parameters: the initial policy, or with LoRA its adapters off."""
-        return self.policy if self.frozen is None else lora.adapters_off(self.policy)
-
-    def whole_policy(self, policy: PyTree) -> PyTree:
-        """A host policy's whole parameters (its frozen base joined back under LoRA)."""
-        return policy if self.frozen is None else lora.join(policy, self.frozen.policy)
-
-
-@dataclasses.dataclass(slots=True)
-class LoopResult:
-    """What the loop hands back to the stage."""
-
-    policy: PyTree  # host copy of the output policy (the last good one)
-    iteration: int  # the updates the output policy has had (restorations undo some)
-    status: str
-    metrics: dict[str, float]  # the output policy's rollout figures, plus the run's counts
-    guard_events: list[dict[str, Any]]
-    final_kl: float | None  # KL per token of the output policy's check rollout
-    # select_checkpoint heldout: the iteration output and the last one, with their held-out
-    # reward model scores; None when the last policy is the output by configuration.
-    selected: dict[str, float] | None = None
 
 
 # Compiled phases by (graphs, config, ids, norm): repeated runs in one process (tests, a
@@ -133,34 +90,6 @@ def compiled_phases(config: PPOConfig, nets: Networks) -> tuple[Any, Any, Any]:
         rollout = make(nets.models, config, nets.ids, nets.norm, nets.monitor_spec)
         _PHASES[key] = (rollout, make_update(nets.models, config), ema)
     return _PHASES[key]
-
-
-def ppo_checkpointer(
-    config: PPOConfig,
-    output: str,
-    inputs: dict[str, str] | None = None,
-    heldout: bool = False,
-) -> TrainCheckpointer:
-    """The run's checkpointer. ``inputs`` (flag → folder: shards, policy, reward) are
-    fingerprinted into the checkpoints' identity, so a resume with other ones is refused.
-    With a ``heldout`` reward model and ``select_checkpoint`` heldout it also keeps the save
-    the held-out model scored highest (monitors.py), which the run outputs."""
-    identity = {
-        "stage": "ppo",
-        "algorithm": config.algorithm,
-        "rollout_batch_size": config.rollout_batch_size,
-        "seed": config.seed,
-    }
-    return TrainCheckpointer(
-        training_state_dir(output),
-        CheckpointConfig(
-            save_every=config.save_every,
-            keep=config.keep_checkpoints,
-            keep_best=int(heldout and config.select_checkpoint == "heldout"),
-        ),
-        identity,
-        inputs,
-    )
 
 
 def host_floats(metrics: dict[str, jax.Array]) -> dict[str, float]:

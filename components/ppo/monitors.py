@@ -1,7 +1,7 @@
 """Over-optimisation monitors: the reward artifact's held-out model and ensemble on rollouts.
 
 The policy is trained to please one reward model (the proxy). The reward stage can train
-others beside it (reward/members.py): a held-out model on prompts no stage trains on, and
+others beside it (core/rewards/members.py): a held-out model on prompts no stage trains on, and
 ensemble members with other seeds. Every rollout, each scores the same responses (one
 network at a time, ``lax.map``), standardized by its own eval statistics (z-scores, so
 models of different scales compare), and the rollout logs

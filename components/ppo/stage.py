@@ -42,10 +42,12 @@ from components.core.model.artifact import (
 )
 from components.core.rewards.completions import is_conversational
 from components.core.rewards.functions import load_reward_functions
+from components.core.rewards.members import reward_members
 from components.core.rewards.scoring import RewardScorer
 from components.core.training.distributed import is_primary, maybe_initialize
 from components.core.training.trainer import StreamBatches
 from components.hf.importer import remove_import, resolve_base
+from components.ppo.checkpoints import ppo_checkpointer
 from components.ppo.config import (
     STATUS_STOPPED_KL_GUARD,
     STATUS_STOPPED_OVEROPTIMISATION,
@@ -53,11 +55,11 @@ from components.ppo.config import (
 )
 from components.ppo.gold import mean_gold_reward
 from components.ppo.host_rewards import HostRewards
-from components.ppo.loop import Networks, PPOLoop, ppo_checkpointer
+from components.ppo.loop import PPOLoop
 from components.ppo.monitors import Monitors, stack
+from components.ppo.networks import Networks
 from components.ppo.rollout import Frozen, Models, ScoreNorm, TokenIds
 from components.ppo.score_norm import policy_score_stats, saved_score_stats
-from components.reward.members import reward_members
 
 log = logging.getLogger(__name__)
 STATUS_FILE = "ppo_status.json"
@@ -190,7 +192,7 @@ def build_networks(
 def _monitors(
     config: PPOConfig, manifest: dict, reward_dir: str, reward_params: Any
 ) -> tuple[Any, Monitors | None]:
-    """The reward artifact's held-out model and ensemble members (reward/members.py),
+    """The reward artifact's held-out model and ensemble members (core/rewards/members.py),
     stacked whole, and their statistics; (None, None) when it has none."""
     members = reward_members(reward_dir)
     ensemble = bool(members.ensemble)

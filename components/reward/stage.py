@@ -10,11 +10,11 @@ from collections.abc import Iterator
 from typing import Any
 
 from components.core import fileio
+from components.core.rewards import members
 from components.core.training.checkpoint import CHECKPOINT_DIR_ENV
 from components.core.training.distributed import is_primary
 from components.core.training.trainer import train_on_preferences
 from components.hf.importer import remove_import, resolve_base
-from components.reward import members
 from components.reward.config import RewardConfig
 from components.reward.train import make_reward_eval_sums, make_reward_loss, summarize_eval
 

@@ -59,7 +59,7 @@ def applied(preset: RunPreset, values: dict[str, Any]) -> tuple[RunPreset, dict[
     }
     for stage in ("ppo", "evaluate"):
         stages[stage]["prompt_len"] = preset.prompt_len
-    # The reward artifact's held-out model and ensemble members (reward/members.py): ppo
+    # The reward artifact's held-out model and ensemble members (core/rewards/members.py): ppo
     # holds them all whole beside its networks, evaluate one at a time beside its three.
     members = int(values.get("heldout_reward", 0) > 0) + int(values.get("reward_ensemble", 1)) - 1
     if members > 0:
