@@ -38,6 +38,7 @@ from components.core.config import (
 )
 from components.core.flags import field
 from components.core.rewards.functions import check_reward_settings
+from components.ppo.overopt_settings import OveroptimisationSettings
 
 if TYPE_CHECKING:
     from components.core.training.optim import OptimConfig
@@ -90,6 +91,7 @@ class PPOConfig(
     CheckpointSettings,
     ReproducibilitySettings,
     TrackingSettings,
+    OveroptimisationSettings,
 ):
     """PPO of a policy against a reward model, with KL control and divergence guard rails."""
 
@@ -260,29 +262,6 @@ class PPOConfig(
         help="processes the reward functions run in (each call split over them, with "
         "reward_timeout); 0 = in the stage's own process, no timeout",
     )
-    # Over-optimisation (ppo/monitors.py): what the reward artifact's held-out model and
-    # ensemble members (core/rewards/members.py) do to the run.
-    conservative_reward: Literal["", "mean", "min", "mean-std"] = field(
-        "",
-        help="with a reward ensemble (reward ensemble_size > 1): train against its mean, its "
-        "minimum or mean - conservative_lambda * std of the members' standardized scores "
-        "(Coste et al. 2023) instead of the first member alone; '' = the first member",
-    )
-    conservative_lambda: float = field(
-        1.0, help="conservative_reward mean-std: the weight of the ensemble's std"
-    )
-    select_checkpoint: Literal["heldout", "last"] = field(
-        "heldout",
-        help="the policy the stage outputs: heldout = of the checkpoints saved, the one whose "
-        "rollout the held-out reward model scored highest (with a held-out model; else the "
-        "last), last = the last",
-    )
-    heldout_patience: int = field(
-        0,
-        help="stop early (status stopped_overoptimisation) when the held-out reward model's "
-        "score has stayed below its best for this many rollouts while the proxy's rose above "
-        "its value then; 0 = never",
-    )
     # Counted in iterations, and a guard restoration loses what followed the last save.
     save_every: int = group_field(CheckpointSettings, "save_every", 5)
 
@@ -296,17 +275,7 @@ class PPOConfig(
         check_learning_rate("critic_learning_rate", self.critic_learning_rate)
         self._check_sizes()
         self._check_coefficients()
-        for name, allowed in (
-            ("conservative_reward", ("", "mean", "min", "mean-std")),
-            ("select_checkpoint", ("heldout", "last")),
-        ):
-            if getattr(self, name) not in allowed:
-                raise ValueError(f"{name}: {getattr(self, name)!r} is not one of {allowed}")
-        if self.conservative_lambda < 0 or self.heldout_patience < 0:
-            raise ValueError(
-                f"conservative_lambda ({self.conservative_lambda}) and heldout_patience "
-                f"({self.heldout_patience}) must be >= 0"
-            )
+        OveroptimisationSettings.__post_init__(self)
         # Validates the optimizer fields with their own messages.
         self._optim(self.learning_rate or FROM_SCRATCH_LEARNING_RATES[0])
 

@@ -1,0 +1,51 @@
+"""What the reward artifact's held-out model and ensemble members (core/rewards/members.py)
+do to a PPO run (ppo/monitors.py): PPOConfig's over-optimisation settings."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Literal
+
+from components.core.flags import field
+
+
+@dataclasses.dataclass(kw_only=True)
+class OveroptimisationSettings:
+    """A conservative reward over the ensemble, checkpoint selection and the early stop."""
+
+    __slots__ = ()
+
+    conservative_reward: Literal["", "mean", "min", "mean-std"] = field(
+        "",
+        help="with a reward ensemble (reward ensemble_size > 1): train against its mean, its "
+        "minimum or mean - conservative_lambda * std of the members' standardized scores "
+        "(Coste et al. 2023) instead of the first member alone; '' = the first member",
+    )
+    conservative_lambda: float = field(
+        1.0, help="conservative_reward mean-std: the weight of the ensemble's std"
+    )
+    select_checkpoint: Literal["heldout", "last"] = field(
+        "heldout",
+        help="the policy the stage outputs: heldout = of the checkpoints saved, the one whose "
+        "rollout the held-out reward model scored highest (with a held-out model; else the "
+        "last), last = the last",
+    )
+    heldout_patience: int = field(
+        0,
+        help="stop early (status stopped_overoptimisation) when the held-out reward model's "
+        "score has stayed below its best for this many rollouts while the proxy's rose above "
+        "its value then; 0 = never",
+    )
+
+    def __post_init__(self) -> None:
+        for name, allowed in (
+            ("conservative_reward", ("", "mean", "min", "mean-std")),
+            ("select_checkpoint", ("heldout", "last")),
+        ):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"{name}: {getattr(self, name)!r} is not one of {allowed}")
+        if self.conservative_lambda < 0 or self.heldout_patience < 0:
+            raise ValueError(
+                f"conservative_lambda ({self.conservative_lambda}) and heldout_patience "
+                f"({self.heldout_patience}) must be >= 0"
+            )
