@@ -33,9 +33,7 @@ import numpy as np
 from components.core import fileio
 from components.core.data.prompts import TEXT_KEYS
 from components.core.training import parallel
-from components.core.training.checkpoint import (
-    TrainCheckpointer,
-)
+from components.core.training.checkpoint import TrainCheckpointer
 from components.core.training.metrics import MetricsLogger
 from components.core.training.optim import make_schedule
 from components.ppo.checkpoints import ppo_checkpointer
