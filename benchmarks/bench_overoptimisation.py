@@ -110,18 +110,13 @@ def train(paths: dict[str, str], root: Path, seed: int) -> str:
     return output
 
 
-def _z(raw: np.ndarray, folder: str) -> np.ndarray:
-    stats = json.loads(Path(folder, "reward_stats.json").read_text())
-    return (raw - stats["mean"]) / stats["std"]
-
-
 def curve(paths: dict[str, str], output: str, seed: int) -> list[dict[str, float]]:
     """Every saved policy's gold, proxy and held-out scores (z) and KL per token (k3) to the
     sft policy, on the eval prompts (the same keys for every checkpoint)."""
     from components.core.data.tokenizers import load_tokenizer
     from components.core.model import eval_sampling
     from components.core.model.artifact import load_model
-    from components.core.rewards.members import reward_members
+    from components.core.rewards.members import read_stats, reward_members, standardize
     from components.core.training import parallel
     from components.evaluate import generation
 
@@ -160,7 +155,7 @@ def curve(paths: dict[str, str], output: str, seed: int) -> list[dict[str, float
         row = {"iteration": step, "gold": float(gold.mean())}
         for name, model in rewards.items():
             raw = generation.response_rewards(model, prompts, responses, batch_size=256)
-            row[name] = float(_z(raw, judges[name]).mean())
+            row[name] = float(standardize(raw, read_stats(judges[name])).mean())
         logprobs = [
             generation.policy_logprobs(m, prompts, responses, temperature=1.0, batch_size=256)
             for m in (policy, reference)
@@ -227,7 +222,9 @@ def judge(paths: dict[str, str], policy: str, output: str, seed: int) -> dict[st
     from components.evaluate.stage import run as evaluate
 
     settings = params.stage_values("evaluate", params.defaults())
-    settings.update(seed=seed, report_to="none")
+    # No KL penalty by design: every checkpoint is far from the sft policy, and max_kl and
+    # max_anchor_kl would refuse them all; off (inf), the verdict is the other rules'.
+    settings.update(seed=seed, report_to="none", max_kl=float("inf"), max_anchor_kl=float("inf"))
     summary = evaluate(
         EvalConfig(**settings), paths["shards"], policy, paths["sft"], paths["reward"], output
     )

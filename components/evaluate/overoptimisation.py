@@ -27,14 +27,10 @@ from typing import Any
 import numpy as np
 
 from components.core.model.artifact import load_model
-from components.core.rewards.members import Members, read_stats
+from components.core.rewards.members import Members, read_stats, standardize
 from components.evaluate import generation
 from components.evaluate.config import EvalConfig
 from components.evaluate.measures import paired_difference, per_prompt, response_lengths
-
-
-def _z(raw: np.ndarray, stats: dict[str, Any]) -> np.ndarray:
-    return (np.asarray(raw, np.float64) - stats["mean"]) / max(stats["std"], 1e-6)
 
 
 def member_scores(
@@ -51,7 +47,9 @@ def member_scores(
         stats = read_stats(folder)
         scores.append(
             [
-                _z(generation.response_rewards(model, prompts, r, batch_size=batch_size), stats)
+                standardize(
+                    generation.response_rewards(model, prompts, r, batch_size=batch_size), stats
+                )
                 for r in responses
             ]
         )
@@ -77,7 +75,7 @@ def overoptimisation_part(
     part: dict[str, Any] = {"length_ratio": a_len / r_len if r_len else None}
     if proxy is None or proxy_stats is None:
         return part
-    proxy_z = [_z(scores, proxy_stats) for scores in proxy]
+    proxy_z = [standardize(scores, proxy_stats) for scores in proxy]
 
     def gain(aligned: np.ndarray, reference: np.ndarray) -> dict[str, Any]:
         return paired_difference(per_prompt(aligned), per_prompt(reference), **bootstrap)

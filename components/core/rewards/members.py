@@ -21,6 +21,8 @@ import dataclasses
 import json
 from typing import Any
 
+import numpy as np
+
 from components.core import fileio
 
 STATS_FILE = "reward_stats.json"
@@ -61,6 +63,12 @@ def read_stats(model_dir: str) -> dict[str, Any] | None:
     """A reward artifact's reward_stats.json, or None when it has none."""
     path = fileio.join(model_dir, STATS_FILE)
     return json.loads(fileio.read_text(path)) if fileio.exists(path) else None
+
+
+def standardize(raw: Any, stats: dict[str, Any]) -> np.ndarray:
+    """Raw scores of a reward model as z-scores by its eval statistics (``stats``: its
+    reward_stats.json), so models on different scales compare."""
+    return (np.asarray(raw, np.float64) - stats["mean"]) / max(stats["std"], 1e-6)
 
 
 def reward_members(reward_dir: str) -> Members:
