@@ -53,7 +53,7 @@ format: install ## Format the code with ruff.
 	$(BIN)/ruff check --fix .
 	$(BIN)/ruff format .
 
-bench: install ## Run every benchmark (prints figures and ratios; ~30 min; installs the [bench] extra for TRL).
+bench: install ## Run every benchmark (prints figures and ratios; ~50 min; installs the [bench] extra for TRL).
 	$(BIN)/pip install -q -e '.[bench]' 2>&1 | $(PIP_QUIET)
 	$(BIN)/python benchmarks/bench_shard.py
 	$(BIN)/python benchmarks/bench_remat.py
@@ -64,6 +64,7 @@ bench: install ## Run every benchmark (prints figures and ratios; ~30 min; insta
 	$(BIN)/python benchmarks/bench_algorithms.py --json build/bench_algorithms.json
 	$(BIN)/python benchmarks/bench_libraries.py
 	$(BIN)/python benchmarks/bench_verifiable.py --json build/bench_verifiable.json
+	$(BIN)/python benchmarks/bench_overoptimisation.py --json build/bench_overoptimisation.json
 
 clean: ## Remove the virtual environment, caches and local runs.
 	rm -rf $(VENV) runs .pytest_cache .ruff_cache build *.egg-info

@@ -2,10 +2,15 @@
 rising while gold peaks and falls, what the held-out reward model, checkpoint selection,
 the gate and the length-controlled win rate make of it.
 
-The setting (found by search, 2026-12-05): the reward models learn from few, noisy labels
-(``RM_PAIRS`` pairs labelled at ``BETA`` 3 instead of the task's 10) and PPO optimizes the
-proxy with no KL penalty (``kl_coef`` 0, ``adaptive_kl`` off) at 1e-4 for 100 iterations:
-the policy settles on a word the proxy overrates (e.g. "quite", neutral to gold). Per seed:
+The setting: the reward models learn from few, noisy labels (``RM_PAIRS`` pairs labelled at
+``BETA`` 3 instead of the task's 10; the proxy's train split holds about 300) and PPO
+optimizes the proxy with no KL penalty (``kl_coef`` 0, ``adaptive_kl`` off) at 1e-4 for 100
+iterations. It is the setting of the one gamed run a search found (2026-12-05: gold fell from
+0.91 to 0.59 as the policy took up "quite", a neutral word that proxy overrated), but on this
+benchmark's own data no seed of 0, 1 and 2 is gamed: the built-in task's gold is 1.0 for any
+all-positive response, and the proxies rank a positive word first. The figures then say what
+the monitors cost when nothing is gamed (checkpoint selection's share of the best gold gain,
+false early stops, the gate's verdicts), not that they catch gaming. Per seed:
 
 1. the sft policy learns from the task's own 4000 pairs (``sft_data_uri``'s role); the
    reward data (``RM_PAIRS`` pairs) is sharded with ``heldout_fraction`` ``HELDOUT`` (the
@@ -21,9 +26,9 @@ the policy settles on a word the proxy overrates (e.g. "quite", neutral to gold)
 
 Printed per seed: the iterations where gold and the held-out model peak (the lag), gold's
 drop from its peak while the proxy rose, the gold gain of the selected and the last
-checkpoint as shares of the best one's, where ``heldout_patience`` 3 would have stopped,
-both verdicts and their win rates. Also the ensemble's training as one reward task against
-three (the seed-0 data, each a process of its own). ``--plot`` draws the proxy, held-out and
+checkpoint as shares of the best one's, where ``heldout_patience`` 3, 10 and 20 would have
+stopped, both verdicts and their win rates. Also the ensemble's training as one reward task
+against three (the seed-0 data, each a process of its own). ``--plot`` draws the proxy, held-out and
 gold gains against KL (docs/overoptimisation.png).
 
     python benchmarks/bench_overoptimisation.py [--seeds 0,1,2] [--plot PATH] [--json PATH]
@@ -62,7 +67,7 @@ PPO = dict(
     iterations=100, rollout_batch_size=64, learning_rate=1e-4, kl_coef=0.0, adaptive_kl=False,
     score_norm="policy", save_every=10, keep_checkpoints=1000, kl_stop=1e9, max_restores=0,
 )  # fmt: skip
-SAVE_EVERY, EVAL_SAMPLES, PATIENCE = PPO["save_every"], 8, 3
+SAVE_EVERY, EVAL_SAMPLES, PATIENCES = PPO["save_every"], 8, (3, 10, 20)
 
 
 def write(path: Path, pairs: list[dict]) -> str:
@@ -244,11 +249,11 @@ def judge(paths: dict[str, str], policy: str, output: str, seed: int) -> dict[st
     }
 
 
-def early_stop(output: str) -> int | None:
-    """Where ``heldout_patience`` PATIENCE would have stopped the run (its rollouts)."""
+def early_stop(output: str, patience: int) -> int | None:
+    """Where ``heldout_patience`` ``patience`` would have stopped the run (its rollouts)."""
     from components.ppo.monitors import OveroptTracker
 
-    tracker = OveroptTracker(PATIENCE, heldout=True)
+    tracker = OveroptTracker(patience, heldout=True)
     for row in read_metrics(output):
         if "overopt/heldout_score" in row:
             iteration = int(row["step"]) - 1  # logged at step k + 1: iteration k's rollout
@@ -273,7 +278,7 @@ def figures(rows: list[dict], status: dict, output: str) -> dict[str, Any]:
         "selected": selected,
         "selected_share": float((at[selected]["gold"] - start) / best),
         "last_share": float((gold[-1] - start) / best),
-        "early_stop": early_stop(output),
+        "early_stop": {patience: early_stop(output, patience) for patience in PATIENCES},
     }
 
 
@@ -366,14 +371,14 @@ def main() -> None:
         f"iterations, saved every {SAVE_EVERY}; eval prompts, {EVAL_SAMPLES} samples each"
     )
     print("seed  gold peak  held-out peak  lag  gold drop  proxy rise  selected  sel/best  "
-          "last/best  early stop")  # fmt: skip
+          f"last/best  early stop at heldout_patience {'/'.join(map(str, PATIENCES))}")  # fmt: skip
     for seed, result in results.items():
         f = result["figures"]
         print(
             f"{seed:>4}  {f['gold_peak']:>9}  {f['heldout_peak']:>13}  {f['lag']:>3}  "
             f"{f['gold_drop']:>9.3f}  {f['proxy_rise_after_gold_peak']:>+10.3f}  "
             f"{f['selected']:>8}  {f['selected_share']:>8.2f}  {f['last_share']:>9.2f}  "
-            f"{f['early_stop']}"
+            f"{'/'.join(str(f['early_stop'][p]) for p in PATIENCES)}"
         )
     print("seed  policy    blessed  win rate  LC win rate  gold win  gold LC  held-out gain  "
           "gap  failed rules")  # fmt: skip
