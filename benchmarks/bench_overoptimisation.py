@@ -250,10 +250,12 @@ def judge(paths: dict[str, str], policy: str, output: str, seed: int) -> dict[st
 
 
 def early_stop(output: str, patience: int) -> int | None:
-    """Where ``heldout_patience`` ``patience`` would have stopped the run (its rollouts)."""
+    """Where ``heldout_patience`` ``patience`` would have stopped the run (its rollouts), at
+    the default ``heldout_tolerance``."""
+    from components.ppo import PPOConfig
     from components.ppo.monitors import OveroptTracker
 
-    tracker = OveroptTracker(patience, heldout=True)
+    tracker = OveroptTracker(patience, heldout=True, tolerance=PPOConfig().heldout_tolerance)
     for row in read_metrics(output):
         if "overopt/heldout_score" in row:
             iteration = int(row["step"]) - 1  # logged at step k + 1: iteration k's rollout

@@ -115,26 +115,40 @@ def test_monitor_figures_and_the_conservative_rewards():
 
 
 def test_tracker_gains_gap_and_early_stop():
-    tracker = OveroptTracker(patience=3, heldout=True)
-    # The held-out score peaks at iteration 2 while the proxy keeps rising.
-    heldout = [0.0, 0.3, 0.5, 0.4, 0.35, 0.2, 0.1]
+    tracker = OveroptTracker(patience=3, heldout=True, tolerance=0.2)
+    # The held-out score peaks at iteration 3 while the proxy keeps rising; averaged over 3
+    # rollouts (from iteration 2): 0.1, 0.3, 0.4 (the best, to iteration 4), 0.333, 0.233,
+    # 0.133, 0.133.
+    heldout = [0.0, 0.1, 0.2, 0.6, 0.4, 0.0, 0.3, 0.1, 0.0]
     stops = []
     for it, score in enumerate(heldout):
         rollout = {"overopt/proxy_score": 0.1 * it, "overopt/heldout_score": score}
         gains = tracker.gains(rollout)
         assert gains["overopt/gap"] == pytest.approx(0.1 * it - score)
         stops.append(tracker.observe(it, rollout))
-    assert stops == [False] * 5 + [True, True]  # 3 rollouts below the best of iteration 2
-    assert "below its best (0.5, iteration 2) for 3 rollouts" in tracker.stop_reason(5)
-    again = OveroptTracker(patience=3, heldout=True)
+    # Iteration 6: 0.4 - 0.233 is within the tolerance; iteration 7: 0.4 - 0.133 > 0.2.
+    assert stops == [False] * 7 + [True, True]
+    assert "is 0.1333, more than 0.2 (heldout_tolerance) below its best average 0.4 (to " \
+        "iteration 4)" in tracker.stop_reason(7)  # fmt: skip
+    again = OveroptTracker(patience=3, heldout=True, tolerance=0.2)
     again.restore(json.loads(json.dumps(tracker.state())))
     assert again.state() == tracker.state()
+    assert again.observe(9, {"overopt/proxy_score": 1.0, "overopt/heldout_score": 0.0})
+    # One noisy rollout on a plateau (the old rule, below the best for N rollouts, stopped
+    # every ungamed seed of bench_overoptimisation) stays within the tolerance: no stop.
+    plateau = OveroptTracker(patience=3, heldout=True, tolerance=0.2)
+    for it, score in enumerate([0.9, 1.0, 1.2, 0.95, 1.0, 0.9, 1.05, 0.95, 0.9, 1.0]):
+        assert not plateau.observe(it, {"overopt/proxy_score": 1 + 0.01 * it,
+                                        "overopt/heldout_score": score})  # fmt: skip
     # A proxy that fell with it is no hacking: no stop.
-    falling = OveroptTracker(patience=1, heldout=True)
+    falling = OveroptTracker(patience=1, heldout=True, tolerance=0.0)
     for it, score in enumerate([0.5, 0.4, 0.3]):
         rollout = {"overopt/proxy_score": score, "overopt/heldout_score": score}
         falling.gains(rollout)
         assert not falling.observe(it, rollout)
+    off = OveroptTracker(patience=0, heldout=True)
+    assert not any(off.observe(it, {"overopt/proxy_score": it, "overopt/heldout_score": -it})
+                   for it in range(5))  # fmt: skip
 
 
 @pytest.fixture(scope="module")

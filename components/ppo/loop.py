@@ -135,7 +135,9 @@ class PPOLoop:
         # The over-optimisation monitors' state (monitors.OveroptTracker); None without them.
         self.overopt = None
         if nets.monitor_spec is not None:
-            self.overopt = OveroptTracker(config.heldout_patience, nets.monitor_spec.heldout)
+            self.overopt = OveroptTracker(
+                config.heldout_patience, nets.monitor_spec.heldout, config.heldout_tolerance
+            )
         self.monitors = None if nets.monitors is None else parallel.place(nets.monitors)
         self.template = PPOState.create(nets.policy, nets.critic, config)
         # LoRA's bases: placed once, read by every phase, never donated or checkpointed.

@@ -100,15 +100,24 @@ HELDOUT_SCORE = "overopt/heldout_score"
 
 class OveroptTracker:
     """The loop's host-side view of the monitors, checkpointed with the run: the first
-    rollout's scores (the reference policy's, from which gains are counted), the held-out
-    model's best score so far, and the early stop (``heldout_patience``)."""
+    rollout's scores (the reference policy's, from which gains are counted) and the early
+    stop (``heldout_patience``, ``heldout_tolerance``).
 
-    def __init__(self, patience: int, heldout: bool) -> None:
-        self.patience, self.heldout = patience, heldout
+    The stop compares averages over the last ``patience`` rollouts, never one rollout with
+    the best one: on a plateau one rollout's held-out score wanders (about ±0.1 std on the
+    built-in task), and "below its best for N rollouts" then held after every noisy best
+    (bench_overoptimisation: ungamed runs stopped at iteration 11-20 with N = 3 and at 49
+    with N = 20). A fall of more than ``tolerance`` stds of the averaged score is not noise.
+    """
+
+    def __init__(self, patience: int, heldout: bool, tolerance: float = 0.2) -> None:
+        self.patience, self.heldout, self.tolerance = patience, heldout, tolerance
         self.reference: dict[str, float] | None = None
-        self.best: float | None = None  # the held-out score's best so far ...
-        self.best_iteration = -1  # ... the iteration it was reached at ...
-        self.proxy_at_best: float | None = None  # ... and the proxy's score then
+        self.window: list[list[float]] = []  # the last `patience` (held-out, proxy) scores
+        self.best: float | None = None  # the held-out average's best so far ...
+        self.best_iteration = -1  # ... the iteration its window ended at ...
+        self.proxy_at_best: float | None = None  # ... and the proxy's average then
+        self.latest: float | None = None  # the held-out average of the last window
 
     def gains(self, rollout: dict[str, float]) -> dict[str, float]:
         """Proxy and held-out gains over the reference's rollout, and their gap."""
@@ -122,20 +131,21 @@ class OveroptTracker:
         return gains
 
     def observe(self, iteration: int, rollout: dict[str, float]) -> bool:
-        """Take a good policy's rollout; whether the run is to stop: the held-out score has
-        stayed below its best for ``patience`` rollouts while the proxy's rose above its
-        value at that best."""
-        if not self.heldout:
+        """Take a good policy's rollout; whether the run is to stop: the held-out score
+        averaged over the last ``patience`` rollouts is more than ``tolerance`` below its
+        best such average, while the proxy's average is above its value at that best."""
+        if not (self.heldout and self.patience):
             return False
-        score, proxy = rollout[HELDOUT_SCORE], rollout[PROXY_SCORE]
-        if self.best is None or score > self.best:
-            self.best, self.best_iteration, self.proxy_at_best = score, iteration, proxy
+        self.window = [*self.window, [float(rollout[HELDOUT_SCORE]), float(rollout[PROXY_SCORE])]]
+        self.window = self.window[-self.patience :]
+        if len(self.window) < self.patience:
             return False
-        return bool(
-            self.patience
-            and iteration - self.best_iteration >= self.patience
-            and proxy > self.proxy_at_best
-        )
+        heldout, proxy = (float(np.mean(column)) for column in zip(*self.window, strict=True))
+        self.latest = heldout
+        if self.best is None or heldout > self.best:
+            self.best, self.best_iteration, self.proxy_at_best = heldout, iteration, proxy
+            return False
+        return self.best - heldout > self.tolerance and proxy > self.proxy_at_best
 
     def selection(self, rollout: dict[str, float]) -> float | None:
         """What a checkpoint of this rollout's policy is ranked by (None without held-out)."""
@@ -143,21 +153,25 @@ class OveroptTracker:
 
     def stop_reason(self, iteration: int) -> str:
         return (
-            f"stopped at iteration {iteration}: the held-out reward model's score has stayed "
-            f"below its best ({self.best:.4g}, iteration {self.best_iteration}) for "
-            f"{iteration - self.best_iteration} rollouts (heldout_patience {self.patience}) "
-            f"while the proxy's rose above {self.proxy_at_best:.4g}: the policy is gaming it"
+            f"stopped at iteration {iteration}: the held-out reward model's score, averaged "
+            f"over the last {self.patience} rollouts (heldout_patience), is {self.latest:.4g}, "
+            f"more than {self.tolerance:g} (heldout_tolerance) below its best average "
+            f"{self.best:.4g} (to iteration {self.best_iteration}), while the proxy's average "
+            f"rose above {self.proxy_at_best:.4g}: the policy is gaming it"
         )
 
     def state(self) -> dict[str, Any]:
         return {
             "reference": self.reference,
+            "window": self.window,
             "best": self.best,
             "best_iteration": self.best_iteration,
             "proxy_at_best": self.proxy_at_best,
+            "latest": self.latest,
         }
 
     def restore(self, state: dict[str, Any]) -> None:
         self.reference = state["reference"]
+        self.window = [list(pair) for pair in state.get("window", [])]
         self.best, self.best_iteration = state["best"], state["best_iteration"]
-        self.proxy_at_best = state["proxy_at_best"]
+        self.proxy_at_best, self.latest = state["proxy_at_best"], state.get("latest")

@@ -33,8 +33,14 @@ class OveroptimisationSettings:
     heldout_patience: int = field(
         0,
         help="stop early (status stopped_overoptimisation) when the held-out reward model's "
-        "score has stayed below its best for this many rollouts while the proxy's rose above "
-        "its value then; 0 = never",
+        "score, averaged over this many rollouts, has fallen more than heldout_tolerance "
+        "below its best such average while the proxy's average rose above its value then; "
+        "0 = never",
+    )
+    heldout_tolerance: float = field(
+        0.2,
+        help="heldout_patience: the fall that stops, in the held-out model's eval stds; one "
+        "rollout's score wanders by about 0.1 on the built-in task",
     )
 
     def __post_init__(self) -> None:
@@ -44,8 +50,13 @@ class OveroptimisationSettings:
         ):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name}: {getattr(self, name)!r} is not one of {allowed}")
-        if self.conservative_lambda < 0 or self.heldout_patience < 0:
+        if (
+            self.conservative_lambda < 0
+            or self.heldout_patience < 0
+            or not (0 <= self.heldout_tolerance < float("inf"))
+        ):
             raise ValueError(
-                f"conservative_lambda ({self.conservative_lambda}) and heldout_patience "
-                f"({self.heldout_patience}) must be >= 0"
+                f"conservative_lambda ({self.conservative_lambda}), heldout_patience "
+                f"({self.heldout_patience}) and heldout_tolerance ({self.heldout_tolerance}) "
+                "must be finite and >= 0"
             )

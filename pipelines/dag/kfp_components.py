@@ -204,6 +204,7 @@ def ppo(
     conservative_lambda: float,
     select_checkpoint: str,
     heldout_patience: int,
+    heldout_tolerance: float,
     model: Output[Model],
     metrics: Output[Metrics],
     checkpoint_root: str = "",

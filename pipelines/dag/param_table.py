@@ -206,7 +206,7 @@ PARAMS: tuple[Param, ...] = (
     _shared("reward_weights", "reward_weights", "ppo", "evaluate"),
     *_stage("ppo", "reward_timeout", "reward_workers"),
     *_stage("ppo", "conservative_reward", "conservative_lambda"),
-    *_stage("ppo", "select_checkpoint", "heldout_patience"),
+    *_stage("ppo", "select_checkpoint", "heldout_patience", "heldout_tolerance"),
     *_stage("ppo", "iterations", "rollout_batch_size", "minibatches", prefix="ppo_"),
     *_stage("ppo", "learning_rate", "critic_learning_rate", prefix="ppo_"),
     Param("ppo_epochs", (("ppo", "ppo_epochs"),)),
