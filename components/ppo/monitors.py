@@ -106,8 +106,9 @@ class OveroptTracker:
     The stop compares averages over the last ``patience`` rollouts, never one rollout with
     the best one: on a plateau one rollout's held-out score wanders (about ±0.1 std on the
     built-in task), and "below its best for N rollouts" then held after every noisy best
-    (bench_overoptimisation: ungamed runs stopped at iteration 11-20 with N = 3 and at 49
-    with N = 20). A fall of more than ``tolerance`` stds of the averaged score is not noise.
+    (bench_overoptimisation: its three ungamed runs stopped at iteration 11-20 with N = 3,
+    at 49-67 with N = 20). A fall of more than ``tolerance`` stds of the averaged score is
+    not noise.
     """
 
     def __init__(self, patience: int, heldout: bool, tolerance: float = 0.2) -> None:
@@ -136,8 +137,8 @@ class OveroptTracker:
         best such average, while the proxy's average is above its value at that best."""
         if not (self.heldout and self.patience):
             return False
-        self.window = [*self.window, [float(rollout[HELDOUT_SCORE]), float(rollout[PROXY_SCORE])]]
-        self.window = self.window[-self.patience :]
+        latest = [float(rollout[HELDOUT_SCORE]), float(rollout[PROXY_SCORE])]
+        self.window = [*self.window, latest][-self.patience :]
         if len(self.window) < self.patience:
             return False
         heldout, proxy = (float(np.mean(column)) for column in zip(*self.window, strict=True))
