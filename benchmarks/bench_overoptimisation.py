@@ -191,12 +191,12 @@ def saved_policies(paths: dict[str, str], output: str) -> tuple[Any, Any, Any, A
     info = json.loads(Path(output, "config.json").read_text())
     config = PPOConfig(**{**info["training"], "report_to": "none"})
     model, _ = load_model(paths["sft"])
-    critic, _ = load_model(paths["reward"], scalar_head=True)
-    template = PPOState.create(
-        jax.device_get(nnx.split(model, nnx.Param)[1]),
-        jax.device_get(nnx.split(critic, nnx.Param)[1]),
-        config,
-    )
+    critic = None  # grpo and rloo train none
+    if not config.uses_groups:
+        critic = jax.device_get(
+            nnx.split(load_model(paths["reward"], scalar_head=True)[0], nnx.Param)[1]
+        )
+    template = PPOState.create(jax.device_get(nnx.split(model, nnx.Param)[1]), critic, config)
     checkpoints = TrainCheckpointer(training_state_dir(output), CheckpointConfig(keep=1000))
     return config, model, template, checkpoints
 
