@@ -79,8 +79,6 @@ GROUP_FROM_SCRATCH_LEARNING_RATE = 3e-5
 
 STATUS_COMPLETED = "completed"
 STATUS_STOPPED_KL_GUARD = "stopped_kl_guard"
-# The held-out reward model's score fell while the proxy's rose (heldout_patience).
-STATUS_STOPPED_OVEROPTIMISATION = "stopped_overoptimisation"
 
 
 @dataclasses.dataclass(slots=True, kw_only=True)
@@ -444,12 +442,11 @@ class PPOConfig(
     def policy_optim(self) -> OptimConfig:
         """AdamW of the policy: a short warm-up, then a constant rate.
 
-        TRL's PPOTrainer decays linearly to 0 with no warm-up (transformers' default
-        schedule). We hold the rate: a decaying rate shrinks late updates whatever the KL,
-        so it would share the KL controller's job and make a run's end depend on its
-        length, and a run extended with more ``iterations`` would restart at a higher rate
-        than it stopped with. The warm-up spares Adam's first steps, whose second-moment
-        estimates rest on a few minibatches.
+        TRL's PPOTrainer decays linearly to 0 with no warm-up (transformers' default schedule). We
+        hold the rate: a decaying rate shrinks late updates whatever the KL, so it would share the
+        KL controller's job and make a run's end depend on its length, and a run extended with more
+        ``iterations`` would restart at a higher rate than it stopped with. The warm-up spares
+        Adam's first steps, whose second-moment estimates rest on a few minibatches.
         """
         if not (self.learning_rate and self.critic_learning_rate):
             raise ValueError(

@@ -40,7 +40,6 @@ from components.ppo.checkpoints import ppo_checkpointer
 from components.ppo.config import (
     STATUS_COMPLETED,
     STATUS_STOPPED_KL_GUARD,
-    STATUS_STOPPED_OVEROPTIMISATION,
     PPOConfig,
 )
 from components.ppo.guard import KL_METRIC, GuardState, KLGuard
@@ -53,6 +52,7 @@ from components.ppo.kl_control import (
 )
 from components.ppo.monitors import HELDOUT_SCORE, OveroptTracker
 from components.ppo.networks import LoopResult, Networks
+from components.ppo.overopt_settings import STATUS_STOPPED_OVEROPTIMISATION
 from components.ppo.rollout import (
     Frozen,
     RolloutParams,

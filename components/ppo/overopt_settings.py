@@ -8,6 +8,9 @@ from typing import Literal
 
 from components.core.flags import field
 
+# The held-out reward model's score fell while the proxy's rose (heldout_patience).
+STATUS_STOPPED_OVEROPTIMISATION = "stopped_overoptimisation"
+
 
 @dataclasses.dataclass(kw_only=True)
 class OveroptimisationSettings:

@@ -50,7 +50,6 @@ from components.hf.importer import remove_import, resolve_base
 from components.ppo.checkpoints import ppo_checkpointer
 from components.ppo.config import (
     STATUS_STOPPED_KL_GUARD,
-    STATUS_STOPPED_OVEROPTIMISATION,
     PPOConfig,
 )
 from components.ppo.gold import mean_gold_reward
@@ -58,6 +57,7 @@ from components.ppo.host_rewards import HostRewards
 from components.ppo.loop import PPOLoop
 from components.ppo.monitors import Monitors, stack
 from components.ppo.networks import Networks
+from components.ppo.overopt_settings import STATUS_STOPPED_OVEROPTIMISATION
 from components.ppo.rollout import Frozen, Models, ScoreNorm, TokenIds
 from components.ppo.score_norm import policy_score_stats, saved_score_stats
 
