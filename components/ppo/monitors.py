@@ -118,7 +118,6 @@ class OveroptTracker:
         self.best: float | None = None  # the held-out average's best so far ...
         self.best_iteration = -1  # ... the iteration its window ended at ...
         self.proxy_at_best: float | None = None  # ... and the proxy's average then
-        self.latest: float | None = None  # the held-out average of the last window
 
     def gains(self, rollout: dict[str, float]) -> dict[str, float]:
         """Proxy and held-out gains over the reference's rollout, and their gap."""
@@ -142,7 +141,6 @@ class OveroptTracker:
         if len(self.window) < self.patience:
             return False
         heldout, proxy = (float(np.mean(column)) for column in zip(*self.window, strict=True))
-        self.latest = heldout
         if self.best is None or heldout > self.best:
             self.best, self.best_iteration, self.proxy_at_best = heldout, iteration, proxy
             return False
@@ -153,9 +151,10 @@ class OveroptTracker:
         return rollout.get(HELDOUT_SCORE) if self.heldout else None
 
     def stop_reason(self, iteration: int) -> str:
+        latest = float(np.mean([heldout for heldout, _ in self.window]))
         return (
             f"stopped at iteration {iteration}: the held-out reward model's score, averaged "
-            f"over the last {self.patience} rollouts (heldout_patience), is {self.latest:.4g}, "
+            f"over the last {self.patience} rollouts (heldout_patience), is {latest:.4g}, "
             f"more than {self.tolerance:g} (heldout_tolerance) below its best average "
             f"{self.best:.4g} (to iteration {self.best_iteration}), while the proxy's average "
             f"rose above {self.proxy_at_best:.4g}: the policy is gaming it"
@@ -168,11 +167,10 @@ class OveroptTracker:
             "best": self.best,
             "best_iteration": self.best_iteration,
             "proxy_at_best": self.proxy_at_best,
-            "latest": self.latest,
         }
 
     def restore(self, state: dict[str, Any]) -> None:
         self.reference = state["reference"]
         self.window = [list(pair) for pair in state.get("window", [])]
         self.best, self.best_iteration = state["best"], state["best_iteration"]
-        self.proxy_at_best, self.latest = state["proxy_at_best"], state.get("latest")
+        self.proxy_at_best = state["proxy_at_best"]
