@@ -8,7 +8,8 @@ optimizes the proxy with no KL penalty (``kl_coef`` 0, ``adaptive_kl`` off) at 1
 iterations. It is the setting of the one gamed run a search found (2026-12-05: gold fell from
 0.91 to 0.59 as the policy took up "quite", a neutral word that proxy overrated), but on this
 benchmark's own data no seed of 0, 1 and 2 is gamed: the built-in task's gold is 1.0 for any
-all-positive response, and the proxies rank a positive word first. The figures then say what
+all-positive response, each proxy's top is a plateau that those responses reach (README: a
+beam search), and the policy climbs onto it through positive words. The figures then say what
 the monitors cost when nothing is gamed (checkpoint selection's share of the best gold gain,
 false early stops, the gate's verdicts), not that they catch gaming. Per seed:
 
