@@ -1,7 +1,7 @@
 """Chat templates render as ``transformers`` renders them, for each fixture family.
 
 alignpipe renders conversational preference data with the model's own Jinja template
-(``tokenizers.render_chat_template``) in the shard stage; the prompts of rollouts and
+(``chat_templates.render_chat_template``) in the shard stage; the prompts of rollouts and
 evaluation, and the samples and report, are the shards' rendered text. Here the same
 multi-turn conversations, with and without a system message, go through both renderers.
 ``transformers`` is imported in this module only (its import costs seconds).
