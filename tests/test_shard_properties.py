@@ -81,3 +81,24 @@ def test_gold_reward_documented_values():
 def test_generator_is_deterministic_per_seed():
     assert list(generate_pairs(20, seed=5)) == list(generate_pairs(20, seed=5))
     assert list(generate_pairs(20, seed=5)) != list(generate_pairs(20, seed=6))
+
+
+def test_an_annotator_of_its_own_changes_only_the_labels():
+    """``annotator`` draws the labels on its score: the same responses as gold's labels,
+    gold fields unchanged; an annotator crediting "very" picks the response with more of them."""
+    plain = list(generate_pairs(400, seed=7, beta=10.0))
+    assert list(generate_pairs(400, seed=7, beta=10.0, annotator=gold_reward)) == plain
+
+    def count(response: str) -> int:
+        return sum(w.strip(".") == "very" for w in response.split())
+
+    biased = list(generate_pairs(400, seed=7, beta=50.0, annotator=lambda p, r: count(r)))
+    assert [p["prompt"] for p in biased] == [p["prompt"] for p in plain]
+    assert [{p["chosen"], p["rejected"]} for p in biased] == [
+        {p["chosen"], p["rejected"]} for p in plain
+    ]
+    for pair in biased:
+        assert pair["gold_chosen"] == round(gold_reward(pair["prompt"], pair["chosen"]), 6)
+    differ = [p for p in biased if count(p["chosen"]) != count(p["rejected"])]
+    assert len(differ) > 40
+    assert all(count(p["chosen"]) > count(p["rejected"]) for p in differ)

@@ -102,12 +102,21 @@ def _sigmoid(x: float) -> float:
     return 1.0 / (1.0 + math.exp(-x))
 
 
-def generate_pairs(num_pairs: int, seed: int = 0, beta: float = 10.0) -> Iterator[dict]:
+def generate_pairs(
+    num_pairs: int,
+    seed: int = 0,
+    beta: float = 10.0,
+    annotator: Callable[[str, str], float] | None = None,
+) -> Iterator[dict]:
     """Preference pairs in the explicit-prompt format, labelled by a Bradley-Terry draw.
 
     Each record also carries the gold scores and ``gold_reward`` (the function's
     name) so tools can measure label noise; the shard stage ignores extra keys.
+    ``annotator``: the score the labels are drawn on, ``(prompt, response) -> float``, in
+    place of gold (annotators with a bias of their own). The responses and the random draws
+    are the same whatever it is, so only labels differ; the gold fields stay gold.
     """
+    judge = annotator or gold_reward
     rng = random.Random(seed)
     prompts = all_prompts()
     for _ in range(num_pairs):
@@ -119,7 +128,7 @@ def generate_pairs(num_pairs: int, seed: int = 0, beta: float = 10.0) -> Iterato
             gold_b = gold_reward(prompt, b)
             if abs(gold_a - gold_b) > 1e-9:
                 break
-        a_wins = rng.random() < _sigmoid(beta * (gold_a - gold_b))
+        a_wins = rng.random() < _sigmoid(beta * (judge(prompt, a) - judge(prompt, b)))
         chosen, rejected = (a, b) if a_wins else (b, a)
         gold_chosen, gold_rejected = (gold_a, gold_b) if a_wins else (gold_b, gold_a)
         yield {
