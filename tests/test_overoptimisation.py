@@ -135,7 +135,7 @@ def test_tracker_gains_gap_and_early_stop():
     assert again.state() == tracker.state()
     assert again.observe(9, {"overopt/proxy_score": 1.0, "overopt/heldout_score": 0.0})
     # One noisy rollout on a plateau (the old rule, below the best for N rollouts, stopped
-    # every ungamed seed of bench_overoptimisation) stays within the tolerance: no stop.
+    # every seed of bench_overoptimisation's noisy setting) stays within the tolerance.
     plateau = OveroptTracker(patience=3, heldout=True, tolerance=0.2)
     for it, score in enumerate([0.9, 1.0, 1.2, 0.95, 1.0, 0.9, 1.05, 0.95, 0.9, 1.0]):
         assert not plateau.observe(it, {"overopt/proxy_score": 1 + 0.01 * it,

@@ -106,9 +106,9 @@ class OveroptTracker:
     The stop compares averages over the last ``patience`` rollouts, never one rollout with
     the best one: on a plateau one rollout's held-out score wanders (about ±0.1 std on the
     built-in task), and "below its best for N rollouts" then held after every noisy best
-    (bench_overoptimisation: its three ungamed runs stopped at iteration 11-20 with N = 3,
-    at 49-67 with N = 20). A fall of more than ``tolerance`` stds of the averaged score is
-    not noise.
+    (bench_overoptimisation: the three runs of its noisy setting, none gamed, stopped at
+    iteration 11-20 with N = 3, at 49-67 with N = 20). A fall of more than ``tolerance``
+    stds of the averaged score is not noise.
     """
 
     def __init__(self, patience: int, heldout: bool, tolerance: float = 0.2) -> None:
