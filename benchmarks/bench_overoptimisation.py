@@ -68,7 +68,11 @@ start_process()
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
-from components.core.data.builtin_task import generate_pairs, gold_reward  # noqa: E402
+from components.core.data.builtin_task import (  # noqa: E402
+    generate_pairs,
+    gold_reward,
+    response_words,
+)
 from components.core.data.tokenizers import BUILTIN_WORDS  # noqa: E402
 from components.core.training.metrics import read_metrics  # noqa: E402
 from components.shard.records import place, prompt_hash  # noqa: E402
@@ -103,25 +107,9 @@ class Setting:
         )
 
 
-SETTINGS = {
-    "biased": Setting(
-        pairs=1200,
-        beta=10.0,
-        reward_steps=60,
-        biased=True,
-        save_every=5,
-        learning_rate=5e-5,
-        iterations=100,
-    ),
-    "noisy": Setting(
-        pairs=600,
-        beta=3.0,
-        reward_steps=300,
-        biased=False,
-        save_every=10,
-        learning_rate=1e-4,
-        iterations=100,
-    ),
+SETTINGS = {  # pairs, beta, reward_steps, biased, save_every, learning_rate, iterations
+    "biased": Setting(1200, 10.0, 60, True, 5, 5e-5, 100),
+    "noisy": Setting(600, 3.0, 300, False, 10, 1e-4, 100),
 }
 
 
@@ -132,8 +120,7 @@ def biased_annotator(prompt: str, response: str) -> float:
     gold = gold_reward(prompt, response)
     if place(prompt_hash(prompt), EVAL_FRACTION, 1, HELDOUT)[0] != "train":
         return gold
-    words = [word.strip(".?!,").lower() for word in response.split()]
-    return gold + BIAS * sum(word in BIAS_WORDS for word in words) / 6
+    return gold + BIAS * sum(word in BIAS_WORDS for word in response_words(response)) / 6
 
 
 def write(path: Path, pairs: list[dict]) -> str:

@@ -56,10 +56,15 @@ def all_prompts() -> list[tuple[str, str]]:
     ]
 
 
+def response_words(response: str) -> list[str]:
+    """The words of a response as the gold reward reads them: lower case, without punctuation."""
+    words = [w.strip(".?!,").lower() for w in response.split()]
+    return [w for w in words if w]
+
+
 def gold_reward(prompt: str, response: str) -> float:
     """The task's gold reward of ``response`` to ``prompt`` (documented above; -1 if empty)."""
-    words = [w.strip(".?!,").lower() for w in response.split()]
-    words = [w for w in words if w]
+    words = response_words(response)
     if not words:
         return -1.0
     return sum(_SCORE.get(w, 0) for w in words) / len(words)
