@@ -78,7 +78,7 @@ from components.core.training.metrics import read_metrics  # noqa: E402
 from components.shard.records import place, prompt_hash  # noqa: E402
 from pipelines.dag import params  # noqa: E402
 
-SFT_PAIRS, EVAL_FRACTION, HELDOUT = 4000, 0.2, 0.3  # of the reward data's prompts: held-out
+SFT_PAIRS, EVAL_FRACTION, HELDOUT = 4000, 0.2, 0.3  # the last two: shares of the reward prompts
 REWARD = dict(batch_size=32, learning_rate=1e-3, ensemble_size=3)
 PPO = dict(
     rollout_batch_size=64, kl_coef=0.0, adaptive_kl=False,
