@@ -121,7 +121,6 @@ def generate_pairs(
     place of gold (annotators with a bias of their own). The responses and the random draws
     are the same whatever it is, so only labels differ; the gold fields stay gold.
     """
-    judge = annotator or gold_reward
     rng = random.Random(seed)
     prompts = all_prompts()
     for _ in range(num_pairs):
@@ -133,7 +132,10 @@ def generate_pairs(
             gold_b = gold_reward(prompt, b)
             if abs(gold_a - gold_b) > 1e-9:
                 break
-        a_wins = rng.random() < _sigmoid(beta * (judge(prompt, a) - judge(prompt, b)))
+        score_a, score_b = (
+            (gold_a, gold_b) if annotator is None else (annotator(prompt, a), annotator(prompt, b))
+        )
+        a_wins = rng.random() < _sigmoid(beta * (score_a - score_b))
         chosen, rejected = (a, b) if a_wins else (b, a)
         gold_chosen, gold_rejected = (gold_a, gold_b) if a_wins else (gold_b, gold_a)
         yield {
