@@ -43,12 +43,13 @@ against three (the noisy setting's seed-0 data, each a process of its own). ``--
 the proxy, held-out and gold gains against KL (docs/overoptimisation.png).
 
     python benchmarks/bench_overoptimisation.py [--settings biased,noisy] [--seeds 0,1,2]
-        [--plot PATH] [--json PATH]
+        [--plot PATH] [--json PATH] [--keep FOLDER]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import os
@@ -454,6 +455,7 @@ def main() -> None:
     parser.add_argument("--plot", default="", help="draw the gains against KL into this PNG")
     parser.add_argument("--json", default="", help="also write every figure to this file")
     parser.add_argument("--skip-timing", action="store_true", help="no ensemble timing")
+    parser.add_argument("--keep", default="", help="train in this folder and keep its runs")
     args = parser.parse_args()
     names = args.settings.split(",")
     unknown = sorted(set(names) - set(SETTINGS))
@@ -462,7 +464,8 @@ def main() -> None:
     seeds = [int(s) for s in args.seeds.split(",")]
     results: dict[str, dict[int, dict[str, Any]]] = {}
     timing = None
-    with tempfile.TemporaryDirectory() as folder:
+    with contextlib.ExitStack() as stack:
+        folder = args.keep or stack.enter_context(tempfile.TemporaryDirectory())
         for name in names:
             timed = not args.skip_timing and name == "noisy"
             results[name], found = run(SETTINGS[name], seeds, Path(folder) / name, timed)
