@@ -98,11 +98,13 @@ class Setting:
     save_every: int
     learning_rate: float  # of ppo
     iterations: int  # of ppo
+    heldout_pairs: int = 0  # more gold-labelled pairs on the heldout split's prompts
 
     def about(self) -> str:
         bias = f", the train split's annotators crediting {'/'.join(BIAS_WORDS)}" * self.biased
+        more = f" and {self.heldout_pairs} more on the held-out prompts" * bool(self.heldout_pairs)
         return (
-            f"reward models on {self.pairs} pairs at beta {self.beta:g}{bias}, "
+            f"reward models on {self.pairs} pairs{more} at beta {self.beta:g}{bias}, "
             f"{self.reward_steps} steps; ppo at {self.learning_rate:g} for {self.iterations} "
             f"iterations, saved every {self.save_every}"
         )
@@ -114,12 +116,28 @@ SETTINGS = {  # pairs, beta, reward_steps, biased, save_every, learning_rate, it
 }
 
 
+def split_of(prompt: str) -> str:
+    """The split the shard stage puts ``prompt`` in."""
+    return place(prompt_hash(prompt), EVAL_FRACTION, 1, HELDOUT)[0]
+
+
+def heldout_pairs(count: int, seed: int, beta: float) -> list[dict]:
+    """``count`` more pairs on the heldout split's prompts, labelled by gold: a held-out share
+    from another annotator pool, bigger than its share of the prompts. Drawn apart from the
+    setting's pairs (another seed), so the train split and the proxy are unchanged."""
+    drawn = generate_pairs(count * 8, seed=seed + 7919, beta=beta)
+    pairs = [pair for pair in drawn if split_of(pair["prompt"]) == "heldout"][:count]
+    if len(pairs) < count:
+        raise ValueError(f"drew {len(pairs)} held-out pairs of {count}")
+    return pairs
+
+
 def biased_annotator(prompt: str, response: str) -> float:
     """The labels' score in the biased setting: gold plus ``BIAS``/6 for each of
     ``BIAS_WORDS`` on the prompts the shard stage puts in train (the proxy's and the
     ensemble's data); gold on the held-out and eval prompts."""
     gold = gold_reward(prompt, response)
-    if place(prompt_hash(prompt), EVAL_FRACTION, 1, HELDOUT)[0] != "train":
+    if split_of(prompt) != "train":
         return gold
     return gold + BIAS * sum(word in BIAS_WORDS for word in response_words(response)) / 6
 
@@ -148,6 +166,7 @@ def prepare(root: Path, seed: int, setting: Setting) -> dict[str, str]:
     rm_pairs = list(
         generate_pairs(setting.pairs, seed=seed, beta=setting.beta, annotator=annotator)
     )
+    rm_pairs += heldout_pairs(setting.heldout_pairs, seed, setting.beta)
     shard(
         ShardConfig(**{**base, "heldout_fraction": HELDOUT}), [write(root / "rm.jsonl", rm_pairs)],
         paths["shards"],
@@ -286,20 +305,24 @@ def export_last(paths: dict[str, str], output: str, root: Path) -> str:
 def judge(paths: dict[str, str], policy: str, output: str, seed: int) -> dict[str, Any]:
     """The evaluate stage's verdict and win rates of ``policy`` against the sft policy."""
     from components.evaluate.config import EvalConfig
+    from components.evaluate.gate import decide
     from components.evaluate.stage import run as evaluate
 
     settings = params.stage_values("evaluate", params.defaults())
     # No KL penalty by design: every checkpoint is far from the sft policy, and max_kl and
     # max_anchor_kl would refuse them all; off (inf), the verdict is the other rules'.
     settings.update(seed=seed, report_to="none", max_kl=float("inf"), max_anchor_kl=float("inf"))
-    summary = evaluate(
-        EvalConfig(**settings), paths["shards"], policy, paths["sft"], paths["reward"], output
-    )
+    config = EvalConfig(**settings)
+    summary = evaluate(config, paths["shards"], policy, paths["sft"], paths["reward"], output)
     record = json.loads(Path(output, "eval.json").read_text())
     part = summary["overoptimisation"]
+    # What a user without gold is told: the same rules, the win rate the proxy's.
+    blind = decide({k: v for k, v in summary.items() if k not in ("gold", "blessed")}, config)
     return {
         "blessed": summary["blessed"],
         "failed": [reason for reason in record["reasons"] if reason.endswith("fail")],
+        "blessed_without_gold": blind.blessed,
+        "failed_without_gold": [reason for reason in blind.reasons if reason.endswith("fail")],
         "win_rate": summary["win_rate"]["value"],
         "lc_win_rate": (summary.get("lc_win_rate") or {}).get("value"),
         "gold_win_rate": summary["gold"]["win_rate"]["value"],
@@ -434,10 +457,15 @@ def report(name: str, setting: Setting, results: dict[int, dict[str, Any]]) -> N
         f"(selected {[round(s, 2) for s in shares]}, last {[round(s, 2) for s in lasts]})"
     )
     print(f"held-out peak minus gold peak (iterations): {lags}")
-    refused = all(not r["verdicts"]["last"]["blessed"] for r in results.values())
-    promoted = all(r["verdicts"]["selected"]["blessed"] for r in results.values())
-    print(f"target: the gate refuses the last policy and blesses the selected one: "
-          f"{'met' if refused and promoted else 'NOT met'}")  # fmt: skip
+    print("the gate without gold (the proxy's win rate in place of gold's):")
+    for seed, result in results.items():
+        for policy, v in result["verdicts"].items():
+            failed = "; ".join(v["failed_without_gold"]) or "-"
+            print(f"{seed:>4}  {policy:<8}  {str(v['blessed_without_gold']):<7}  {failed}")
+    refused = all(not r["verdicts"]["last"]["blessed_without_gold"] for r in results.values())
+    promoted = all(r["verdicts"]["selected"]["blessed_without_gold"] for r in results.values())
+    print(f"target: the gate, without gold, refuses the last policy and blesses the selected "
+          f"one: {'met' if refused and promoted else 'NOT met'}")  # fmt: skip
     for seed, result in results.items():
         selected, last = result["verdicts"]["selected"], result["verdicts"]["last"]
         moves = {key: last[key] - selected[key] for key in
