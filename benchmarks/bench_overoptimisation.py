@@ -1,27 +1,31 @@
 """Over-optimisation on the built-in task, seen without gold: where the proxy reward keeps
 rising while gold peaks and falls, what the held-out reward model, checkpoint selection,
-the gate and the length-controlled win rate make of it. Two settings (``--settings``):
+the gate and the length-controlled win rate make of it. Three settings (``--settings``):
 
-- ``biased``, the gamed one. The reward data is 1200 pairs labelled at the task's
-  beta 10, but the annotators of the train split's prompts (whose labels the proxy and the
-  ensemble learn) also credit "very" and "quite": gold plus ``BIAS``/6 for each use
-  (``biased_annotator``). The held-out and eval splits are labelled by gold. So the proxy
-  has a flaw the held-out model has not, by construction: it stands for annotator pools
-  with biases of their own, and makes systematic the error that the one gamed run of an
-  earlier search found by chance (its proxy overrated "quite"). The reward models train 60
-  steps (about three passes over the proxy's ~600 pairs), not to saturation: a saturated
-  proxy scores the biased and the all-positive responses alike, and PPO stays on the latter.
+- ``biased`` and ``biased-fast``, the gamed ones. The reward data is 1200 pairs labelled at
+  the task's beta 10, but the annotators of the train split's prompts (whose labels the
+  proxy and the ensemble learn) also credit "very" and "quite": gold plus ``BIAS``/6 for
+  each use (``biased_annotator``). The held-out and eval splits are labelled by gold, and
+  the held-out model gets 1000 more gold-labelled pairs on its prompts (``heldout_pairs``;
+  a held-out share from another annotator pool: with its 30% share alone, about 360 pairs,
+  it rose with gold but barely fell with it). So the proxy has a flaw the held-out model
+  has not, by construction: it stands for annotator pools with biases of their own, and
+  makes systematic the error that the one gamed run of an earlier search found by chance
+  (its proxy overrated "quite"). The reward models train 60 steps (about three passes over
+  the proxy's ~600 pairs), not to saturation: a saturated proxy scores the biased and the
+  all-positive responses alike, and PPO stays on the latter. ``biased`` runs PPO at 5e-5:
+  gold peaks and falls, but the last policies of two seeds still beat the sft policy by
+  gold. ``biased-fast`` runs it at 7e-5: gold falls below the sft policy's on two seeds.
 - ``noisy``: the reward models learn from few, noisy labels (600 pairs at beta 3, 300 steps;
   the proxy's train split holds about 300). No seed of 0, 1 and 2 is gamed: the task's gold
   is 1.0 for any all-positive response, each proxy's top is a plateau that those responses
   reach (README: a beam search), and the policy climbs onto it through positive words. Its
   figures say what the monitors cost when nothing is gamed.
 
-In both, PPO optimizes the proxy with no KL penalty (``kl_coef`` 0, ``adaptive_kl`` off) for
-100 iterations: in the biased setting at 5e-5, saved every 5 (at 1e-4 gold peaked by
-iteration 10-20 and fell to about 0.01; at 5e-5 for 200 iterations one seed's policy fell
-only halfway and its held-out score peaked at the end), in the noisy one at 1e-4, saved
-every 10. Per seed:
+In all, PPO optimizes the proxy with no KL penalty (``kl_coef`` 0, ``adaptive_kl`` off) for
+100 iterations: in the biased settings saved every 5 (at 1e-4 gold peaked by iteration
+10-15 and selection kept 89-97% of the best gain), in the noisy one at 1e-4, saved every
+10. Per seed:
 
 1. the sft policy learns from the task's own 4000 pairs (``sft_data_uri``'s role); the
    reward data is sharded with ``heldout_fraction`` ``HELDOUT`` (the pipeline's
@@ -33,7 +37,8 @@ every 10. Per seed:
 4. every saved policy samples the eval prompts (``EVAL_SAMPLES`` each): its gold, proxy and
    held-out scores (z: each model's eval statistics) and its KL per token to the sft policy;
 5. the evaluate stage judges the selected policy and the last one (the proxy judges; gold is
-   measured beside): the gate's verdict, the raw and length-controlled win rates.
+   measured beside): the gate's verdict, and the one a user without gold gets (the proxy's
+   win rate in place of gold's), the raw and length-controlled win rates.
 
 Printed per seed: the iterations where gold and the held-out model peak (the lag), gold's
 drop from its peak while the proxy rose, the gold gain of the selected and the last
@@ -42,8 +47,8 @@ stopped, both verdicts and their win rates. Also the ensemble's training as one 
 against three (the noisy setting's seed-0 data, each a process of its own). ``--plot`` draws
 the proxy, held-out and gold gains against KL (docs/overoptimisation.png).
 
-    python benchmarks/bench_overoptimisation.py [--settings biased,noisy] [--seeds 0,1,2]
-        [--plot PATH] [--json PATH] [--keep FOLDER]
+    python benchmarks/bench_overoptimisation.py [--settings biased,biased-fast,noisy]
+        [--seeds 0,1,2] [--plot PATH] [--json PATH] [--keep FOLDER]
 """
 
 from __future__ import annotations
@@ -111,7 +116,8 @@ class Setting:
 
 
 SETTINGS = {  # pairs, beta, reward_steps, biased, save_every, learning_rate, iterations
-    "biased": Setting(1200, 10.0, 60, True, 5, 5e-5, 100),
+    "biased": Setting(1200, 10.0, 60, True, 5, 5e-5, 100, heldout_pairs=1000),
+    "biased-fast": Setting(1200, 10.0, 60, True, 5, 7e-5, 100, heldout_pairs=1000),
     "noisy": Setting(600, 3.0, 300, False, 10, 1e-4, 100),
 }
 
@@ -133,7 +139,7 @@ def heldout_pairs(count: int, seed: int, beta: float) -> list[dict]:
 
 
 def biased_annotator(prompt: str, response: str) -> float:
-    """The labels' score in the biased setting: gold plus ``BIAS``/6 for each of
+    """The labels' score in the biased settings: gold plus ``BIAS``/6 for each of
     ``BIAS_WORDS`` on the prompts the shard stage puts in train (the proxy's and the
     ensemble's data); gold on the held-out and eval prompts."""
     gold = gold_reward(prompt, response)
@@ -478,7 +484,7 @@ def report(name: str, setting: Setting, results: dict[int, dict[str, Any]]) -> N
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--settings", default="biased,noisy", help="of: biased, noisy")
+    parser.add_argument("--settings", default=",".join(SETTINGS), help=f"of: {', '.join(SETTINGS)}")
     parser.add_argument("--seeds", default="0,1,2", help="comma-separated seeds (0,1,2)")
     parser.add_argument("--plot", default="", help="draw the gains against KL into this PNG")
     parser.add_argument("--json", default="", help="also write every figure to this file")
