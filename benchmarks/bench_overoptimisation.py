@@ -23,8 +23,8 @@ the gate and the length-controlled win rate make of it. Three settings (``--sett
   figures say what the monitors cost when nothing is gamed.
 
 In all, PPO optimizes the proxy with no KL penalty (``kl_coef`` 0, ``adaptive_kl`` off) for
-100 iterations: in the biased settings saved every 5 (at 1e-4 gold peaked by iteration
-10-15 and selection kept 89-97% of the best gain), in the noisy one at 1e-4, saved every
+100 iterations: in the biased settings saved every 5 (at 1e-4 gold peaked at iteration
+10-50 and selection kept 89-97% of the best gain), in the noisy one at 1e-4, saved every
 10. Per seed:
 
 1. the sft policy learns from the task's own 4000 pairs (``sft_data_uri``'s role); the
