@@ -73,6 +73,7 @@ start_process()
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
+from _overopt_report import report  # noqa: E402
 
 from components.core.data.builtin_task import (  # noqa: E402
     generate_pairs,
@@ -450,8 +451,6 @@ def main() -> None:
             timed = not args.skip_timing and name == "noisy"
             results[name], found = run(SETTINGS[name], seeds, Path(folder) / name, timed)
             timing = timing or found
-    from _overopt_report import report
-
     for name in names:
         print(
             f"\n{name}: built-in task, {SETTINGS[name].about()} (heldout_fraction {HELDOUT}); "
