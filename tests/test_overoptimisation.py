@@ -4,6 +4,7 @@ gate's rules (tiny models, 8 CPU devices)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 
@@ -23,7 +24,7 @@ from components.evaluate.overoptimisation import overoptimisation_part
 from components.evaluate.stage import run as evaluate
 from components.ppo import PPOConfig
 from components.ppo import run as ppo
-from components.ppo.monitors import Monitors, OveroptTracker, monitor
+from components.ppo.monitors import Monitors, OveroptTracker, monitor, stack
 from components.reward import RewardConfig
 from components.reward import run as train_reward
 from components.shard import ShardConfig
@@ -172,12 +173,54 @@ def test_ppo_logs_the_monitors_and_outputs_the_policy_the_heldout_model_chose(ar
     assert rows[-1]["overopt/heldout_gain"] > 0.1
     status = json.load(open(os.path.join(aligned, "ppo_status.json")))
     selected = status["selected_checkpoint"]
-    # Saved every 2 iterations; the rollout logged at step k + 1 is iteration k's policy.
-    saved = {k: rows[k]["overopt/heldout_score"] for k in (0, 2, 4, 6)}
+    # Saved every 2 iterations, each ranked by the held-out model on the held-out prompts
+    # (select_prompts); the figures logged at step k + 1 are iteration k's, and the last
+    # save's (iteration 8) is in the status.
+    saved = {
+        int(row["step"]) - 1: row["overopt/selection_score"]
+        for row in rows if "overopt/selection_score" in row
+    }  # fmt: skip
+    assert sorted(saved) == [0, 2, 4, 6]
+    saved[8] = selected["last_selection_score"]
     best = max(saved, key=saved.get)
-    if selected["last_heldout_score"] > saved[best]:
-        best = 8
     assert selected["iteration"] == best and selected["last_iteration"] == 8
+    assert selected["selection_score"] == pytest.approx(saved[best])
+    # Alignment raised it: the sft policy (iteration 0) scored lowest.
+    assert saved[0] < min(saved[k] for k in (4, 6, 8)) - 0.1, saved
+
+
+def test_the_selection_score_is_the_same_for_the_same_policy(artifacts):
+    """Every save is sampled with the same keys: a policy's score depends on it alone."""
+    from flax import nnx
+
+    from components.core.model.eval_sampling import SamplingSettings
+    from components.core.training import parallel
+    from components.ppo.selection import HeldoutSelection
+
+    policy, _ = load_model(artifacts["sft"])
+    heldout, _ = load_model(reward_members(artifacts["reward"]).heldout, scalar_head=True)
+    stats = json.load(open(os.path.join(reward_members(artifacts["reward"]).heldout,
+                                        "reward_stats.json")))  # fmt: skip
+    manifest = read_manifest(artifacts["shards"])
+    tokenizer = manifest["tokenizer"]
+    settings = SamplingSettings(12, tokenizer["eos_id"], tokenizer["pad_id"], 1.0)
+    graphs = (nnx.split(policy, nnx.Param)[0], nnx.split(heldout, nnx.Param)[0])
+    select = HeldoutSelection.build(
+        artifacts["shards"], graphs, 1, (stats["mean"], stats["std"]), settings, prompts=40,
+        samples=2, prompt_len=16, seed=3, batch_size=32,
+    )  # fmt: skip
+    assert len(select.prompts.tokens) == 40
+    params = parallel.place(nnx.split(policy, nnx.Param)[1])
+    proxy, _ = load_model(artifacts["reward"], scalar_head=True)
+    # Stacked as the loop holds the monitors; member 1 is the held-out model here.
+    members = parallel.place(stack([nnx.split(m, nnx.Param)[1] for m in (proxy, heldout)]))
+    first, again = select.score(params, members), select.score(params, members)
+    assert first == again and np.isfinite(first)
+    other = dataclasses.replace(select, seed=select.seed + 1)
+    assert other.score(params, members) != first  # other keys, other samples
+    # The held-out model's own z, as the evaluate stage's response_rewards would give it.
+    alone = dataclasses.replace(select, member=None)
+    assert alone.score(params, parallel.place(nnx.split(heldout, nnx.Param)[1])) == first
 
 
 def test_evaluate_measures_overoptimisation_and_the_gate_reads_it(artifacts, aligned, tmp_path):

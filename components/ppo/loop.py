@@ -60,6 +60,7 @@ from components.ppo.rollout import (
     make_rollout_phases,
 )
 from components.ppo.score_norm import SCORE_NORM_KEY
+from components.ppo.selection import SELECTION_SCORE, HeldoutSelection
 from components.ppo.update import PPOState, make_ema_update, make_update
 
 log = logging.getLogger(__name__)
@@ -106,14 +107,16 @@ class PPOLoop:
         output: str,
         checkpointer: TrainCheckpointer | None = None,
         host_rewards: HostRewards | None = None,
+        selection: HeldoutSelection | None = None,
     ) -> None:
         """``checkpointer``: ``ppo_checkpointer``'s (built before the networks, whose score
         statistics a checkpoint holds), or None for one without input fingerprints;
-        ``host_rewards``: the reward functions' scorer, when ``config.reward_functions``."""
+        ``host_rewards``: the reward functions' scorer, when ``config.reward_functions``;
+        ``selection``: what ranks each save (selection.py), else its rollout's held-out score."""
         if bool(config.reward_functions) != (host_rewards is not None):
             raise ValueError("reward_functions and host_rewards go together")
         self.config, self.nets, self.prompts, self.output = config, nets, prompts, output
-        self.host_rewards = host_rewards
+        self.host_rewards, self.selection = host_rewards, selection
         self.rollout, self.update, self.ema = compiled_phases(config, nets)
         self.checkpointer = checkpointer or ppo_checkpointer(config, output)
         self.guard = KLGuard(
@@ -204,6 +207,11 @@ class PPOLoop:
 
     def _save(self, position: dict[str, Any]) -> None:
         """Checkpoint the state at the start of this iteration (a policy that passed the guard)."""
+        metric = None if self.overopt is None else self.overopt.selection(self.good_rollout)
+        if self.selection is not None:  # logged and saved with the rollout's figures
+            metric = self.good_rollout[SELECTION_SCORE] = self.selection.score(
+                self._policy(), self.monitors
+            )
         extra = {"reference": parallel.checkpoint_view(self.reference)} if self.ema else None
         meta = {
             "kl_controller": self.controller.to_json_dict(),
@@ -229,9 +237,16 @@ class PPOLoop:
             extra_trees=extra,
             extra_json=meta,
             force=True,
-            metric=None if self.overopt is None else self.overopt.selection(self.good_rollout),
+            metric=metric,
         )
         self.last_saved = self.iteration
+
+    def _policy(self) -> PyTree:
+        """The current policy's whole parameters, placed (LoRA: adapters and base joined)."""
+        if self.nets.frozen is None:
+            return self.state.policy.params
+        host = parallel.unreplicate(self.state.policy.params)
+        return self._place(self.nets.whole_policy(host))
 
     def _save_due(self, stopping: bool = False) -> bool:
         """Whether this iteration's good policy is to be checkpointed."""
@@ -452,28 +467,26 @@ class PPOLoop:
         )
 
     def _select(self, last_policy: PyTree) -> tuple[PyTree, dict[str, float]]:
-        """The saved policy the held-out reward model scored highest (select_checkpoint
-        heldout), its rollout figures and updates in place of the last's; and what was chosen."""
+        """The saved policy ranked highest (select_checkpoint heldout: by selection.py's
+        score, or by its rollout's held-out score), its rollout figures and updates in place
+        of the last's; and what was chosen, with both policies' scores."""
         best = self.checkpointer.best_step()
-        last_score = self.good_rollout.get(HELDOUT_SCORE)
+        last = self.good_rollout
         selected = {"iteration": float(best), "last_iteration": float(self.iteration)}
+        if best != self.iteration:
+            extra = {"reference": self.nets.reference} if self.ema else None
+            restored = self.checkpointer.restore_latest(self.template, self.key, extra, step=best)
+            self.good_rollout = dict(restored.extra_json.get("rollout", {}))
+            self.policy_updates = int(restored.extra_json.get("policy_updates", best))
+        for name, key in (("heldout_score", HELDOUT_SCORE), ("selection_score", SELECTION_SCORE)):
+            if key in last:
+                selected.update({name: self.good_rollout.get(key), f"last_{name}": last[key]})
         if best == self.iteration:
-            return last_policy, {
-                **selected,
-                "heldout_score": last_score,
-                "last_heldout_score": last_score,
-            }
-        extra = {"reference": self.nets.reference} if self.ema else None
-        restored = self.checkpointer.restore_latest(self.template, self.key, extra, step=best)
-        self.good_rollout = dict(restored.extra_json.get("rollout", {}))
-        self.policy_updates = int(restored.extra_json.get("policy_updates", best))
+            return last_policy, selected
+        ranked = "selection_score" if "selection_score" in selected else "heldout_score"
         log.info(
-            "ppo: output the policy of iteration %d (held-out reward model score %.4g; the "
-            "last, iteration %d, scored %.4g)",
-            best, self.good_rollout.get(HELDOUT_SCORE, float("nan")), self.iteration,
-            float("nan") if last_score is None else last_score,
+            "ppo: output the policy of iteration %d (%s %.4g; the last, iteration %d, %.4g)",
+            best, ranked, selected.get(ranked, float("nan")), self.iteration,
+            selected.get(f"last_{ranked}", float("nan")),
         )  # fmt: skip
-        selected.update(
-            heldout_score=self.good_rollout.get(HELDOUT_SCORE), last_heldout_score=last_score
-        )
         return restored.state.policy.params, selected

@@ -29,10 +29,18 @@ class OveroptimisationSettings:
     )
     select_checkpoint: Literal["heldout", "last"] = field(
         "heldout",
-        help="the policy the stage outputs: heldout = of the checkpoints saved, the one whose "
-        "rollout the held-out reward model scored highest (with a held-out model; else the "
-        "last), last = the last",
+        help="the policy the stage outputs: heldout = of the checkpoints saved, the one the "
+        "held-out reward model scored highest (with a held-out model; else the last), last = "
+        "the last",
     )
+    select_prompts: int = field(
+        256,
+        help="select_checkpoint heldout: each save samples this many held-out-split prompts "
+        "select_samples times, with the same keys at every save, and is ranked by the "
+        "held-out model's mean score of them; 0 = by the save's own rollout (one batch of "
+        "train prompts: noisy on a plateau)",
+    )
+    select_samples: int = field(4, help="select_prompts: samples per prompt")
     heldout_patience: int = field(
         0,
         help="stop early (status stopped_overoptimisation) when the held-out reward model's "
@@ -56,10 +64,13 @@ class OveroptimisationSettings:
         if (
             self.conservative_lambda < 0
             or self.heldout_patience < 0
+            or self.select_prompts < 0
+            or self.select_samples < 1
             or not (0 <= self.heldout_tolerance < float("inf"))
         ):
             raise ValueError(
                 f"conservative_lambda ({self.conservative_lambda}), heldout_patience "
-                f"({self.heldout_patience}) and heldout_tolerance ({self.heldout_tolerance}) "
-                "must be finite and >= 0"
+                f"({self.heldout_patience}), select_prompts ({self.select_prompts}) and "
+                f"heldout_tolerance ({self.heldout_tolerance}) must be finite and >= 0, and "
+                f"select_samples ({self.select_samples}) >= 1"
             )

@@ -40,6 +40,7 @@ from components.core.model.artifact import (
     save_model,
     with_adapters,
 )
+from components.core.model.eval_sampling import SamplingSettings
 from components.core.rewards.completions import is_conversational
 from components.core.rewards.functions import load_reward_functions
 from components.core.rewards.members import reward_members
@@ -60,6 +61,7 @@ from components.ppo.networks import Networks
 from components.ppo.overopt_settings import STATUS_STOPPED_OVEROPTIMISATION
 from components.ppo.rollout import Frozen, Models, ScoreNorm, TokenIds
 from components.ppo.score_norm import policy_score_stats, saved_score_stats
+from components.ppo.selection import HeldoutSelection
 
 log = logging.getLogger(__name__)
 STATUS_FILE = "ppo_status.json"
@@ -238,6 +240,26 @@ def _monitors(
     return stack(trees), spec
 
 
+def _selection(
+    config: PPOConfig, nets: Networks, shards_dir: str, heldout: bool
+) -> HeldoutSelection | None:
+    """What ranks the saves (selection.py): with a held-out model, ``select_checkpoint``
+    heldout and ``select_prompts`` > 0; else None (the last policy, or each save's rollout)."""
+    if not (heldout and config.select_checkpoint == "heldout" and config.select_prompts):
+        return None
+    ids = nets.ids
+    settings = SamplingSettings(
+        config.max_new_tokens, ids.eos_id, ids.pad_id, config.temperature, ids.vocab_size
+    )
+    # The held-out model is the monitors' first member (monitors.Monitors).
+    return HeldoutSelection.build(
+        shards_dir, (nets.models.policy, nets.models.reward),
+        0, nets.monitor_spec.members[0], settings, prompts=config.select_prompts,
+        samples=config.select_samples, prompt_len=config.prompt_len, seed=config.seed,
+        batch_size=config.rollout_batch_size // jax.process_count(),
+    )  # fmt: skip
+
+
 def _reward_model(
     config: PPOConfig,
     manifest: dict,
@@ -397,7 +419,9 @@ def run(
     gold_before = _gold(nets, nets.whole_policy(nets.policy), shards_dir, manifest, config)
     scorer = host_rewards(config, shards_dir, manifest)
     try:
-        result = PPOLoop(config, nets, prompts, output, checkpointer, scorer).run(nets.reward)
+        selection = _selection(config, nets, shards_dir, members.heldout is not None)
+        loop = PPOLoop(config, nets, prompts, output, checkpointer, scorer, selection)
+        result = loop.run(nets.reward)
     finally:
         if scorer is not None:
             scorer.scorer.close()

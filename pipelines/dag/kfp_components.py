@@ -203,6 +203,8 @@ def ppo(
     conservative_reward: str,
     conservative_lambda: float,
     select_checkpoint: str,
+    select_prompts: int,
+    select_samples: int,
     heldout_patience: int,
     heldout_tolerance: float,
     model: Output[Model],

@@ -233,9 +233,12 @@ def row_arrays(prompts: Prompts, responses: Responses) -> dict[str, np.ndarray]:
     }
 
 
-@functools.partial(jax.pmap, axis_name="data", static_broadcasted_argnums=(0,))
-def _response_scores(graphdef, params, batch):
-    """The reward model's score of each prompt + response [B] (at its last real token)."""
+@functools.partial(jax.pmap, axis_name="data", static_broadcasted_argnums=(0, 3))
+def _response_scores(graphdef, params, batch, member):
+    """The reward model's score of each prompt + response [B] (at its last real token);
+    ``member``: of models stacked on a leading axis, that one's (None: not stacked)."""
+    if member is not None:
+        params = jax.tree.map(lambda leaf: leaf[member], params)
     return (sequence_scores(graphdef, params, batch),)
 
 
@@ -246,12 +249,14 @@ def response_scores(
     responses: Responses,
     *,
     batch_size: int,
+    member: int | None = None,
 ) -> np.ndarray:
     """Raw scores [P, S] of every prompt + response by the reward model of ``params`` (placed
-    on the devices: ``parallel.place``)."""
+    on the devices: ``parallel.place``); ``member``: ``params`` stacks several models of one
+    graph on a leading axis (ppo's monitors), and this one scores."""
 
     def step(batch: dict[str, np.ndarray]) -> Sequence[jax.Array]:
-        return _response_scores(graphdef, params, batch)
+        return _response_scores(graphdef, params, batch, member)
 
     values = map_local_batches(step, row_arrays(prompts, responses), batch_size)[0]
     return values.reshape(responses.tokens.shape[:2])
