@@ -40,7 +40,7 @@ class OveroptimisationSettings:
         "held-out model's mean score of them; 0 = by the save's own rollout (one batch of "
         "train prompts: noisy on a plateau)",
     )
-    select_samples: int = field(4, help="select_prompts: samples per prompt")
+    select_samples: int = field(1, help="select_prompts: samples per prompt")
     heldout_patience: int = field(
         0,
         help="stop early (status stopped_overoptimisation) when the held-out reward model's "
