@@ -53,7 +53,7 @@ format: install ## Format the code with ruff.
 	$(BIN)/ruff check --fix .
 	$(BIN)/ruff format .
 
-bench: install ## Run every benchmark (prints figures and ratios; ~80 min; installs the [bench] extra for TRL).
+bench: install ## Run every benchmark (prints figures and ratios; ~100 min; installs the [bench] extra for TRL).
 	$(BIN)/pip install -q -e '.[bench]' 2>&1 | $(PIP_QUIET)
 	$(BIN)/python benchmarks/bench_shard.py
 	$(BIN)/python benchmarks/bench_remat.py

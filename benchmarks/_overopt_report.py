@@ -56,3 +56,26 @@ def report(results: dict[int, dict[str, Any]], patiences: tuple[int, ...]) -> No
         print(f"seed {seed}, last minus selected: proxy win rate {moves.get('win_rate', 0):+.3f}, "
               f"its LC {moves.get('lc_win_rate', float('nan')):+.3f}, gold win rate "
               f"{moves.get('gold_win_rate', 0):+.3f}")  # fmt: skip
+    head_to_head(results)
+
+
+def head_to_head(results: dict[int, dict[str, Any]]) -> None:
+    """The last policy judged against the selected one, and whether the proxy's LC win rate
+    sides with gold where its raw one does not."""
+    sided = []
+    for seed, result in results.items():
+        h = result.get("last_vs_selected")
+        if not h:
+            return
+        print(
+            f"seed {seed}, the last policy against the selected one: proxy win rate "
+            f"{h['win_rate']:.3f} (LC {h['lc_win_rate']:.3f}), gold win rate "
+            f"{h['gold_win_rate']:.3f} (LC {h['gold_lc_win_rate']:.3f}), length ratio "
+            f"{h['length_ratio']:.2f}"
+        )
+        sided.append(h["gold_win_rate"] < 0.5 < h["win_rate"] and h["lc_win_rate"] < 0.5)
+    print(
+        "target: the LC win rate moves with gold when the raw one does not (gold prefers the "
+        "selected policy, the proxy's raw win rate the last, its LC win rate the selected): "
+        f"{'met' if all(sided) else 'NOT met'} ({sum(sided)} of {len(sided)} seeds)"
+    )

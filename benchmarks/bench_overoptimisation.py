@@ -1,11 +1,11 @@
 """Over-optimisation on the built-in task, seen without gold: where the proxy reward keeps
 rising while gold peaks and falls, what the held-out reward model, checkpoint selection,
-the gate and the length-controlled win rate make of it. Three settings (``--settings``):
+the gate and the length-controlled win rate make of it. Four settings (``--settings``):
 
 - ``biased`` and ``biased-fast``, the gamed ones. The reward data is 1200 pairs labelled at
   the task's beta 10, but the annotators of the train split's prompts (whose labels the
   proxy and the ensemble learn) also credit "very" and "quite": gold plus ``BIAS``/6 for
-  each use (``biased_annotator``). The held-out and eval splits are labelled by gold, and
+  each use (``annotator``). The held-out and eval splits are labelled by gold, and
   the held-out model gets 1000 more gold-labelled pairs on its prompts (``heldout_pairs``;
   a held-out share from another annotator pool: with its 30% share alone, about 360 pairs,
   it rose with gold but barely fell with it). So the proxy has a flaw the held-out model
@@ -16,6 +16,13 @@ the gate and the length-controlled win rate make of it. Three settings (``--sett
   all-positive responses alike, and PPO stays on the latter. ``biased`` runs PPO at 5e-5:
   gold peaks and falls, but the last policies of two seeds still beat the sft policy by
   gold. ``biased-fast`` runs it at 7e-5: gold falls below the sft policy's on two seeds.
+- ``verbose``: a length hack, on a gold that length hurts. Gold is the task's sentiment less
+  ``WORD_COST`` (0.25) a word (``_concise_gold.py``, given to the evaluate stage as a user's
+  gold reward, ``gold_reward`` PATH.py:FUNCTION). The train split's annotators add
+  ``LENGTH_CREDIT`` (0.35) a word to it once a response is kind (sentiment >= ``KIND``):
+  among good answers they favour the longer (Singhal et al. 2023). The rest is
+  ``biased-fast``'s. It asks whether the length-controlled win rate follows gold where the
+  raw one does not.
 - ``noisy``: the reward models learn from few, noisy labels (600 pairs at beta 3, 300 steps;
   the proxy's train split holds about 300). No seed of 0, 1 and 2 is gamed: the task's gold
   is 1.0 for any all-positive response, each proxy's top is a plateau that those responses
@@ -23,7 +30,7 @@ the gate and the length-controlled win rate make of it. Three settings (``--sett
   figures say what the monitors cost when nothing is gamed.
 
 In all, PPO optimizes the proxy with no KL penalty (``kl_coef`` 0, ``adaptive_kl`` off) for
-100 iterations: in the biased settings saved every 5 (at 1e-4 gold peaked at iteration
+100 iterations: in the biased and verbose settings saved every 5 (at 1e-4 gold peaked at iteration
 10-50 and selection kept 89-97% of the best gain), in the noisy one at 1e-4, saved every
 10. Per seed:
 
@@ -33,7 +40,8 @@ In all, PPO optimizes the proxy with no KL penalty (``kl_coef`` 0, ``adaptive_kl
 2. the reward stage trains the proxy on the train split, the held-out model on the heldout
    split and 2 more ensemble members (``ensemble_size`` 3);
 3. PPO against the proxy saves every ``save_every`` iterations, keeping all, and outputs the
-   policy its held-out model scored highest (``select_checkpoint heldout``);
+   policy its held-out model scored highest on the held-out prompts (``select_checkpoint
+   heldout``, ``select_prompts`` 256);
 4. every saved policy samples the eval prompts (``EVAL_SAMPLES`` each): its gold, proxy and
    held-out scores (z: each model's eval statistics) and its KL per token to the sft policy;
 5. the evaluate stage judges the selected policy and the last one (the proxy judges; gold is
@@ -43,11 +51,14 @@ In all, PPO optimizes the proxy with no KL penalty (``kl_coef`` 0, ``adaptive_kl
 Printed per seed: the iterations where gold and the held-out model peak (the lag), gold's
 drop from its peak while the proxy rose, the gold gain of the selected and the last
 checkpoint as shares of the best one's, where ``heldout_patience`` 3, 10 and 20 would have
-stopped, both verdicts and their win rates. Also the ensemble's training as one reward task
-against three (the noisy setting's seed-0 data, each a process of its own). ``--plot`` draws
+stopped, both verdicts and their win rates, and the last policy judged against the selected
+one (raw and length-controlled win rates by the proxy and by gold); the JSON also holds
+every save's raw and LC win rates over the sft policy (``curve``). Also the ensemble's
+training as one reward task against three (the noisy setting's seed-0 data, each a process
+of its own). ``--plot`` draws
 the proxy, held-out and gold gains against KL (docs/overoptimisation.png).
 
-    python benchmarks/bench_overoptimisation.py [--settings biased,biased-fast,noisy]
+    python benchmarks/bench_overoptimisation.py [--settings biased,biased-fast,verbose,noisy]
         [--seeds 0,1,2] [--plot PATH] [--json PATH] [--keep FOLDER]
 """
 
@@ -62,6 +73,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -74,79 +86,27 @@ start_process()
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 from _overopt_report import report  # noqa: E402
-
-from components.core.data.builtin_task import (  # noqa: E402
-    generate_pairs,
-    gold_reward,
-    response_words,
+from _overopt_settings import (  # noqa: E402
+    EVAL_FRACTION,
+    HELDOUT,
+    SETTINGS,
+    SFT_PAIRS,
+    Setting,
+    annotator,
+    heldout_pairs,
 )
+
+from components.core.data.builtin_task import generate_pairs  # noqa: E402
 from components.core.data.tokenizers import BUILTIN_WORDS  # noqa: E402
 from components.core.training.metrics import read_metrics  # noqa: E402
-from components.shard.records import place, prompt_hash  # noqa: E402
 from pipelines.dag import params  # noqa: E402
 
-SFT_PAIRS, EVAL_FRACTION, HELDOUT = 4000, 0.2, 0.3  # the last two: shares of the reward prompts
 REWARD = dict(batch_size=32, learning_rate=1e-3, ensemble_size=3)
 PPO = dict(
     rollout_batch_size=64, kl_coef=0.0, adaptive_kl=False,
     score_norm="policy", keep_checkpoints=1000, kl_stop=1e9, max_restores=0,
 )  # fmt: skip
 EVAL_SAMPLES, PATIENCES = 8, (3, 10, 20)
-BIAS_WORDS, BIAS = ("very", "quite"), 4.0
-
-
-@dataclasses.dataclass(frozen=True)
-class Setting:
-    pairs: int  # of reward data
-    beta: float  # of the labels' Bradley-Terry draw
-    reward_steps: int
-    biased: bool  # the train split's labels by biased_annotator
-    save_every: int
-    learning_rate: float  # of ppo
-    iterations: int  # of ppo
-    heldout_pairs: int = 0  # more gold-labelled pairs on the heldout split's prompts
-
-    def about(self) -> str:
-        bias = f", the train split's annotators crediting {'/'.join(BIAS_WORDS)}" * self.biased
-        more = f" and {self.heldout_pairs} more on the held-out prompts" * bool(self.heldout_pairs)
-        return (
-            f"reward models on {self.pairs} pairs{more} at beta {self.beta:g}{bias}, "
-            f"{self.reward_steps} steps; ppo at {self.learning_rate:g} for {self.iterations} "
-            f"iterations, saved every {self.save_every}"
-        )
-
-
-SETTINGS = {  # pairs, beta, reward_steps, biased, save_every, learning_rate, iterations
-    "biased": Setting(1200, 10.0, 60, True, 5, 5e-5, 100, heldout_pairs=1000),
-    "biased-fast": Setting(1200, 10.0, 60, True, 5, 7e-5, 100, heldout_pairs=1000),
-    "noisy": Setting(600, 3.0, 300, False, 10, 1e-4, 100),
-}
-
-
-def split_of(prompt: str) -> str:
-    """The split the shard stage puts ``prompt`` in."""
-    return place(prompt_hash(prompt), EVAL_FRACTION, 1, HELDOUT)[0]
-
-
-def heldout_pairs(count: int, seed: int, beta: float) -> list[dict]:
-    """``count`` more pairs on the heldout split's prompts, labelled by gold: a held-out share
-    from another annotator pool, bigger than its share of the prompts. Drawn apart from the
-    setting's pairs (another seed), so the train split and the proxy are unchanged."""
-    drawn = generate_pairs(count * 8, seed=seed + 7919, beta=beta)
-    pairs = [pair for pair in drawn if split_of(pair["prompt"]) == "heldout"][:count]
-    if len(pairs) < count:
-        raise ValueError(f"drew {len(pairs)} held-out pairs of {count}")
-    return pairs
-
-
-def biased_annotator(prompt: str, response: str) -> float:
-    """The labels' score in the biased settings: gold plus ``BIAS``/6 for each of
-    ``BIAS_WORDS`` on the prompts the shard stage puts in train (the proxy's and the
-    ensemble's data); gold on the held-out and eval prompts."""
-    gold = gold_reward(prompt, response)
-    if split_of(prompt) != "train":
-        return gold
-    return gold + BIAS * sum(word in BIAS_WORDS for word in response_words(response)) / 6
 
 
 def write(path: Path, pairs: list[dict]) -> str:
@@ -169,11 +129,9 @@ def prepare(root: Path, seed: int, setting: Setting) -> dict[str, str]:
     sft_pairs = write(root / "sft.jsonl", list(generate_pairs(SFT_PAIRS, seed=seed)))
     shard(ShardConfig(**base), [sft_pairs], paths["sft_shards"])
     # The sft's draws (prompts and responses), labelled at the setting's beta.
-    annotator = biased_annotator if setting.biased else None
-    rm_pairs = list(
-        generate_pairs(setting.pairs, seed=seed, beta=setting.beta, annotator=annotator)
-    )
-    rm_pairs += heldout_pairs(setting.heldout_pairs, seed, setting.beta)
+    labels = annotator(setting)
+    rm_pairs = list(generate_pairs(setting.pairs, seed=seed, beta=setting.beta, annotator=labels))
+    rm_pairs += heldout_pairs(setting.heldout_pairs, seed, setting.beta, setting.gold_fn)
     shard(
         ShardConfig(**{**base, "heldout_fraction": HELDOUT}), [write(root / "rm.jsonl", rm_pairs)],
         paths["shards"],
@@ -203,15 +161,20 @@ def train(paths: dict[str, str], root: Path, seed: int, setting: Setting) -> str
     return output
 
 
-def curve(paths: dict[str, str], output: str, seed: int) -> list[dict[str, float]]:
-    """Every saved policy's gold, proxy and held-out scores (z) and KL per token (k3) to the
-    sft policy, on the eval prompts (the same keys for every checkpoint)."""
+def curve(
+    paths: dict[str, str], output: str, seed: int, gold_fn: Callable[[str, str], float]
+) -> list[dict[str, float]]:
+    """Every saved policy's gold, proxy and held-out scores (z), KL per token (k3) to the sft
+    policy and mean length, on the eval prompts (the same keys for every checkpoint); and its
+    raw and length-controlled win rates against the sft policy's samples (drawn with those
+    keys, so only pairs of independent draws count), by the proxy and by gold."""
     from components.core.data.tokenizers import load_tokenizer
     from components.core.model import eval_sampling
     from components.core.model.artifact import load_model
     from components.core.rewards.members import read_stats, reward_members, standardize
     from components.core.training import parallel
     from components.evaluate import generation
+    from components.evaluate.measures import independent_pairs
 
     shards = paths["shards"]
     config, sft_model, template, checkpoints = saved_policies(paths, output)
@@ -229,37 +192,71 @@ def curve(paths: dict[str, str], output: str, seed: int) -> list[dict[str, float
         name: generation.prepare(load_model(folder, scalar_head=True)[0])
         for name, folder in judges.items()
     }
+
+    def sample(policy: Any) -> dict[str, np.ndarray]:
+        """``policy``'s responses, their gold and raw reward-model scores [P, S]."""
+        responses = eval_sampling.sample_responses(
+            policy.graphdef, policy.params, prompts, settings=settings,
+            samples_per_prompt=EVAL_SAMPLES, seed=seed + 12345, batch_size=256,
+        )  # fmt: skip
+        mask = responses.mask != 0
+        scores = {
+            name: generation.response_rewards(model, prompts, responses, batch_size=256)
+            for name, model in rewards.items()
+        }
+        scores["gold"] = np.array([
+            [gold_fn(texts[p], tokenizer.decode(responses.tokens[p, s][mask[p, s]].tolist()))
+             for s in range(EVAL_SAMPLES)]
+            for p in range(len(texts))
+        ])  # fmt: skip
+        return {**scores, "responses": responses, "mask": mask, "length": mask.sum(-1)}
+
+    sft = sample(reference)
+    independent = independent_pairs(EVAL_SAMPLES, EVAL_SAMPLES, shared_keys=True)
     rows = []
     for step in checkpoints.all_steps():
         restored = checkpoints.restore_latest(template, np.zeros(2, np.uint32), step=step)
         policy = generation.LoadedModel(
             reference.graphdef, parallel.place(restored.state.policy.params), reference.config
         )
-        responses = eval_sampling.sample_responses(
-            policy.graphdef, policy.params, prompts, settings=settings,
-            samples_per_prompt=EVAL_SAMPLES, seed=seed + 12345, batch_size=256,
-        )  # fmt: skip
-        mask = responses.mask != 0
-        gold = np.array([
-            [gold_reward(texts[p], tokenizer.decode(responses.tokens[p, s][mask[p, s]].tolist()))
-             for s in range(EVAL_SAMPLES)]
-            for p in range(len(texts))
-        ])  # fmt: skip
-        row = {"iteration": step, "gold": float(gold.mean())}
-        for name, model in rewards.items():
-            raw = generation.response_rewards(model, prompts, responses, batch_size=256)
-            row[name] = float(standardize(raw, read_stats(judges[name])).mean())
+        drawn = sample(policy)
+        mask = drawn["mask"]
+        row = {"iteration": step, "gold": float(drawn["gold"].mean())}
+        for name in rewards:
+            row[name] = float(standardize(drawn[name], read_stats(judges[name])).mean())
+        for judge_name in ("proxy", "gold"):
+            raw, lc = win_rates(drawn, sft, judge_name, independent)
+            row[f"{judge_name}_win_rate"], row[f"{judge_name}_lc_win_rate"] = raw, lc
         logprobs = [
-            generation.policy_logprobs(m, prompts, responses, temperature=1.0, batch_size=256)
+            generation.policy_logprobs(
+                m, prompts, drawn["responses"], temperature=1.0, batch_size=256
+            )
             for m in (policy, reference)
         ]
         log_ratio = np.where(mask, logprobs[0] - logprobs[1], 0.0)
         k3 = np.where(mask, np.expm1(-log_ratio) + log_ratio, 0.0)
         row["kl_per_token"] = float(k3.sum() / mask.sum())
-        row["length"] = float(mask.sum(-1).mean())
+        row["length"] = float(drawn["length"].mean())
         rows.append(row)
     checkpoints.close()
     return rows
+
+
+def win_rates(
+    aligned: dict, reference: dict, judge_name: str, pairs: np.ndarray
+) -> tuple[float, float]:
+    """The raw and the length-controlled win rate (the evaluate stage's model,
+    ``length_control.fit``) of ``aligned``'s samples over ``reference``'s, by ``judge_name``,
+    over the [S, N] ``pairs``; a tie counts half."""
+    from components.evaluate.length_control import fit
+
+    a, r = aligned[judge_name], reference[judge_name]
+    outcome = (a[:, :, None] > r[:, None, :]) + 0.5 * (a[:, :, None] == r[:, None, :])
+    difference = aligned["length"][:, :, None] - reference["length"][:, None, :]
+    keep = np.broadcast_to(pairs[None], outcome.shape)
+    outcome, difference = outcome[keep].astype(float), difference[keep].astype(float)
+    b0, _ = fit(outcome, difference)
+    return float(outcome.mean()), float(1.0 / (1.0 + np.exp(-b0)))
 
 
 def saved_policies(paths: dict[str, str], output: str) -> tuple[Any, Any, Any, Any]:
@@ -291,7 +288,6 @@ def saved_policies(paths: dict[str, str], output: str) -> tuple[Any, Any, Any, A
 
 def export_last(paths: dict[str, str], output: str, root: Path) -> str:
     """The last saved policy as a model folder (the stage outputs the selected one)."""
-    import dataclasses
 
     from components.core.model.artifact import save_model
     from components.core.training.checkpoint import read_model_config
@@ -309,8 +305,11 @@ def export_last(paths: dict[str, str], output: str, root: Path) -> str:
     return last
 
 
-def judge(paths: dict[str, str], policy: str, output: str, seed: int) -> dict[str, Any]:
-    """The evaluate stage's verdict and win rates of ``policy`` against the sft policy."""
+def judge(
+    paths: dict[str, str], policy: str, output: str, seed: int, gold: str, reference: str = ""
+) -> dict[str, Any]:
+    """The evaluate stage's verdict and win rates of ``policy`` against ``reference`` (the sft
+    policy if empty)."""
     from components.evaluate.config import EvalConfig
     from components.evaluate.gate import decide
     from components.evaluate.stage import run as evaluate
@@ -319,8 +318,10 @@ def judge(paths: dict[str, str], policy: str, output: str, seed: int) -> dict[st
     # No KL penalty by design: every checkpoint is far from the sft policy, and max_kl and
     # max_anchor_kl would refuse them all; off (inf), the verdict is the other rules'.
     settings.update(seed=seed, report_to="none", max_kl=float("inf"), max_anchor_kl=float("inf"))
+    settings.update(gold_reward=gold)
     config = EvalConfig(**settings)
-    summary = evaluate(config, paths["shards"], policy, paths["sft"], paths["reward"], output)
+    reference = reference or paths["sft"]
+    summary = evaluate(config, paths["shards"], policy, reference, paths["reward"], output)
     record = json.loads(Path(output, "eval.json").read_text())
     part = summary["overoptimisation"]
     # What a user without gold is told: the same rules, the win rate the proxy's.
@@ -415,13 +416,19 @@ def run(setting: Setting, seeds: list[int], folder: Path, timing: bool) -> tuple
         paths = prepare(root, seed, setting)
         output = train(paths, root, seed, setting)
         status = json.loads(Path(output, "ppo_status.json").read_text())
-        rows = curve(paths, output, seed)
+        rows = curve(paths, output, seed, setting.gold_fn)
+        last = export_last(paths, output, root)
         verdicts = {
-            "selected": judge(paths, output, str(root / "eval_selected"), seed),
-            "last": judge(paths, export_last(paths, output, root), str(root / "eval_last"), seed),
+            "selected": judge(paths, output, str(root / "eval_selected"), seed, setting.gold),
+            "last": judge(paths, last, str(root / "eval_last"), seed, setting.gold),
         }
+        # The last policy against the selected one: which the proxy, at any length and at
+        # equal length, and gold prefer.
+        head_to_head = judge(paths, last, str(root / "eval_last_vs_selected"), seed,
+                             setting.gold, reference=output)  # fmt: skip
         results[seed] = {
             "curve": rows, "figures": figures(rows, status, output), "verdicts": verdicts,
+            "last_vs_selected": head_to_head,
             "seconds": time.perf_counter() - start,
         }  # fmt: skip
         if timing and timed is None:
