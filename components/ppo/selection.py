@@ -25,6 +25,7 @@ import numpy as np
 from flax import nnx
 
 from components.core.model import eval_sampling
+from components.core.rewards.members import standardize
 
 PyTree = Any
 SEED_OFFSET = 7717  # keys apart from the run's other draws
@@ -50,7 +51,7 @@ class HeldoutSelection:
         cls,
         shards_dir: str,
         graphs: tuple[nnx.GraphDef, nnx.GraphDef],
-        member: int,
+        member: int | None,
         stats: tuple[float, float],
         settings: eval_sampling.SamplingSettings,
         *,
@@ -90,4 +91,4 @@ class HeldoutSelection:
             member=self.member,
         )  # fmt: skip
         mean, std = self.stats
-        return float(np.mean((raw - mean) / max(std, 1e-6)))
+        return float(np.mean(standardize(raw, {"mean": mean, "std": std})))
