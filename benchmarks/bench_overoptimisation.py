@@ -245,17 +245,15 @@ def curve(
 def win_rates(
     aligned: dict, reference: dict, judge_name: str, pairs: np.ndarray
 ) -> tuple[float, float]:
-    """The raw and the length-controlled win rate (the evaluate stage's model,
-    ``length_control.fit``) of ``aligned``'s samples over ``reference``'s, by ``judge_name``,
-    over the [S, N] ``pairs``; a tie counts half."""
-    from components.evaluate.length_control import fit
+    """The raw and the length-controlled win rate of ``aligned``'s samples over
+    ``reference``'s, by ``judge_name``, over the [S, N] ``pairs``: the evaluate stage's
+    outcomes and model (``length_control``), without its bootstrap."""
+    from components.evaluate import length_control
 
-    a, r = aligned[judge_name], reference[judge_name]
-    outcome = (a[:, :, None] > r[:, None, :]) + 0.5 * (a[:, :, None] == r[:, None, :])
-    difference = aligned["length"][:, :, None] - reference["length"][:, None, :]
-    keep = np.broadcast_to(pairs[None], outcome.shape)
-    outcome, difference = outcome[keep].astype(float), difference[keep].astype(float)
-    b0, _ = fit(outcome, difference)
+    outcome, difference = length_control._pairs(
+        aligned[judge_name], reference[judge_name], aligned["length"], reference["length"], pairs
+    )
+    b0, _ = length_control.fit(outcome, difference)
     return float(outcome.mean()), float(1.0 / (1.0 + np.exp(-b0)))
 
 
