@@ -16,7 +16,7 @@ import components.sft as sft
 from components.core.data.builtin_task import write_jsonl
 from components.core.data.input_pipeline import read_manifest
 from components.core.model.artifact import load_model
-from components.core.rewards.members import Members, reward_members
+from components.core.rewards.members import Members, read_stats, reward_members
 from components.core.training.metrics import read_metrics
 from components.evaluate.config import EvalConfig
 from components.evaluate.gate import decide
@@ -198,9 +198,9 @@ def test_the_selection_score_is_the_same_for_the_same_policy(artifacts):
     from components.ppo.selection import HeldoutSelection
 
     policy, _ = load_model(artifacts["sft"])
-    heldout, _ = load_model(reward_members(artifacts["reward"]).heldout, scalar_head=True)
-    stats = json.load(open(os.path.join(reward_members(artifacts["reward"]).heldout,
-                                        "reward_stats.json")))  # fmt: skip
+    folder = reward_members(artifacts["reward"]).heldout
+    heldout, _ = load_model(folder, scalar_head=True)
+    stats = read_stats(folder)
     manifest = read_manifest(artifacts["shards"])
     tokenizer = manifest["tokenizer"]
     settings = SamplingSettings(12, tokenizer["eos_id"], tokenizer["pad_id"], 1.0)

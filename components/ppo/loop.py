@@ -207,11 +207,12 @@ class PPOLoop:
 
     def _save(self, position: dict[str, Any]) -> None:
         """Checkpoint the state at the start of this iteration (a policy that passed the guard)."""
-        metric = None if self.overopt is None else self.overopt.selection(self.good_rollout)
         if self.selection is not None:  # logged and saved with the rollout's figures
             metric = self.good_rollout[SELECTION_SCORE] = self.selection.score(
                 self._policy(), self.monitors
             )
+        else:
+            metric = None if self.overopt is None else self.overopt.selection(self.good_rollout)
         extra = {"reference": parallel.checkpoint_view(self.reference)} if self.ema else None
         meta = {
             "kl_controller": self.controller.to_json_dict(),
