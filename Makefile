@@ -31,7 +31,8 @@ demo: install ## Run the whole pipeline locally on the built-in task (CPU).
 	$(BIN)/python -m pipelines.demo
 
 # A test whose worker crashed (XLA:CPU's compiler segfaulted in a long-lived worker about once
-# a run, 2026-12-05) runs again alone when such tests are the only failures (tests/rerun_crashed.py).
+# a run, 2026-12-05, until tests/conftest.py freed each module's programs) runs again alone when
+# such tests are the only failures (tests/rerun_crashed.py).
 test: install ## Run the test suite (CPU, 8 virtual devices; TEST_WORKERS processes, 2).
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder tests \
 		|| $(BIN)/python tests/rerun_crashed.py

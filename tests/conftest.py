@@ -13,8 +13,17 @@ each cache write runs, aborted a worker (``Fatal Python error: Aborted`` in
 ``put_executable_and_time``, 2026-12-05) about once a suite run, after a few thousand
 compiles in that process; the worker died, and the CI run with it. A worker's own programs
 are compiled once per module anyway.
+
+Each module's compiled programs are freed at its end (``pytest_runtest_teardown``): XLA:CPU
+maps every executable it loads into its own memory areas, and a worker that kept them all
+ran into Linux's limit of 65,530 areas a process (``vm.max_map_count``). Measured
+2026-12-06: four modules in one process held 23,164 areas (test_ppo_update.py alone 17,359),
+924 after ``jax.clear_caches()``. Past the limit ``mmap`` fails inside XLA's compiler, and
+the worker died of a segfault in ``backend_compile_and_load`` (or the abort above) about
+once a ``make test``, in a different test each time, never in a test run alone.
 """
 
+import gc
 import json
 import os
 import shutil
@@ -108,11 +117,34 @@ def pytest_runtest_logreport(report):
     _last_report = _monotonic()
 
 
+def pytest_xdist_make_scheduler(config, log):
+    """``--dist loadfile``: xdist's own scheduler, less the stall after a worker crash."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class RequeueUnfinished(LoadFileScheduling):
+        """pytest-xdist 3.8 queues again every module a crashed worker was given, the ones
+        it had finished too. A worker later handed a finished module is sent no test, so no
+        report comes back to hand it the next one: the run waited for ever with modules
+        queued and both workers idle (2026-12-05 and -06, CI and here; reproduced with a
+        worker that crashes in its second module). Only unfinished modules go back."""
+
+        def remove_node(self, node):
+            workload = self.assigned_work.get(node, {})
+            for scope in [scope for scope, tests in workload.items() if all(tests.values())]:
+                del workload[scope]
+            return super().remove_node(node)
+
+    return RequeueUnfinished(config, log)
+
+
 # After a worker crash, pytest-xdist (3.x, --dist loadfile) replaces it and goes on, but then
 # waited for ever at the end with both workers idle (py-spy: the controller in
-# DSession.loop_once, 2026-12-05): CI's limit, not pytest, ended the run. A watchdog on the
-# controller ends such a run once no test has reported for STALL_SECONDS after a crash,
-# naming why; the longest test takes under 7 minutes.
+# DSession.loop_once, 2026-12-05): CI's limit, not pytest, ended the run. The cause is mended
+# above; should a run stall after a crash all the same, a watchdog on the controller ends it
+# once no test has reported for STALL_SECONDS, naming why; the longest test takes under 7
+# minutes.
 STALL_SECONDS = int(os.environ.get("ALIGNPIPE_STALL_SECONDS", "900"))
 _monotonic = time.monotonic  # tests monkeypatch time.monotonic; the watchdog keeps its own
 _last_report = _monotonic()
@@ -150,8 +182,25 @@ def pytest_xdist_node_collection_finished(node, ids):
     _collected.update(ids)
 
 
+_scheduler = []  # xdist's scheduler, kept at a crash for the watchdog's message
+
+
+def _scheduler_state() -> str:
+    """What xdist's (loadfile) scheduler still holds: why the run stalled, for the log."""
+    if not _scheduler:
+        return ""
+    sched = _scheduler[0]
+    pending = {
+        node.gateway.id: sum(not done for unit in work.values() for done in unit.values())
+        for node, work in getattr(sched, "assigned_work", {}).items()
+    }
+    queued = list(getattr(sched, "workqueue", {}))
+    return f"; xdist: modules queued {queued}, tests pending by worker {pending}"
+
+
 def pytest_handlecrashitem(crashitem, report, sched):
     """xdist's controller: the test a crashed worker was running."""
+    _scheduler[:] = [sched]
     CRASHED.parent.mkdir(parents=True, exist_ok=True)
     with CRASHED.open("a", encoding="utf-8") as handle:
         handle.write(crashitem + "\n")
@@ -171,7 +220,7 @@ def pytest_testnodedown(node, error):
         sys.stderr.write(
             f"\nconftest: a test worker crashed ({error}) and no test has reported for "
             f"{STALL_SECONDS} s since: pytest-xdist stopped scheduling; ending the run "
-            "(failed)\n"
+            f"(failed){_scheduler_state()}\n"
         )
         sys.stderr.flush()
         os._exit(3)
@@ -196,6 +245,17 @@ def pytest_unconfigure(config):
     """The session's compilation cache goes with it (tens of MB a run, left in /tmp before)."""
     if _OWN_CACHE is not None:
         shutil.rmtree(_OWN_CACHE, ignore_errors=True)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item, nextitem):
+    """After a module's last test and its fixtures' teardown, free the programs it compiled
+    (the memory-area limit, docstring); the next module compiles its own."""
+    result = yield
+    if nextitem is None or nextitem.path != item.path:
+        jax.clear_caches()
+        gc.collect()
+    return result
 
 
 def pytest_collection_modifyitems(config, items):

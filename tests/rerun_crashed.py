@@ -32,11 +32,22 @@ def to_rerun(crashed: list[str], record: dict | None) -> list[str]:
     return sorted(tests | set(record["unrun"]))
 
 
+def why_not(crashed: list[str], record: dict | None) -> str:
+    """Why a failed run's tests are not run again, for the log."""
+    if not set(crashed) - {"STALLED"}:
+        return "no test worker crashed; the run's failures stand"
+    if record is None:
+        return f"the run left no record ({RUN_RECORD.name}); the run's failures stand"
+    other = sorted(set(record["failed"]) - set(crashed))
+    return f"{len(other)} failures besides the crashed tests stand: {other[:10]}"
+
+
 def main() -> int:
     crashed = CRASHED.read_text().split() if CRASHED.exists() else []
     record = json.loads(RUN_RECORD.read_text()) if RUN_RECORD.exists() else None
     tests = to_rerun(crashed, record)
     if not tests:
+        print(f"\nrerun_crashed: nothing to run again: {why_not(crashed, record)}")
         return 1
     print(f"\nrerun_crashed: every failure was a crashed worker's test; running again "
           f"{len(tests)} tests: {tests[:10]}{' ...' if len(tests) > 10 else ''}")  # fmt: skip

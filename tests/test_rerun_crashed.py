@@ -7,7 +7,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from rerun_crashed import to_rerun  # noqa: E402
+from rerun_crashed import to_rerun, why_not  # noqa: E402
 
 CRASHED = "tests/test_a.py::test_crash"
 UNRUN = ["tests/test_a.py::test_after", "tests/test_c.py::test_late"]
@@ -26,3 +26,10 @@ def test_a_stalled_run_reruns_its_crashed_and_never_run_tests():
     assert to_rerun([CRASHED, "STALLED"], record) == sorted([CRASHED, *UNRUN])
     other = {"failed": [CRASHED, "tests/test_b.py::test_real"], "unrun": UNRUN}
     assert to_rerun([CRASHED, "STALLED"], other) == []
+
+
+def test_a_refusal_names_the_failures_that_stand():
+    other = {"failed": [CRASHED, "tests/test_b.py::test_real"], "unrun": UNRUN}
+    assert "tests/test_b.py::test_real" in why_not([CRASHED], other)
+    assert "no test worker crashed" in why_not(["STALLED"], other)
+    assert "left no record" in why_not([CRASHED], None)
