@@ -226,10 +226,11 @@ def fingerprint(path: str) -> str:
     return f"{stamp}+{weights}" if weights else stamp
 
 
-def find_sources(data_uri: str) -> list[dict[str, str]]:
+def find_sources(data_uri: str, name: str = "data_uri") -> list[dict[str, str]]:
     """Every file the comma-separated paths or globs match, with fingerprints, sorted; a
     folder is a Hugging Face dataset: its train split's files (``hf_datasets``); a
-    ``bq://PROJECT.DATASET.TABLE`` is a BigQuery table (``components/shard/bigquery.py``)."""
+    ``bq://PROJECT.DATASET.TABLE`` is a BigQuery table (``components/shard/bigquery.py``).
+    ``name``: the parameter that gave them, for the error when none matches."""
     from components.core.data import hf_datasets
 
     patterns = [p.strip() for p in data_uri.split(",") if p.strip()]
@@ -245,19 +246,21 @@ def find_sources(data_uri: str) -> list[dict[str, str]]:
         return found + [{"uri": f, "fingerprint": fingerprint(f)} for f in files]
     if not files:
         raise FileNotFoundError(
-            f"data_uri {data_uri!r} matches no file; check the path or glob "
-            "(local or gs://), or pass '' for the built-in task"
+            f"{name} {data_uri!r} matches no file; check the path or glob (local or gs://)"
+            + ", or pass '' for the built-in task" * (name == "data_uri")
         )
     return [{"uri": f, "fingerprint": fingerprint(f)} for f in files]
 
 
 def with_role(sources: list[dict[str, str]], role: str) -> list[dict[str, str]]:
-    """``sources`` marked as data of ``role`` ("sft": the sft stage's own data)."""
+    """``sources`` marked as data of ``role`` ("sft": the sft stage's own data; "heldout":
+    the held-out reward model's)."""
     return [{**source, "role": role} for source in sources]
 
 
 def sources_by_role(sources: list[dict[str, Any]]) -> dict[str, list[str]]:
-    """The sources' uris by role: "" (the run's data) and "sft" (the sft stage's own)."""
+    """The sources' uris by role: "" (the run's data), "sft" (the sft stage's own) and
+    "heldout" (the held-out reward model's)."""
     roles: dict[str, list[str]] = {}
     for source in sources:
         roles.setdefault(source.get("role", ""), []).append(source["uri"])

@@ -7,7 +7,8 @@ given as ``PATH.py:FUNCTION``, the fixture folder as ``base_policy`` and
 generates the tokens alignpipe's sampler generates on the eval prompts, both stopping on the
 model's stop set (``generation_config.json``: Qwen3's ``<|im_end|>`` and ``<|endoftext|>``,
 Gemma 3's ``<eos>`` and ``<end_of_turn>``), and its logits match. Llama fine-tunes its base
-with sft first (``sft_on_base``), Qwen3 is aligned as given with its template's
+with sft first (``sft_on_base``), its held-out reward model on other annotators' pairs
+(``heldout_data_uri``), Qwen3 is aligned as given with its template's
 ``enable_thinking`` off, and Gemma 3 (its system message folded into the first user turn
 by its template) with LoRA adapters, exported merged and as a PEFT adapter (loaded by
 ``peft``); Qwen3.5 (hybrid Gated DeltaNet and attention layers, thinking on) with adapters
@@ -34,6 +35,7 @@ from components.core.data.prompts import left_pad, unique_prompts
 from components.core.data.tokenizers import load_tokenizer
 from components.core.model.artifact import load_model
 from components.core.model.sampler import generate
+from components.core.rewards.members import reward_members
 from components.hf.importer import import_hf
 from pipelines.cli.main import main
 from pipelines.releases import promotion
@@ -108,6 +110,8 @@ SYSTEM = {
     "qwen3_5": "Answer briefly.",
     "gemma4": "Reply kindly.",
 }
+# The family whose run is also given a held-out reward model's own data (heldout_data_uri).
+HELDOUT_DATA = "llama"
 PROMPTS, NEW_TOKENS = 4, 12
 LOGIT_ATOL = 1e-4  # fp32 on both sides; the import tests measure ~1e-6
 
@@ -131,6 +135,10 @@ def aligned(request, tmp_path_factory, monkeypatch_module) -> dict:
         "gold_reward": f"{gold}:score",
         "promoted_policy_uri": str(root / "promoted"),
     }
+    if family == HELDOUT_DATA:  # the held-out reward model learns from other annotators
+        other = root / "other_annotators.jsonl"
+        write_jsonl(str(other), 64, seed=2, conversational=True, system=SYSTEM[family])
+        values["heldout_data_uri"] = str(other)
     monkeypatch_module.setenv("ALIGNPIPE_CPU_DEVICES", "8")
     result = run_local(values, runs_dir=root / "runs", echo=False)
     assert not result.error, format_summary(result)
@@ -231,6 +239,19 @@ def test_the_run_aligns_the_folder_with_its_own_tokenizer_and_promotes(aligned):
     own = load_tokenizer(values["base_policy"])
     assert manifest["tokenizer"]["fingerprint"] == own.fingerprint
     assert manifest["counts"]["rejected"] == 0 and manifest["counts"]["train"] > 0
+    evaluation = json.loads((result.run_dir / "evaluate" / "evaluation" / "eval.json").read_text())
+    if family == HELDOUT_DATA:
+        # Every pair of the other annotators' file is in heldout, and nothing else is; the
+        # held-out model trained on it watched the policy and judged it in evaluation.
+        assert manifest["heldout_sources"] == [values["heldout_data_uri"]]
+        assert manifest["counts"]["heldout"] + manifest["counts"]["duplicates"] == 64
+        members = reward_members(str(result.run_dir / "reward" / "model"))
+        stats = json.loads((Path(members.heldout) / "reward_stats.json").read_text())
+        assert stats["trained_on"] == "heldout"
+        heldout_gain = evaluation["summary"]["overoptimisation"]["heldout_gain"]
+        assert np.isfinite(heldout_gain["difference"]["value"])
+    else:
+        assert "heldout" not in manifest["counts"]
     # The promoted version carries its tokenizer and the checkpoint's dtype, nothing imported.
     version = Path(promotion.resolve_policy(values["promoted_policy_uri"]))
     assert load_tokenizer(str(version / "tokenizer")).fingerprint == own.fingerprint
@@ -238,7 +259,6 @@ def test_the_run_aligns_the_folder_with_its_own_tokenizer_and_promotes(aligned):
     assert info["hf"]["family"] == family and info["stage"] == aligning
     assert not list(version.rglob("imported_base")) and not list(version.rglob("hf_source"))
     # The judge of the run's figures: the gold function given as PATH.py:FUNCTION.
-    evaluation = json.loads((result.run_dir / "evaluate" / "evaluation" / "eval.json").read_text())
     gold = evaluation["summary"]["gold"]
     assert gold["name"] == values["gold_reward"] and gold["aligned"]["mean"] is not None
 

@@ -29,6 +29,14 @@ def parser(prog: str = "python -m components.shard") -> argparse.ArgumentParser:
         help="preference files (JSONL, JSON, Parquet, CSV, Arrow), globs, Hugging Face "
         "dataset folders or bq://PROJECT.DATASET.TABLE",
     )
+    p.add_argument(
+        "--heldout-input",
+        nargs="+",
+        default=[],
+        help="preference data from other annotators (as --input), all of it put in the "
+        "'heldout' split, on which the reward stage trains the held-out reward model and "
+        "nothing else trains",
+    )
     p.add_argument("--output", required=True, help="output folder (local or gs://)")
     add_config_flags(p, ShardConfig)
     return p
@@ -43,7 +51,9 @@ def main(argv: list[str] | None = None, prog: str = "python -m components.shard"
     configure_logging()
     try:
         config = config_from_flags(ShardConfig, args)
-        manifest = run(config, args.input, args.output, beam_args)
+        manifest = run(
+            config, args.input, args.output, beam_args, heldout_inputs=args.heldout_input
+        )
     except (ShardError, InputError, TokenizerError, *USER_ERRORS) as error:
         print(f"error: {error}", file=sys.stderr)
         return 1

@@ -37,6 +37,7 @@ from components.shard.sources import read_source
 from components.shard.tfrecord import write_tfrecords
 
 STATS_FILE = "_stats.json"
+HELDOUT = "heldout"
 REJECTED_FILE = "rejected/rejected.jsonl"
 
 
@@ -105,11 +106,16 @@ def _entry(pair: TokenPair) -> tuple:
 
 
 class ProcessBundle(beam.DoFn):
-    """Validate, tokenize and place a bundle; pairs go out grouped by (split, shard)."""
+    """Validate, tokenize and place a bundle; pairs go out grouped by (split, shard). Every
+    pair of a held-out source (its file or table uri in ``heldout``) goes to the heldout
+    split, whatever its prompt's hash; its shard is still the hash's."""
 
-    def __init__(self, config: ShardConfig, tokenizer_dir: str) -> None:
+    def __init__(
+        self, config: ShardConfig, tokenizer_dir: str, heldout: frozenset[str] = frozenset()
+    ) -> None:
         self._config = config
         self._tokenizer_dir = tokenizer_dir
+        self._heldout = heldout
         self._tokenizer = None
 
     def setup(self) -> None:
@@ -119,6 +125,7 @@ class ProcessBundle(beam.DoFn):
 
     def process(self, element: tuple[str, list]) -> Iterator[Any]:
         source, items = element
+        held_out = source in self._heldout
         by_shard: dict[tuple[str, int], list] = {}
         rejected: list[tuple] = []
         for item in items:
@@ -126,7 +133,8 @@ class ProcessBundle(beam.DoFn):
             if isinstance(result, Rejection):
                 rejected.append(dataclasses.astuple(result))
             else:
-                by_shard.setdefault((result.split, result.shard), []).append(_entry(result))
+                split = HELDOUT if held_out else result.split
+                by_shard.setdefault((split, result.shard), []).append(_entry(result))
         yield from by_shard.items()
         if rejected:
             yield beam.pvalue.TaggedOutput("rejected", (0, rejected))
@@ -207,9 +215,11 @@ def build(
     output: str,
     tables: list[str] = (),
     read_table: Any = bigquery.read_bigquery,
+    heldout: frozenset[str] = frozenset(),
 ) -> None:
     """Add the shard job's transforms to ``pipeline``: the files', and the BigQuery tables'
-    (``read_table(uri)``: Beam's BigQuery source)."""
+    (``read_table(uri)``: Beam's BigQuery source). ``heldout``: the uris among them whose
+    pairs all go to the heldout split (ProcessBundle)."""
     tokenizer_dir = fileio.join(output, "tokenizer")
     read = (
         pipeline
@@ -225,9 +235,12 @@ def build(
         | "AllBundles" >> beam.Flatten()
         | "Spread" >> beam.Reshuffle()
         | "Process"
-        >> beam.ParDo(ProcessBundle(config, tokenizer_dir)).with_outputs("rejected", main="pairs")
+        >> beam.ParDo(ProcessBundle(config, tokenizer_dir, heldout)).with_outputs(
+            "rejected", main="pairs"
+        )
     )
-    every_shard = [((s, i), []) for s in config.splits for i in range(config.num_shards)]
+    splits = config.splits + ((HELDOUT,) if heldout and HELDOUT not in config.splits else ())
+    every_shard = [((s, i), []) for s in splits for i in range(config.num_shards)]
     shard_stats = (
         (processed.pairs, pipeline | "EveryShard" >> beam.Create(every_shard))
         | "AllPairs" >> beam.Flatten()

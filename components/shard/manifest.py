@@ -69,10 +69,18 @@ PROMPT_SHARDS = "prompt_shards"
 COMPLETION_SHARDS = "completion_shards"
 
 
+SPLITS = ("train", "eval", "heldout")  # in the manifest's order
+
+
 def build_manifest(
-    stats: list[dict], config: ShardConfig, tokenizer_info: dict, output: str
+    stats: list[dict],
+    config: ShardConfig,
+    tokenizer_info: dict,
+    output: str,
+    heldout_sources: list[str] = (),
 ) -> dict[str, Any]:
-    """The manifest from the job's statistics records."""
+    """The manifest from the job's statistics records; ``heldout_sources``: the inputs whose
+    pairs all went to the heldout split."""
     sources = sorted((s for s in stats if s["kind"] == "source"), key=lambda s: s["uri"])
     shards = [s for s in stats if s["kind"] == "shard"]
     by_reason = Counter()
@@ -81,7 +89,8 @@ def build_manifest(
             by_reason.update(s["by_reason"])
     splits = {
         split: _split_summary([s for s in shards if s["split"] == split], output, config.num_shards)
-        for split in config.splits
+        for split in SPLITS
+        if split in config.splits or any(s["split"] == split for s in shards)
     }
     gold = {g for s in shards for g in s["gold_rewards"]}
     prompt_only = sum(s.get("prompt_only", 0) for s in shards)
@@ -115,6 +124,7 @@ def build_manifest(
         "counts": counts,
         "rejected_by_reason": dict(sorted(by_reason.items())),
         "rejected_file": REJECTED_FILE,
+        **({"heldout_sources": sorted(heldout_sources)} if heldout_sources else {}),
         "splits": splits,
         "gold_reward": gold.pop() if len(gold) == 1 and "" not in gold else None,
         "config": dataclasses.asdict(config),

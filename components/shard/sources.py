@@ -49,24 +49,25 @@ class InputError(ValueError):
     """An input path or pattern the user can fix."""
 
 
-def expand_patterns(patterns: list[str]) -> list[str]:
+def expand_patterns(patterns: list[str], name: str = "input") -> list[str]:
     """Every file matched by the given paths or globs, sorted; a folder is a Hugging Face
-    dataset (its train split's files, ``hf_datasets``); an unmatched pattern is an error."""
+    dataset (its train split's files, ``hf_datasets``); an unmatched pattern is an error
+    (naming the ``name`` flag: input, heldout_input)."""
     from apache_beam.io.filesystems import FileSystems
 
     if not patterns:
-        raise InputError("input: no input files given; pass --input PATH_OR_GLOB")
+        raise InputError(f"{name}: no input files given; pass --input PATH_OR_GLOB")
     files: set[str] = set()
     for pattern in patterns:
         if hf_datasets.is_dataset_folder(pattern):
             try:
                 files.update(hf_datasets.dataset_files(pattern))
             except hf_datasets.DatasetFolderError as error:
-                raise InputError(f"input: {error}") from None
+                raise InputError(f"{name}: {error}") from None
             continue
         matches = FileSystems.match([pattern])[0].metadata_list
         if not matches:
-            raise InputError(f"input: {pattern!r} matches no file; check the path or glob")
+            raise InputError(f"{name}: {pattern!r} matches no file; check the path or glob")
         # A glob may match local folders too (object stores list objects only): their
         # files come only through a folder named as such, above.
         files.update(m.path for m in matches if "://" in m.path or not os.path.isdir(m.path))

@@ -106,33 +106,54 @@ def _check(manifest: dict[str, Any], config: ShardConfig, output: str) -> None:
         )
 
 
+def _sources(uris: list[str], name: str) -> tuple[list[str], list[str]]:
+    """The files and BigQuery tables of ``uris`` (an --input list); a malformed table is
+    refused before anything runs. No uris: none (the run's own data must match a file)."""
+    tables = [uri for uri in uris if bigquery.is_table(uri)]
+    for uri in tables:
+        bigquery.table_parts(uri)
+    patterns = [uri for uri in uris if not bigquery.is_table(uri)]
+    if name != "input" and not uris:
+        return [], []
+    return (expand_patterns(patterns, name) if patterns or not tables else []), tables
+
+
 def run(
     config: ShardConfig,
     inputs: list[str],
     output: str,
     beam_args: list[str] = (),
     read_table: Any = bigquery.read_bigquery,
+    heldout_inputs: list[str] = (),
 ) -> dict[str, Any]:
     """Shard the preference files and BigQuery tables ``inputs`` into ``output``; returns
-    the manifest. ``read_table``: the tables' Beam source (``bigquery.read_bigquery``)."""
+    the manifest. ``read_table``: the tables' Beam source (``bigquery.read_bigquery``).
+    ``heldout_inputs`` (files and tables as ``inputs``): pairs from other annotators, all
+    put in the heldout split, on which the reward stage trains the held-out model."""
     import apache_beam as beam
 
-    tables = [uri for uri in inputs if bigquery.is_table(uri)]
-    for uri in tables:
-        bigquery.table_parts(uri)  # a malformed one is refused before anything runs
-    patterns = [uri for uri in inputs if not bigquery.is_table(uri)]
-    files = expand_patterns(patterns) if patterns or not tables else []
+    files, tables = _sources(inputs, "input")
+    heldout_files, heldout_tables = _sources(heldout_inputs, "heldout_input")
+    both = sorted(set(files) & set(heldout_files) | set(tables) & set(heldout_tables))
+    if both:
+        raise ShardError(
+            f"{both} are both the run's data and held-out data; give each file once "
+            "(--input for the data every stage trains on, --heldout-input for the held-out "
+            "reward model's alone)"
+        )
+    heldout = frozenset(heldout_files) | frozenset(heldout_tables)
+    files, tables = files + heldout_files, tables + heldout_tables
     tokenizer = load_tokenizer(config.tokenizer)
     _clear_output(output)
     tokenizer.save(fileio.join(output, "tokenizer"))
     log.info("sharding %d file(s), %d table(s) into %s", len(files), len(tables), output)
     started = time.monotonic()
     with beam.Pipeline(options=pipeline_options(config, list(beam_args))) as pipeline:
-        beam_pipeline.build(pipeline, files, config, output, tables, read_table)
+        beam_pipeline.build(pipeline, files, config, output, tables, read_table, heldout)
     stats_path = fileio.join(output, beam_pipeline.STATS_FILE)
     stats = json.loads(fileio.read_text(stats_path))
     _remove_file(stats_path)
-    manifest = build_manifest(stats, config, tokenizer.info(), output)
+    manifest = build_manifest(stats, config, tokenizer.info(), output, sorted(heldout))
     # The whole job's rate: every source's records over the Beam job's wall time.
     total = len(files) + len(tables)
     records = manifest["counts"]["input_records"]

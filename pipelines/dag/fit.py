@@ -15,6 +15,7 @@ import dataclasses
 from typing import Any
 
 from pipelines.dag import memory, param_table, phases
+from pipelines.dag.params import held_out
 from pipelines.dag.run_presets import ALGORITHM_STAGES, STAGES, RunPreset, estimate
 
 # Pipeline-wide fields a preset holds itself (the stages share them).
@@ -61,7 +62,7 @@ def applied(preset: RunPreset, values: dict[str, Any]) -> tuple[RunPreset, dict[
         stages[stage]["prompt_len"] = preset.prompt_len
     # The reward artifact's held-out model and ensemble members (core/rewards/members.py): ppo
     # holds them all whole beside its networks, evaluate one at a time beside its three.
-    members = int(values.get("heldout_reward", 0) > 0) + int(values.get("reward_ensemble", 1)) - 1
+    members = int(held_out(values)) + int(values.get("reward_ensemble", 1)) - 1
     if members > 0:
         stages["ppo"][phases.MONITOR_MODELS] = members
         stages["evaluate"][phases.MONITOR_MODELS] = 1

@@ -47,7 +47,8 @@ def shard(
     """Validate, dedupe, tokenize and shard the sources (Beam; DirectRunner unless told);
     ``tokenizer`` '' = the base policy's own, else the data's. Sources of role "sft" (the
     sft stage's own data) are sharded apart, with the same settings, into ``sft_shards``
-    (left empty without them)."""
+    (left empty without them); those of role "heldout" (the held-out reward model's) go
+    with the run's data, all into its heldout split."""
     import json
     import shlex
     import time
@@ -73,7 +74,11 @@ def shard(
         output = artifact.uri if on_dataflow else artifact.path
         # e.g. too much rejected, too small an eval split
         with stage_io.failure_reason(artifact.path):
-            manifest = run(config, by_role[role], output, beam_args=shlex.split(beam_args))
+            heldout = by_role.get("heldout", []) if not role else []
+            manifest = run(
+                config, by_role[role], output, beam_args=shlex.split(beam_args),
+                heldout_inputs=heldout,
+            )  # fmt: skip
         artifact.metadata["counts"] = manifest["counts"]
         if not role:
             stage_io.write_metrics(metrics, "shard", manifest["counts"], started)

@@ -104,6 +104,15 @@ PARAMS: tuple[Param, ...] = (
         "solutions before RL on prompts; '' = sft trains on data_uri's",
     ),
     Param(
+        "heldout_data_uri",
+        default="",
+        kind=str,
+        help="preference data from other annotators (files as data_uri), all of it in the "
+        "shards' heldout split: the reward stage trains the held-out reward model on it "
+        "(with heldout_reward's share of data_uri's prompts, if any) and no other stage "
+        "trains on it; '' = none",
+    ),
+    Param(
         "task",
         default="",
         kind=str,

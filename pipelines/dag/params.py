@@ -143,19 +143,25 @@ def _check_monitors(values: dict[str, Any]) -> None:
             f"ensemble, but reward_ensemble is {values['reward_ensemble']}; set reward_ensemble "
             "to 3 (Coste et al.'s smallest that helps) or conservative_reward ''"
         )
-    monitored = values["heldout_reward"] > 0 or values["reward_ensemble"] > 1
+    monitored = held_out(values) or values["reward_ensemble"] > 1
     if monitored and values["fsdp"]:
         raise ParamError(
-            "heldout_reward or reward_ensemble with fsdp: ppo holds those reward models whole "
-            "on every device, which fsdp runs do not; set heldout_reward 0 and "
-            "reward_ensemble 1, or fsdp false"
+            "heldout_reward, heldout_data_uri or reward_ensemble with fsdp: ppo holds those "
+            "reward models whole on every device, which fsdp runs do not; set heldout_reward "
+            "0, heldout_data_uri '' and reward_ensemble 1, or fsdp false"
         )
     if monitored and (values["algorithm"] == "dpo" or not values["train_reward_model"]):
         raise ParamError(
-            "heldout_reward and reward_ensemble train reward models beside the one ppo trains "
-            "against; this run trains none (dpo, or train_reward_model false): set them to "
-            "0 and 1"
+            "heldout_reward, heldout_data_uri and reward_ensemble train reward models beside "
+            "the one ppo trains against; this run trains none (dpo, or train_reward_model "
+            "false): set them to 0, '' and 1"
         )
+
+
+def held_out(values: dict[str, Any]) -> bool:
+    """Whether the run trains a held-out reward model: on a share of its prompts
+    (``heldout_reward``) or on other annotators' data (``heldout_data_uri``)."""
+    return values.get("heldout_reward", 0) > 0 or bool(values.get("heldout_data_uri"))
 
 
 def _check_task(values: dict[str, Any]) -> None:
@@ -174,6 +180,11 @@ def _check_task(values: dict[str, Any]) -> None:
         raise ParamError(
             "sft_data_uri: the built-in tasks bring their own sft data; give data_uri too, or "
             "leave sft_data_uri ''"
+        )
+    if values["heldout_data_uri"] and not values["data_uri"]:
+        raise ParamError(
+            "heldout_data_uri: the built-in tasks hold out a share of their own prompts "
+            "(heldout_reward); give data_uri too, or leave heldout_data_uri ''"
         )
 
 

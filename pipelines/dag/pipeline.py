@@ -2,8 +2,8 @@
 
 Steps:
 1. data      the built-in task (``task``) generated into the run (``data_uri`` '') or the
-             files ``data_uri`` (and ``sft_data_uri``) match (a glob: the newest data of a
-             periodic run)
+             files ``data_uri`` (and ``sft_data_uri``, ``heldout_data_uri``) match (a glob:
+             the newest data of a periodic run)
    plan      when those files equal the last promoted run's, the run trains nothing and
              ends as "no new data" (unless ``force_run``); resolves the anchor policy
              that drift is measured from (``anchor_policy``, else the first promoted one)
@@ -86,7 +86,10 @@ def build_pipeline(placement: Placement, fresh_from: str | None = None) -> Any:
             generated = configure(data, "data", DATA)
         with dsl.Else(name="given-data"):
             # Never cached: the same glob matches new files on a later run.
-            found = c.find_data(data_uri=p["data_uri"], sft_data_uri=p["sft_data_uri"])
+            found = c.find_data(
+                data_uri=p["data_uri"], sft_data_uri=p["sft_data_uri"],
+                heldout_data_uri=p["heldout_data_uri"],
+            )  # fmt: skip
             configure(found, "data", DATA, cache=False)
         sources = dsl.OneOf(generated.outputs["Output"], found.output)
         plan = c.plan_run(

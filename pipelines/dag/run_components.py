@@ -35,16 +35,18 @@ def builtin_data(pairs: int, seed: int, task: str, data: Output[Dataset]) -> str
     return json.dumps([{"uri": join(data.uri, "pairs.jsonl"), "tokenizer": BUILTIN_WORDS}])
 
 
-def find_data(data_uri: str, sft_data_uri: str) -> str:
-    """List the files ``data_uri`` (and, of role "sft", ``sft_data_uri``) match, with
-    fingerprints (never cached: a glob moves)."""
+def find_data(data_uri: str, sft_data_uri: str, heldout_data_uri: str) -> str:
+    """List the files ``data_uri`` (and, of roles "sft" and "heldout", ``sft_data_uri`` and
+    ``heldout_data_uri``) match, with fingerprints (never cached: a glob moves)."""
     import json
 
     from pipelines import stage_io
 
     sources = stage_io.find_sources(data_uri)
-    if sft_data_uri:
-        sources += stage_io.with_role(stage_io.find_sources(sft_data_uri), "sft")
+    for role, uri in (("sft", sft_data_uri), ("heldout", heldout_data_uri)):
+        if uri:
+            found = stage_io.find_sources(uri, f"{role}_data_uri")
+            sources += stage_io.with_role(found, role)
     return json.dumps(sources)
 
 
