@@ -79,7 +79,7 @@ class EvalConfig(TrackingSettings):
         0.0,
         help="blessing requires the held-out reward model's mean gain (in its eval stds) of "
         "the aligned policy over the reference > this, strictly, when the reward artifact has "
-        "one (shard heldout_fraction); -inf disables the check",
+        "one (pipeline heldout_reward or heldout_data_uri); -inf disables the check",
     )
     max_reward_gap: float = field(
         1.0,

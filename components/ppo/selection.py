@@ -71,8 +71,8 @@ class HeldoutSelection:
         if not len(chosen.tokens):
             raise ValueError(
                 f"select_prompts: {shards_dir} has no heldout-split prompts to rank checkpoints "
-                "on; shard with heldout_fraction > 0 (pipeline: heldout_reward), or set "
-                "select_prompts 0 to rank each save by its own rollout"
+                "on; shard with heldout_fraction > 0 or held-out data (pipeline: heldout_reward, "
+                "heldout_data_uri), or set select_prompts 0 to rank each save by its own rollout"
             )
         return cls(
             *graphs, member, stats, chosen, settings, samples, seed + SEED_OFFSET, batch_size

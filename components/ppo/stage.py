@@ -209,8 +209,9 @@ def _monitors(
     if config.fsdp:
         raise ValueError(
             f"{reward_dir} holds a held-out reward model or an ensemble, which ppo holds whole "
-            "on every device; fsdp runs do not score them: shard with heldout_fraction 0 and "
-            "train the reward stage with ensemble_size 1, or run without fsdp"
+            "on every device; fsdp runs do not score them: shard with heldout_fraction 0 and no "
+            "held-out data (pipeline: heldout_data_uri '') and train the reward stage with "
+            "ensemble_size 1, or run without fsdp"
         )
     trees = []
     for folder in members.folders:

@@ -41,8 +41,8 @@ def run(config: RewardConfig, shards_dir: str, output: str) -> dict[str, Any]:
         raise ValueError(
             f"{shards_dir}'s heldout split has {splits[members.HELDOUT]['pairs']} pairs, fewer "
             f"than one batch ({config.batch_size}) of the held-out reward model: raise the "
-            "shard stage's heldout_fraction (pipeline: heldout_reward), use more data, or "
-            "lower batch_size"
+            "shard stage's heldout_fraction (pipeline: heldout_reward), give more held-out data "
+            "(heldout_data_uri), or lower batch_size"
         )
     # A Hugging Face folder is imported once into the task's work folder, for every model.
     base = resolve_base(config.base_policy, fileio.join(output, "work"))
