@@ -16,7 +16,6 @@ from components.shard import run as shard
 from components.shard.__main__ import main as shard_main
 from components.shard.records import decode_example, place, prompt_hash
 from components.shard.sources import InputError
-from components.shard.stage import ShardError
 
 CONFIG = dict(num_shards=2, tokenizer="builtin-words", eval_fraction=0.2, min_eval_pairs=0)
 
@@ -69,7 +68,7 @@ def test_heldout_input_adds_to_a_heldout_share(data):
 
 def test_a_file_given_as_both_or_a_missing_one_is_named(data, capsys):
     out = f"{data['root']}/refused"
-    with pytest.raises(ShardError, match="both the run's data and held-out data"):
+    with pytest.raises(InputError, match="both the run's data and held-out data"):
         shard(ShardConfig(**CONFIG), [data["pairs"]], out, heldout_inputs=[data["pairs"]])
     with pytest.raises(InputError, match="heldout_input: .*matches no file"):
         shard(ShardConfig(**CONFIG), [data["pairs"]], out, heldout_inputs=[f"{out}.jsonl"])

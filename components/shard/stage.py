@@ -13,7 +13,7 @@ from components.shard import beam_pipeline, bigquery
 from components.shard.config import ShardConfig
 from components.shard.eval_split import eval_split_error, least_eval_fraction
 from components.shard.manifest import MANIFEST_FILE, build_manifest, conserved, write_manifest
-from components.shard.sources import expand_patterns
+from components.shard.sources import InputError, expand_patterns
 
 log = logging.getLogger(__name__)
 SUMMARY_FILE = "rejected/summary.json"
@@ -107,14 +107,12 @@ def _check(manifest: dict[str, Any], config: ShardConfig, output: str) -> None:
 
 
 def _sources(uris: list[str], name: str) -> tuple[list[str], list[str]]:
-    """The files and BigQuery tables of ``uris`` (an --input list); a malformed table is
-    refused before anything runs. No uris: none (the run's own data must match a file)."""
+    """The files and BigQuery tables of ``uris`` (the ``name`` flag's list); a malformed
+    table is refused before anything runs."""
     tables = [uri for uri in uris if bigquery.is_table(uri)]
     for uri in tables:
         bigquery.table_parts(uri)
     patterns = [uri for uri in uris if not bigquery.is_table(uri)]
-    if name != "input" and not uris:
-        return [], []
     return (expand_patterns(patterns, name) if patterns or not tables else []), tables
 
 
@@ -133,10 +131,12 @@ def run(
     import apache_beam as beam
 
     files, tables = _sources(inputs, "input")
-    heldout_files, heldout_tables = _sources(heldout_inputs, "heldout_input")
+    heldout_files, heldout_tables = (
+        _sources(heldout_inputs, "heldout_input") if heldout_inputs else ([], [])
+    )
     both = sorted(set(files) & set(heldout_files) | set(tables) & set(heldout_tables))
     if both:
-        raise ShardError(
+        raise InputError(
             f"{both} are both the run's data and held-out data; give each file once "
             "(--input for the data every stage trains on, --heldout-input for the held-out "
             "reward model's alone)"
