@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from components.core.data.builtin_task import write_jsonl
 from pipelines.cli.main import main
 from pipelines.dag import params, preflight
 from pipelines.releases import policies
@@ -316,3 +317,16 @@ def test_prompt_only_data_is_refused_before_any_task_naming_the_fix(tmp_path):
     message = _refused(scored, tmp_path / "runs3")
     assert "--reward-functions" not in message and "--sft-data-uri" in message
     assert "--max-new-tokens and --eval-max-new-tokens (0 takes the longest" in message
+
+
+def test_heldout_data_that_is_missing_or_not_pairs_is_refused_naming_it(tmp_path):
+    pairs = tmp_path / "pairs.jsonl"
+    write_jsonl(str(pairs), 40)
+    given = {"data_uri": str(pairs), "heldout_data_uri": f"{tmp_path}/other/*.jsonl"}
+    message = _refused(given, tmp_path / "runs")
+    assert message.startswith("--heldout-data-uri: ") and "matches no file" in message
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": f"{i} + 1 ="}) + "\n" for i in range(8)))
+    message = _refused({**given, "heldout_data_uri": str(prompts)}, tmp_path / "runs2")
+    assert message.startswith(f"--heldout-data-uri: {prompts} line 1 is a prompt-only record")
+    assert "trains on preference pairs" in message

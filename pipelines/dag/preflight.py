@@ -49,6 +49,7 @@ def check(values: dict[str, Any]) -> None:
             raise PreflightError(f"{flag(name)}: {error}") from None
     try:
         check_data_kind(values)
+        check_heldout_kind(values)
         check_tokenizers(values)
         check_chat_template(values)
     except (ValueError, FileNotFoundError) as error:
@@ -92,11 +93,14 @@ def check_tokenizers(values: dict[str, Any]) -> None:
             )
 
 
-def _first_record(data_uri: str, data_format: str) -> tuple[str, int, str | None]:
-    """The first local data file, its first record's line and that record's format."""
+def _first_record(
+    data_uri: str, data_format: str, name: str = "data_uri"
+) -> tuple[str, int, str | None]:
+    """The first local data file of the ``name`` parameter, its first record's line and that
+    record's format."""
     from components.shard.sources import read_source
 
-    first = stage_io.find_sources(data_uri)[0]["uri"]
+    first = stage_io.find_sources(data_uri, name)[0]["uri"]
     bundle = next(read_source(first, data_format, 1), None)
     if not isinstance(bundle, list) or not bundle:
         return first, 0, None
@@ -147,6 +151,24 @@ def check_data_kind(values: dict[str, Any]) -> None:
         raise PreflightError(
             f"{flag('data_uri')}: {first} line {line} is a prompt-only record ({fmt}). Fix: "
             "give " + "; and ".join(fixes)
+        )
+
+
+def check_heldout_kind(values: dict[str, Any]) -> None:
+    """Refuse held-out data that is not preference pairs: the held-out reward model trains
+    on (prompt, chosen, rejected) alone."""
+    from components.shard.formats import COMPLETION_FORMATS, PROMPT_FORMATS
+
+    uri = values["heldout_data_uri"]
+    if not uri or not all(is_local(p) for p in _patterns(uri)):
+        return
+    first, line, fmt = _first_record(uri, values["data_format"], "heldout_data_uri")
+    if fmt in (*COMPLETION_FORMATS, *PROMPT_FORMATS):
+        kind = "prompt-completion" if fmt in COMPLETION_FORMATS else "prompt-only"
+        raise PreflightError(
+            f"{flag('heldout_data_uri')}: {first} line {line} is a {kind} record ({fmt}); the "
+            "held-out reward model trains on preference pairs (prompt, chosen, rejected). "
+            "Fix: give other annotators' pairs, or leave it ''"
         )
 
 
@@ -247,6 +269,11 @@ def _data(data_uri: str, values: dict[str, Any]) -> None:
     stage_io.find_sources(data_uri)
 
 
+def _heldout_data(heldout_data_uri: str, values: dict[str, Any]) -> None:
+    """At least one file, as find-data lists them (``_data``)."""
+    stage_io.find_sources(heldout_data_uri, "heldout_data_uri")
+
+
 def _tokenizer(spec: str, values: dict[str, Any]) -> None:
     """The shard stage's own loader; built-in names need no file."""
     from components.core.data.tokenizers import load_tokenizer
@@ -333,6 +360,7 @@ def _beam_args(text: str, values: dict[str, Any]) -> None:
 
 CHECKS: dict[str, Callable[[str, dict[str, Any]], None]] = {
     "data_uri": _data,
+    "heldout_data_uri": _heldout_data,
     "tokenizer": _tokenizer,
     "base_policy": _base_policy,
     "reward_base_policy": _reward_base,
