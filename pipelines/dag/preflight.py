@@ -160,7 +160,7 @@ def check_heldout_kind(values: dict[str, Any]) -> None:
     from components.shard.formats import COMPLETION_FORMATS, PROMPT_FORMATS
 
     uri = values["heldout_data_uri"]
-    if not uri or not all(is_local(p) for p in _patterns(uri)):
+    if not uri or not _applies("heldout_data_uri", values):
         return
     first, line, fmt = _first_record(uri, values["data_format"], "heldout_data_uri")
     if fmt in (*COMPLETION_FORMATS, *PROMPT_FORMATS):
@@ -253,8 +253,8 @@ def _applies(name: str, values: dict[str, Any]) -> bool:
     """Whether the run reads the parameter: the reward stage's base only when it trains."""
     if name == "reward_base_policy":
         return "reward" in params.trained_stages(values)
-    if name == "data_uri":  # one remote pattern: the task lists them all, with credentials
-        return all(is_local(p) for p in _patterns(values["data_uri"]))
+    if name in ("data_uri", "heldout_data_uri"):  # one remote pattern: the task lists them
+        return all(is_local(p) for p in _patterns(values[name]))  # all, with credentials
     return True
 
 
