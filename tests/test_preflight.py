@@ -278,6 +278,18 @@ def test_a_chat_template_that_refuses_the_data_stops_the_run_with_its_message(tm
     assert "System role not supported" in message and "--system-message fold" in message
     for mode in ("fold", "drop"):
         preflight.check(params.validate({**values, "system_message": mode}, 8))
+    # The held-out model's data is rendered as well: a system turn there alone is refused,
+    # naming its own parameter.
+    plain, other = tmp_path / "plain.jsonl", tmp_path / "other.jsonl"
+    write_jsonl(str(plain), 8, seed=0, conversational=True)
+    write_jsonl(str(other), 8, seed=1, conversational=True, system="You are kind.")
+    given = {**values, "data_uri": str(plain)}
+    preflight.check(params.validate(given, 8))
+    message = _refused({**given, "heldout_data_uri": str(other)}, tmp_path / "runs2")
+    assert message.startswith(f"--heldout-data-uri: {other} line 1: the chat template of")
+    assert "System role not supported" in message and "--system-message fold" in message
+    preflight.check(params.validate({**given, "heldout_data_uri": str(other),
+                                     "system_message": "fold"}, 8))  # fmt: skip
     # Qwen3's template takes a system turn, and its arguments come along.
     qwen3 = {**values, "base_policy": str(FIXTURES / "qwen3")}
     preflight.check(

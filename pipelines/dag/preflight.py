@@ -173,18 +173,18 @@ def check_heldout_kind(values: dict[str, Any]) -> None:
 
 
 def check_chat_template(values: dict[str, Any]) -> None:
-    """Render the data's first record with the shards' chat template (its arguments and
-    the system-message rule included) before the Beam job: a template that refuses the
-    data's shape (Gemma 2's "System role not supported") stops the run here with the
-    template's own message and the fix, not after every record went to rejected/."""
-    from components.core.data.tokenizers import load_tokenizer
+    """Render the first record of the data (``data_uri``, then ``heldout_data_uri``) with
+    the shards' chat template (its arguments and the system-message rule included) before
+    the Beam job: a template that refuses the data's shape (Gemma 2's "System role not
+    supported") stops the run here with the template's own message and the fix, not after
+    every record went to rejected/."""
     from components.shard.config import ShardConfig
-    from components.shard.formats import Invalid, to_text_pair
-    from components.shard.sources import read_source
 
-    data_uri = values["data_uri"]
-    if not data_uri or not _applies("data_uri", values):
-        return  # the built-in task, or remote data only its task lists
+    # Not the built-in task, nor remote data (only its task lists it).
+    given = [name for name in ("data_uri", "heldout_data_uri") if values[name]]
+    local = [name for name in given if _applies(name, values)]
+    if not local:
+        return
     spec, origin = _shards_tokenizer(values)
     if spec is None or not is_local(spec):
         return
@@ -193,7 +193,17 @@ def check_chat_template(values: dict[str, Any]) -> None:
         chat_template_kwargs=values["chat_template_kwargs"],
         system_message=values["system_message"],
     )
-    first = stage_io.find_sources(data_uri)[0]["uri"]
+    for name in local:
+        _render_first(name, values[name], spec, origin, config)
+
+
+def _render_first(name: str, uri: str, spec: str, origin: str, config: Any) -> None:
+    """Render the first record of the ``name`` parameter's first file, if conversational."""
+    from components.core.data.tokenizers import load_tokenizer
+    from components.shard.formats import Invalid, to_text_pair
+    from components.shard.sources import read_source
+
+    first = stage_io.find_sources(uri, name)[0]["uri"]
     bundle = next(read_source(first, config.format, 1))
     if not isinstance(bundle, list):
         return  # an empty file: the shard stage reports it
@@ -209,7 +219,7 @@ def check_chat_template(values: dict[str, Any]) -> None:
         if invalid.reason != "chat_template":
             return  # one bad record goes to rejected/ with its reason
         raise PreflightError(
-            f"{flag('data_uri')}: {first} line {line}: the chat template of {origin} refuses "
+            f"{flag(name)}: {first} line {line}: the chat template of {origin} refuses "
             f"the data: {invalid.detail}. Fix: {flag('system_message')} fold (the system "
             "message into the first user turn) or drop, if the template has no system role; "
             "else give data in the shape the template takes"
