@@ -68,13 +68,16 @@ def split_of(prompt: str) -> str:
 
 
 def heldout_pairs(
-    count: int, seed: int, beta: float, gold: Callable[[str, str], float]
+    count: int, seed: int, beta: float, gold: Callable[[str, str], float], anywhere: bool = False
 ) -> list[dict]:
-    """``count`` more pairs on the heldout split's prompts, labelled by gold: a held-out share
-    from another annotator pool, bigger than its share of the prompts. Drawn apart from the
-    setting's pairs (another seed), so the train split and the proxy are unchanged."""
+    """``count`` more pairs labelled by gold: a held-out share from another annotator pool,
+    bigger than its share of the prompts. On the heldout split's prompts, or on any prompt
+    if ``anywhere`` (as a user's ``heldout_data_uri`` would hold them: the shard stage puts
+    them all in the heldout split). Drawn apart from the setting's pairs (another seed), so
+    the train split and the proxy are unchanged."""
     drawn = generate_pairs(count * 8, seed=seed + 7919, beta=beta, annotator=gold)
-    pairs = [pair for pair in drawn if split_of(pair["prompt"]) == "heldout"][:count]
+    kept = (pair for pair in drawn if anywhere or split_of(pair["prompt"]) == "heldout")
+    pairs = list(kept)[:count]
     if len(pairs) < count:
         raise ValueError(f"drew {len(pairs)} held-out pairs of {count}")
     return pairs

@@ -114,8 +114,10 @@ def write(path: Path, pairs: list[dict]) -> str:
     return str(path)
 
 
-def prepare(root: Path, seed: int, setting: Setting) -> dict[str, str]:
-    """Shards, the sft policy and the reward artifact (proxy, held-out, ensemble) of a seed."""
+def prepare(root: Path, seed: int, setting: Setting, via_uri: bool) -> dict[str, str]:
+    """Shards, the sft policy and the reward artifact (proxy, held-out, ensemble) of a seed.
+    The held-out model's extra pairs go in the reward data on the heldout split's prompts,
+    or, ``via_uri``, on any prompts in a file of their own given as ``heldout_data_uri``."""
     import components.sft as sft
     from components.reward import RewardConfig
     from components.reward import run as train_reward
@@ -131,10 +133,12 @@ def prepare(root: Path, seed: int, setting: Setting) -> dict[str, str]:
     # The sft's draws (prompts and responses), labelled at the setting's beta.
     labels = annotator(setting)
     rm_pairs = list(generate_pairs(setting.pairs, seed=seed, beta=setting.beta, annotator=labels))
-    rm_pairs += heldout_pairs(setting.heldout_pairs, seed, setting.beta, setting.gold_fn)
+    extra = heldout_pairs(setting.heldout_pairs, seed, setting.beta, setting.gold_fn, via_uri)
+    heldout_inputs = [write(root / "heldout.jsonl", extra)] if via_uri and extra else []
+    rm_pairs += [] if heldout_inputs else extra
     shard(
         ShardConfig(**{**base, "heldout_fraction": HELDOUT}), [write(root / "rm.jsonl", rm_pairs)],
-        paths["shards"],
+        paths["shards"], heldout_inputs=heldout_inputs,
     )  # fmt: skip
     settings = params.stage_values("sft", params.defaults())
     settings.update(seed=seed, report_to="none")
@@ -403,7 +407,9 @@ def ensemble_timing(root: Path) -> dict[str, float]:
     return {"one_task_s": one, "three_tasks_s": three}
 
 
-def run(setting: Setting, seeds: list[int], folder: Path, timing: bool) -> tuple[dict, Any]:
+def run(
+    setting: Setting, seeds: list[int], folder: Path, timing: bool, via_uri: bool
+) -> tuple[dict, Any]:
     """Every seed's curve, figures and verdicts under ``setting``; the ensemble timing on
     the first seed's data if ``timing``."""
     results: dict[int, dict[str, Any]] = {}
@@ -411,7 +417,7 @@ def run(setting: Setting, seeds: list[int], folder: Path, timing: bool) -> tuple
     for seed in seeds:
         root = folder / f"seed{seed}"
         start = time.perf_counter()
-        paths = prepare(root, seed, setting)
+        paths = prepare(root, seed, setting, via_uri)
         output = train(paths, root, seed, setting)
         status = json.loads(Path(output, "ppo_status.json").read_text())
         rows = curve(paths, output, seed, setting.gold_fn)
@@ -442,6 +448,12 @@ def main() -> None:
     parser.add_argument("--json", default="", help="also write every figure to this file")
     parser.add_argument("--skip-timing", action="store_true", help="no ensemble timing")
     parser.add_argument("--keep", default="", help="train in this folder and keep its runs")
+    parser.add_argument(
+        "--heldout-data-uri", action="store_true",
+        help="give the held-out model's extra pairs as a user would: on any prompts, in a file "
+        "of their own passed as heldout_data_uri (default: in the reward data, on the heldout "
+        "split's prompts)",
+    )  # fmt: skip
     args = parser.parse_args()
     names = args.settings.split(",")
     unknown = sorted(set(names) - set(SETTINGS))
@@ -454,11 +466,14 @@ def main() -> None:
         folder = args.keep or stack.enter_context(tempfile.TemporaryDirectory())
         for name in names:
             timed = not args.skip_timing and name == "noisy"
-            results[name], found = run(SETTINGS[name], seeds, Path(folder) / name, timed)
+            results[name], found = run(
+                SETTINGS[name], seeds, Path(folder) / name, timed, args.heldout_data_uri
+            )
             timing = timing or found
     for name in names:
         print(
-            f"\n{name}: built-in task, {SETTINGS[name].about()} (heldout_fraction {HELDOUT}); "
+            f"\n{name}: built-in task, {SETTINGS[name].about()} (heldout_fraction {HELDOUT}"
+            f"{'; the extra pairs on any prompts, as heldout_data_uri' * args.heldout_data_uri}); "
             f"ppo kl_coef 0; eval prompts, {EVAL_SAMPLES} samples each"
         )
         report(results[name], PATIENCES)

@@ -9,11 +9,15 @@ each prompt (``measures.independent_pairs``)::
     logit P(aligned wins) = b0 + b1 · tanh(Δlen / sd(Δlen))
 
 Δlen is the aligned response's length minus the reference's, in tokens (EOS included), sd its
-standard deviation over the pairs; a tie counts as half a win (a fractional target). The
-length-controlled win rate is sigmoid(b0). AlpacaEval 2's instruction-difficulty term is
-left out: both policies answer the same prompts, so it would only add one parameter per
-prompt. A weak ridge (0.5·(b0² + b1²)) keeps the fit finite when one policy wins every pair.
-The interval is the percentile bootstrap over prompts, as the other figures'.
+standard deviation over the pairs; a tie counts as half a win (a fractional target).
+AlpacaEval 2 counts characters (``str.len()`` of each output); tokens here, since both
+policies share one tokenizer and the judge, a reward model, reads tokens. On the built-in
+task the two agreed (a bench_overoptimisation screen whose annotators credited characters:
+LC 0.996 on either, 2026-12-06). The length-controlled win rate is sigmoid(b0).
+AlpacaEval 2's instruction-difficulty term is left out: both policies answer the same
+prompts, so it would only add one parameter per prompt. A weak ridge (0.5·(b0² + b1²))
+keeps the fit finite when one policy wins every pair. The interval is the percentile
+bootstrap over prompts, as the other figures'.
 """
 
 from __future__ import annotations
