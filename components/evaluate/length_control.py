@@ -13,7 +13,7 @@ standard deviation over the pairs; a tie counts as half a win (a fractional targ
 AlpacaEval 2 counts characters (``str.len()`` of each output); tokens here, since both
 policies share one tokenizer and the judge, a reward model, reads tokens. On the built-in
 task the two agreed (a bench_overoptimisation screen whose annotators credited characters:
-LC 0.996 on either, 2026-12-06). The length-controlled win rate is sigmoid(b0).
+within 0.03 of each other at every save, 2026-12-06). The LC win rate is sigmoid(b0).
 AlpacaEval 2's instruction-difficulty term is left out: both policies answer the same
 prompts, so it would only add one parameter per prompt. A weak ridge (0.5·(b0² + b1²))
 keeps the fit finite when one policy wins every pair. The interval is the percentile
