@@ -59,7 +59,11 @@ of its own). ``--plot`` draws
 the proxy, held-out and gold gains against KL (docs/overoptimisation.png).
 
     python benchmarks/bench_overoptimisation.py [--settings biased,biased-fast,verbose,noisy]
-        [--seeds 0,1,2] [--plot PATH] [--json PATH] [--keep FOLDER]
+        [--seeds 0,1,2] [--plot PATH] [--json PATH] [--keep FOLDER] [--heldout-data-uri]
+
+``--heldout-data-uri`` gives the held-out model's extra pairs as a user would: drawn on any
+prompts, in a file of their own passed as ``heldout_data_uri`` (the shard stage puts them
+all in the heldout split), instead of in the reward data on the heldout split's prompts.
 """
 
 from __future__ import annotations
