@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import shlex
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 from components.core import fileio
 from components.core.model.heads import require_head
@@ -93,19 +93,26 @@ def check_tokenizers(values: dict[str, Any]) -> None:
             )
 
 
-def _first_record(
-    data_uri: str, data_format: str, name: str = "data_uri"
-) -> tuple[str, int, str | None]:
-    """The first local data file of the ``name`` parameter, its first record's line and that
-    record's format."""
+class FirstRecord(NamedTuple):
+    """The first record of a data parameter's first local file, as the shard stage reads it
+    (``components.shard.sources``); line 0 and no format if the file holds none."""
+
+    uri: str
+    line: int
+    raw: str | None
+    parsed: Any
+    fmt: str | None
+
+
+def _first_record(data_uri: str, data_format: str, name: str = "data_uri") -> FirstRecord:
+    """The first record of the ``name`` parameter's first local file."""
     from components.shard.sources import read_source
 
     first = stage_io.find_sources(data_uri, name)[0]["uri"]
     bundle = next(read_source(first, data_format, 1), None)
     if not isinstance(bundle, list) or not bundle:
-        return first, 0, None
-    line, _, _, fmt = bundle[0]
-    return first, line, fmt
+        return FirstRecord(first, 0, None, None, None)
+    return FirstRecord(first, *bundle[0])
 
 
 def check_data_kind(values: dict[str, Any]) -> None:
@@ -120,7 +127,7 @@ def check_data_kind(values: dict[str, Any]) -> None:
     data_uri = values["data_uri"]
     if not data_uri or not _applies("data_uri", values):
         return
-    first, line, fmt = _first_record(data_uri, values["data_format"])
+    first, line, _, _, fmt = _first_record(data_uri, values["data_format"])
     if fmt in COMPLETION_FORMATS:
         raise PreflightError(
             f"{flag('data_uri')}: {first} line {line} is a prompt-completion record ({fmt}): "
@@ -162,7 +169,7 @@ def check_heldout_kind(values: dict[str, Any]) -> None:
     uri = values["heldout_data_uri"]
     if not uri or not _applies("heldout_data_uri", values):
         return
-    first, line, fmt = _first_record(uri, values["data_format"], "heldout_data_uri")
+    first, line, _, _, fmt = _first_record(uri, values["data_format"], "heldout_data_uri")
     if fmt in (*COMPLETION_FORMATS, *PROMPT_FORMATS):
         kind = "prompt-completion" if fmt in COMPLETION_FORMATS else "prompt-only"
         raise PreflightError(
@@ -198,16 +205,12 @@ def check_chat_template(values: dict[str, Any]) -> None:
 
 
 def _render_first(name: str, uri: str, spec: str, origin: str, config: Any) -> None:
-    """Render the first record of the ``name`` parameter's first file, if conversational."""
+    """Render the first record of the ``name`` parameter's first file, if conversational
+    (an empty file is the shard stage's to report)."""
     from components.core.data.tokenizers import load_tokenizer
     from components.shard.formats import Invalid, to_text_pair
-    from components.shard.sources import read_source
 
-    first = stage_io.find_sources(uri, name)[0]["uri"]
-    bundle = next(read_source(first, config.format, 1))
-    if not isinstance(bundle, list):
-        return  # an empty file: the shard stage reports it
-    line, raw, obj, fmt = bundle[0]
+    first, line, raw, obj, fmt = _first_record(uri, config.format, name)
     if fmt != "conversational" or isinstance(obj, Invalid):
         return
     record = json.loads(raw) if obj is None else obj
