@@ -138,8 +138,11 @@ def prepare(root: Path, seed: int, setting: Setting, via_uri: bool) -> dict[str,
     labels = annotator(setting)
     rm_pairs = list(generate_pairs(setting.pairs, seed=seed, beta=setting.beta, annotator=labels))
     extra = heldout_pairs(setting.heldout_pairs, seed, setting.beta, setting.gold_fn, via_uri)
-    heldout_inputs = [write(root / "heldout.jsonl", extra)] if via_uri and extra else []
-    rm_pairs += [] if heldout_inputs else extra
+    heldout_inputs = []
+    if via_uri and extra:
+        heldout_inputs.append(write(root / "heldout.jsonl", extra))
+    else:
+        rm_pairs += extra
     shard(
         ShardConfig(**{**base, "heldout_fraction": HELDOUT}), [write(root / "rm.jsonl", rm_pairs)],
         paths["shards"], heldout_inputs=heldout_inputs,
