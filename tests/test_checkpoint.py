@@ -61,6 +61,22 @@ def test_keeps_last_k_and_forced_final_save(tmp_path):
         assert checkpointer.all_steps() == [8, 9]
 
 
+def test_the_best_step_is_the_highest_metric_and_a_nan_ranks_lowest(tmp_path):
+    """PPO's checkpoint selection: a save scored NaN is never the best, nor pushes it out."""
+    config = ckpt.CheckpointConfig(save_every=1, keep=1, keep_best=1, async_save=False)
+    with ckpt.TrainCheckpointer(str(tmp_path), config) as checkpointer:
+        for step, metric in zip(range(1, 6), [0.1, 0.5, float("nan"), 0.3, 0.2], strict=True):
+            checkpointer.save(
+                step, state=_tree(step), rng=np.zeros(2, np.uint32), data_position={},
+                metric=metric,
+            )  # fmt: skip
+        checkpointer.wait()
+        assert checkpointer.best_step() == 2
+        assert checkpointer.all_steps() == [2, 5]  # the best and the latest
+    with ckpt.TrainCheckpointer(str(tmp_path), config) as again:  # metrics read back
+        assert again.best_step() == 2
+
+
 def test_export_and_load_model_with_nnx_params(tmp_path):
     graphdef, params = nnx.split(nnx.Linear(3, 2, rngs=nnx.Rngs(0)), nnx.Param)
     model_dir = str(tmp_path / "model")

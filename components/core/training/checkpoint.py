@@ -34,6 +34,7 @@ import dataclasses
 import hashlib
 import json
 import logging
+import math
 import os
 import re
 from typing import Any
@@ -161,6 +162,18 @@ def _metric(metrics: dict[str, float]) -> float:
     return metrics[METRIC]
 
 
+def _rankable(metric: float) -> float:
+    """``metric``, or the lowest rank when it is not a number: Orbax's best step is the last
+    of its metrics sorted, and ``sorted([0.5, nan])`` leaves the NaN last, so a save whose
+    score came out NaN (a judge that overflowed on one sample) would be promoted as the best
+    and could push the real best out of ``keep_best``."""
+    value = float(metric)
+    if math.isnan(value):
+        log.warning("checkpoint: a save's selection metric is NaN; ranked lowest")
+        return -math.inf
+    return value
+
+
 class CheckpointRestoreError(ValueError):
     """A training checkpoint this run cannot continue (another stage, settings or model)."""
 
@@ -257,7 +270,7 @@ class TrainCheckpointer:
                 state=ocp.args.StandardSave(tree), meta=ocp.args.JsonSave(meta)
             ),
             force=force,
-            metrics=None if metric is None else {METRIC: float(metric)},
+            metrics=None if metric is None else {METRIC: _rankable(metric)},
         )
 
     def best_step(self) -> int | None:
