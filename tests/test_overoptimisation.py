@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shutil
 
 import jax
 import numpy as np
@@ -155,12 +156,16 @@ def test_tracker_gains_gap_and_early_stop():
 @pytest.fixture(scope="module")
 def aligned(artifacts, tmp_path_factory) -> str:
     output = str(tmp_path_factory.mktemp("ppo"))
-    config = PPOConfig(
-        iterations=8, rollout_batch_size=64, minibatches=2, learning_rate=1e-3, save_every=2,
-        report_to="none",
-    )  # fmt: skip
-    ppo(config, artifacts["shards"], artifacts["sft"], artifacts["reward"], output)
+    ppo(ALIGNED, artifacts["shards"], artifacts["sft"], artifacts["reward"], output)
     return output
+
+
+# heldout_patience longer than the run: the early stop's tracker keeps every rollout's scores
+# and never stops.
+ALIGNED = PPOConfig(
+    iterations=8, rollout_batch_size=64, minibatches=2, learning_rate=1e-3, save_every=2,
+    heldout_patience=20, report_to="none",
+)  # fmt: skip
 
 
 def test_ppo_logs_the_monitors_and_outputs_the_policy_the_heldout_model_chose(artifacts, aligned):
@@ -187,6 +192,35 @@ def test_ppo_logs_the_monitors_and_outputs_the_policy_the_heldout_model_chose(ar
     assert selected["selection_score"] == pytest.approx(saved[best])
     # Alignment raised it: the sft policy (iteration 0) scored lowest.
     assert saved[0] < min(saved[k] for k in (4, 6, 8)) - 0.1, saved
+
+
+def test_a_resumed_run_selects_and_tracks_as_the_uninterrupted_one(artifacts, aligned, tmp_path):
+    """Killed after its save at iteration 4, the run rolls iteration 4 out again on resume:
+    the early stop's tracker counts it once, and the save keeps the score it was ranked by."""
+    output = str(tmp_path / "resumed")
+    shutil.copytree(os.path.join(aligned, "work"), os.path.join(output, "work"))
+    folder = os.path.join(output, "work", "checkpoints")
+    for step in os.listdir(folder):
+        if step.isdigit() and int(step) > 4:
+            shutil.rmtree(os.path.join(folder, step))
+    ppo(ALIGNED, artifacts["shards"], artifacts["sft"], artifacts["reward"], output)
+
+    def tracker(run: str) -> dict:
+        with open(os.path.join(run, "work", "checkpoints", "8", "meta", "metadata")) as f:
+            return json.load(f)["extra"]["overoptimisation"]
+
+    assert tracker(output) == tracker(aligned)  # before the fix, iteration 4's twice
+    # Iterations 0-7's (held-out, proxy) scores: the save holds the tracker before its own.
+    assert len(tracker(aligned)["window"]) == 8
+    status = [json.load(open(os.path.join(run, "ppo_status.json"))) for run in (aligned, output)]
+    assert status[1]["selected_checkpoint"] == status[0]["selected_checkpoint"]
+    scored = [
+        {row["step"]: row["overopt/selection_score"]
+         for row in read_metrics(run) if "overopt/selection_score" in row}
+        for run in (aligned, output)
+    ]  # fmt: skip
+    assert scored[1] == {k: v for k, v in scored[0].items() if k > 4}  # step 5: iteration 4's
+    assert 5 in scored[1]
 
 
 def test_the_selection_score_is_the_same_for_the_same_policy(artifacts):

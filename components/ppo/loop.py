@@ -205,8 +205,9 @@ class PPOLoop:
         self.last_saved = restored.step
         return restored.step
 
-    def _save(self, position: dict[str, Any]) -> None:
-        """Checkpoint the state at the start of this iteration (a policy that passed the guard)."""
+    def _save(self, position: dict[str, Any], tracker: dict[str, Any] | None) -> None:
+        """Checkpoint the state at the start of this iteration (a policy that passed the
+        guard), with ``tracker``, the over-optimisation tracker's state before this rollout."""
         if self.selection is not None:  # logged and saved with the rollout's figures
             metric = self.good_rollout[SELECTION_SCORE] = self.selection.score(
                 self._policy(), self.monitors
@@ -220,7 +221,7 @@ class PPOLoop:
             "rollout": self.good_rollout,
             REFERENCE_LENGTH_KEY: self.reference_length,
             "policy_updates": self.policy_updates,
-            **({} if self.overopt is None else {OVEROPT_KEY: self.overopt.state()}),
+            **({} if tracker is None else {OVEROPT_KEY: tracker}),
             # Read back before the networks are built on resume (score_norm.saved_score_stats).
             SCORE_NORM_KEY: {
                 "source": self.config.score_norm,
@@ -400,12 +401,17 @@ class PPOLoop:
         reason = verdict.trip
         if reason is None:
             if verdict.good:
+                # A resume's replay of its save: the score the save was ranked by goes on.
+                if self.iteration == self.last_saved and SELECTION_SCORE in self.good_rollout:
+                    rollout[SELECTION_SCORE] = self.good_rollout[SELECTION_SCORE]
                 self.good_rollout = rollout
+                tracker = None if self.overopt is None else self.overopt.state()
                 if self.overopt is not None:
                     stopping = self.overopt.observe(self.iteration, rollout)
-                # With the controller before it saw this rollout: a resume rolls out again.
+                # With the controller and the tracker before they saw this rollout: a resume
+                # rolls out again, and would count it twice.
                 if self._save_due(stopping):
-                    self._save(position)
+                    self._save(position, tracker)
             if last:
                 return STATUS_COMPLETED
             if stopping:

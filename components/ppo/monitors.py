@@ -163,7 +163,7 @@ class OveroptTracker:
     def state(self) -> dict[str, Any]:
         return {
             "reference": self.reference,
-            "window": self.window,
+            "window": [list(pair) for pair in self.window],  # a copy: the loop saves it later
             "best": self.best,
             "best_iteration": self.best_iteration,
             "proxy_at_best": self.proxy_at_best,
