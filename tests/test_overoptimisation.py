@@ -174,6 +174,9 @@ def test_ppo_logs_the_monitors_and_outputs_the_policy_the_heldout_model_chose(ar
     for name in ("heldout_score", "ensemble_std", "proxy_gain", "heldout_gain", "gap"):
         assert all(np.isfinite(row[f"overopt/{name}"]) for row in rows), name
     assert rows[0]["overopt/proxy_gain"] == 0.0 and rows[0]["overopt/gap"] == 0.0
+    for row in rows:  # over every real token of the rollout: TRL's per-response sum / length
+        per_token = row["objective/entropy"] / row["response_length"]
+        assert row["objective/entropy_per_token"] == pytest.approx(per_token, rel=1e-5)
     # Alignment raised both models' scores: the held-out model agrees it improved.
     assert rows[-1]["overopt/heldout_gain"] > 0.1
     status = json.load(open(os.path.join(aligned, "ppo_status.json")))

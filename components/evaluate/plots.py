@@ -250,13 +250,14 @@ def reward_function_curves(
 DRIFT_PANELS = (
     ("reward gain (eval stds)", ("overopt/proxy_gain", "overopt/heldout_gain", "overopt/gap")),
     ("length and EOS", ("response_length_ratio", "eos_fraction")),
-    ("ensemble spread, entropy", ("overopt/ensemble_std", "objective/entropy")),
+    ("ensemble spread, entropy a token", ("overopt/ensemble_std", "objective/entropy_per_token")),
 )
 
 
 def drift_curves(rows: Sequence[Mapping[str, Any]] | None) -> bytes | None:
     """The drift monitors per rollout: proxy and held-out gains and their gap; the response
-    length over the reference's and the EOS share; the ensemble's spread and the entropy.
+    length over the reference's and the EOS share; the ensemble's spread and the entropy per
+    token.
     None when the rows hold none of them."""
     if not rows:
         return None

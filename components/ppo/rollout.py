@@ -161,7 +161,10 @@ def _advantages(
 def _metrics(batch: dict, kl: jax.Array, logprobs: jax.Array, extra: dict) -> dict[str, jax.Array]:
     """TRL-named rollout metrics, averaged over every device.
 
-    ``objective/kl`` is the penalty's estimator summed per response, as TRL logs it;
+    ``objective/kl`` is the penalty's estimator summed per response, as TRL logs it, and so
+    is ``objective/entropy`` (the sampled tokens' −log p; ``objective/entropy_per_token``
+    averages it over the real tokens, a monitor that a length drift cannot hide a collapse
+    in);
     ``objective/kl_per_token``, which the KL controller steers and the guard watches, is the
     exact KL of each position's next-token distributions per real token: >= 0, so noise
     cannot hide a divergence behind a sign, and free of the sampled token's noise (a
@@ -173,6 +176,8 @@ def _metrics(batch: dict, kl: jax.Array, logprobs: jax.Array, extra: dict) -> di
         "objective/kl": jnp.mean(jnp.sum(kl, axis=1)),
         "objective/kl_per_token": extra["exact_kl"],
         "objective/entropy": jnp.mean(jnp.sum(jnp.where(real, -logprobs, 0.0), axis=1)),
+        # Per real token: the drift monitor, which a longer response does not raise.
+        "objective/entropy_per_token": losses.masked_mean(-logprobs, mask, axis_name=AXIS),
         "objective/non_score_reward": jnp.mean(extra["non_score"]),
         "objective/rlhf_reward": jnp.mean(extra["scores"] + extra["non_score"]),
         "objective/scores": jnp.mean(extra["scores"]),
