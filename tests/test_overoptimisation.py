@@ -310,6 +310,10 @@ def _hacked(**changes):
             {"disagreement": {"ratio": 2.5}},
             "reward-ensemble spread over the reference's 2.50x > 2.00x: fail",
         ),
+        (  # not measured is not passed
+            {"length_ratio": None},
+            "response length over the reference's is None, not a finite number: fail",
+        ),
     ],
 )
 def test_each_gate_rule_refuses_a_synthetic_hacked_policy(changes, reason):
@@ -321,7 +325,11 @@ def test_each_gate_rule_refuses_a_synthetic_hacked_policy(changes, reason):
         min_heldout_gain=-float("inf"), max_reward_gap=float("inf"),
         max_length_ratio=float("inf"), max_disagreement=float("inf"),
     )  # fmt: skip
-    assert decide(_hacked(**changes), off).blessed  # inf turns each off
+    assert decide(_hacked(**changes), off).blessed
+    # inf turns each off; min_heldout_gain's off is -inf, and +inf, which no gain exceeds,
+    # is refused rather than read as off.
+    with pytest.raises(ValueError, match="min_heldout_gain: inf would refuse every policy"):
+        EvalConfig(min_heldout_gain=float("inf"))
 
 
 def test_overoptimisation_part_from_scores():

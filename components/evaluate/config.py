@@ -167,8 +167,14 @@ class EvalConfig(TrackingSettings):
             raise ValueError(f"confidence: {self.confidence} must be in (0, 1), e.g. 0.95")
         if not 0.0 <= self.min_win_rate_lower <= 1.0:
             raise ValueError(
-                f"min_win_rate_lower: {self.min_win_rate_lower} must be in [0, 1] "
-                "(a win rate); 0 disables the check"
+                f"min_win_rate_lower: {self.min_win_rate_lower} must be in [0, 1] (a win "
+                "rate; the bound must exceed it, so 0 still refuses a policy that lost every "
+                "pair), e.g. 0.5"
+            )
+        if self.min_heldout_gain == math.inf:
+            raise ValueError(
+                "min_heldout_gain: inf would refuse every policy (the gain must exceed it); "
+                "-inf disables the check, e.g. 0.0"
             )
         if math.isnan(self.max_kl) or self.max_kl < 0:
             raise ValueError(

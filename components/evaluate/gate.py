@@ -136,7 +136,8 @@ def _overoptimisation_checks(
     if not part:
         return []
     checks = []
-    if part.get("length_ratio") is not None and math.isfinite(config.max_length_ratio):
+    # Always measured (a None: the reference's responses were empty), so never skipped.
+    if "length_ratio" in part and math.isfinite(config.max_length_ratio):
         checks.append(
             _check("response length over the reference's", part["length_ratio"],
                    config.max_length_ratio, above=False, unit="x")
