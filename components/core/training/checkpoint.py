@@ -162,18 +162,6 @@ def _metric(metrics: dict[str, float]) -> float:
     return metrics[METRIC]
 
 
-def _rankable(metric: float) -> float:
-    """``metric``, or the lowest rank when it is not a number: Orbax's best step is the last
-    of its metrics sorted, and ``sorted([0.5, nan])`` leaves the NaN last, so a save whose
-    score came out NaN (a judge that overflowed on one sample) would be promoted as the best
-    and could push the real best out of ``keep_best``."""
-    value = float(metric)
-    if math.isnan(value):
-        log.warning("checkpoint: a save's selection metric is NaN; ranked lowest")
-        return -math.inf
-    return value
-
-
 class CheckpointRestoreError(ValueError):
     """A training checkpoint this run cannot continue (another stage, settings or model)."""
 
@@ -264,13 +252,16 @@ class TrainCheckpointer:
         tree = _scalars_as_arrays(tree)
         meta = {"data_position": data_position, "extra": dict(extra_json or {}), "chunks": chunks}
         meta["identity"] = self.identity
+        # NaN ranks lowest: Orbax's best is the last of its metrics sorted, and
+        # sorted([0.5, nan]) leaves the NaN last (it was promoted and the best dropped).
+        rank = None if metric is None else float(metric)
         return self._manager.save(
             step,
             args=ocp.args.Composite(
                 state=ocp.args.StandardSave(tree), meta=ocp.args.JsonSave(meta)
             ),
             force=force,
-            metrics=None if metric is None else {METRIC: _rankable(metric)},
+            metrics=None if rank is None else {METRIC: -math.inf if math.isnan(rank) else rank},
         )
 
     def best_step(self) -> int | None:
