@@ -405,8 +405,9 @@ class PPOLoop:
                 if self.iteration == self.last_saved and SELECTION_SCORE in self.good_rollout:
                     rollout[SELECTION_SCORE] = self.good_rollout[SELECTION_SCORE]
                 self.good_rollout = rollout
-                tracker = None if self.overopt is None else self.overopt.state()
+                tracker = None
                 if self.overopt is not None:
+                    tracker = self.overopt.state()
                     stopping = self.overopt.observe(self.iteration, rollout)
                 # With the controller and the tracker before they saw this rollout: a resume
                 # rolls out again, and would count it twice.
