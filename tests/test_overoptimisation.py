@@ -153,19 +153,19 @@ def test_tracker_gains_gap_and_early_stop():
                    for it in range(5))  # fmt: skip
 
 
-@pytest.fixture(scope="module")
-def aligned(artifacts, tmp_path_factory) -> str:
-    output = str(tmp_path_factory.mktemp("ppo"))
-    ppo(ALIGNED, artifacts["shards"], artifacts["sft"], artifacts["reward"], output)
-    return output
-
-
 # heldout_patience longer than the run: the early stop's tracker keeps every rollout's scores
 # and never stops.
 ALIGNED = PPOConfig(
     iterations=8, rollout_batch_size=64, minibatches=2, learning_rate=1e-3, save_every=2,
     heldout_patience=20, report_to="none",
 )  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def aligned(artifacts, tmp_path_factory) -> str:
+    output = str(tmp_path_factory.mktemp("ppo"))
+    ppo(ALIGNED, artifacts["shards"], artifacts["sft"], artifacts["reward"], output)
+    return output
 
 
 def test_ppo_logs_the_monitors_and_outputs_the_policy_the_heldout_model_chose(artifacts, aligned):
