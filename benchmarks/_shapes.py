@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-# The demo preset's widths (components/core/model/config.py), as TRL's LlamaConfig takes them.
+# The demo preset's widths (components/core/model/presets.py), as TRL's LlamaConfig takes them.
 DEMO = dict(dim=128, n_layers=4, n_heads=4, n_kv_heads=2, hidden_dim=384)
 # Twice the demo's width, heads of 64 like Llama's, two layers (twice the demo's parameters):
 # at 256-token responses, 4 layers made one PPO iteration take minutes on 2 CPU cores.

@@ -46,7 +46,8 @@ import numpy as np  # noqa: E402
 from _timing import print_thunk_shares  # noqa: E402
 from flax import nnx  # noqa: E402
 
-from components.core.model.config import ModelConfig, model_config  # noqa: E402
+from components.core.model.config import ModelConfig  # noqa: E402
+from components.core.model.presets import model_config  # noqa: E402
 from components.core.training import parallel  # noqa: E402
 from components.core.training.host import on_host  # noqa: E402
 from components.ppo import PPOConfig  # noqa: E402

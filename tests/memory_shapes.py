@@ -9,7 +9,8 @@ real vocabularies. Within TOLERANCE of XLA's ``argument + temp`` bytes per devic
 
 from __future__ import annotations
 
-from components.core.model.config import ModelConfig, model_config
+from components.core.model.config import ModelConfig
+from components.core.model.presets import model_config
 from pipelines.dag import compiled, phases
 
 TOLERANCE = 0.15

@@ -11,8 +11,9 @@ from flax import nnx
 
 from components.core.config import ALL_LINEAR, LORA_TARGETS
 from components.core.model import layer_kinds, lora
-from components.core.model.config import ModelConfig, model_config
+from components.core.model.config import ModelConfig
 from components.core.model.lora import TARGET_PATHS
+from components.core.model.presets import model_config
 from components.core.model.transformer import Transformer
 from components.dpo.config import DPOConfig
 from components.evaluate.config import EvalConfig

@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from components.core.model.config import PRESETS
+from components.core.model.presets import PRESETS
 from pipelines.dag.param_table import BY_NAME, PARAMS, STAGE_CONFIGS
 
 ALGORITHMS = ("ppo", "grpo", "rloo", "dpo")

@@ -53,7 +53,8 @@ import dataclasses
 from typing import Any
 
 from components.core.config import ALL_LINEAR, LoRASettings
-from components.core.model.config import ModelConfig, model_config
+from components.core.model.config import ModelConfig
+from components.core.model.presets import model_config
 from components.core.training.config import PRETRAINED_LEARNING_RATE
 from pipelines.dag import memory, param_table, phases
 from pipelines.dag.phases import Phase, Placement

@@ -40,7 +40,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from components.core.model import kind_scan, layer_kinds, vocab_tiles
-from components.core.model.config import PRESETS, REMAT_POLICIES, ModelConfig, model_config
+from components.core.model.config import REMAT_POLICIES, ModelConfig
 from components.core.model.delta import DeltaBlock, DeltaState
 from components.core.model.layers import (
     INIT_STD,
@@ -50,6 +50,7 @@ from components.core.model.layers import (
     layer_rotary,
     rope_tables,
 )
+from components.core.model.presets import PRESETS, model_config
 from components.core.training import fsdp
 
 __all__ = ["PRESETS", "KVCache", "ModelConfig", "Transformer", "model_config"]
