@@ -54,6 +54,35 @@ def hf_config(family: str, vocab: int, ids: dict) -> transformers.PretrainedConf
             tie_word_embeddings=False,
             rms_norm_eps=1e-5,
         )
+    if family.startswith("ministral3"):
+        # Yarn over a 256-token original context (its ramp spans head dims 0-4 of 8) and the
+        # query temperature past it, as Ministral 3's over 16384; compared at 512 tokens.
+        text = transformers.Ministral3Config(
+            **{**common, "max_position_embeddings": 1024},
+            head_dim=16,
+            sliding_window=None,
+            rope_parameters=dict(
+                rope_type="yarn", rope_theta=1e4, factor=16.0,
+                original_max_position_embeddings=256, beta_fast=32.0, beta_slow=1.0,
+                mscale=1.0, mscale_all_dim=0.5,  # unequal: a real attention_factor (1.12)
+                llama_4_scaling_beta=0.1,
+            ),
+            tie_word_embeddings=False,
+            rms_norm_eps=1e-5,
+        )  # fmt: skip
+        if family == "ministral3":
+            return text
+        vision = transformers.PixtralVisionConfig(
+            hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+            head_dim=8, image_size=28, patch_size=14,
+        )  # fmt: skip
+        return transformers.Mistral3Config(
+            text_config=text,
+            vision_config=vision,
+            image_token_index=ids["eos_token_id"],  # any id in the tiny vocabulary
+            spatial_merge_size=2,
+            tie_word_embeddings=False,  # Mistral3Config's default is true: stated, as saved
+        )
     if family.startswith("qwen3_5"):
         text = transformers.Qwen3_5TextConfig(
             **{**common, "num_hidden_layers": 8, "max_position_embeddings": 1024},

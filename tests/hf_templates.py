@@ -267,3 +267,42 @@ GEMMA4_TEMPLATE = """{%- macro strip_thinking(text) -%}
 {{- '<|turn>model\n' -}}
 {%- endif -%}
 """
+# Mistral 3's structure (Ministral 3, Mistral Small 3.1+): a system prompt, the default one
+# when the chat has none (the real one also names today's date with strftime_now, left out
+# here so the fixture's cases do not change by the day), [INST] turns, content given as a
+# string or as a list of parts (text parts rendered, images as [IMG]), </s> after answers.
+MISTRAL3_TEMPLATE = """{%- set default_system_message = "You are Ministral 3, a Large Language Model (LLM) created by Mistral AI." %}
+{%- macro render_content(content) %}
+{%- if content is string %}
+{{- content }}
+{%- else %}
+{%- for part in content %}
+{%- if part["type"] == "text" %}
+{{- part["text"] }}
+{%- elif part["type"] in ["image", "image_url"] %}
+{{- "[IMG]" }}
+{%- endif %}
+{%- endfor %}
+{%- endif %}
+{%- endmacro %}
+{{- bos_token }}
+{%- if messages[0]["role"] == "system" %}
+{%- set system_message = render_content(messages[0]["content"]) %}
+{%- set loop_messages = messages[1:] %}
+{%- else %}
+{%- set system_message = default_system_message %}
+{%- set loop_messages = messages %}
+{%- endif %}
+{{- "[SYSTEM_PROMPT]" + system_message + "[/SYSTEM_PROMPT]" }}
+{%- for message in loop_messages %}
+{%- if message["role"] == "user" %}
+{{- "[INST]" + render_content(message["content"]) + "[/INST]" }}
+{%- elif message["role"] == "system" %}
+{{- "[SYSTEM_PROMPT]" + render_content(message["content"]) + "[/SYSTEM_PROMPT]" }}
+{%- elif message["role"] == "assistant" %}
+{{- render_content(message["content"]) + eos_token }}
+{%- else %}
+{{- raise_exception("Only user, system and assistant roles are supported!") }}
+{%- endif %}
+{%- endfor %}
+"""

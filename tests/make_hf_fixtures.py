@@ -1,9 +1,10 @@
 """Write the Hugging Face fixtures of tests/test_hf_*.py (run by hand; needs torch + transformers).
 
-For each family (Llama 3.1, Qwen2, Gemma 2, and Qwen3 tied and untied, Mistral, Gemma 3
-text and multimodal) a tiny randomly initialised checkpoint, saved as ``transformers``
-saves it, with a byte-level BPE tokenizer, its chat template (the newer families' in
-``chat_template.jinja``, as transformers 5 saves it, written to reproduce the real
+For each family (Llama 3.1, Qwen2, Gemma 2, and Qwen3 tied and untied, Mistral; Gemma 3,
+Ministral 3, Qwen3.5 and Gemma 4 text and multimodal) a tiny randomly initialised
+checkpoint, saved as ``transformers`` saves it, with a byte-level BPE tokenizer, its chat
+template (the newer families' in ``chat_template.jinja``, as transformers 5 saves it,
+written to reproduce the real
 template's structure), its stop tokens in ``generation_config.json``, reference logits
 and tokenizer cases::
 
@@ -33,6 +34,7 @@ from hf_templates import (  # tests/hf_templates.py (this script runs from tests
     GEMMA4_TEMPLATE,
     GEMMA_TEMPLATE,
     LLAMA_TEMPLATE,
+    MISTRAL3_TEMPLATE,
     MISTRAL_TEMPLATE,
     QWEN3_5_TEMPLATE,
     QWEN3_TEMPLATE,
@@ -91,6 +93,20 @@ GEMMA3 = dict(
     shard_size="10MB",
 )
 
+# Mistral 3's tekken specials (Ministral 3: <pad> is id 11; [IMG] its image token).
+MINISTRAL3 = dict(
+    specials=["<unk>", "<s>", "</s>", "[INST]", "[/INST]", "[SYSTEM_PROMPT]",
+              "[/SYSTEM_PROMPT]", "[IMG]", "<pad>"],
+    bos="<s>",
+    eos="</s>",
+    pad="<pad>",
+    stop=["</s>"],
+    template=MISTRAL3_TEMPLATE,
+    template_file=True,
+    dtype=torch.bfloat16,
+    extra_rows=0,
+    shard_size="10MB",
+)  # fmt: skip
 QWEN3_5 = dict(
     specials=[
         "<|endoftext|>",
@@ -193,12 +209,14 @@ FAMILIES = {
     ),
     "gemma3": GEMMA3,
     "gemma3_mm": GEMMA3,
+    "ministral3": MINISTRAL3,
+    "ministral3_mm": MINISTRAL3,
     "qwen3_5": QWEN3_5,
     "qwen3_5_mm": QWEN3_5,
     "gemma4": GEMMA4,
     "gemma4_mm": GEMMA4,
 }
-MULTIMODAL = ("gemma3_mm", "qwen3_5_mm", "gemma4_mm")
+MULTIMODAL = ("gemma3_mm", "ministral3_mm", "qwen3_5_mm", "gemma4_mm")
 
 
 def train_tokenizer(specials: list[str], bos: str | None) -> Tokenizer:
@@ -262,8 +280,11 @@ def randomise(model: torch.nn.Module, family: str) -> None:
                 # Gemma 4's nine layers: 0.04 keeps its float32 logits at 512 tokens as near
                 # float64's as transformers' own float32 run (3-5e-5; at 0.06 one position
                 # in 1,024 strayed 1.5e-4).
+                # Ministral 3's fixture is compared over 512 tokens too (its query
+                # temperature starts at 256).
                 scale = 0.04 if family.startswith("gemma4") else 0.06
-                param.copy_((scale if family.startswith(("qwen3_5", "gemma4")) else 0.25) * noise)
+                long = ("qwen3_5", "gemma4", "ministral3")
+                param.copy_((scale if family.startswith(long) else 0.25) * noise)
         for name, buffer in model.named_buffers():
             if name.endswith("layer_scalar"):  # Gemma 4's per-layer output scalar (saved)
                 buffer.copy_(0.8 + 0.4 * torch.rand(buffer.shape, generator=generator))

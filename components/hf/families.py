@@ -1,15 +1,16 @@
 """The supported Hugging Face families: config mapping both ways and tensor name maps.
 
 Llama (3.x, incl. Llama 3.1 rotary scaling), Mistral (Llama's blocks, a sliding window on
-every layer when set), Qwen2/2.5 (q/k/v biases), Qwen3 (per-head q/k norms), Gemma 2
-((1 + w) norms, post-norms, soft-capping, scaled embeddings, GeGLU, query scalar,
-sliding window on alternate layers) and Gemma 3 (Gemma 2's blocks with q/k norms, local
-and global layers in the config's pattern, a rotary table per layer type) map onto
-``ModelConfig`` fields; so do Qwen3.5's hybrid stack and Gemma 4 (gemma4.py). Gemma 3's,
-Qwen3.5's and Gemma 4's multimodal checkpoints import their language model, text only.
-Anything else in a checkpoint's ``config.json`` that would change the computation is
-refused here, by name, with the reason: each family's list is in ``REFUSALS`` (Gemma 4's
-in gemma4.py).
+every layer when set; Mistral 3's and Ministral 3's checkpoints in mistral3.py), Qwen2/2.5
+(q/k/v biases), Qwen3 (per-head q/k norms), Gemma 2 ((1 + w) norms, post-norms,
+soft-capping, scaled embeddings, GeGLU, query scalar, sliding window on alternate layers)
+and Gemma 3 (Gemma 2's blocks with q/k norms, local and global layers in the config's
+pattern, a rotary table per layer type) map onto ``ModelConfig`` fields; so do Qwen3.5's
+hybrid stack and Gemma 4 (gemma4.py); the rotary tables are read in rotary.py. Gemma 3's,
+Mistral 3's, Qwen3.5's and Gemma 4's multimodal checkpoints import their language model,
+text only. Anything else in a checkpoint's ``config.json`` that would change the
+computation is refused here, by name, with the reason: each family's list is in
+``REFUSALS`` (Gemma 4's in gemma4.py).
 """
 
 from __future__ import annotations
@@ -19,13 +20,16 @@ from typing import Any
 
 from components.core.model import layer_kinds
 from components.core.model.config import ModelConfig
-from components.hf import gemma4
+from components.hf import gemma4, mistral3
 from components.hf.refusals import HFImportError, Refusal, refuse
+from components.hf.rotary import rope_fields
 from components.hf.text_defaults import GEMMA3_TEXT_DEFAULTS, QWEN3_5_TEXT_DEFAULTS
 
 ARCHITECTURES = {
     "LlamaForCausalLM": "llama",
     "MistralForCausalLM": "mistral",
+    "Ministral3ForCausalLM": "mistral",
+    "Mistral3ForConditionalGeneration": "mistral",
     "Qwen2ForCausalLM": "qwen2",
     "Qwen3ForCausalLM": "qwen3",
     "Gemma2ForCausalLM": "gemma2",
@@ -54,8 +58,8 @@ REFUSED_ARCHITECTURES = {
     "use a dense Qwen3 (0.6B-32B)",
     "Qwen2MoeForCausalLM": "Qwen2 MoE: mixture-of-experts layers are not modelled",
     "MixtralForCausalLM": "Mixtral: mixture-of-experts layers are not modelled",
-    "Mistral3ForConditionalGeneration": "Mistral Small 3.1+ (multimodal): its wrapper is not "
-    "read; use the text-only Mistral Small 3 (MistralForCausalLM)",
+    "Mistral4ForCausalLM": "Mistral 4: mixture-of-experts layers and latent attention are "
+    "not modelled; use Ministral 3 or Mistral Small 3.x",
     "Gemma3nForCausalLM": "Gemma 3n: per-layer embeddings and AltUp are not modelled",
     "Gemma3nForConditionalGeneration": "Gemma 3n: per-layer embeddings and AltUp are not modelled",
     "Qwen3_5MoeForCausalLM": "Qwen3.5 MoE (35B-A3B, 122B-A10B, 397B-A17B): mixture-of-experts "
@@ -67,6 +71,7 @@ REFUSED_ARCHITECTURES = {
 }
 # The multimodal wrappers whose language model alignpipe reads (text only), per family.
 MULTIMODAL = {
+    "Mistral3ForConditionalGeneration": "mistral",
     "Gemma3ForConditionalGeneration": "gemma3",
     "Qwen3_5ForConditionalGeneration": "qwen3_5",
     "Gemma4ForConditionalGeneration": "gemma4",
@@ -87,11 +92,6 @@ TIE_DEFAULT = {
 }
 GEMMA_ACTIVATIONS = ("gelu_pytorch_tanh", "gelu_tanh")
 GEMMAS = ("gemma2", "gemma3")
-ROPE_TYPES = {  # rope_type: families that model it
-    "default": ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "qwen3_5"),
-    "linear": ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3"),
-    "llama3": ("llama",),
-}
 
 
 def _truthy(value: Any) -> bool:
@@ -205,7 +205,9 @@ def language_model_config(hf: dict[str, Any]) -> dict[str, Any]:
     ``text_config`` with its text config class's defaults for the fields it leaves out."""
     family = multimodal_family(hf)
     if family is None:
-        return hf
+        return mistral3.ministral3_config(hf) if hf.get("model_type") == "ministral3" else hf
+    if family == "mistral":
+        return mistral3.text_config(hf)
     text = hf.get("text_config") or {}
     if family == "qwen3_5":
         # Qwen3_5ForConditionalGeneration ties its head by the outer config's flag.
@@ -227,60 +229,6 @@ def _check_refusals(hf: dict[str, Any], family: str) -> None:
             refusal.refused(value),
             f"{refusal.field}={json.dumps(value)}: {refusal.reason} (not modelled for {family})",
         )
-
-
-def _rope_table(rope: dict[str, Any], family: str, default_theta: float) -> dict[str, Any]:
-    """One rotary table's ModelConfig fields from its parameters, refusing unmodelled types."""
-    rope_type = rope.get("rope_type", rope.get("type", "default"))
-    refuse(
-        family not in ROPE_TYPES.get(rope_type, ()),
-        f"rope_type {rope_type!r}; alignpipe models plain rotary, linear scaling and Llama "
-        "3.1's 'llama3' scaling (Llama only)",
-    )
-    partial = float(rope.get("partial_rotary_factor", 1.0))
-    refuse(partial != 1.0 and family != "qwen3_5", f"partial rotary embeddings for {family}")
-    fields: dict[str, Any] = {"rope_theta": float(rope.get("rope_theta", default_theta))}
-    if partial != 1.0:
-        fields["rotary_fraction"] = partial
-    if rope_type == "linear":
-        fields["rope_linear_factor"] = float(rope["factor"])
-    if rope_type == "llama3":
-        fields.update(
-            rope_scaling_factor=float(rope["factor"]),
-            rope_low_freq_factor=float(rope["low_freq_factor"]),
-            rope_high_freq_factor=float(rope["high_freq_factor"]),
-            rope_original_max_len=int(rope["original_max_position_embeddings"]),
-        )
-    return fields
-
-
-def _rope_fields(hf: dict[str, Any], family: str) -> dict[str, Any]:
-    """Rotary base and scaling from ``rope_parameters`` (v5) or the legacy keys; Gemma 3:
-    the global table, and the sliding layers' own base."""
-    rope = dict(hf.get("rope_parameters") or hf.get("rope_scaling") or {})
-    per_type = any(isinstance(v, dict) for v in rope.values())
-    theta = float(hf.get("rope_theta", 10000.0))
-    if family == "qwen3_5":
-        # Text only, M-RoPE's three position streams (time, height, width) are one and the
-        # same, so its sections rotate as 1-D rotary does: mrope_section is not needed.
-        rope.pop("mrope_section", None), rope.pop("mrope_interleaved", None)
-        rope.setdefault("partial_rotary_factor", hf.get("partial_rotary_factor", 0.25))
-    if family != "gemma3":
-        refuse(per_type, f"rotary parameters per layer type for {family}")
-        return _rope_table(rope, family, theta)
-    if per_type:  # transformers 5: {"full_attention": {...}, "sliding_attention": {...}}
-        unknown = sorted(set(rope) - {"full_attention", "sliding_attention"})
-        refuse(bool(unknown), f"rotary parameters for layer types {unknown}")
-        full, local = rope.get("full_attention") or {}, rope.get("sliding_attention") or {}
-    else:  # 4.x: rope_theta and rope_scaling are the global layers', rope_local_base_freq
-        full = {**(hf.get("rope_scaling") or {}), "rope_theta": theta}
-        local = {"rope_type": "default"}
-    local_theta = float(local.get("rope_theta", hf.get("rope_local_base_freq", 10000.0)))
-    refuse(
-        local.get("rope_type", "default") != "default" or "factor" in local,
-        f"scaled rotary on Gemma 3's sliding layers ({local})",
-    )
-    return {**_rope_table(full, family, theta), "rope_local_theta": local_theta}
 
 
 def _layer_types(hf: dict[str, Any], family: str) -> tuple[str, ...]:
@@ -399,7 +347,7 @@ def model_config_from_hf(hf: dict[str, Any], *, dtype: str, remat: str = "full")
     except KeyError as missing:
         raise HFImportError(f"config.json lacks {missing}, which a {family} config has") from None
     if family != "gemma4":  # its rotary tables are read per layer type with its fields
-        fields.update(_rope_fields(hf, family))
+        fields.update(rope_fields(hf, family))
     fields.update(_family_fields(hf, family))
     return ModelConfig(**fields)
 
@@ -414,6 +362,8 @@ def _exportable_as(config: ModelConfig) -> list[str]:
     )  # fmt: skip
     if any(gemma4_only):
         return []
+    # Yarn is read by every plain-table family; the query temperature by Ministral 3 only.
+    yarn = config.rope_yarn_factor is not None or config.query_scale_beta > 0
     if config.is_hybrid or config.attn_output_gate or config.rotary_fraction != 1.0:
         qwen3_5 = (
             config.is_hybrid
@@ -428,6 +378,7 @@ def _exportable_as(config: ModelConfig) -> list[str]:
             and config.rope_scaling_factor is None
             and config.rope_linear_factor == 1.0
             and config.rope_local_theta is None
+            and not yarn
         )
         return ["qwen3_5"] if qwen3_5 else []
     gemma = (
@@ -437,6 +388,7 @@ def _exportable_as(config: ModelConfig) -> list[str]:
         and not config.qkv_bias
         and config.mlp_activation == "gelu_tanh"
         and config.rope_scaling_factor is None
+        and not yarn
     )
     if gemma and config.qk_norm:
         return ["gemma3"] if config.sliding_window is not None else []
@@ -456,6 +408,8 @@ def _exportable_as(config: ModelConfig) -> list[str]:
     if not plain or (config.qkv_bias and config.qk_norm):
         return []
     scaled = config.rope_scaling_factor is not None
+    if config.query_scale_beta:  # Ministral3ForCausalLM
+        return [] if scaled or config.qkv_bias or config.qk_norm else ["mistral"]
     every_layer_slides = config.sliding_window is not None and all(config.sliding_layers())
     if config.sliding_window is not None:
         return ["mistral"] if every_layer_slides and not config.qkv_bias else []
@@ -464,6 +418,14 @@ def _exportable_as(config: ModelConfig) -> list[str]:
     if config.qk_norm:
         return [] if scaled else ["qwen3"]
     return ["llama"] if scaled else ["llama", "mistral"]
+
+
+def export_architecture(config: ModelConfig, family: str) -> tuple[str, str]:
+    """The architecture and model_type an export of ``config`` as ``family`` writes: the
+    family's, or Ministral 3's for a Mistral with a query temperature."""
+    if family == "mistral" and config.query_scale_beta:
+        return "Ministral3ForCausalLM", "ministral3"
+    return FAMILY_ARCHITECTURE[family], MODEL_TYPES.get(family, family)
 
 
 def family_of_config(config: ModelConfig, prefer: str = "") -> str:

@@ -8,7 +8,7 @@ from typing import Any
 
 from components.core.model.config import ModelConfig
 from components.hf import gemma4
-from components.hf.families import FAMILY_ARCHITECTURE, GEMMAS, MODEL_TYPES
+from components.hf.families import GEMMAS, export_architecture
 
 
 def _int_if_whole(value: float | None) -> int | float | None:
@@ -33,6 +33,22 @@ def _rope_parameters(config: ModelConfig) -> dict[str, Any]:
             factor=config.rope_scaling_factor,
             low_freq_factor=config.rope_low_freq_factor,
             high_freq_factor=config.rope_high_freq_factor,
+            original_max_position_embeddings=config.rope_original_max_len,
+        )
+    if config.rope_yarn_factor is not None:  # attention_factor stated: read, not derived
+        rope.update(
+            rope_type="yarn",
+            factor=config.rope_yarn_factor,
+            original_max_position_embeddings=config.rope_original_max_len,
+            beta_fast=config.rope_yarn_beta_fast,
+            beta_slow=config.rope_yarn_beta_slow,
+            attention_factor=config.rope_attention_factor,
+        )
+        if not config.rope_yarn_truncate:
+            rope["truncate"] = False
+    if config.query_scale_beta:
+        rope.update(
+            llama_4_scaling_beta=config.query_scale_beta,
             original_max_position_embeddings=config.rope_original_max_len,
         )
     return rope
@@ -81,9 +97,10 @@ def _qwen3_5_fields(config: ModelConfig, rope: dict[str, Any]) -> dict[str, Any]
 
 def hf_config_from_model(config: ModelConfig, family: str, token_ids: dict, dtype: str) -> dict:
     """An HF ``config.json`` for ``config`` that transformers 4.4x and 5.x both read."""
+    architecture, model_type = export_architecture(config, family)
     hf: dict[str, Any] = {
-        "architectures": [FAMILY_ARCHITECTURE[family]],
-        "model_type": MODEL_TYPES.get(family, family),
+        "architectures": [architecture],
+        "model_type": model_type,
         "vocab_size": config.vocab_size,
         "hidden_size": config.dim,
         "intermediate_size": config.hidden_dim,

@@ -32,11 +32,11 @@ from components.core.data.tokenizers import (
 from components.core.model.hf_folder import is_hf_dir
 from components.core.model.transformer import ModelConfig, Transformer
 from components.core.training.checkpoint import export_model, read_model_config
-from components.hf import safetensors_io
+from components.hf import mistral3, safetensors_io
 from components.hf.families import (
-    FAMILY_ARCHITECTURE,
     LANGUAGE_MODEL_PREFIXES,
     HFImportError,
+    export_architecture,
     family_of_hf,
     is_multimodal,
     model_config_from_hf,
@@ -274,6 +274,8 @@ def check_hf(hf_dir: str, *, dtype: str = "", remat: str = "full") -> Checked:
         config = model_config_from_hf(hf, dtype=dtype, remat=remat)
     except ValueError as error:
         raise HFImportError(f"{hf_dir}/config.json: {error}") from error
+    if mistral3.tie_unstated(hf):  # as transformers 5 decides it: by the checkpoint
+        config = dataclasses.replace(config, tie_embeddings="lm_head.weight" not in infos)
     tokenizer = import_tokenizer(hf_dir, config.vocab_size)
     specs = tensor_specs(config, family)
     expected = _expected_shapes(config, specs)
@@ -299,11 +301,12 @@ def import_hf(hf_dir: str, out: str, *, dtype: str = "", remat: str = "full") ->
     if hub := hub_id(hf_dir):
         source["hub_id"] = hub
     if checked.left_out:  # a multimodal checkpoint: the run is text-only
-        source["text_only"] = {"tensors_left_out": checked.left_out}
+        exports_as = export_architecture(config, family)[0]
+        source["text_only"] = {"tensors_left_out": checked.left_out, "exports_as": exports_as}
         log.warning(
             "%s is a multimodal %s: its language model is imported and the run is text-only "
             "(%d tensors of its other towers left out); export writes %s",
-            hf_dir, source["architecture"], checked.left_out, FAMILY_ARCHITECTURE[family],
+            hf_dir, source["architecture"], checked.left_out, exports_as,
         )  # fmt: skip
     export_model(
         out,

@@ -313,13 +313,11 @@ def _import(args: argparse.Namespace, rest: list[str]) -> int:
     except _errors() as error:
         return _refuse(str(error))
     if "text_only" in summary:
-        from components.hf.families import FAMILY_ARCHITECTURE
-
         print(
             f"{args.hf_dir} is a multimodal {summary['architecture']}: imported its language "
             f"model only ({summary['text_only']['tensors_left_out']} tensors of its other towers "
             "left out); the run is text-only, and export writes a text-only "
-            f"{FAMILY_ARCHITECTURE[summary['family']]}",
+            f"{summary['text_only']['exports_as']}",
             file=sys.stderr,
         )
     print(json.dumps(summary))

@@ -72,6 +72,18 @@ class ModelConfig:
     rope_local_theta: float | None = None
     # rope_type "linear": positions divided by this factor (Gemma 3's global layers).
     rope_linear_factor: float = 1.0
+    # rope_type "yarn" (Ministral 3, Devstral 2; Qwen3 past 32k): each frequency blended
+    # between itself and itself / factor by a ramp over the dims that turn between
+    # beta_slow and beta_fast times within rope_original_max_len; sin and cos times
+    # rope_attention_factor (transformers' ``_compute_yarn_parameters``). None: no yarn.
+    rope_yarn_factor: float | None = None
+    rope_yarn_beta_fast: float = 32.0
+    rope_yarn_beta_slow: float = 1.0
+    rope_yarn_truncate: bool = True
+    rope_attention_factor: float = 1.0
+    # Ministral 3's query temperature (``llama_4_scaling_beta``): the queries at position p
+    # times 1 + beta · log(1 + floor(p / rope_original_max_len)); 0: none.
+    query_scale_beta: float = 0.0
     # Partial rotary (Qwen3.5: 0.25): only the first head_dim * this of each head rotates.
     rotary_fraction: float = 1.0
     # Qwen3.5: q_proj emits each head's queries and a gate; the output is scaled by sigmoid(gate).
@@ -198,6 +210,7 @@ class ModelConfig:
             )
         self._check_hybrid()
         check_kinds(self)
+        self._check_yarn()
         if self.rope_linear_factor <= 0 or (self.rope_local_theta or 1.0) <= 0:
             raise ValueError("ModelConfig.rope_linear_factor and rope_local_theta must be positive")
         if self.rope_scaling_factor is not None and not (
@@ -207,6 +220,22 @@ class ModelConfig:
                 "ModelConfig rotary scaling needs rope_scaling_factor > 0 and "
                 "rope_high_freq_factor > rope_low_freq_factor"
             )
+
+    def _check_yarn(self) -> None:
+        """Yarn and the query temperature: positive scales, one rotary scaling at a time."""
+        if self.rope_yarn_factor is not None and (
+            self.rope_yarn_factor <= 0 or self.rope_scaling_factor is not None
+        ):
+            raise ValueError(
+                "ModelConfig.rope_yarn_factor must be > 0 and cannot be combined with "
+                "rope_scaling_factor (Llama 3.1's scaling)"
+            )
+        if self.rope_attention_factor <= 0 or self.query_scale_beta < 0:
+            raise ValueError(
+                "ModelConfig.rope_attention_factor must be > 0 and query_scale_beta >= 0"
+            )
+        if (self.rope_yarn_factor or self.query_scale_beta) and self.rope_original_max_len < 1:
+            raise ValueError("ModelConfig.rope_original_max_len must be >= 1 with yarn")
 
     def _check_hybrid(self) -> None:
         """Gated DeltaNet layers: their heads and widths, a repeating pattern, no window."""

@@ -127,6 +127,8 @@ def rope_inv_freq(config: ModelConfig, *, local: bool = False) -> np.ndarray:
     if local and config.rope_local_theta is not None:
         return (1.0 / (config.rope_local_theta**exponents)).astype(np.float32)
     inv_freq = 1.0 / (config.rope_theta**exponents) / config.rope_linear_factor
+    if config.rope_yarn_factor is not None:
+        return yarn_inv_freq(inv_freq, config)
     if config.rope_scaling_factor is None:
         return inv_freq.astype(np.float32)
     # Llama 3.1: long wavelengths slowed by `factor`, short ones kept, a smooth blend between.
@@ -144,9 +146,33 @@ def rope_inv_freq(config: ModelConfig, *, local: bool = False) -> np.ndarray:
     return np.where(medium, blended, scaled).astype(np.float32)
 
 
+def yarn_inv_freq(inv_freq: np.ndarray, config: ModelConfig) -> np.ndarray:
+    """YaRN (Peng et al. 2023) as transformers' ``_compute_yarn_parameters`` computes it: the
+    dims that turn more than ``beta_fast`` times within the original context keep their
+    frequency, those under ``beta_slow`` times are divided by the factor, a linear ramp
+    between (its ends rounded outward when ``truncate``)."""
+    dim, base = 2 * len(inv_freq), config.rope_theta
+    original = config.rope_original_max_len
+
+    def dim_of(rotations: float) -> float:
+        return dim * math.log(original / (rotations * 2 * math.pi)) / (2 * math.log(base))
+
+    low, high = dim_of(config.rope_yarn_beta_fast), dim_of(config.rope_yarn_beta_slow)
+    if config.rope_yarn_truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    high = high + 0.001 if low == high else high  # transformers' guard against 0 / 0
+    ramp = np.clip((np.arange(len(inv_freq), dtype=np.float32) - low) / (high - low), 0, 1)
+    kept = 1.0 - ramp
+    interpolated = inv_freq / config.rope_yarn_factor
+    return (interpolated * (1 - kept) + inv_freq * kept).astype(np.float32)
+
+
 # (sin, cos) [B, T, K, head_dim / 2] float32: K = 1 table, or 2 when the sliding layers
 # rotate with their own base (index 0 global, 1 local); ``layer_rotary`` picks a layer's.
-Rotary = tuple[jax.Array, jax.Array]
+# A model with a query temperature (Ministral 3) has a third member: the queries' scale
+# [B, T] at each position (:func:`query_scale`).
+Rotary = tuple[jax.Array, ...]
 
 
 def proportional_inv_freq(config: ModelConfig) -> np.ndarray:
@@ -186,21 +212,41 @@ def rope_tables(positions: jax.Array, config: ModelConfig) -> Rotary:
     """
     frequencies = jnp.asarray(_inv_freq_tables(config))
     angles = positions[..., None, None].astype(jnp.float32) * frequencies
-    return jnp.sin(angles), jnp.cos(angles)
+    sin, cos = jnp.sin(angles), jnp.cos(angles)
+    if config.rope_attention_factor != 1.0:  # yarn's scale on sin and cos (transformers')
+        sin, cos = sin * config.rope_attention_factor, cos * config.rope_attention_factor
+    if not config.query_scale_beta:
+        return sin, cos
+    return sin, cos, query_scale(positions, config)
+
+
+def query_scale(positions: jax.Array, config: ModelConfig) -> jax.Array:
+    """Ministral 3's query temperature at ``positions`` [..., T]: 1 + beta · log(1 +
+    floor(p / rope_original_max_len)), 1 within the original context. transformers computes
+    it at the cache index (``cache_position``), which a left-padded batch shifts by its pads;
+    here at the token's position, so a row's result does not depend on its padding."""
+    blocks = jnp.floor(positions.astype(jnp.float32) / config.rope_original_max_len)
+    return 1.0 + config.query_scale_beta * jnp.log1p(blocks)
 
 
 def layer_rotary(rotary: Rotary, is_sliding: jax.Array | bool) -> Rotary:
     """One layer's (sin, cos) [..., T, half]: the local table for a sliding layer when the
-    model has two, else the one table (``is_sliding`` may be traced, inside a scan)."""
-    if rotary[0].shape[-2] == 1:
-        return rotary[0][..., 0, :], rotary[1][..., 0, :]
+    model has two, else the one table (``is_sliding`` may be traced, inside a scan); a
+    query scale, when there is one, as it is."""
+    sin, cos, *scale = rotary
+    if sin.shape[-2] == 1:
+        return sin[..., 0, :], cos[..., 0, :], *scale
     index = jnp.asarray(is_sliding, jnp.int32)
-    return tuple(jnp.take(table, index, axis=-2) for table in rotary)
+    return jnp.take(sin, index, axis=-2), jnp.take(cos, index, axis=-2), *scale
 
 
 def rotary_key(config: ModelConfig) -> str:
-    """Names ``config``'s rotary frequencies: networks whose keys match share tables."""
-    return "rotary-" + _inv_freq_tables(config).tobytes().hex()
+    """Names ``config``'s rotary tables: networks whose keys match share them."""
+    key = "rotary-" + _inv_freq_tables(config).tobytes().hex()
+    if config.rope_attention_factor == 1.0 and not config.query_scale_beta:
+        return key
+    scales = (config.rope_attention_factor, config.query_scale_beta, config.rope_original_max_len)
+    return key + "-" + np.asarray(scales, np.float64).tobytes().hex()
 
 
 def apply_rope(x: jax.Array, rotary: Rotary) -> jax.Array:
@@ -314,7 +360,8 @@ class Attention(nnx.Module):
         """
         batch, length, _ = x.shape
         # Tables wider than this head's half (Gemma 4's full layers' are) are sliced to it.
-        rotary = tuple(table[..., : self.head_dim // 2] for table in rotary)
+        sin, cos, *query_scale = rotary
+        rotary = (sin[..., : self.head_dim // 2], cos[..., : self.head_dim // 2])
         q = on_rows(self.wq, x).reshape(batch, length, self.n_heads, -1)
         gate = None
         if self.gated:
@@ -323,6 +370,8 @@ class Attention(nnx.Module):
         if self.q_norm is not None:
             q = self.q_norm(q)
         q = apply_rope(q, rotary)
+        if query_scale:  # Ministral 3's temperature, after the rotation as transformers'
+            q = (q * query_scale[0][:, :, None, None]).astype(q.dtype)
         softcap = self.config.attn_logit_softcap
         if self.wk is None:  # keys and values of the storing layer
             k, v = cache_kv

@@ -1,0 +1,128 @@
+"""A checkpoint's rotary embedding as ``ModelConfig`` fields: ``rope_parameters``
+(transformers 5) or the older ``rope_theta`` and ``rope_scaling``, refusing what is not
+modelled by name.
+
+Modelled: plain rotary; ``linear`` scaling; Llama 3.1's ``llama3``; ``yarn`` (Ministral 3,
+Devstral 2, and Qwen3 or Llama checkpoints configured for long context), with its
+``attention_factor`` derived as transformers derives it; Ministral 3's query temperature
+(``llama_4_scaling_beta``); Gemma 3's table per layer type; Qwen3.5's partial rotary.
+Gemma 4's tables are read in gemma4.py.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from components.hf.refusals import refuse
+
+PLAIN_TABLE = ("llama", "mistral", "qwen2", "qwen3")
+ROPE_TYPES = {  # rope_type: families that model it
+    "default": (*PLAIN_TABLE, "gemma2", "gemma3", "qwen3_5"),
+    "linear": (*PLAIN_TABLE, "gemma2", "gemma3"),
+    "llama3": ("llama",),
+    "yarn": PLAIN_TABLE,
+}
+
+
+def _yarn_mscale(factor: float, mscale: float = 1.0) -> float:
+    """transformers' ``yarn_get_mscale``: 0.1 · mscale · ln(factor) + 1 (1 for factor ≤ 1)."""
+    return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
+
+
+def yarn_fields(rope: dict[str, Any], max_positions: int) -> dict[str, Any]:
+    """The yarn table's fields, as transformers' ``_compute_yarn_parameters`` reads them:
+    ``factor`` (or max_position_embeddings / original_max_position_embeddings when null),
+    ``attention_factor`` (or the ratio of ``mscale`` and ``mscale_all_dim``'s scales when
+    both are set and non-zero, else the scale of the factor), ``beta_fast`` and
+    ``beta_slow`` (32 and 1 when unset or 0), ``truncate`` (true)."""
+    if "original_max_position_embeddings" not in rope:
+        refuse(True, f"yarn rotary without original_max_position_embeddings ({rope})")
+    original = int(rope["original_max_position_embeddings"])
+    factor = rope.get("factor")
+    factor = float(max_positions / original if factor is None else factor)
+    attention = rope.get("attention_factor")
+    if attention is None:
+        mscale, mscale_all_dim = rope.get("mscale"), rope.get("mscale_all_dim")
+        if mscale and mscale_all_dim:
+            attention = _yarn_mscale(factor, mscale) / _yarn_mscale(factor, mscale_all_dim)
+        else:
+            attention = _yarn_mscale(factor)
+    return dict(
+        rope_yarn_factor=factor,
+        rope_yarn_beta_fast=float(rope.get("beta_fast") or 32.0),
+        rope_yarn_beta_slow=float(rope.get("beta_slow") or 1.0),
+        rope_yarn_truncate=bool(rope.get("truncate", True)),
+        rope_attention_factor=float(attention),
+        rope_original_max_len=original,
+    )
+
+
+def rope_table(
+    rope: dict[str, Any], family: str, default_theta: float, max_positions: int
+) -> dict[str, Any]:
+    """One rotary table's ModelConfig fields from its parameters, refusing unmodelled types."""
+    rope_type = rope.get("rope_type", rope.get("type", "default"))
+    refuse(
+        family not in ROPE_TYPES.get(rope_type, ()),
+        f"rope_type {rope_type!r} for {family}; alignpipe models plain rotary, linear "
+        "scaling, Llama 3.1's 'llama3' (Llama only) and 'yarn' (Llama, Mistral, Qwen2, Qwen3)",
+    )
+    partial = float(rope.get("partial_rotary_factor", 1.0))
+    refuse(partial != 1.0 and family != "qwen3_5", f"partial rotary embeddings for {family}")
+    fields: dict[str, Any] = {"rope_theta": float(rope.get("rope_theta", default_theta))}
+    if partial != 1.0:
+        fields["rotary_fraction"] = partial
+    if rope_type == "linear":
+        fields["rope_linear_factor"] = float(rope["factor"])
+    if rope_type == "llama3":
+        fields.update(
+            rope_scaling_factor=float(rope["factor"]),
+            rope_low_freq_factor=float(rope["low_freq_factor"]),
+            rope_high_freq_factor=float(rope["high_freq_factor"]),
+            rope_original_max_len=int(rope["original_max_position_embeddings"]),
+        )
+    if rope_type == "yarn":
+        fields.update(yarn_fields(rope, max_positions))
+    beta = float(rope.get("llama_4_scaling_beta") or 0.0)
+    if beta:  # Ministral 3's query temperature: past its original context only
+        refuse(
+            family != "mistral" or "original_max_position_embeddings" not in rope,
+            f"llama_4_scaling_beta for {family} (modelled for Ministral 3's configs, with "
+            "original_max_position_embeddings)",
+        )
+        fields.update(
+            query_scale_beta=beta,
+            rope_original_max_len=int(rope["original_max_position_embeddings"]),
+        )
+    return fields
+
+
+def rope_fields(hf: dict[str, Any], family: str) -> dict[str, Any]:
+    """Rotary base and scaling from ``rope_parameters`` (v5) or the legacy keys; Gemma 3:
+    the global table, and the sliding layers' own base."""
+    rope = dict(hf.get("rope_parameters") or hf.get("rope_scaling") or {})
+    per_type = any(isinstance(v, dict) for v in rope.values())
+    theta = float(hf.get("rope_theta", 10000.0))
+    max_positions = int(hf.get("max_position_embeddings", 8192))
+    if family == "qwen3_5":
+        # Text only, M-RoPE's three position streams (time, height, width) are one and the
+        # same, so its sections rotate as 1-D rotary does: mrope_section is not needed.
+        rope.pop("mrope_section", None), rope.pop("mrope_interleaved", None)
+        rope.setdefault("partial_rotary_factor", hf.get("partial_rotary_factor", 0.25))
+    if family != "gemma3":
+        refuse(per_type, f"rotary parameters per layer type for {family}")
+        return rope_table(rope, family, theta, max_positions)
+    if per_type:  # transformers 5: {"full_attention": {...}, "sliding_attention": {...}}
+        unknown = sorted(set(rope) - {"full_attention", "sliding_attention"})
+        refuse(bool(unknown), f"rotary parameters for layer types {unknown}")
+        full, local = rope.get("full_attention") or {}, rope.get("sliding_attention") or {}
+    else:  # 4.x: rope_theta and rope_scaling are the global layers', rope_local_base_freq
+        full = {**(hf.get("rope_scaling") or {}), "rope_theta": theta}
+        local = {"rope_type": "default"}
+    local_theta = float(local.get("rope_theta", hf.get("rope_local_base_freq", 10000.0)))
+    refuse(
+        local.get("rope_type", "default") != "default" or "factor" in local,
+        f"scaled rotary on Gemma 3's sliding layers ({local})",
+    )
+    return {**rope_table(full, family, theta, max_positions), "rope_local_theta": local_theta}
