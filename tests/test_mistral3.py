@@ -349,3 +349,10 @@ def test_released_configs_read_as_their_models():
         16.0, 16384, 0.1,
     )  # fmt: skip
     assert eight.rope_attention_factor == 1.0 and not eight.tie_embeddings
+
+
+def test_a_tekken_only_folder_is_told_how_to_write_tokenizer_json(tmp_path):
+    folder = _copy("ministral3_mm", tmp_path)
+    (folder / "tokenizer.json").rename(folder / "tekken.json")  # the name is what is read
+    with pytest.raises(HFImportError, match="convert_tekken_tokenizer"):
+        import_hf(str(folder), str(tmp_path / "out"))

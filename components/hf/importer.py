@@ -81,6 +81,13 @@ def read_hf_config(hf_dir: str) -> dict[str, Any]:
 def import_tokenizer(hf_dir: str, embedding_rows: int) -> HFTokenizer:
     """The folder's tokenizer, with a pad that fits the embedding, or a clear error."""
     json_path = os.path.join(hf_dir, "tokenizer.json")
+    if not os.path.exists(json_path) and os.path.exists(os.path.join(hf_dir, "tekken.json")):
+        raise HFImportError(
+            f"{hf_dir} has Mistral's tekken.json and no tokenizer.json; alignpipe reads fast "
+            "tokenizers: write one with transformers (from transformers.integrations.mistral "
+            "import convert_tekken_tokenizer; convert_tekken_tokenizer(f'{dir}/tekken.json')"
+            ".save_pretrained(dir)), which also keeps the folder's chat template"
+        )
     if not os.path.exists(json_path):
         raise HFImportError(
             f"{hf_dir} has no tokenizer.json; alignpipe reads fast tokenizers: save one with "
