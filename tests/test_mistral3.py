@@ -284,10 +284,6 @@ REFUSED = {
         lambda c: c["text_config"].update(model_type="mistral4"),
         "Mistral 4",
     ),
-    "yarn without its original context": (
-        lambda c: c["text_config"]["rope_parameters"].pop("original_max_position_embeddings"),
-        "original_max_position_embeddings",
-    ),
 }
 
 
@@ -299,6 +295,31 @@ def test_unmodelled_mistral3_options_are_refused_by_name(tmp_path, case):
     with pytest.raises(HFImportError, match=named):
         import_hf(str(folder), str(tmp_path / "out"))
     assert not (tmp_path / "out").exists()
+
+
+def test_rope_read_as_transformers_standardises_it():
+    """A ministral3 config's older ``rope_scaling`` wins over the class's default table;
+    a yarn table without its original context stretches max_position_embeddings; a Mistral's
+    llama_4_scaling_beta is not read (its attention has none)."""
+    older = {
+        "architectures": ["Ministral3ForCausalLM"], "model_type": "ministral3",
+        "rope_theta": 1e8, "rope_scaling": {
+            "type": "yarn", "factor": 48.0, "original_max_position_embeddings": 8192,
+            "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0,
+            "llama_4_scaling_beta": 0.1,
+        },
+    }  # fmt: skip
+    read = model_config_from_hf(older, dtype="float32")
+    assert (read.rope_theta, read.rope_yarn_factor, read.rope_original_max_len) == (
+        1e8, 48.0, 8192,
+    )  # fmt: skip
+    hf = json.loads((FIXTURES / "ministral3" / "config.json").read_text())
+    hf["rope_parameters"].pop("original_max_position_embeddings")
+    assert model_config_from_hf(hf, dtype="float32").rope_original_max_len == 1024
+    mistral = json.loads((FIXTURES / "mistral" / "config.json").read_text())
+    mistral["rope_parameters"] = {**hf["rope_parameters"], "original_max_position_embeddings": 64}
+    plain = model_config_from_hf(mistral, dtype="float32")
+    assert plain.query_scale_beta == 0.0 and plain.rope_yarn_factor == 16.0
 
 
 def test_the_temperature_is_refused_outside_ministral3():

@@ -234,7 +234,7 @@ def _check_refusals(hf: dict[str, Any], family: str) -> None:
 def _layer_types(hf: dict[str, Any], family: str) -> tuple[str, ...]:
     """Per layer sliding or full attention, from ``layer_types`` or the older fields."""
     n_layers = int(hf["num_hidden_layers"])
-    if hf.get("layer_types"):
+    if hf.get("layer_types") and family != "mistral":  # Mistral's window is every layer's
         types = tuple(hf["layer_types"])
         refuse(len(types) != n_layers, f"{len(types)} layer_types for {n_layers} layers")
         return types
@@ -408,9 +408,10 @@ def _exportable_as(config: ModelConfig) -> list[str]:
     if not plain or (config.qkv_bias and config.qk_norm):
         return []
     scaled = config.rope_scaling_factor is not None
-    if config.query_scale_beta:  # Ministral3ForCausalLM
-        return [] if scaled or config.qkv_bias or config.qk_norm else ["mistral"]
     every_layer_slides = config.sliding_window is not None and all(config.sliding_layers())
+    if config.query_scale_beta:  # Ministral3ForCausalLM: its window, if any, on every layer
+        windowed = config.sliding_window is not None and not every_layer_slides
+        return [] if scaled or config.qkv_bias or config.qk_norm or windowed else ["mistral"]
     if config.sliding_window is not None:
         return ["mistral"] if every_layer_slides and not config.qkv_bias else []
     if config.qkv_bias:

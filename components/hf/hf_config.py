@@ -1,5 +1,9 @@
 """The ``config.json`` an export writes for each family: what transformers 4.4x and 5.x both
 read back as the architecture alignpipe computed (the reverse of ``families.py``'s reading).
+Two exceptions: yarn tables are read as written from transformers 4.56 (earlier versions put
+max_position_embeddings / original_max_position_embeddings in place of the stated factor),
+and ``Ministral3ForCausalLM`` (a Mistral with Ministral 3's query temperature) exists in 5.x
+only.
 """
 
 from __future__ import annotations

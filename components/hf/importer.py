@@ -281,7 +281,7 @@ def check_hf(hf_dir: str, *, dtype: str = "", remat: str = "full") -> Checked:
         config = model_config_from_hf(hf, dtype=dtype, remat=remat)
     except ValueError as error:
         raise HFImportError(f"{hf_dir}/config.json: {error}") from error
-    if mistral3.tie_unstated(hf):  # as transformers 5 decides it: by the checkpoint
+    if mistral3.tie_by_checkpoint(hf):  # as transformers 5 decides it: by the checkpoint
         config = dataclasses.replace(config, tie_embeddings="lm_head.weight" not in infos)
     tokenizer = import_tokenizer(hf_dir, config.vocab_size)
     specs = tensor_specs(config, family)

@@ -10,9 +10,9 @@ latter without the wrapper. The language model is imported, text only, and expor
 
 A ``text_config`` leaves out the fields that equal its class's defaults; they are filled
 in from the classes of transformers 5.25 (below). The head is tied as transformers 5 ties
-it: by the outer config's ``tie_word_embeddings``, else ``text_config``'s (a config saved
-by 4.x states it there, if anywhere), else by whether the checkpoint holds an ``lm_head``
-(:func:`tie_unstated`).
+it: by the outer config's ``tie_word_embeddings`` (``text_config``'s is not read), and
+where that says tie, only if the checkpoint holds no ``lm_head`` of its own
+(:func:`tie_by_checkpoint`).
 Quantized releases (Ministral 3 Instruct's FP8 weights) are refused by name with the
 outer ``quantization_config``: their BF16 releases import.
 """
@@ -72,18 +72,21 @@ def ministral3_config(hf: dict[str, Any]) -> dict[str, Any]:
     """A ``ministral3`` causal LM's config with Ministral3Config's defaults filled in (its
     yarn table too where ``rope_parameters`` is missing or null, as the class does)."""
     filled = {**MINISTRAL3_TEXT_DEFAULTS, **hf}
-    if not hf.get("rope_parameters"):
+    if hf.get("rope_scaling"):  # the older key wins, as transformers 5 converts it
+        filled["rope_parameters"] = hf["rope_scaling"]
+    elif not hf.get("rope_parameters"):
         filled["rope_parameters"] = MINISTRAL3_TEXT_DEFAULTS["rope_parameters"]
     return filled
 
 
-def tie_unstated(hf: dict[str, Any]) -> bool:
-    """Whether a Mistral 3 checkpoint's config leaves the head's tie unsaid (Mistral Small
-    3.1's, saved by 4.50, says it nowhere): transformers 5 then ties by Mistral3Config's
-    default unless the checkpoint holds an ``lm_head`` of its own, and so does the import."""
-    text = hf.get("text_config") or {}
+def tie_by_checkpoint(hf: dict[str, Any]) -> bool:
+    """Whether a Mistral 3 checkpoint's tie is the checkpoint's to decide: its outer
+    ``tie_word_embeddings`` says tie (Mistral3Config's default, so also where it says
+    nothing, as Mistral Small 3.1's config, saved by 4.50, does), and transformers 5 then
+    unties a head the checkpoint holds apart from the embedding. Safetensors saved by
+    transformers hold no tied head, so the import unties where one is present."""
     wrapped = "Mistral3ForConditionalGeneration" in (hf.get("architectures") or [])
-    return wrapped and "tie_word_embeddings" not in hf and "tie_word_embeddings" not in text
+    return wrapped and bool(hf.get("tie_word_embeddings", True))
 
 
 def text_config(hf: dict[str, Any]) -> dict[str, Any]:
@@ -102,7 +105,7 @@ def text_config(hf: dict[str, Any]) -> dict[str, Any]:
         f"Mistral3ForConditionalGeneration wrapping a {kind!r} language model (alignpipe "
         f"reads {sorted(TEXT_DEFAULTS)})",
     )
-    tied = bool(hf.get("tie_word_embeddings", text.get("tie_word_embeddings", True)))
+    tied = bool(hf.get("tie_word_embeddings", True))  # the outer flag: 5.25 reads no other
     filled = ministral3_config(text) if kind == "ministral3" else {**MISTRAL_TEXT_DEFAULTS, **text}
     architecture = "Ministral3ForCausalLM" if kind == "ministral3" else "MistralForCausalLM"
     filled.update(tie_word_embeddings=tied, architectures=[architecture], model_type=kind)

@@ -30,17 +30,27 @@ def _yarn_mscale(factor: float, mscale: float = 1.0) -> float:
     return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
 
 
-def yarn_fields(rope: dict[str, Any], max_positions: int) -> dict[str, Any]:
+def original_context(rope: dict[str, Any], hf: dict[str, Any]) -> int:
+    """The pretraining context a scaled table stretches, as transformers 5 standardises it: a
+    top-level ``original_max_position_embeddings`` first (Phi-3 keeps it there), then the
+    table's, then ``max_position_embeddings``."""
+    top = hf.get("original_max_position_embeddings")
+    return int(
+        top
+        or rope.get("original_max_position_embeddings")
+        or hf.get("max_position_embeddings", 8192)
+    )
+
+
+def yarn_fields(rope: dict[str, Any], hf: dict[str, Any]) -> dict[str, Any]:
     """The yarn table's fields, as transformers' ``_compute_yarn_parameters`` reads them:
     ``factor`` (or max_position_embeddings / original_max_position_embeddings when null),
     ``attention_factor`` (or the ratio of ``mscale`` and ``mscale_all_dim``'s scales when
     both are set and non-zero, else the scale of the factor), ``beta_fast`` and
     ``beta_slow`` (32 and 1 when unset or 0), ``truncate`` (true)."""
-    if "original_max_position_embeddings" not in rope:
-        refuse(True, f"yarn rotary without original_max_position_embeddings ({rope})")
-    original = int(rope["original_max_position_embeddings"])
+    original = original_context(rope, hf)
     factor = rope.get("factor")
-    factor = float(max_positions / original if factor is None else factor)
+    factor = float(hf.get("max_position_embeddings", 8192) / original if factor is None else factor)
     attention = rope.get("attention_factor")
     if attention is None:
         mscale, mscale_all_dim = rope.get("mscale"), rope.get("mscale_all_dim")
@@ -58,9 +68,7 @@ def yarn_fields(rope: dict[str, Any], max_positions: int) -> dict[str, Any]:
     )
 
 
-def rope_table(
-    rope: dict[str, Any], family: str, default_theta: float, max_positions: int
-) -> dict[str, Any]:
+def rope_table(rope: dict[str, Any], family: str, hf: dict[str, Any]) -> dict[str, Any]:
     """One rotary table's ModelConfig fields from its parameters, refusing unmodelled types."""
     rope_type = rope.get("rope_type", rope.get("type", "default"))
     refuse(
@@ -70,6 +78,7 @@ def rope_table(
     )
     partial = float(rope.get("partial_rotary_factor", 1.0))
     refuse(partial != 1.0 and family != "qwen3_5", f"partial rotary embeddings for {family}")
+    default_theta = float(hf.get("rope_theta", 10000.0))
     fields: dict[str, Any] = {"rope_theta": float(rope.get("rope_theta", default_theta))}
     if partial != 1.0:
         fields["rotary_fraction"] = partial
@@ -80,21 +89,20 @@ def rope_table(
             rope_scaling_factor=float(rope["factor"]),
             rope_low_freq_factor=float(rope["low_freq_factor"]),
             rope_high_freq_factor=float(rope["high_freq_factor"]),
-            rope_original_max_len=int(rope["original_max_position_embeddings"]),
+            rope_original_max_len=original_context(rope, hf),
         )
     if rope_type == "yarn":
-        fields.update(yarn_fields(rope, max_positions))
+        fields.update(yarn_fields(rope, hf))
     beta = float(rope.get("llama_4_scaling_beta") or 0.0)
-    if beta:  # Ministral 3's query temperature: past its original context only
+    # Ministral 3's query temperature, past its original context only. transformers reads it
+    # for ``ministral3`` alone: a Mistral's attention never does, so neither does its import.
+    if beta and hf.get("model_type") != "mistral":
         refuse(
-            family != "mistral" or "original_max_position_embeddings" not in rope,
-            f"llama_4_scaling_beta for {family} (modelled for Ministral 3's configs, with "
-            "original_max_position_embeddings)",
+            hf.get("model_type") != "ministral3",
+            f"llama_4_scaling_beta for {family} (Ministral 3's query temperature, read for "
+            "model_type ministral3)",
         )
-        fields.update(
-            query_scale_beta=beta,
-            rope_original_max_len=int(rope["original_max_position_embeddings"]),
-        )
+        fields.update(query_scale_beta=beta, rope_original_max_len=original_context(rope, hf))
     return fields
 
 
@@ -103,8 +111,6 @@ def rope_fields(hf: dict[str, Any], family: str) -> dict[str, Any]:
     the global table, and the sliding layers' own base."""
     rope = dict(hf.get("rope_parameters") or hf.get("rope_scaling") or {})
     per_type = any(isinstance(v, dict) for v in rope.values())
-    theta = float(hf.get("rope_theta", 10000.0))
-    max_positions = int(hf.get("max_position_embeddings", 8192))
     if family == "qwen3_5":
         # Text only, M-RoPE's three position streams (time, height, width) are one and the
         # same, so its sections rotate as 1-D rotary does: mrope_section is not needed.
@@ -112,17 +118,17 @@ def rope_fields(hf: dict[str, Any], family: str) -> dict[str, Any]:
         rope.setdefault("partial_rotary_factor", hf.get("partial_rotary_factor", 0.25))
     if family != "gemma3":
         refuse(per_type, f"rotary parameters per layer type for {family}")
-        return rope_table(rope, family, theta, max_positions)
+        return rope_table(rope, family, hf)
     if per_type:  # transformers 5: {"full_attention": {...}, "sliding_attention": {...}}
         unknown = sorted(set(rope) - {"full_attention", "sliding_attention"})
         refuse(bool(unknown), f"rotary parameters for layer types {unknown}")
         full, local = rope.get("full_attention") or {}, rope.get("sliding_attention") or {}
     else:  # 4.x: rope_theta and rope_scaling are the global layers', rope_local_base_freq
-        full = {**(hf.get("rope_scaling") or {}), "rope_theta": theta}
+        full = {**(hf.get("rope_scaling") or {}), "rope_theta": float(hf.get("rope_theta", 1e4))}
         local = {"rope_type": "default"}
     local_theta = float(local.get("rope_theta", hf.get("rope_local_base_freq", 10000.0)))
     refuse(
         local.get("rope_type", "default") != "default" or "factor" in local,
         f"scaled rotary on Gemma 3's sliding layers ({local})",
     )
-    return {**rope_table(full, family, theta, max_positions), "rope_local_theta": local_theta}
+    return {**rope_table(full, family, hf), "rope_local_theta": local_theta}

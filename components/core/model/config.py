@@ -236,6 +236,17 @@ class ModelConfig:
             )
         if (self.rope_yarn_factor or self.query_scale_beta) and self.rope_original_max_len < 1:
             raise ValueError("ModelConfig.rope_original_max_len must be >= 1 with yarn")
+        scaled = self.rope_yarn_factor is not None or self.query_scale_beta
+        if scaled and (
+            self.rope_proportional or self.rope_local_theta is not None
+            or self.rope_linear_factor != 1.0
+        ):  # fmt: skip
+            raise ValueError(
+                "ModelConfig yarn and query_scale_beta apply to one plain rotary table: not with "
+                "rope_proportional, rope_local_theta or rope_linear_factor"
+            )
+        if self.rope_attention_factor != 1.0 and self.rope_yarn_factor is None:
+            raise ValueError("ModelConfig.rope_attention_factor is yarn's: set rope_yarn_factor")
 
     def _check_hybrid(self) -> None:
         """Gated DeltaNet layers: their heads and widths, a repeating pattern, no window."""

@@ -222,9 +222,9 @@ def rope_tables(positions: jax.Array, config: ModelConfig) -> Rotary:
 
 def query_scale(positions: jax.Array, config: ModelConfig) -> jax.Array:
     """Ministral 3's query temperature at ``positions`` [..., T]: 1 + beta · log(1 +
-    floor(p / rope_original_max_len)), 1 within the original context. transformers computes
-    it at the cache index (``cache_position``), which a left-padded batch shifts by its pads;
-    here at the token's position, so a row's result does not depend on its padding."""
+    floor(p / rope_original_max_len)), 1 within the original context, at each token's
+    position (as transformers 5.25 takes it, at ``position_ids``), so a row's result does
+    not depend on its padding."""
     blocks = jnp.floor(positions.astype(jnp.float32) / config.rope_original_max_len)
     return 1.0 + config.query_scale_beta * jnp.log1p(blocks)
 
@@ -371,7 +371,7 @@ class Attention(nnx.Module):
             q = self.q_norm(q)
         q = apply_rope(q, rotary)
         if query_scale:  # Ministral 3's temperature, after the rotation as transformers'
-            q = (q * query_scale[0][:, :, None, None]).astype(q.dtype)
+            q = q * query_scale[0][:, :, None, None].astype(q.dtype)  # rounded as theirs
         softcap = self.config.attn_logit_softcap
         if self.wk is None:  # keys and values of the storing layer
             k, v = cache_kv
