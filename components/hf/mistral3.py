@@ -19,6 +19,7 @@ outer ``quantization_config``: their BF16 releases import.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from components.hf.refusals import refuse
@@ -91,8 +92,8 @@ def tie_by_checkpoint(hf: dict[str, Any]) -> bool:
 
 def text_config(hf: dict[str, Any]) -> dict[str, Any]:
     """The language model's config of a ``Mistral3ForConditionalGeneration`` checkpoint:
-    its ``text_config`` with its class's defaults, the head tied as transformers 5 ties it,
-    and the outer ``quantization_config`` kept so that it is refused."""
+    its ``text_config`` with its class's defaults and the head tied as transformers 5 ties
+    it; a quantized release (its outer ``quantization_config``) is refused."""
     text = dict(hf.get("text_config") or {})
     kind = text.get("model_type", "mistral")
     refuse(
@@ -109,6 +110,11 @@ def text_config(hf: dict[str, Any]) -> dict[str, Any]:
     filled = ministral3_config(text) if kind == "ministral3" else {**MISTRAL_TEXT_DEFAULTS, **text}
     architecture = "Ministral3ForCausalLM" if kind == "ministral3" else "MistralForCausalLM"
     filled.update(tie_word_embeddings=tied, architectures=[architecture], model_type=kind)
-    if hf.get("quantization_config") is not None:
-        filled["quantization_config"] = hf["quantization_config"]
+    quantized = hf.get("quantization_config")
+    refuse(
+        quantized is not None,
+        f"quantization_config={json.dumps(quantized)}: quantized weights are not modelled; "
+        "import the checkpoint's BF16 release (Ministral 3's: the repository named -BF16, "
+        "e.g. mistralai/Ministral-3-8B-Instruct-2512-BF16)",
+    )
     return filled
