@@ -11,6 +11,7 @@ context and the query temperature past it, so the 512-token comparisons cross it
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import json
 import pathlib
@@ -25,6 +26,8 @@ import transformers
 from flax import nnx
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
+from components.core.data import tekken
+from components.core.data.tokenizers import load_tokenizer
 from components.core.model import sampler
 from components.core.model.artifact import load_model
 from components.core.model.layers import rope_inv_freq
@@ -372,8 +375,62 @@ def test_released_configs_read_as_their_models():
     assert eight.rope_attention_factor == 1.0 and not eight.tie_embeddings
 
 
-def test_a_tekken_only_folder_is_told_how_to_write_tokenizer_json(tmp_path):
+# A tekken pattern of the kind Mistral's v7 files carry (tiktoken's style).
+TEKKEN_PATTERN = (
+    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+|"
+    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*|\p{N}|"
+    r" ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+TEXTS = [
+    "The quick brown fox jumps over the lazy dog.",
+    "Reward models score the chosen reply above the rejected one.",
+    "  spaced   out\n\nnew lines 12345 and ünïcödé, 😀!",
+    "[INST]not a special in plain text[/INST]",
+]
+
+
+def _as_tekken(folder: pathlib.Path) -> int:
+    """Replace the fixture's tokenizer files by a tekken.json of its tokens (specials first,
+    the byte-level tokens in id order as ranks), as Mistral ships some releases; returns the
+    id of </s>."""
+    tok = json.loads((folder / "tokenizer.json").read_text())
+    specials = sorted(tok["added_tokens"], key=lambda t: t["id"])
+    byte_of = {name: byte for byte, name in tekken._byte_names().items()}
+    regular = sorted((i, name) for name, i in tok["model"]["vocab"].items() if i >= len(specials))
+    vocab = [
+        {"rank": rank, "token_bytes": base64.b64encode(bytes(byte_of[c] for c in name)).decode()}
+        for rank, (_, name) in enumerate(regular)
+    ]
+    size = len(vocab) + len(specials)
+    (folder / "tekken.json").write_text(json.dumps({
+        "config": {"pattern": TEKKEN_PATTERN, "num_vocab_tokens": size,
+                   "default_vocab_size": size, "default_num_special_tokens": len(specials),
+                   "version": "v7"},
+        "vocab": vocab,
+        "special_tokens": [{"rank": t["id"], "token_str": t["content"], "is_control": True}
+                           for t in specials],
+    }))  # fmt: skip
+    (folder / "tokenizer.json").unlink()
+    (folder / "tokenizer_config.json").unlink()
+    return next(t["id"] for t in specials if t["content"] == "</s>")
+
+
+def test_a_tekken_only_folder_imports_with_the_tokens_transformers_converts(tmp_path):
+    from transformers.integrations.mistral.tokenizer import convert_tekken_tokenizer
+
     folder = _copy("ministral3_mm", tmp_path)
-    (folder / "tokenizer.json").rename(folder / "tekken.json")  # the name is what is read
-    with pytest.raises(HFImportError, match="convert_tekken_tokenizer"):
-        import_hf(str(folder), str(tmp_path / "out"))
+    eos = _as_tekken(folder)
+    summary = import_hf(str(folder), str(tmp_path / "out"))
+    ours = load_tokenizer(f"{summary['out']}/tokenizer")
+    theirs = convert_tekken_tokenizer(str(folder / "tekken.json"))
+    for text in TEXTS:
+        ids = ours.encode(text)
+        assert ids == theirs.encode(text, add_special_tokens=False), text
+        assert ours.decode(ids) == text or "[INST]" in text  # decoding drops specials
+    assert ours.stop_ids == (eos,) and ours.special_tokens()["bos_token"] == "<s>"
+    rendered = ours.render_chat([{"role": "user", "content": "Hi"}], True)
+    assert rendered.startswith("<s>[SYSTEM_PROMPT]") and rendered.endswith("[INST]Hi[/INST]")
+    assert load_tokenizer(str(folder)).encode(TEXTS[0]) == ours.encode(TEXTS[0])
+    (folder / "tekken.json").write_text('{"vocab": []}')
+    with pytest.raises(HFImportError, match="tekken.json is not in Mistral's format"):
+        import_hf(str(folder), str(tmp_path / "again"))

@@ -27,6 +27,8 @@ from components.core.data.tokenizers import (
     HFTokenizer,
     TokenizerError,
     fit_to_embedding,
+    has_hf_tokenizer,
+    hf_tokenizer_files,
     side_files,
 )
 from components.core.model.hf_folder import is_hf_dir
@@ -80,24 +82,16 @@ def read_hf_config(hf_dir: str) -> dict[str, Any]:
 
 def import_tokenizer(hf_dir: str, embedding_rows: int) -> HFTokenizer:
     """The folder's tokenizer, with a pad that fits the embedding, or a clear error."""
-    json_path = os.path.join(hf_dir, "tokenizer.json")
-    if not os.path.exists(json_path) and os.path.exists(os.path.join(hf_dir, "tekken.json")):
+    if not has_hf_tokenizer(hf_dir):
         raise HFImportError(
-            f"{hf_dir} has Mistral's tekken.json and no tokenizer.json; alignpipe reads fast "
-            "tokenizers: write one with transformers (from transformers.integrations.mistral "
-            "import convert_tekken_tokenizer; convert_tekken_tokenizer(f'{dir}/tekken.json')"
-            ".save_pretrained(dir)), which also keeps the folder's chat template"
+            f"{hf_dir} has no tokenizer.json (nor Mistral's tekken.json); alignpipe reads fast "
+            "tokenizers: save one with transformers "
+            "(AutoTokenizer.from_pretrained(dir).save_pretrained(dir))"
         )
-    if not os.path.exists(json_path):
-        raise HFImportError(
-            f"{hf_dir} has no tokenizer.json; alignpipe reads fast tokenizers: save one with "
-            "transformers (AutoTokenizer.from_pretrained(dir).save_pretrained(dir))"
-        )
-    config_path = os.path.join(hf_dir, "tokenizer_config.json")
-    config_bytes = fileio.read_bytes(config_path) if os.path.exists(config_path) else None
     try:
+        tokenizer_json, config_bytes = hf_tokenizer_files(hf_dir)
         tokenizer = fit_to_embedding(
-            fileio.read_bytes(json_path), config_bytes, embedding_rows, hf_dir, side_files(hf_dir)
+            tokenizer_json, config_bytes, embedding_rows, hf_dir, side_files(hf_dir)
         )
     except TokenizerError as error:
         raise HFImportError(str(error)) from None

@@ -388,13 +388,40 @@ def _load_saved(directory: str) -> Tokenizer:
     return tokenizer
 
 
+def has_hf_tokenizer(directory: str) -> bool:
+    """Whether ``directory`` holds ``tokenizer.json`` or Mistral's ``tekken.json``."""
+    return any(fileio.exists(fileio.join(directory, f)) for f in ("tokenizer.json", "tekken.json"))
+
+
+def hf_tokenizer_files(directory: str) -> tuple[bytes, bytes | None]:
+    """A Hugging Face folder's ``tokenizer.json`` and ``tokenizer_config.json`` (or None); a
+    ``tekken.json`` alone converted as transformers converts it (core/data/tekken.py)."""
+    from components.core.data import tekken
+
+    config_path = fileio.join(directory, "tokenizer_config.json")
+    config = fileio.read_bytes(config_path) if fileio.exists(config_path) else None
+    json_path = fileio.join(directory, "tokenizer.json")
+    if fileio.exists(json_path):
+        return fileio.read_bytes(json_path), config
+    try:
+        converted = tekken.tokenizer_from_tekken(
+            fileio.read_text(fileio.join(directory, tekken.FILE))
+        )
+    except tekken.TekkenError as error:
+        raise TokenizerError(f"{directory}/{tekken.FILE}: {error}") from None
+    if config is None:
+        template_path, template = fileio.join(directory, "chat_template.json"), None
+        if fileio.exists(template_path):
+            template = json.loads(fileio.read_text(template_path)).get("chat_template")
+        config = json.dumps(tekken.tokenizer_config(template)).encode("utf-8")
+    return converted.to_str().encode("utf-8"), config
+
+
 def _load_files(directory: str, kind: str) -> Tokenizer:
     if kind == "byte":
         return ByteTokenizer()
     if kind == "hf":
-        config_path = fileio.join(directory, "tokenizer_config.json")
-        config = fileio.read_bytes(config_path) if fileio.exists(config_path) else None
-        tokenizer_json = fileio.read_bytes(fileio.join(directory, "tokenizer.json"))
+        tokenizer_json, config = hf_tokenizer_files(directory)
         side = side_files(directory)
         rows = model_embedding_rows(directory)
         if rows is None:
@@ -446,7 +473,7 @@ def _load_tokenizer(spec: str) -> Tokenizer:
             return _load_saved(spec)
         if fileio.exists(fileio.join(spec, MODEL_TOKENIZER_DIR, INFO_FILE)):
             return _load_saved(fileio.join(spec, MODEL_TOKENIZER_DIR))  # an alignpipe model
-        if fileio.exists(fileio.join(spec, "tokenizer.json")):
+        if has_hf_tokenizer(spec):
             return _load_files(spec, "hf")
         if fileio.exists(fileio.join(spec, "tokenizer.model")):
             return _load_files(spec, "sentencepiece")
