@@ -15,7 +15,6 @@ import base64
 import dataclasses
 import json
 import pathlib
-import shutil
 
 import jax
 import jax.numpy as jnp
@@ -24,6 +23,7 @@ import pytest
 import torch
 import transformers
 from flax import nnx
+from test_hf_import import copy_fixture  # tests/test_hf_import.py's writable fixture copy
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 from components.core.data import tekken
@@ -195,12 +195,6 @@ def test_yarn_frequencies_and_scale_are_transformers(name):
     assert ours.query_scale_beta == rope.get("llama_4_scaling_beta", 0.0)
 
 
-def _copy(family: str, tmp_path: pathlib.Path) -> pathlib.Path:
-    folder = tmp_path / family
-    shutil.copytree(FIXTURES / family, folder, ignore=shutil.ignore_patterns("reference.npz"))
-    return folder
-
-
 def _edit_config(folder: pathlib.Path, edit) -> None:
     path = folder / "config.json"
     config = json.loads(path.read_text())
@@ -225,7 +219,7 @@ def _unstate_tie(config: dict) -> None:
 
 @pytest.mark.parametrize("head", ["kept", "dropped"])
 def test_an_unstated_tie_is_decided_by_the_checkpoint_as_transformers_does(tmp_path, head):
-    folder = _copy("ministral3_mm", tmp_path)
+    folder = copy_fixture("ministral3_mm", tmp_path)
     _edit_config(folder, _unstate_tie)
     if head == "dropped":  # a tied checkpoint: transformers 5 saves no lm_head
         _drop_tensor(folder, "language_model.lm_head.weight")  # as 5.25 saves the wrapper
@@ -260,7 +254,7 @@ def _qwen3_yarn(config: dict) -> None:
 
 
 def test_yarn_on_qwen3_imports_and_exports_as_transformers_computes(tmp_path):
-    folder = _copy("qwen3", tmp_path)
+    folder = copy_fixture("qwen3", tmp_path)
     _edit_config(folder, _qwen3_yarn)
     summary = import_hf(str(folder), str(tmp_path / "artifact"))
     model, _ = load_model(summary["out"], dtype="float32")
@@ -293,7 +287,7 @@ REFUSED = {
 @pytest.mark.parametrize("case", sorted(REFUSED))
 def test_unmodelled_mistral3_options_are_refused_by_name(tmp_path, case):
     edit, named = REFUSED[case]
-    folder = _copy("ministral3_mm", tmp_path)
+    folder = copy_fixture("ministral3_mm", tmp_path)
     _edit_config(folder, edit)
     with pytest.raises(HFImportError, match=named):
         import_hf(str(folder), str(tmp_path / "out"))
@@ -418,7 +412,7 @@ def _as_tekken(folder: pathlib.Path) -> int:
 def test_a_tekken_only_folder_imports_with_the_tokens_transformers_converts(tmp_path):
     from transformers.integrations.mistral.tokenizer import convert_tekken_tokenizer
 
-    folder = _copy("ministral3_mm", tmp_path)
+    folder = copy_fixture("ministral3_mm", tmp_path)
     eos = _as_tekken(folder)
     summary = import_hf(str(folder), str(tmp_path / "out"))
     ours = load_tokenizer(f"{summary['out']}/tokenizer")
