@@ -25,6 +25,7 @@ from kubernetes.client import (
 from pipelines.cli.main import main
 from pipelines.targets.gke import jobset, launcher
 from pipelines.targets.placement import HOSTS_ENV, Placement
+from pipelines.targets.spec import read_spec
 
 FIXTURES = Path(__file__).parent / "fixtures"
 IMAGE = "us-docker.pkg.dev/p/alignpipe/train@sha256:" + "ab" * 32
@@ -243,7 +244,7 @@ def gke_7b(tmp_path_factory) -> dict:
     out = tmp_path_factory.mktemp("gke") / "p.yaml"
     argv = ["compile", "--target", "gke", "--image", IMAGE, "--run-preset", "v5p-32-7b"]
     assert main([*argv, "-o", str(out)]) == 0
-    (spec,) = yaml.safe_load_all(out.read_text())  # no TPU node selectors on the tasks
+    (spec,) = read_spec(out)  # no TPU node selectors on the tasks
     return spec
 
 
@@ -276,7 +277,7 @@ def test_v5p_32_7b_launcher_pods_go_to_a_node_pool_that_holds_their_inputs(tmp_p
     assert "--launcher-node-pool NAME" in capsys.readouterr().err
     assert main([*argv, "--launcher-node-pool", "cpu-500g", "-o", str(out)]) == 0
     assert "--launcher-node-pool" not in capsys.readouterr().err
-    spec, platform = yaml.safe_load_all(out.read_text())
+    spec, platform = read_spec(out)
     configs = platform["platforms"]["kubernetes"]["deploymentSpec"]["executors"]
     for task in ("sft", "reward", "ppo", "dpo", "evaluate"):
         assert configs[f"exec-{task}"]["nodeSelector"] == {

@@ -15,7 +15,7 @@ from pipelines.dag import param_table, params
 from pipelines.dag.kfp_components import Components, build_components
 from pipelines.dag.stages import downstream
 from pipelines.targets.placement import Placement, PlacementError
-from pipelines.targets.spec import compile_pipeline
+from pipelines.targets.spec import compile_pipeline, read_spec
 from pipelines.targets.vertex import jobs as vertex_jobs
 
 TRAIN_IMAGE = "us-docker.pkg.dev/p/alignpipe/train:1"
@@ -29,8 +29,7 @@ def _compile(tmp_path: Path, target: str, values: dict | None = None, **placemen
     path = tmp_path / f"{target}.yaml"
     options = {"image": TRAIN_IMAGE, "data_image": DATA_IMAGE, **placement}
     compile_pipeline(Placement(target=target, **options), values or {}, path, None)
-    with open(path) as handle:
-        return list(yaml.safe_load_all(handle))
+    return read_spec(path)
 
 
 @pytest.fixture(scope="module")
@@ -261,7 +260,7 @@ def test_fresh_from_ppo_turns_caching_off_downstream(tmp_path):
     path = tmp_path / "fresh.yaml"
     placement = Placement(target="vertex", image=TRAIN_IMAGE)
     compile_pipeline(placement, {}, path, fresh_from="ppo")
-    tasks = _tasks(yaml.safe_load(path.read_text()))
+    tasks = _tasks(read_spec(path)[0])
     for task in ("ppo", "evaluate", "promote"):
         assert not tasks[task]["cachingOptions"].get("enableCache"), task
     for task in ("shard", "sft", "reward"):
@@ -382,7 +381,7 @@ def test_cli_compile_writes_a_spec_or_refuses(tmp_path, capsys):
     out = tmp_path / "g.yaml"
     base = ["compile", "--target", "gke", "--image", TRAIN_IMAGE, "-o", str(out)]
     assert main(base + ["--tpu-topology", "2x4", "--sft-steps", "12"]) == 0
-    spec = next(yaml.safe_load_all(out.read_text()))
+    spec = read_spec(out)[0]
     assert spec["root"]["inputDefinitions"]["parameters"]["sft_steps"]["defaultValue"] == 12
     out.unlink()
     assert main(base + ["--sft-batch-size", "10"]) == 2

@@ -5,10 +5,10 @@ from __future__ import annotations
 from unittest import mock
 
 import pytest
-import yaml
 
 from pipelines import run_record
 from pipelines.cli.main import main
+from pipelines.targets.spec import read_spec
 
 IMAGE = "us-docker.pkg.dev/p/alignpipe/train:1"
 RUNNER = "runner@proj.iam.gserviceaccount.com"
@@ -27,8 +27,7 @@ def _spec_reader(seen: dict):
 
     def read(*args, **kwargs):
         path = kwargs.get("template_path") or kwargs.get("pipeline_package_path") or args[0]
-        with open(path) as handle:
-            seen["spec"] = next(yaml.safe_load_all(handle))
+        seen["spec"] = read_spec(path)[0]
         return mock.DEFAULT
 
     return read

@@ -6,7 +6,6 @@ import dataclasses
 
 import jax
 import pytest
-import yaml
 from flax import nnx
 
 from components.core.config import ALL_LINEAR, LORA_TARGETS
@@ -33,6 +32,7 @@ from pipelines.dag.memory import (
     projection_shapes,
 )
 from pipelines.dag.run_presets import RUN_PRESETS, STAGES, estimate, fits, params_for
+from pipelines.targets.spec import read_spec
 
 STAGE_CONFIGS = {
     "sft": SFTConfig, "reward": RewardConfig, "ppo": PPOConfig, "dpo": DPOConfig,
@@ -146,7 +146,7 @@ def test_compile_with_a_run_preset_sets_tpu_and_parameters(tmp_path, capsys):
     argv = ["compile", "--target", "gke", "--run-preset", "v5e-8-1b", "-o", str(out)]
     assert cli_main([*argv, "--sft-batch-size", "16"]) == 0  # a flag overrides the preset
     assert "2x4" in capsys.readouterr().out
-    spec, platform = yaml.safe_load_all(out.read_text())
+    spec, platform = read_spec(out)
     compiled = spec["root"]["inputDefinitions"]["parameters"]
     expected = {**RUN_PRESETS["v5e-8-1b"].pipeline_params(), "sft_batch_size": 16}
     for name, value in expected.items():
@@ -342,7 +342,7 @@ def test_compile_with_a_lora_preset_sets_its_adapters(tmp_path, capsys):
     argv = ["compile", "--target", "gke", "--run-preset", "v5e-4-1b-lora", "-o", str(out)]
     assert cli_main(argv) == 0
     assert "2x2" in capsys.readouterr().out
-    spec, _ = yaml.safe_load_all(out.read_text())
+    spec, _ = read_spec(out)
     compiled = spec["root"]["inputDefinitions"]["parameters"]
     assert compiled["lora_rank"]["defaultValue"] == 16
     assert compiled["fsdp"]["defaultValue"] is True

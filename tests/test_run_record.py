@@ -13,6 +13,7 @@ import yaml
 from pipelines import run_record
 from pipelines.cli.main import main
 from pipelines.dag import config_file, param_table
+from pipelines.targets.spec import read_spec
 
 
 def test_a_config_file_nests_parameters_by_stage(tmp_path):
@@ -64,7 +65,7 @@ def test_compile_takes_a_config_file_under_its_flags(tmp_path, capsys):
     spec = tmp_path / "p.yaml"
     argv = ["compile", "--target", "vertex", "-o", str(spec), "--config", str(config)]
     assert main([*argv, "--seed", "6"]) == 0
-    compiled = yaml.safe_load_all(spec.read_text()).__next__()["root"]["inputDefinitions"]
+    compiled = read_spec(spec)[0]["root"]["inputDefinitions"]
     defaults = {k: v.get("defaultValue") for k, v in compiled["parameters"].items()}
     assert (defaults["ppo_iterations"], defaults["ppo_epochs"], defaults["seed"]) == (7, 3, 6)
     config.write_text("ppo:\n  iteration: 7\n")
@@ -125,7 +126,7 @@ def test_a_compiled_spec_carries_the_record_of_its_runs(tmp_path):
     spec = tmp_path / "p.yaml"
     argv = ["compile", "--target", "vertex", "-o", str(spec), "--config", str(config)]
     assert main([*argv, "--seed", "6", "--data-uri", str(data)]) == 0
-    compiled = next(yaml.safe_load_all(spec.read_text()))
+    compiled = read_spec(spec)[0]
     record = run_record.read_spec_record(compiled)
     assert record["parameters"]["seed"] == {"value": 6, "source": "flag"}
     assert record["parameters"]["ppo_iterations"] == {"value": 7, "source": "config"}

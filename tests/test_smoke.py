@@ -7,7 +7,6 @@ from pathlib import Path
 from unittest import mock
 
 import pytest
-import yaml
 from google.cloud.aiplatform_v1.types import CustomJob
 
 from pipelines.cli.main import main
@@ -15,6 +14,7 @@ from pipelines.targets.gke import jobset
 from pipelines.targets.placement import Placement
 from pipelines.targets.smoke import SMOKE_PIPELINE, build_smoke_pipeline
 from pipelines.targets.smoke_task import SmokeError, check_devices
+from pipelines.targets.spec import read_spec
 from pipelines.targets.vertex import jobs as vertex_jobs
 
 TRAIN_IMAGE = "us-docker.pkg.dev/p/alignpipe/train@sha256:" + "ab" * 32
@@ -27,7 +27,7 @@ RUNNER = "runner@proj.iam.gserviceaccount.com"
 def _compile(tmp_path: Path, *flags: str) -> list[dict]:
     path = tmp_path / "smoke.yaml"
     assert main(["smoke", *flags, "--compile-only", "-o", str(path)]) == 0
-    return list(yaml.safe_load_all(path.read_text()))
+    return read_spec(path)
 
 
 def _one_task(spec: dict) -> dict:

@@ -13,12 +13,11 @@ import json
 from pathlib import Path
 
 import pytest
-import yaml
 from google.cloud.aiplatform_v1.types import CustomJob, CustomJobSpec
 
 from pipelines.cli.main import main
 from pipelines.targets.placement import HOSTS_ENV, Placement, PlacementError
-from pipelines.targets.spec import compile_pipeline
+from pipelines.targets.spec import compile_pipeline, read_spec
 from pipelines.targets.vertex import custom_job_retry
 from pipelines.targets.vertex import jobs as vertex_jobs
 
@@ -44,7 +43,7 @@ SLICES = {
 def _spec(path: Path, **placement) -> dict:
     options = {"target": "vertex", "image": TRAIN_IMAGE, "data_image": DATA_IMAGE, **placement}
     compile_pipeline(Placement(**options), {}, path)
-    return yaml.safe_load(path.read_text())
+    return read_spec(path)[0]
 
 
 def _container(spec: dict, task: str) -> dict:
@@ -127,7 +126,7 @@ def test_run_preset_v5e_8_1b_compiles_to_ct5lp_hightpu_8t_2x4(tmp_path, capsys):
     argv = ["compile", "--target", "vertex", "--image", TRAIN_IMAGE, "-o", str(out)]
     assert main(argv + ["--run-preset", "v5e-8-1b"]) == 0
     assert "warning" not in capsys.readouterr().err  # a digest: nothing to warn about
-    pool = _job(_container(yaml.safe_load(out.read_text()), "ppo")).job_spec.worker_pool_specs[0]
+    pool = _job(_container(read_spec(out)[0], "ppo")).job_spec.worker_pool_specs[0]
     assert (pool.machine_spec.machine_type, pool.machine_spec.tpu_topology) == (
         "ct5lp-hightpu-8t", "2x4",
     )  # fmt: skip
@@ -139,7 +138,7 @@ def test_run_preset_v5p_32_7b_is_one_pool_over_the_four_hosts_of_its_slice(tmp_p
     assert main(argv + ["--run-preset", "v5p-32-7b"]) == 0
     # Vertex's training docs list v5e, v6e and TPU7x machine types, not v5p: said, not hidden.
     assert "Vertex custom training documents" in capsys.readouterr().err
-    spec = yaml.safe_load(out.read_text())
+    spec = read_spec(out)[0]
     for task in TRAINING:
         job = _job(_container(spec, task))
         (pool,) = job.job_spec.worker_pool_specs
@@ -168,7 +167,7 @@ def test_cli_machine_type_is_written_or_refused(tmp_path, capsys):
     argv = ["compile", "--target", "vertex", "--image", TRAIN_IMAGE, "-o", str(out)]
     argv += ["--tpu", "v6e", "--tpu-topology", "2x4"]
     assert main(argv + ["--machine-type", "ct6e-standard-8t"]) == 0
-    pool = _job(_container(yaml.safe_load(out.read_text()), "sft")).job_spec.worker_pool_specs[0]
+    pool = _job(_container(read_spec(out)[0], "sft")).job_spec.worker_pool_specs[0]
     assert pool.machine_spec.machine_type == "ct6e-standard-8t"
     assert main(argv + ["--machine-type", "ct6e-standard-4t"]) == 2
     assert "use ct6e-standard-8t" in capsys.readouterr().err
@@ -212,7 +211,7 @@ def preset_specs(tmp_path_factory) -> dict[str, dict]:
         out = tmp_path_factory.mktemp("presets") / f"{preset}.yaml"
         argv = ["compile", "--target", "vertex", "--image", TRAIN_IMAGE, "--run-preset", preset]
         assert main([*argv, "-o", str(out)]) == 0
-        specs[preset] = yaml.safe_load(out.read_text())
+        specs[preset] = read_spec(out)[0]
     return specs
 
 
