@@ -76,6 +76,24 @@ def test_conversational_implicit_prompt_is_shared_messages():
     assert pair.prompt.endswith("<|assistant|>\n") and pair.chosen == "Hello!\n"
 
 
+def test_a_text_prompt_beside_conversations_is_their_shared_turns_as_trl_takes_it():
+    """HuggingFaceH4/ultrafeedback_binarized's rows: a text prompt, and chosen and rejected
+    that open with the same user turn (TRL's maybe_extract_prompt takes the shared turns)."""
+    user = {"role": "user", "content": "What color is the sky?"}
+    reply = lambda text: [{"role": "assistant", "content": text}]  # noqa: E731
+    explicit = convert({"prompt": [user], "chosen": reply("Blue."), "rejected": reply("Green.")})
+    row = {
+        "prompt": user["content"], "prompt_id": "0f3a", "chosen": [user, *reply("Blue.")],
+        "rejected": [user, *reply("Green.")], "messages": [user, *reply("Blue.")],
+        "score_chosen": 8.0, "score_rejected": 5.0,
+    }  # fmt: skip
+    assert detect_format(row) == "conversational" and convert(row) == explicit
+    # Nothing shared: the text is the user's turn (TRL would leave the prompt empty).
+    assert convert({**row, "chosen": reply("Blue."), "rejected": reply("Green.")}) == explicit
+    with pytest.raises(Invalid, match="field 'prompt' must be list"):
+        convert({**row, "prompt": 3})
+
+
 @pytest.mark.parametrize("choice", [0, 1])
 def test_vertex_format_choice_picks_chosen(choice):
     obj = {"input_text": "Q", "candidate_0": "zero", "candidate_1": "one", "choice": choice}

@@ -5,8 +5,9 @@ prompt alone with its columns.
 - implicit: ``{"chosen": str, "rejected": str}`` in Anthropic HH style; the prompt is the
   shared prefix up to and including the last ``"\\n\\nAssistant:"`` both share
 - conversational: ``prompt``/``chosen``/``rejected`` as lists of ``{"role", "content"}``
-  messages (``prompt`` may be absent: then it is the messages both share), rendered with
-  the tokenizer's chat template or the documented default
+  messages (``prompt`` may be absent, or text beside conversations that hold the user's
+  turn too: then it is the messages both share), rendered with the tokenizer's chat
+  template or the documented default
 - vertex: ``{"input_text": str, "candidate_0": str, "candidate_1": str, "choice": 0|1}``
 - prompt: TRL's prompt-only records, ``{"prompt": str, ...}``; conversational_prompt:
   ``{"prompt": [messages], ...}``, rendered with the generation prompt. Every other field
@@ -233,15 +234,21 @@ def _conversational(
 ) -> TextPair:
     chosen = _messages(obj, "chosen")
     rejected = _messages(obj, "rejected")
-    if "prompt" in obj:
+    if "prompt" in obj and not isinstance(obj["prompt"], str):
         prompt = _messages(obj, "prompt")
     else:  # implicit prompt: the messages both conversations share
         n = 0
         while n < min(len(chosen), len(rejected)) and chosen[n] == rejected[n]:
             n += 1
-        if n == 0:
-            raise Invalid("no_common_prompt", "chosen and rejected share no leading message")
         prompt, chosen, rejected = chosen[:n], chosen[n:], rejected[n:]
+        # A text prompt beside message lists (HuggingFaceH4/ultrafeedback_binarized: both
+        # lists open with the user's turn, the prompt repeats it): the shared messages are the
+        # prompt, as TRL's maybe_extract_prompt takes them; if none are shared, the text is
+        # the user's turn.
+        if not prompt and isinstance(obj.get("prompt"), str):
+            prompt = [{"role": "user", "content": obj["prompt"]}]
+        if not prompt:
+            raise Invalid("no_common_prompt", "chosen and rejected share no leading message")
     prompt = with_system_message(prompt, system)
     if not prompt:
         raise Invalid("empty_prompt", "prompt has no messages")
