@@ -156,6 +156,44 @@ def test_prompt_completion_records_shard_for_sft_alone(tmp_path):
         run(config, [source, pairs], str(tmp_path / "mixed"))
 
 
+def test_messages_records_shard_as_their_last_assistant_turn(tmp_path):
+    """TRL's ``{"messages": [...]}`` records (its SFTTrainer's): the last turn, the
+    assistant's, is the completion, the turns before it the prompt rendered with the model's
+    template, as the same conversation given as prompt and completion; a conversation that
+    does not end with the assistant, or is that turn alone, goes to rejected.jsonl."""
+    from components.core.data.tokenizers import load_tokenizer
+
+    say = lambda role, text: {"role": role, "content": text}  # noqa: E731
+    rows = [
+        {"messages": [say("system", "Be brief."), say("user", f"Count to {i}."),
+                      say("assistant", "1 2"), say("user", "Go on."),
+                      say("assistant", " ".join(map(str, range(i))))]}
+        for i in range(3, 23)
+    ]  # fmt: skip
+    bad = [{"messages": [say("user", "Hi"), say("assistant", "Hello"), say("user", "Bye")]},
+           {"messages": [say("assistant", "Hello")]}]  # fmt: skip
+    assert detect_format(rows[0]) == "messages"
+    assert detect_format({"prompt": "Hi", "messages": rows[0]["messages"]}) == "prompt"
+    tokenizer = load_tokenizer(str(FIXTURES / "qwen3"))
+    turns = rows[0]["messages"]
+    given = {"prompt": turns[:-1], "completion": turns[-1:]}
+    pair = to_text_pair(rows[0], "messages", tokenizer)
+    assert pair == to_text_pair(given, "conversational_completion", tokenizer)
+    # Qwen3's template opens the last assistant turn with an empty think block.
+    think = "<think>\n\n</think>\n\n"
+    assert pair.prompt.count("<|im_start|>user") == 2 and pair.chosen == f"{think}0 1 2<|im_end|>\n"
+    source = _write(tmp_path / "chats.jsonl", [*rows, *bad])
+    output = str(tmp_path / "shards")
+    config = ShardConfig(num_shards=1, eval_fraction=0.2, min_eval_pairs=1,
+                         max_invalid_fraction=0.1, tokenizer=str(FIXTURES / "qwen3"))  # fmt: skip
+    manifest = run(config, [source], output)
+    assert manifest["kind"] == "completion_shards" and manifest["counts"]["completions"] == 20
+    assert manifest["rejected_by_reason"] == {"empty_response": 1, "empty_prompt": 1}
+    assert {e["chosen"] for e in _examples(output)} == {
+        think + " ".join(map(str, range(i))) + "<|im_end|>\n" for i in range(3, 23)
+    }
+
+
 def test_sft_learns_from_prompt_completion_shards(tmp_path):
     """The built-in task's chosen replies as prompt-completion records: sft trains on them
     (its eval loss falls, and ends well below a uniform guess over the vocabulary)."""

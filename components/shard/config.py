@@ -12,7 +12,7 @@ from components.core.flags import field
 
 FORMATS = (
     "auto", "explicit", "implicit", "conversational", "vertex", "prompt", "conversational_prompt",
-    "prompt_completion", "conversational_completion",
+    "prompt_completion", "conversational_completion", "messages",
 )  # fmt: skip
 SYSTEM_MESSAGES = ("keep", "fold", "drop")
 
@@ -23,11 +23,11 @@ class ShardConfig:
 
     format: Literal[
         "auto", "explicit", "implicit", "conversational", "vertex", "prompt",
-        "conversational_prompt", "prompt_completion", "conversational_completion",
+        "conversational_prompt", "prompt_completion", "conversational_completion", "messages",
     ] = field(
         "auto",
         help="record format; 'auto' detects it per file from its first JSON object (pairs, "
-        "TRL's prompt-only records for RL, or its prompt-completion records for sft)",
+        "TRL's prompt-only records for RL, or its prompt-completion or messages records for sft)",
     )  # fmt: skip
     tokenizer: str = field(
         "byte",

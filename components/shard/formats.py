@@ -15,6 +15,10 @@ prompt alone with its columns.
   object stored with the prompt, for the reward functions that score its responses.
 - prompt_completion: TRL's ``{"prompt": str, "completion": str}``; conversational_completion:
   both as message lists. The completion is the record's one response (sft's target).
+- messages: TRL's conversational language-modeling records, ``{"messages": [...]}`` (its
+  SFTTrainer's usual data): the last turn, the assistant's, is the completion and the turns
+  before it the prompt. TRL's ``assistant_only_loss`` trains on every assistant turn; the
+  sft stage trains on the last one, the earlier ones being its context.
 """
 
 from __future__ import annotations
@@ -82,7 +86,7 @@ class TextPair:
 
 
 PROMPT_FORMATS = ("prompt", "conversational_prompt")
-COMPLETION_FORMATS = ("prompt_completion", "conversational_completion")
+COMPLETION_FORMATS = ("prompt_completion", "conversational_completion", "messages")
 # Fields that make a record a pair or a completion rather than a prompt alone.
 RESPONSE_FIELDS = ("chosen", "rejected", "completion", "candidate_0", "candidate_1")
 
@@ -102,6 +106,8 @@ def detect_format(obj: dict[str, Any]) -> str | None:
         return "explicit"
     if "chosen" in obj and "rejected" in obj:
         return "implicit"
+    if isinstance(obj.get("messages"), list):  # TRL language modeling (with a prompt: above)
+        return "messages"
     return None
 
 
@@ -321,8 +327,18 @@ def _completion(
     if fmt == "prompt_completion":
         prompt, completion = _require(obj, "prompt", str), _require(obj, "completion", str)
     else:
-        messages = with_system_message(_messages(obj, "prompt"), system)
-        reply = _messages(obj, "completion")
+        if fmt == "messages":
+            turns = _messages(obj, "messages")
+            if not turns or turns[-1]["role"] != "assistant":
+                last = repr(turns[-1]["role"]) if turns else "no"
+                raise Invalid(
+                    "empty_response", f"messages ends with {last} turn; the last turn, the "
+                    "assistant's, is the completion",
+                )  # fmt: skip
+            messages, reply = with_system_message(turns[:-1], system), turns[-1:]
+        else:
+            messages = with_system_message(_messages(obj, "prompt"), system)
+            reply = _messages(obj, "completion")
         if not messages:
             raise Invalid("empty_prompt", "prompt has no messages")
         try:
