@@ -100,8 +100,8 @@ PARAMS: tuple[Param, ...] = (
         default="",
         kind=str,
         help="the sft stage's own data (TRL prompt-completion or messages records, or "
-        "preference pairs; files as data_uri), sharded apart with the same settings, e.g. a few formatted "
-        "solutions before RL on prompts; '' = sft trains on data_uri's",
+        "preference pairs; files as data_uri), sharded apart with the same settings, e.g. a "
+        "few formatted solutions before RL on prompts; '' = sft trains on data_uri's",
     ),
     Param(
         "heldout_data_uri",
