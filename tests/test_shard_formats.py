@@ -92,6 +92,14 @@ def test_a_text_prompt_beside_conversations_is_their_shared_turns_as_trl_takes_i
     assert convert({**row, "chosen": reply("Blue."), "rejected": reply("Green.")}) == explicit
     with pytest.raises(Invalid, match="field 'prompt' must be list"):
         convert({**row, "prompt": 3})
+    # ShareGPT's messages ("human" the user, "gpt" the assistant) say the same.
+    share = lambda turns: [  # noqa: E731
+        {"from": {"user": "human", "assistant": "gpt"}[t["role"]], "value": t["content"]}
+        for t in turns
+    ]
+    assert convert({k: share(row[k]) for k in ("chosen", "rejected")}) == explicit
+    with pytest.raises(Invalid, match="a string 'role' \\(or ShareGPT's 'from' and 'value'\\)"):
+        convert({"chosen": [{"value": "Hi"}], "rejected": [{"value": "Yo"}]})
 
 
 @pytest.mark.parametrize("choice", [0, 1])

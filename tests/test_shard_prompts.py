@@ -182,6 +182,11 @@ def test_messages_records_shard_as_their_last_assistant_turn(tmp_path):
     # Qwen3's template opens the last assistant turn with an empty think block.
     think = "<think>\n\n</think>\n\n"
     assert pair.prompt.count("<|im_start|>user") == 2 and pair.chosen == f"{think}0 1 2<|im_end|>\n"
+    # ShareGPT's conversations: the same record ("human" the user, "gpt" the assistant).
+    speakers = {"user": "human", "assistant": "gpt", "system": "system"}
+    shared = [{"from": speakers[t["role"]], "value": t["content"]} for t in turns]
+    assert detect_format({"conversations": shared}) == "messages"
+    assert to_text_pair({"conversations": shared}, "messages", tokenizer) == pair
     source = _write(tmp_path / "chats.jsonl", [*rows, *bad])
     output = str(tmp_path / "shards")
     config = ShardConfig(num_shards=1, eval_fraction=0.2, min_eval_pairs=1,

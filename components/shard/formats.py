@@ -5,8 +5,9 @@ prompt alone with its columns.
 - implicit: ``{"chosen": str, "rejected": str}`` in Anthropic HH style; the prompt is the
   shared prefix up to and including the last ``"\\n\\nAssistant:"`` both share
 - conversational: ``prompt``/``chosen``/``rejected`` as lists of ``{"role", "content"}``
-  messages (``prompt`` may be absent, or text beside conversations that hold the user's
-  turn too: then it is the messages both share), rendered with the tokenizer's chat
+  messages (or ShareGPT's ``{"from", "value"}``: ``human`` the user, ``gpt`` the
+  assistant); ``prompt`` may be absent, or text beside conversations that hold the user's
+  turn too: then it is the messages both share. Rendered with the tokenizer's chat
   template or the documented default
 - vertex: ``{"input_text": str, "candidate_0": str, "candidate_1": str, "choice": 0|1}``
 - prompt: TRL's prompt-only records, ``{"prompt": str, ...}``; conversational_prompt:
@@ -16,9 +17,10 @@ prompt alone with its columns.
 - prompt_completion: TRL's ``{"prompt": str, "completion": str}``; conversational_completion:
   both as message lists. The completion is the record's one response (sft's target).
 - messages: TRL's conversational language-modeling records, ``{"messages": [...]}`` (its
-  SFTTrainer's usual data): the last turn, the assistant's, is the completion and the turns
-  before it the prompt. TRL's ``assistant_only_loss`` trains on every assistant turn; the
-  sft stage trains on the last one, the earlier ones being its context.
+  SFTTrainer's usual data), or ShareGPT's ``{"conversations": [{"from", "value"}, ...]}``:
+  the last turn, the assistant's, is the completion and the turns before it the prompt.
+  TRL's ``assistant_only_loss`` trains on every assistant turn; the sft stage trains on the
+  last one, the earlier ones being its context.
 """
 
 from __future__ import annotations
@@ -106,8 +108,8 @@ def detect_format(obj: dict[str, Any]) -> str | None:
         return "explicit"
     if "chosen" in obj and "rejected" in obj:
         return "implicit"
-    if isinstance(obj.get("messages"), list):  # TRL language modeling (with a prompt: above)
-        return "messages"
+    if isinstance(obj.get("messages", obj.get("conversations")), list):  # TRL, ShareGPT
+        return "messages"  # (with a prompt: prompt-only, above)
     return None
 
 
@@ -197,8 +199,13 @@ def _messages(obj: dict[str, Any], key: str) -> list[dict[str, Any]]:
     messages = _require(obj, key, list)
     out = []
     for i, message in enumerate(messages):
+        if isinstance(message, dict) and "role" not in message and "from" in message:
+            message = _from_sharegpt(message)
         if not isinstance(message, dict) or not isinstance(message.get("role"), str):
-            raise Invalid("wrong_type", f"{key}[{i}] must be an object with a string 'role'")
+            raise Invalid(
+                "wrong_type", f"{key}[{i}] must be an object with a string 'role' (or ShareGPT's "
+                "'from' and 'value')",
+            )  # fmt: skip
         content = message.get("content")
         if isinstance(content, list):
             content = _content(content, f"{key}[{i}]['content']")
@@ -212,6 +219,20 @@ def _messages(obj: dict[str, Any], key: str) -> list[dict[str, Any]]:
             kept["reasoning_content"] = reasoning
         out.append(kept)
     return out
+
+
+# ShareGPT's speakers (``{"from": "human", "value": ...}``, as axolotl and LLaMA-Factory read
+# them); any other ``from`` is taken as the role it names.
+SHAREGPT_ROLES = {"human": "user", "gpt": "assistant"}
+
+
+def _from_sharegpt(message: dict[str, Any]) -> dict[str, Any]:
+    """A ShareGPT message as a ``{"role", "content"}`` one (TRL's maybe_convert_to_chatml
+    renames the keys; the speakers are mapped too, which no chat template knows)."""
+    speaker = message["from"]
+    role = SHAREGPT_ROLES.get(speaker, speaker) if isinstance(speaker, str) else speaker
+    rest = {k: v for k, v in message.items() if k not in ("from", "value")}
+    return {**rest, "role": role, "content": message.get("value", message.get("content"))}
 
 
 def with_system_message(prompt: list[dict[str, Any]], mode: str) -> list[dict[str, Any]]:
@@ -328,7 +349,7 @@ def _completion(
         prompt, completion = _require(obj, "prompt", str), _require(obj, "completion", str)
     else:
         if fmt == "messages":
-            turns = _messages(obj, "messages")
+            turns = _messages(obj, "messages" if "messages" in obj else "conversations")
             if not turns or turns[-1]["role"] != "assistant":
                 last = repr(turns[-1]["role"]) if turns else "no"
                 raise Invalid(
