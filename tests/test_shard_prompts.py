@@ -52,6 +52,10 @@ def test_formats_detect_prompt_only_records_and_keep_their_columns():
     assert detect_format({"prompt": "Hi", "chosen": "a", "rejected": "b"}) == "explicit"
     assert detect_format({"prompt": "Hi", "completion": "a"}) == "prompt_completion"
     assert detect_format({"prompt": [], "completion": []}) == "conversational_completion"
+    # TRL's unpaired preference (KTO) records: sft must not learn the ones labelled bad.
+    kto = {"prompt": "Hi", "completion": "Go away.", "label": False}
+    with pytest.raises(Invalid, match="unpaired preference \\(KTO\\)"):
+        to_text_pair(kto, detect_format(kto), None)
     pair = to_text_pair({"prompt": "Add 2 and 3.", "answer": 5, "tests": ["x"]}, "prompt", None)
     assert pair.prompt_only and pair.prompt == "Add 2 and 3." and not pair.chosen
     assert json.loads(pair.columns) == {"answer": 5, "tests": ["x"]}

@@ -345,6 +345,12 @@ def _completion(
     obj: dict[str, Any], fmt: str, tokenizer: Tokenizer, template_kwargs: dict, system: str
 ) -> TextPair:
     """A prompt-completion record: the completion as the one response."""
+    if isinstance(obj.get("label"), bool):  # sft would learn the ones labelled bad too
+        raise Invalid(
+            "unknown_format", "a true/false 'label' beside the completion makes TRL's unpaired "
+            "preference (KTO) record, which no stage trains on: pair its responses as prompt, "
+            "chosen and rejected, or drop 'label' to train sft on every completion",
+        )  # fmt: skip
     if fmt == "prompt_completion":
         prompt, completion = _require(obj, "prompt", str), _require(obj, "completion", str)
     else:
