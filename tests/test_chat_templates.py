@@ -154,3 +154,75 @@ def test_a_response_ends_where_the_template_ends_the_turn(renderers, family):
     assert ours.decode(ids).strip() == ours.decode(ours.encode(pair.chosen)).strip()
     plain = response_ids(ours, "Green, like grass.")
     assert plain[-1] == ours.eos_id and plain[:-1] == ours.encode("Green, like grass.")
+
+
+# Qwen's tool section, as its released templates write it (system block of function
+# schemas, <tool_call> turns, tool replies as user turns): the fixtures' templates have none.
+TOOL_TEMPLATE = """
+{%- if tools %}<|im_start|>system
+# Tools
+<tools>{% for tool in tools %}
+{{ tool | tojson }}{% endfor %}
+</tools><|im_end|>
+{% endif %}
+{%- for message in messages %}
+{%- if message.role == "assistant" and message.tool_calls %}<|im_start|>assistant
+{% if message.content %}{{ message.content }}
+{% endif %}{% for call in message.tool_calls %}<tool_call>
+{"name": "{{ call.function.name }}", "arguments": {{ call.function.arguments | tojson }}}
+</tool_call>{% endfor %}<|im_end|>
+{% elif message.role == "tool" %}<|im_start|>user
+<tool_response>
+{{ message.content }}
+</tool_response><|im_end|>
+{% else %}<|im_start|>{{ message.role }}
+{{ message.content }}<|im_end|>
+{% endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}<|im_start|>assistant
+{% endif %}"""
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "The weather in a city.",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                   "required": ["city"]},
+}}  # fmt: skip
+CALL = {"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}
+
+
+def test_a_records_tools_and_tool_calls_reach_the_template_as_transformers_passes_them(tmp_path):
+    """A dataset's ``tools`` column (function schemas; a JSON string of them too) and its
+    messages' ``tool_calls``, tool replies and their ``name`` render as transformers renders
+    ``apply_chat_template(messages, tools=...)``: TRL's tool-use records, for sft on the
+    call or on the answer after the tool's reply, and for RL prompts that offer the tools."""
+    import json
+    import shutil
+
+    folder = tmp_path / "qwen3_tools"
+    shutil.copytree(FIXTURES / "qwen3", folder)
+    (folder / "chat_template.jinja").write_text(TOOL_TEMPLATE)
+    ours, theirs = load_tokenizer(str(folder)), transformers.AutoTokenizer.from_pretrained(folder)
+    turns = [
+        {"role": "user", "content": "Weather in Paris?"},
+        {"role": "assistant", "content": None, "tool_calls": [CALL]},
+        {"role": "tool", "name": "get_weather", "content": "18C, sunny"},
+        {"role": "assistant", "content": "18C and sunny."},
+    ]
+
+    def rendered(messages: list, prompt: bool) -> str:
+        return theirs.apply_chat_template(
+            messages, tools=[WEATHER], tokenize=False, add_generation_prompt=prompt
+        )
+
+    for end, tools in ((2, [WEATHER]), (4, json.dumps([WEATHER]))):  # the call; the answer
+        pair = to_text_pair({"messages": turns[:end], "tools": tools}, "messages", ours)
+        assert pair.prompt == rendered(turns[: end - 1], True)
+        assert pair.prompt + pair.chosen == rendered(turns[:end], False)
+        assert '"name": "get_weather"' in pair.prompt  # the schema, in the system block
+    call = to_text_pair({"messages": turns[:2], "tools": [WEATHER]}, "messages", ours)
+    assert call.chosen.startswith('<tool_call>\n{"name": "get_weather", "arguments": {"city"')
+    # A prompt-only record offers them to the policy: its prompt holds the schemas.
+    prompt = to_text_pair({"prompt": turns[:1], "tools": [WEATHER]}, "conversational_prompt", ours)
+    assert prompt.prompt == rendered(turns[:1], True) and "tools" in json.loads(prompt.columns)
+    for bad in ("{not json", [3]):
+        with pytest.raises(Invalid, match="field 'tools'"):
+            to_text_pair({"messages": turns[:2], "tools": bad}, "messages", ours)

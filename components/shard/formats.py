@@ -8,7 +8,8 @@ prompt alone with its columns.
   messages (or ShareGPT's ``{"from", "value"}``: ``human`` the user, ``gpt`` the
   assistant); ``prompt`` may be absent, or text beside conversations that hold the user's
   turn too: then it is the messages both share. Rendered with the tokenizer's chat
-  template or the documented default
+  template or the documented default; a record's ``tools`` (function schemas) and its
+  messages' ``tool_calls`` go to the template as transformers passes them
 - vertex: ``{"input_text": str, "candidate_0": str, "candidate_1": str, "choice": 0|1}``
 - prompt: TRL's prompt-only records, ``{"prompt": str, ...}``; conversational_prompt:
   ``{"prompt": [messages], ...}``, rendered with the generation prompt. Every other field
@@ -89,6 +90,9 @@ class TextPair:
 
 PROMPT_FORMATS = ("prompt", "conversational_prompt")
 COMPLETION_FORMATS = ("prompt_completion", "conversational_completion", "messages")
+# The formats of message lists, rendered with the chat template (and the record's tools).
+TEMPLATED_FORMATS = ("conversational", "conversational_prompt", "conversational_completion",
+                     "messages")  # fmt: skip
 # Fields that make a record a pair or a completion rather than a prompt alone.
 RESPONSE_FIELDS = ("chosen", "rejected", "completion", "candidate_0", "candidate_1")
 
@@ -207,9 +211,10 @@ def _messages(obj: dict[str, Any], key: str) -> list[dict[str, Any]]:
                 "'from' and 'value')",
             )  # fmt: skip
         content = message.get("content")
+        calls = message.get("tool_calls")
         if isinstance(content, list):
             content = _content(content, f"{key}[{i}]['content']")
-        elif not isinstance(content, str):
+        elif not isinstance(content, str) and not (content is None and calls):
             raise Invalid("wrong_type", f"{key}[{i}]['content'] must be a string or text parts")
         kept: dict[str, Any] = {"role": message["role"], "content": content}
         reasoning = message.get("reasoning_content")
@@ -217,8 +222,32 @@ def _messages(obj: dict[str, Any], key: str) -> list[dict[str, Any]]:
             if not isinstance(reasoning, str):
                 raise Invalid("wrong_type", f"{key}[{i}]['reasoning_content'] must be a string")
             kept["reasoning_content"] = reasoning
+        if calls is not None:  # an assistant's function calls (transformers' tool use)
+            if not isinstance(calls, list) or not all(isinstance(c, dict) for c in calls):
+                raise Invalid("wrong_type", f"{key}[{i}]['tool_calls'] must be a list of objects")
+            kept["tool_calls"] = calls
+        for field in ("name", "tool_call_id"):  # a tool's reply: which tool, which call
+            if isinstance(message.get(field), str):
+                kept[field] = message[field]
         out.append(kept)
     return out
+
+
+def _with_tools(obj: dict[str, Any], template_kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The template's arguments with the record's ``tools`` (function schemas, as TRL passes
+    a dataset's ``tools`` column to ``apply_chat_template``; a JSON string of them too, as
+    some datasets store them)."""
+    tools = obj.get("tools")
+    if tools is None:
+        return template_kwargs
+    if isinstance(tools, str):
+        try:
+            tools = json.loads(tools)
+        except json.JSONDecodeError as error:
+            raise Invalid("wrong_type", f"field 'tools' is not JSON: {error}") from error
+    if not isinstance(tools, list) or not all(isinstance(tool, dict) for tool in tools):
+        raise Invalid("wrong_type", "field 'tools' must be a list of function schemas")
+    return {**template_kwargs, "tools": tools}
 
 
 # ShareGPT's speakers (``{"from": "human", "value": ...}``, as axolotl and LLaMA-Factory read
@@ -392,16 +421,19 @@ def to_text_pair(
         raise Invalid("not_object", f"expected a JSON object, got {type(obj).__name__}")
     if fmt is None:
         raise Invalid("unknown_format", f"keys {sorted(obj)[:8]} match no supported format")
+    kwargs = template_kwargs or {}
+    if fmt in TEMPLATED_FORMATS:
+        kwargs = _with_tools(obj, kwargs)
     if fmt == "explicit":
         pair = _explicit(obj)
     elif fmt == "implicit":
         pair = _implicit(obj)
     elif fmt == "conversational":
-        pair = _conversational(obj, tokenizer, template_kwargs or {}, system_message)
+        pair = _conversational(obj, tokenizer, kwargs, system_message)
     elif fmt in PROMPT_FORMATS:
-        pair = _prompt_only(obj, fmt, tokenizer, template_kwargs or {}, system_message)
+        pair = _prompt_only(obj, fmt, tokenizer, kwargs, system_message)
     elif fmt in COMPLETION_FORMATS:
-        pair = _completion(obj, fmt, tokenizer, template_kwargs or {}, system_message)
+        pair = _completion(obj, fmt, tokenizer, kwargs, system_message)
     else:
         pair = _vertex(obj)
     if not pair.prompt.strip():
