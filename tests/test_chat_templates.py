@@ -226,3 +226,25 @@ def test_a_records_tools_and_tool_calls_reach_the_template_as_transformers_passe
     for bad in ("{not json", [3]):
         with pytest.raises(Invalid, match="field 'tools'"):
             to_text_pair({"messages": turns[:2], "tools": bad}, "messages", ours)
+
+
+def test_a_records_own_template_arguments_override_the_runs(renderers):
+    """A ``chat_template_kwargs`` column (SmolTalk2's rows carry ``enable_thinking``; TRL
+    passes it to ``apply_chat_template``), an object or a JSON string, renders each record
+    as transformers does with those arguments, over the run's ``chat_template_kwargs``."""
+    import json
+
+    ours, theirs = renderers["qwen3"]
+    turns = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello."}]
+    prompts = {}
+    for own in (False, True):
+        prompts[own] = theirs.apply_chat_template(
+            turns[:1], tokenize=False, add_generation_prompt=True, enable_thinking=own
+        )
+        for given in ({"enable_thinking": own}, json.dumps({"enable_thinking": own})):
+            record = {"messages": turns, "chat_template_kwargs": given}
+            pair = to_text_pair(record, "messages", ours, {"enable_thinking": not own})
+            assert pair.prompt == prompts[own]
+    assert prompts[False] != prompts[True]  # the argument matters to this template
+    with pytest.raises(Invalid, match="field 'chat_template_kwargs' must be an object"):
+        to_text_pair({"messages": turns, "chat_template_kwargs": [1]}, "messages", ours)

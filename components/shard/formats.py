@@ -8,8 +8,9 @@ prompt alone with its columns.
   messages (or ShareGPT's ``{"from", "value"}``: ``human`` the user, ``gpt`` the
   assistant); ``prompt`` may be absent, or text beside conversations that hold the user's
   turn too: then it is the messages both share. Rendered with the tokenizer's chat
-  template or the documented default; a record's ``tools`` (function schemas) and its
-  messages' ``tool_calls`` go to the template as transformers passes them
+  template or the documented default; a record's ``tools`` (function schemas), its own
+  ``chat_template_kwargs`` and its messages' ``tool_calls`` go to the template as TRL and
+  transformers pass them
 - vertex: ``{"input_text": str, "candidate_0": str, "candidate_1": str, "choice": 0|1}``
 - prompt: TRL's prompt-only records, ``{"prompt": str, ...}``; conversational_prompt:
   ``{"prompt": [messages], ...}``, rendered with the generation prompt. Every other field
@@ -233,21 +234,30 @@ def _messages(obj: dict[str, Any], key: str) -> list[dict[str, Any]]:
     return out
 
 
-def _with_tools(obj: dict[str, Any], template_kwargs: dict[str, Any]) -> dict[str, Any]:
-    """The template's arguments with the record's ``tools`` (function schemas, as TRL passes
-    a dataset's ``tools`` column to ``apply_chat_template``; a JSON string of them too, as
-    some datasets store them)."""
-    tools = obj.get("tools")
-    if tools is None:
-        return template_kwargs
-    if isinstance(tools, str):
-        try:
-            tools = json.loads(tools)
-        except json.JSONDecodeError as error:
-            raise Invalid("wrong_type", f"field 'tools' is not JSON: {error}") from error
-    if not isinstance(tools, list) or not all(isinstance(tool, dict) for tool in tools):
-        raise Invalid("wrong_type", "field 'tools' must be a list of function schemas")
-    return {**template_kwargs, "tools": tools}
+def _record_kwargs(obj: dict[str, Any], template_kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The template's arguments for one record: the run's ``chat_template_kwargs``, then the
+    record's own (a ``chat_template_kwargs`` column, as TRL and SmolTalk2's rows carry
+    ``enable_thinking``; the record's win, being the more specific), and its ``tools``
+    (function schemas, as TRL passes a ``tools`` column to ``apply_chat_template``). Either
+    column may be a JSON string, as some datasets store them."""
+    kwargs = dict(template_kwargs)
+    for name, kind, what in (
+        ("chat_template_kwargs", dict, "an object of the template's arguments"),
+        ("tools", list, "a list of function schemas"),
+    ):
+        value = obj.get(name)
+        if value is None:
+            continue
+        if isinstance(value, str):
+            try:
+                value = json.loads(value)
+            except json.JSONDecodeError as error:
+                raise Invalid("wrong_type", f"field {name!r} is not JSON: {error}") from error
+        listed = kind is dict or all(isinstance(tool, dict) for tool in value)
+        if not isinstance(value, kind) or not listed:
+            raise Invalid("wrong_type", f"field {name!r} must be {what}")
+        kwargs.update(value if kind is dict else {"tools": value})
+    return kwargs
 
 
 # ShareGPT's speakers (``{"from": "human", "value": ...}``, as axolotl and LLaMA-Factory read
@@ -423,7 +433,7 @@ def to_text_pair(
         raise Invalid("unknown_format", f"keys {sorted(obj)[:8]} match no supported format")
     kwargs = template_kwargs or {}
     if fmt in TEMPLATED_FORMATS:
-        kwargs = _with_tools(obj, kwargs)
+        kwargs = _record_kwargs(obj, kwargs)
     if fmt == "explicit":
         pair = _explicit(obj)
     elif fmt == "implicit":
