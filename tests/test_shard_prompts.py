@@ -177,7 +177,12 @@ def test_messages_records_shard_as_their_last_assistant_turn(tmp_path):
     bad = [{"messages": [say("user", "Hi"), say("assistant", "Hello"), say("user", "Bye")]},
            {"messages": [say("assistant", "Hello")]}]  # fmt: skip
     assert detect_format(rows[0]) == "messages"
+    # A prompt beside the messages: prompt-only, unless it repeats the first user turn of a
+    # conversation the assistant ends (HuggingFaceH4/ultrachat_200k's rows, sft data).
     assert detect_format({"prompt": "Hi", "messages": rows[0]["messages"]}) == "prompt"
+    ultrachat = {"prompt": "Count to 3.", "prompt_id": "9e1", **rows[0]}
+    assert detect_format(ultrachat) == "messages"
+    assert detect_format({**ultrachat, "messages": rows[0]["messages"][:-1]}) == "prompt"
     tokenizer = load_tokenizer(str(FIXTURES / "qwen3"))
     turns = rows[0]["messages"]
     given = {"prompt": turns[:-1], "completion": turns[-1:]}

@@ -19,7 +19,8 @@ prompt alone with its columns.
 - prompt_completion: TRL's ``{"prompt": str, "completion": str}``; conversational_completion:
   both as message lists. The completion is the record's one response (sft's target).
 - messages: TRL's conversational language-modeling records, ``{"messages": [...]}`` (its
-  SFTTrainer's usual data), or ShareGPT's ``{"conversations": [{"from", "value"}, ...]}``:
+  SFTTrainer's usual data; with a ``prompt`` that repeats the first user turn too), or
+  ShareGPT's ``{"conversations": [{"from", "value"}, ...]}``:
   the last turn, the assistant's, is the completion and the turns before it the prompt.
   TRL's ``assistant_only_loss`` trains on every assistant turn; the sft stage trains on the
   last one, the earlier ones being its context.
@@ -102,6 +103,8 @@ def detect_format(obj: dict[str, Any]) -> str | None:
     """The format an object is written in, or None."""
     if "input_text" in obj and "choice" in obj:
         return "vertex"
+    if _prompt_repeats_conversation(obj):
+        return "messages"
     if "prompt" in obj and not any(field in obj for field in RESPONSE_FIELDS):
         return "conversational_prompt" if isinstance(obj["prompt"], list) else "prompt"
     if "prompt" in obj and "completion" in obj and "chosen" not in obj:
@@ -114,8 +117,21 @@ def detect_format(obj: dict[str, Any]) -> str | None:
     if "chosen" in obj and "rejected" in obj:
         return "implicit"
     if isinstance(obj.get("messages", obj.get("conversations")), list):  # TRL, ShareGPT
-        return "messages"  # (with a prompt: prompt-only, above)
+        return "messages"
     return None
+
+
+def _prompt_repeats_conversation(obj: dict[str, Any]) -> bool:
+    """Whether a record is a conversation whose ``prompt`` repeats its first user turn
+    (HuggingFaceH4/ultrachat_200k's and no_robots' rows: sft data, read as ``messages``).
+    Any other ``prompt`` beside ``messages`` makes a prompt-only record."""
+    turns, prompt = obj.get("messages"), obj.get("prompt")
+    if not isinstance(prompt, str) or not isinstance(turns, list) or len(turns) < 2:
+        return False
+    if not all(isinstance(turn, dict) for turn in turns) or any(f in obj for f in RESPONSE_FIELDS):
+        return False
+    users = [turn.get("content") for turn in turns if turn.get("role") == "user"]
+    return bool(users) and users[0] == prompt and turns[-1].get("role") == "assistant"
 
 
 def _require(obj: dict[str, Any], key: str, kind: type | tuple[type, ...]) -> Any:
