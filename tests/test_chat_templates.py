@@ -223,7 +223,7 @@ def test_a_records_tools_and_tool_calls_reach_the_template_as_transformers_passe
     # A prompt-only record offers them to the policy: its prompt holds the schemas.
     prompt = to_text_pair({"prompt": turns[:1], "tools": [WEATHER]}, "conversational_prompt", ours)
     assert prompt.prompt == rendered(turns[:1], True) and "tools" in json.loads(prompt.columns)
-    for bad in ("{not json", [3]):
+    for bad in ("{not json", [3], 3):
         with pytest.raises(Invalid, match="field 'tools'"):
             to_text_pair({"messages": turns[:2], "tools": bad}, "messages", ours)
 

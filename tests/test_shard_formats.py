@@ -7,13 +7,9 @@ import pytest
 
 from components.core.data.tokenizers import ByteTokenizer
 from components.shard.config import ShardConfig
-from components.shard.formats import (
-    REASONS,
-    Invalid,
-    detect_format,
-    to_text_pair,
-    with_system_message,
-)
+from components.shard.formats import Invalid, detect_format, to_text_pair
+from components.shard.invalid import REASONS
+from components.shard.messages import with_system_message
 from components.shard.records import (
     Rejection,
     TokenPair,

@@ -34,41 +34,11 @@ import math
 from typing import Any
 
 from components.core.data.tokenizers import Tokenizer
+from components.shard.invalid import Invalid, require
+from components.shard.messages import message_list, record_kwargs, with_system_message
 
 HH_ASSISTANT = "\n\nAssistant:"
 FLOAT32_MAX = 3.4028234663852886e38  # shards store the margin as a float32
-
-
-class Invalid(Exception):
-    """A record that fails validation: ``reason`` is one of ``REASONS``, ``detail`` says why."""
-
-    def __init__(self, reason: str, detail: str) -> None:
-        super().__init__(f"{reason}: {detail}")
-        self.reason = reason
-        self.detail = detail
-
-    def __reduce__(self) -> tuple:
-        # Beam pickles the items that carry one (an undecodable line) between its stages;
-        # the default would call __init__ with the message alone.
-        return Invalid, (self.reason, self.detail)
-
-
-REASONS = (
-    "not_json",
-    "not_object",
-    "unknown_format",
-    "missing_field",
-    "wrong_type",
-    "no_common_prompt",
-    "empty_prompt",
-    "empty_response",
-    "identical_responses",
-    "too_long",
-    "invalid_choice",
-    "non_finite_margin",
-    "chat_template",  # the model's template refused the conversation (its message kept)
-    "unsupported_content",  # an image, audio or video part in a text-only run
-)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -134,20 +104,10 @@ def _prompt_repeats_conversation(obj: dict[str, Any]) -> bool:
     return bool(users) and users[0] == prompt and turns[-1].get("role") == "assistant"
 
 
-def _require(obj: dict[str, Any], key: str, kind: type | tuple[type, ...]) -> Any:
-    if key not in obj:
-        raise Invalid("missing_field", f"field {key!r} is missing")
-    value = obj[key]
-    if not isinstance(value, kind) or isinstance(value, bool) and kind is not bool:
-        names = kind.__name__ if isinstance(kind, type) else "/".join(k.__name__ for k in kind)
-        raise Invalid("wrong_type", f"field {key!r} must be {names}, got {type(value).__name__}")
-    return value
-
-
 def _margin(obj: dict[str, Any]) -> float:
     if obj.get("margin") is None:
         return 0.0
-    margin = _require(obj, "margin", (int, float))
+    margin = require(obj, "margin", (int, float))
     try:
         value = float(margin)
     except OverflowError:  # an integer beyond any float
@@ -168,15 +128,15 @@ def _gold(obj: dict[str, Any]) -> str | None:
 
 
 def _explicit(obj: dict[str, Any]) -> TextPair:
-    prompt = _require(obj, "prompt", str)
-    chosen = _require(obj, "chosen", str)
-    rejected = _require(obj, "rejected", str)
+    prompt = require(obj, "prompt", str)
+    chosen = require(obj, "chosen", str)
+    rejected = require(obj, "rejected", str)
     return TextPair(prompt, chosen, rejected, _margin(obj), _gold(obj))
 
 
 def _implicit(obj: dict[str, Any]) -> TextPair:
-    chosen = _require(obj, "chosen", str)
-    rejected = _require(obj, "rejected", str)
+    chosen = require(obj, "chosen", str)
+    rejected = require(obj, "rejected", str)
     shared = _common_prefix(chosen, rejected)
     cut = shared.rfind(HH_ASSISTANT)
     if cut < 0:
@@ -194,130 +154,13 @@ def _common_prefix(a: str, b: str) -> str:
     return a[:n]
 
 
-# Parts of a message's list content that carry no text: a text-only run refuses them.
-MEDIA_PARTS = ("image", "image_url", "audio", "input_audio", "video")
-
-
-def _content(part_list: list, where: str) -> str | list[dict[str, str]]:
-    """A message's list-of-parts content: one text part as its text, several as the list
-    (the template joins them, as transformers passes them); media parts refused by name."""
-    parts = []
-    for j, part in enumerate(part_list):
-        kind = part.get("type") if isinstance(part, dict) else None
-        if kind in MEDIA_PARTS:
-            raise Invalid(
-                "unsupported_content",
-                f"{where}[{j}] is an {kind} part; alignpipe trains text-only: drop the part "
-                "or keep the record out",
-            )
-        if kind != "text" or not isinstance(part.get("text"), str):
-            raise Invalid("wrong_type", f"{where}[{j}] must be {{'type': 'text', 'text': str}}")
-        parts.append({"type": "text", "text": part["text"]})
-    return parts[0]["text"] if len(parts) == 1 else parts
-
-
-def _messages(obj: dict[str, Any], key: str) -> list[dict[str, Any]]:
-    messages = _require(obj, key, list)
-    out = []
-    for i, message in enumerate(messages):
-        if isinstance(message, dict) and "role" not in message and "from" in message:
-            message = _from_sharegpt(message)
-        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
-            raise Invalid(
-                "wrong_type", f"{key}[{i}] must be an object with a string 'role' (or ShareGPT's "
-                "'from' and 'value')",
-            )  # fmt: skip
-        content = message.get("content")
-        calls = message.get("tool_calls")
-        if isinstance(content, list):
-            content = _content(content, f"{key}[{i}]['content']")
-        elif not isinstance(content, str) and not (content is None and calls):
-            raise Invalid("wrong_type", f"{key}[{i}]['content'] must be a string or text parts")
-        kept: dict[str, Any] = {"role": message["role"], "content": content}
-        reasoning = message.get("reasoning_content")
-        if reasoning is not None:  # Qwen3's templates render it in a <think> block
-            if not isinstance(reasoning, str):
-                raise Invalid("wrong_type", f"{key}[{i}]['reasoning_content'] must be a string")
-            kept["reasoning_content"] = reasoning
-        if calls is not None:  # an assistant's function calls (transformers' tool use)
-            if not isinstance(calls, list) or not all(isinstance(c, dict) for c in calls):
-                raise Invalid("wrong_type", f"{key}[{i}]['tool_calls'] must be a list of objects")
-            kept["tool_calls"] = calls
-        for field in ("name", "tool_call_id"):  # a tool's reply: which tool, which call
-            if isinstance(message.get(field), str):
-                kept[field] = message[field]
-        out.append(kept)
-    return out
-
-
-def _record_kwargs(obj: dict[str, Any], template_kwargs: dict[str, Any]) -> dict[str, Any]:
-    """The template's arguments for one record: the run's ``chat_template_kwargs``, then the
-    record's own (a ``chat_template_kwargs`` column, as TRL and SmolTalk2's rows carry
-    ``enable_thinking``; the record's win, being the more specific), and its ``tools``
-    (function schemas, as TRL passes a ``tools`` column to ``apply_chat_template``). Either
-    column may be a JSON string, as some datasets store them."""
-    kwargs = dict(template_kwargs)
-    for name, kind, what in (
-        ("chat_template_kwargs", dict, "an object of the template's arguments"),
-        ("tools", list, "a list of function schemas"),
-    ):
-        value = obj.get(name)
-        if value is None:
-            continue
-        if isinstance(value, str):
-            try:
-                value = json.loads(value)
-            except json.JSONDecodeError as error:
-                raise Invalid("wrong_type", f"field {name!r} is not JSON: {error}") from error
-        listed = kind is dict or all(isinstance(tool, dict) for tool in value)
-        if not isinstance(value, kind) or not listed:
-            raise Invalid("wrong_type", f"field {name!r} must be {what}")
-        kwargs.update(value if kind is dict else {"tools": value})
-    return kwargs
-
-
-# ShareGPT's speakers (``{"from": "human", "value": ...}``, as axolotl and LLaMA-Factory read
-# them); any other ``from`` is taken as the role it names.
-SHAREGPT_ROLES = {"human": "user", "gpt": "assistant"}
-
-
-def _from_sharegpt(message: dict[str, Any]) -> dict[str, Any]:
-    """A ShareGPT message as a ``{"role", "content"}`` one (TRL's maybe_convert_to_chatml
-    renames the keys; the speakers are mapped too, which no chat template knows)."""
-    speaker = message["from"]
-    role = SHAREGPT_ROLES.get(speaker, speaker) if isinstance(speaker, str) else speaker
-    rest = {k: v for k, v in message.items() if k not in ("from", "value")}
-    return {**rest, "role": role, "content": message.get("value", message.get("content"))}
-
-
-def with_system_message(prompt: list[dict[str, Any]], mode: str) -> list[dict[str, Any]]:
-    """``prompt`` with its leading system message kept, dropped, or folded into the first
-    user turn as Gemma 3's template folds it (its text, a blank line, the user's text)."""
-    if mode == "keep" or not prompt or prompt[0]["role"] != "system":
-        return prompt
-    system, rest = prompt[0], prompt[1:]
-    if mode == "drop" or not rest or rest[0]["role"] != "user":
-        return rest
-    text = (
-        system["content"]
-        if isinstance(system["content"], str)
-        else "".join(part["text"] for part in system["content"])
-    )
-    user = dict(rest[0])
-    if isinstance(user["content"], str):
-        user["content"] = f"{text}\n\n{user['content']}"
-    else:
-        user["content"] = [{"type": "text", "text": f"{text}\n\n"}, *user["content"]]
-    return [user, *rest[1:]]
-
-
 def _conversational(
     obj: dict[str, Any], tokenizer: Tokenizer, template_kwargs: dict[str, Any], system: str
 ) -> TextPair:
-    chosen = _messages(obj, "chosen")
-    rejected = _messages(obj, "rejected")
+    chosen = message_list(obj, "chosen")
+    rejected = message_list(obj, "rejected")
     if "prompt" in obj and not isinstance(obj["prompt"], str):
-        prompt = _messages(obj, "prompt")
+        prompt = message_list(obj, "prompt")
     else:  # implicit prompt: the messages both conversations share
         n = 0
         while n < min(len(chosen), len(rejected)) and chosen[n] == rejected[n]:
@@ -360,8 +203,8 @@ def _reply_text(
 
 
 def _vertex(obj: dict[str, Any]) -> TextPair:
-    prompt = _require(obj, "input_text", str)
-    candidates = (_require(obj, "candidate_0", str), _require(obj, "candidate_1", str))
+    prompt = require(obj, "input_text", str)
+    candidates = (require(obj, "candidate_0", str), require(obj, "candidate_1", str))
     choice = obj.get("choice")
     if isinstance(choice, bool) or choice not in (0, 1):
         raise Invalid("invalid_choice", f"choice must be 0 or 1, got {choice!r}")
@@ -384,9 +227,9 @@ def _prompt_only(
     """A prompt-only record: its prompt (messages rendered up to the model's turn) and
     columns."""
     if fmt == "prompt":
-        prompt = _require(obj, "prompt", str)
+        prompt = require(obj, "prompt", str)
     else:
-        messages = with_system_message(_messages(obj, "prompt"), system)
+        messages = with_system_message(message_list(obj, "prompt"), system)
         if not messages:
             raise Invalid("empty_prompt", "prompt has no messages")
         try:
@@ -407,10 +250,10 @@ def _completion(
             "chosen and rejected, or drop 'label' to train sft on every completion",
         )  # fmt: skip
     if fmt == "prompt_completion":
-        prompt, completion = _require(obj, "prompt", str), _require(obj, "completion", str)
+        prompt, completion = require(obj, "prompt", str), require(obj, "completion", str)
     else:
         if fmt == "messages":
-            turns = _messages(obj, "messages" if "messages" in obj else "conversations")
+            turns = message_list(obj, "messages" if "messages" in obj else "conversations")
             if not turns or turns[-1]["role"] != "assistant":
                 last = repr(turns[-1]["role"]) if turns else "no"
                 raise Invalid(
@@ -419,8 +262,8 @@ def _completion(
                 )  # fmt: skip
             messages, reply = with_system_message(turns[:-1], system), turns[-1:]
         else:
-            messages = with_system_message(_messages(obj, "prompt"), system)
-            reply = _messages(obj, "completion")
+            messages = with_system_message(message_list(obj, "prompt"), system)
+            reply = message_list(obj, "completion")
         if not messages:
             raise Invalid("empty_prompt", "prompt has no messages")
         try:
@@ -449,7 +292,7 @@ def to_text_pair(
         raise Invalid("unknown_format", f"keys {sorted(obj)[:8]} match no supported format")
     kwargs = template_kwargs or {}
     if fmt in TEMPLATED_FORMATS:
-        kwargs = _record_kwargs(obj, kwargs)
+        kwargs = record_kwargs(obj, kwargs)
     if fmt == "explicit":
         pair = _explicit(obj)
     elif fmt == "implicit":
