@@ -32,6 +32,9 @@ def content_parts(part_list: list, where: str) -> str | list[dict[str, str]]:
 
 
 def message_list(obj: dict[str, Any], key: str) -> list[dict[str, Any]]:
+    """The messages under ``key`` as the chat template takes them: role and content (text,
+    or text parts), and where given the reasoning, tool calls, tool name and call id;
+    ShareGPT's messages mapped; anything else refused as ``wrong_type`` naming the message."""
     messages = require(obj, key, list)
     out = []
     for i, message in enumerate(messages):
