@@ -208,6 +208,33 @@ def test_messages_records_shard_as_their_last_assistant_turn(tmp_path):
     }
 
 
+def test_alpaca_records_are_the_conversation_llama_factory_makes_of_them():
+    """tatsu-lab/alpaca's ``instruction``/``input``/``output`` (with ``system`` and a
+    ``history`` of [query, answer] pairs, as LLaMA-Factory reads them): the instruction and
+    the input joined by a newline are the user's turn, after the history; the output is the
+    completion."""
+    from components.core.data.tokenizers import load_tokenizer
+
+    tokenizer = load_tokenizer(str(FIXTURES / "qwen3"))
+    say = lambda role, text: {"role": role, "content": text}  # noqa: E731
+    row = {"instruction": "Add the numbers.", "input": "2 3", "output": "5",
+           "system": "Be brief.", "history": [["Hi", "Hello."]]}  # fmt: skip
+    assert detect_format(row) == "alpaca"
+    turns = [say("system", "Be brief."), say("user", "Hi"), say("assistant", "Hello."),
+             say("user", "Add the numbers.\n2 3"), say("assistant", "5")]  # fmt: skip
+    expected = to_text_pair({"messages": turns}, "messages", tokenizer)
+    assert to_text_pair(row, "alpaca", tokenizer) == expected
+    plain = {"instruction": "Add 2 and 3.", "input": "", "output": "5"}
+    alone = [say("user", "Add 2 and 3."), say("assistant", "5")]
+    assert to_text_pair(plain, "alpaca", tokenizer) == to_text_pair(
+        {"messages": alone}, "messages", tokenizer
+    )
+    for bad in ({**plain, "history": [["Hi"]]}, {**plain, "output": 5}):
+        with pytest.raises(Invalid) as refused:
+            to_text_pair(bad, "alpaca", tokenizer)
+        assert refused.value.reason == "wrong_type"
+
+
 def test_sft_learns_from_prompt_completion_shards(tmp_path):
     """The built-in task's chosen replies as prompt-completion records: sft trains on them
     (its eval loss falls, and ends well below a uniform guess over the vocabulary)."""

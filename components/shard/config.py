@@ -12,7 +12,7 @@ from components.core.flags import field
 
 FORMATS = (
     "auto", "explicit", "implicit", "conversational", "vertex", "prompt", "conversational_prompt",
-    "prompt_completion", "conversational_completion", "messages",
+    "prompt_completion", "conversational_completion", "messages", "alpaca",
 )  # fmt: skip
 SYSTEM_MESSAGES = ("keep", "fold", "drop")
 
@@ -24,6 +24,7 @@ class ShardConfig:
     format: Literal[
         "auto", "explicit", "implicit", "conversational", "vertex", "prompt",
         "conversational_prompt", "prompt_completion", "conversational_completion", "messages",
+        "alpaca",
     ] = field(
         "auto",
         help="record format; 'auto' detects it per file from its first JSON object (pairs, "

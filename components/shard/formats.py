@@ -24,6 +24,8 @@ prompt alone with its columns.
   the last turn, the assistant's, is the completion and the turns before it the prompt.
   TRL's ``assistant_only_loss`` trains on every assistant turn; the sft stage trains on the
   last one, the earlier ones being its context.
+- alpaca: ``{"instruction", "input", "output", "system"?, "history"?}`` (tatsu-lab/alpaca's
+  and its kin's), read as the conversation LLaMA-Factory makes of it, a ``messages`` record.
 """
 
 from __future__ import annotations
@@ -35,7 +37,12 @@ from typing import Any
 
 from components.core.data.tokenizers import Tokenizer
 from components.shard.invalid import Invalid, require
-from components.shard.messages import message_list, record_kwargs, with_system_message
+from components.shard.messages import (
+    alpaca_turns,
+    message_list,
+    record_kwargs,
+    with_system_message,
+)
 
 HH_ASSISTANT = "\n\nAssistant:"
 FLOAT32_MAX = 3.4028234663852886e38  # shards store the margin as a float32
@@ -61,10 +68,10 @@ class TextPair:
 
 
 PROMPT_FORMATS = ("prompt", "conversational_prompt")
-COMPLETION_FORMATS = ("prompt_completion", "conversational_completion", "messages")
+COMPLETION_FORMATS = ("prompt_completion", "conversational_completion", "messages", "alpaca")
 # The formats of message lists, rendered with the chat template (and the record's tools).
 TEMPLATED_FORMATS = ("conversational", "conversational_prompt", "conversational_completion",
-                     "messages")  # fmt: skip
+                     "messages", "alpaca")  # fmt: skip
 # Fields that make a record a pair or a completion rather than a prompt alone.
 RESPONSE_FIELDS = ("chosen", "rejected", "completion", "candidate_0", "candidate_1")
 
@@ -88,6 +95,8 @@ def detect_format(obj: dict[str, Any]) -> str | None:
         return "implicit"
     if isinstance(obj.get("messages", obj.get("conversations")), list):  # TRL, ShareGPT
         return "messages"
+    if "instruction" in obj and "output" in obj:
+        return "alpaca"
     return None
 
 
@@ -252,8 +261,9 @@ def _completion(
     if fmt == "prompt_completion":
         prompt, completion = require(obj, "prompt", str), require(obj, "completion", str)
     else:
-        if fmt == "messages":
-            turns = message_list(obj, "messages" if "messages" in obj else "conversations")
+        if fmt in ("messages", "alpaca"):
+            key = "messages" if "messages" in obj else "conversations"
+            turns = alpaca_turns(obj) if fmt == "alpaca" else message_list(obj, key)
             if not turns or turns[-1]["role"] != "assistant":
                 last = repr(turns[-1]["role"]) if turns else "no"
                 raise Invalid(

@@ -96,6 +96,29 @@ def record_kwargs(obj: dict[str, Any], template_kwargs: dict[str, Any]) -> dict[
     return kwargs
 
 
+def alpaca_turns(obj: dict[str, Any]) -> list[dict[str, Any]]:
+    """An Alpaca record (``instruction``, ``input``, ``output``; ``system`` and ``history``
+    optional) as the conversation LLaMA-Factory makes of it: the system message, each
+    ``[query, answer]`` of the history, the instruction and the input joined by a newline as
+    the user's turn, the output as the assistant's."""
+    system = obj.get("system") or ""
+    history = obj.get("history") or []
+    texts = [obj.get("instruction"), obj.get("input") or "", obj.get("output"), system]
+    if not all(isinstance(text, str) for text in texts):
+        raise Invalid("wrong_type", "instruction, input, output and system must be strings")
+    pairs = isinstance(history, list) and all(
+        isinstance(turn, list | tuple) and len(turn) == 2 and all(isinstance(t, str) for t in turn)
+        for turn in history
+    )
+    if not pairs:
+        raise Invalid("wrong_type", "history must be a list of [query, answer] string pairs")
+    turns = [{"role": "system", "content": system}] if system else []
+    for query, answer in history:
+        turns += [{"role": "user", "content": query}, {"role": "assistant", "content": answer}]
+    query = "\n".join(text for text in texts[:2] if text)
+    return [*turns, {"role": "user", "content": query}, {"role": "assistant", "content": texts[2]}]
+
+
 # ShareGPT's speakers (``{"from": "human", "value": ...}``, as axolotl and LLaMA-Factory read
 # them); any other ``from`` is taken as the role it names.
 SHAREGPT_ROLES = {"human": "user", "gpt": "assistant"}
