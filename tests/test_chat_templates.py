@@ -248,3 +248,39 @@ def test_a_records_own_template_arguments_override_the_runs(renderers):
     assert prompts[False] != prompts[True]  # the argument matters to this template
     with pytest.raises(Invalid, match="field 'chat_template_kwargs' must be an object"):
         to_text_pair({"messages": turns, "chat_template_kwargs": [1]}, "messages", ours)
+
+
+def test_a_processors_chat_template_json_is_the_template_when_the_folder_has_no_other(
+    renderers, tmp_path
+):
+    """Multimodal releases saved by transformers 4.4x-4.5x keep their template in the
+    processor's chat_template.json; a folder with no other template takes it, and carries it
+    on as chat_template.jinja (where an export ships it and a tokenizer reads it)."""
+    import json
+    import shutil
+
+    from components.core.data.tokenizers import TokenizerError
+
+    folder = tmp_path / "gemma3_mm"
+    shutil.copytree(FIXTURES / "gemma3_mm", folder, ignore=shutil.ignore_patterns("*.npz"))
+    template = (folder / "chat_template.jinja").read_text()
+    (folder / "chat_template.jinja").unlink()
+    (folder / "chat_template.json").write_text(json.dumps({"chat_template": template}))
+    ours = load_tokenizer(str(folder))
+    assert ours.chat_template == template
+    messages = CONVERSATIONS["system, multi-turn"]
+    theirs = renderers["gemma3"][1]  # the same template, from the text fixture's .jinja
+    assert ours.render_chat(messages, add_generation_prompt=True) == _theirs(theirs, messages, True)
+    saved = tmp_path / "saved"
+    ours.save(str(saved))
+    assert (saved / "chat_template.jinja").read_text() == template
+    assert not (saved / "chat_template.json").exists()
+    assert load_tokenizer(str(saved)).fingerprint == ours.fingerprint
+    # tokenizer_config.json's own template wins over the processor's.
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    (folder / "tokenizer_config.json").write_text(json.dumps({**config, "chat_template": "{{x}}"}))
+    assert load_tokenizer(str(folder)).chat_template == "{{x}}"
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    (folder / "chat_template.json").write_text("[1, 2]")
+    with pytest.raises(TokenizerError, match="chat_template.json"):
+        load_tokenizer(str(folder))

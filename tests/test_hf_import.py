@@ -6,6 +6,7 @@ hand with torch and transformers); these tests read them and need neither.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 import pathlib
@@ -290,6 +291,26 @@ def test_gemma3_older_layout_reads_its_pattern_and_local_base():
     assert (ours.rope_local_theta, ours.rope_linear_factor, ours.qk_norm) == (1e4, 8.0, True)
     multimodal = json.loads((FIXTURES / "gemma3_mm" / "config.json").read_text())
     assert model_config_from_hf(multimodal, dtype="float32") == ours
+
+
+def test_gemma3_without_a_stated_base_takes_transformers_default():
+    """A Gemma 3 config that states no global base (either layout) takes Gemma3TextConfig's
+    1,000,000, as transformers does, not the 10,000 other families default to."""
+    current = json.loads((FIXTURES / "gemma3" / "config.json").read_text())
+    unstated = {k: v for k, v in current.items() if k not in ("rope_parameters", "layer_types")}
+    unstated["sliding_window_pattern"] = 3
+    # transformers 5.25: Gemma3TextConfig(**unstated).rope_parameters["full_attention"]
+    # ["rope_theta"] is 1e6 (its default_theta["global"]); this module runs without it.
+    assert model_config_from_hf(unstated, dtype="float32").rope_theta == 1e6
+    per_type = copy.deepcopy(current)
+    del per_type["rope_parameters"]["full_attention"]["rope_theta"]
+    assert model_config_from_hf(per_type, dtype="float32").rope_theta == 1e6
+
+
+def test_shapes_that_do_not_fit_are_an_import_error_naming_the_config():
+    hf = {**json.loads((FIXTURES / "qwen3" / "config.json").read_text()), "num_key_value_heads": 3}
+    with pytest.raises(HFImportError, match="config.json describes no model"):
+        model_config_from_hf(hf, dtype="float32")
 
 
 def test_cli_import_prints_a_summary_and_reports_errors(tmp_path, capsys):

@@ -39,6 +39,8 @@ ARCHITECTURES = {
     "Qwen3_5ForConditionalGeneration": "qwen3_5",
     "Gemma4ForCausalLM": "gemma4",
     "Gemma4ForConditionalGeneration": "gemma4",
+    "Gemma4UnifiedForCausalLM": "gemma4",  # Gemma 4 12B (gemma4.py)
+    "Gemma4UnifiedForConditionalGeneration": "gemma4",
 }
 # What an export writes: Gemma 3's multimodal checkpoints come back as the text model.
 FAMILY_ARCHITECTURE = {
@@ -75,6 +77,7 @@ MULTIMODAL = {
     "Gemma3ForConditionalGeneration": "gemma3",
     "Qwen3_5ForConditionalGeneration": "qwen3_5",
     "Gemma4ForConditionalGeneration": "gemma4",
+    "Gemma4UnifiedForConditionalGeneration": "gemma4",
 }
 # Multimodal checkpoints whose language model alignpipe reads: the name prefixes their
 # language model's tensors carry (transformers 5, then 4.x), and the towers left out.
@@ -205,6 +208,8 @@ def language_model_config(hf: dict[str, Any]) -> dict[str, Any]:
     ``text_config`` with its text config class's defaults for the fields it leaves out."""
     family = multimodal_family(hf)
     if family is None:
+        if "Gemma4UnifiedForCausalLM" in (hf.get("architectures") or []):
+            return {**gemma4.unified_text(hf), "architectures": ["Gemma4ForCausalLM"]}
         return mistral3.ministral3_config(hf) if hf.get("model_type") == "ministral3" else hf
     if family == "mistral":
         return mistral3.text_config(hf)
@@ -216,7 +221,9 @@ def language_model_config(hf: dict[str, Any]) -> dict[str, Any]:
         return {**text, "architectures": ["Qwen3_5ForCausalLM"], "model_type": "qwen3_5_text"}
     if family == "gemma4":
         tied = bool(hf.get("tie_word_embeddings", True))  # Gemma4Config's own flag
-        text = {**gemma4.TEXT_DEFAULTS, **text, "tie_word_embeddings": tied}
+        unified = "Gemma4UnifiedForConditionalGeneration" in hf.get("architectures", [])
+        text = gemma4.unified_text(text) if unified else {**gemma4.TEXT_DEFAULTS, **text}
+        text = {**text, "tie_word_embeddings": tied}
         return {**text, "architectures": ["Gemma4ForCausalLM"], "model_type": "gemma4_text"}
     text = {**GEMMA3_TEXT_DEFAULTS, **text}
     return {**text, "architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text"}
@@ -349,7 +356,10 @@ def model_config_from_hf(hf: dict[str, Any], *, dtype: str, remat: str = "full")
     if family != "gemma4":  # its rotary tables are read per layer type with its fields
         fields.update(rope_fields(hf, family))
     fields.update(_family_fields(hf, family))
-    return ModelConfig(**fields)
+    try:
+        return ModelConfig(**fields)
+    except ValueError as bad:  # shapes that do not fit together (heads, KV heads, widths)
+        raise HFImportError(f"config.json describes no model alignpipe can build: {bad}") from None
 
 
 def _exportable_as(config: ModelConfig) -> list[str]:

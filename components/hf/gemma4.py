@@ -53,6 +53,19 @@ TEXT_DEFAULTS = {
     "hidden_size_per_layer_input": 256,
     "global_head_dim": 512,
 }
+# Gemma 4 12B (``Gemma4UnifiedForConditionalGeneration``, ``Gemma4UnifiedForCausalLM``;
+# transformers 5.25's gemma4_unified): Gemma 4's text layers without the per-layer inputs
+# or the MoE block (its layer never builds them, whatever its config says), an encoder-free
+# image and audio embedder beside them. Its text class's defaults differ in the window and
+# the positions.
+UNIFIED_MODEL_TYPES = ("gemma4_unified", "gemma4_unified_text")
+UNIFIED_IGNORED = ("hidden_size_per_layer_input", "vocab_size_per_layer_input", "enable_moe_block",
+                   "num_experts", "top_k_experts", "moe_intermediate_size")  # fmt: skip
+UNIFIED_TEXT_DEFAULTS = {
+    **{k: v for k, v in TEXT_DEFAULTS.items() if k not in UNIFIED_IGNORED},
+    "sliding_window": 1024,
+    "max_position_embeddings": 262_144,
+}
 DEFAULT_ROPE = {
     "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
     "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25,
@@ -86,6 +99,13 @@ REFUSALS = [
     ),
 ]
 SHAPE_KEYS = {"head_dim", "num_key_value_heads"}
+
+
+def unified_text(text: dict[str, Any]) -> dict[str, Any]:
+    """A Gemma 4 12B text config as the Gemma 4 text config it computes as: its class's
+    defaults filled in, the fields its layers never read dropped."""
+    filled = {**UNIFIED_TEXT_DEFAULTS, **text}
+    return {k: v for k, v in filled.items() if k not in UNIFIED_IGNORED}
 
 
 def _layer_types(hf: dict[str, Any]) -> list[str]:

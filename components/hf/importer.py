@@ -97,8 +97,8 @@ def import_tokenizer(hf_dir: str, embedding_rows: int) -> HFTokenizer:
         raise HFImportError(str(error)) from None
     if not tokenizer.chat_template:
         log.warning(
-            "%s has no chat template (neither chat_template.jinja nor tokenizer_config.json's "
-            "chat_template): conversational data will be rendered with alignpipe's default "
+            "%s has no chat template (no chat_template.jinja, tokenizer_config.json "
+            "chat_template or processor chat_template.json): conversational data will be rendered with alignpipe's default "
             "template, which this model was not trained on; copy the template the model was "
             "released with into the folder",
             hf_dir,

@@ -17,6 +17,9 @@ from typing import Any
 from components.hf.refusals import refuse
 
 PLAIN_TABLE = ("llama", "mistral", "qwen2", "qwen3")
+# Gemma3TextConfig.default_theta["global"]: the global layers' base when a config states none
+# (every other family here defaults to 10,000).
+GEMMA3_GLOBAL_THETA = 1_000_000.0
 ROPE_TYPES = {  # rope_type: families that model it
     "default": (*PLAIN_TABLE, "gemma2", "gemma3", "qwen3_5"),
     "linear": (*PLAIN_TABLE, "gemma2", "gemma3"),
@@ -122,10 +125,10 @@ def rope_fields(hf: dict[str, Any], family: str) -> dict[str, Any]:
     if per_type:  # transformers 5: {"full_attention": {...}, "sliding_attention": {...}}
         unknown = sorted(set(rope) - {"full_attention", "sliding_attention"})
         refuse(bool(unknown), f"rotary parameters for layer types {unknown}")
-        full, local = rope.get("full_attention") or {}, rope.get("sliding_attention") or {}
+        full, local = dict(rope.get("full_attention") or {}), rope.get("sliding_attention") or {}
     else:  # 4.x: rope_theta and rope_scaling are the global layers', rope_local_base_freq
-        full = {**(hf.get("rope_scaling") or {}), "rope_theta": float(hf.get("rope_theta", 1e4))}
-        local = {"rope_type": "default"}
+        full, local = dict(hf.get("rope_scaling") or {}), {"rope_type": "default"}
+    full.setdefault("rope_theta", float(hf.get("rope_theta", GEMMA3_GLOBAL_THETA)))
     local_theta = float(local.get("rope_theta", hf.get("rope_local_base_freq", 10000.0)))
     refuse(
         local.get("rope_type", "default") != "default" or "factor" in local,

@@ -1,4 +1,5 @@
-"""Chat templates: the default one and rendering a template as ``transformers`` does."""
+"""Chat templates: the default one, a model folder's own, and rendering a template as
+``transformers`` does."""
 
 from __future__ import annotations
 
@@ -45,3 +46,33 @@ def render_chat_template(
     return env.from_string(template).render(
         messages=messages, add_generation_prompt=add_generation_prompt, **extra
     )
+
+
+def folder_template(
+    config: dict[str, Any], side: dict[str, bytes]
+) -> tuple[str | None, dict[str, bytes]]:
+    """A Hugging Face folder's chat template, and its side files as a tokenizer carries them.
+
+    ``chat_template.jinja`` (transformers 5) wins over ``tokenizer_config.json``'s
+    ``chat_template`` (a string, or named templates: the "default" one), as in transformers.
+    A folder with neither but a processor's ``chat_template.json`` (multimodal releases saved
+    by transformers 4.4x-4.5x, whose processor applies that template) takes it, carried on as
+    ``chat_template.jinja`` so that an export ships it where a tokenizer reads it.
+    """
+    side = dict(side)
+    legacy = side.pop("chat_template.json", None)
+    if "chat_template.jinja" in side:
+        return side["chat_template.jinja"].decode("utf-8"), side
+    template = config.get("chat_template")
+    if isinstance(template, list):
+        template = {t.get("name"): t.get("template") for t in template}.get("default")
+    if not template and legacy:
+        try:
+            template = json.loads(legacy).get("chat_template")
+        except (ValueError, AttributeError):
+            raise ValueError(
+                'chat_template.json is not {"chat_template": "..."}: fix or delete the file'
+            ) from None
+        if template:
+            side["chat_template.jinja"] = template.encode("utf-8")
+    return template, side

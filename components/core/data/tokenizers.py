@@ -8,11 +8,10 @@ A tokenizer saves itself into a folder (the shard stage's ``tokenizer/``), with
 ``alignpipe_tokenizer.json`` recording its kind, special ids, fingerprint and
 chat template, so later stages load it from that folder alone.
 
-A Hugging Face tokenizer carries its model folder's side files: ``chat_template.jinja``
-(transformers 5 saves the template there; it wins over ``tokenizer_config.json``'s, as in
-transformers) and ``generation_config.json``, whose ``eos_token_id`` list is the model's
-stop set (Llama 3 instruct: ``<|eot_id|>`` and ``<|end_of_text|>``; Gemma: ``<end_of_turn>``
-and ``<eos>``; Qwen: ``<|im_end|>`` and ``<|endoftext|>``): ``stop_ids``.
+A Hugging Face tokenizer carries its model folder's side files: its chat template
+(``chat_templates.folder_template``) and ``generation_config.json``, whose ``eos_token_id``
+list is the model's stop set (Llama 3 instruct: ``<|eot_id|>`` and ``<|end_of_text|>``;
+Gemma: ``<end_of_turn>`` and ``<eos>``; Qwen: ``<|im_end|>`` and ``<|endoftext|>``).
 """
 
 from __future__ import annotations
@@ -26,13 +25,18 @@ import os
 from typing import Any
 
 from components.core import fileio
-from components.core.data.chat_templates import DEFAULT_CHAT_TEMPLATE, render_chat_template
+from components.core.data.chat_templates import (
+    DEFAULT_CHAT_TEMPLATE,
+    folder_template,
+    render_chat_template,
+)
 
 log = logging.getLogger(__name__)
 
 INFO_FILE = "alignpipe_tokenizer.json"
-# A Hugging Face folder's files beside tokenizer.json that a tokenizer carries along.
-SIDE_FILES = ("chat_template.jinja", "generation_config.json")
+# A Hugging Face folder's files beside tokenizer.json that a tokenizer carries along (a
+# processor's chat_template.json as chat_template.jinja: chat_templates.folder_template).
+SIDE_FILES = ("chat_template.jinja", "chat_template.json", "generation_config.json")
 SCHEMA_VERSION = 1
 # A model folder's tokenizer lives here (an imported or trained alignpipe model artifact).
 MODEL_TOKENIZER_DIR = "tokenizer"
@@ -180,16 +184,14 @@ class HFTokenizer(Tokenizer):
 
         self._json = tokenizer_json
         self._config_bytes = tokenizer_config
-        self._side = {name: data for name, data in (side_files or {}).items() if data}
         self._tok = RustTokenizer.from_str(tokenizer_json.decode("utf-8"))
         config = json.loads(tokenizer_config) if tokenizer_config else {}
         config = config if isinstance(config, dict) else {}
-        self.chat_template = config.get("chat_template")
-        if isinstance(self.chat_template, list):  # named templates: transformers' "default"
-            named = {t.get("name"): t.get("template") for t in self.chat_template}
-            self.chat_template = named.get("default")
-        if "chat_template.jinja" in self._side:
-            self.chat_template = self._side["chat_template.jinja"].decode("utf-8")
+        side = {name: data for name, data in (side_files or {}).items() if data}
+        try:
+            self.chat_template, self._side = folder_template(config, side)
+        except ValueError as error:
+            raise TokenizerError(f"tokenizer: {error}") from None
         base_vocab = self._tok.get_vocab_size(with_added_tokens=True)
         self.eos_id = self._special_id(config, "eos_token", ["</s>", "<|endoftext|>", "<eos>"])
         if self.eos_id is None:
