@@ -75,6 +75,22 @@ def test_exact_match_reads_tags_boxes_and_numbers():
     assert builtin.exact_match(["p"], ["1"]) == [None]  # no answer column: not judged
 
 
+def test_exact_match_reads_references_as_gsm8k_and_math_write_them():
+    """openai/gsm8k's answer column is a worked solution ending '#### 72'; a MATH
+    solution boxes its answer; TRL's accuracy_reward reads a solution column."""
+    gsm8k = (
+        "Natalia sold 48/2 = <<48/2=24>>24 clips in May.\n"
+        "Natalia sold 48+24 = <<48+24=72>>72 clips altogether in April and May.\n#### 72"
+    )
+    completions = ["She sold 72 clips.", "24", "#### 1,200", "\\boxed{\\frac{1}{2}}", "x = 3"]
+    answers = [gsm8k, gsm8k, "step 1\n#### 1200", None, None]
+    solutions = [None, None, None, "So $x=\\boxed{\\frac{1}{2}}$.", None]
+    got = builtin.exact_match([""] * 5, completions, answer=answers, solution=solutions)
+    assert got == [1.0, 0.0, 1.0, 1.0, None]
+    assert builtin.exact_match(["p"], ["so 3"], solution=["\\boxed{3}"]) == [1.0]
+    assert builtin.reference_answer("  Paris ") == "Paris"
+
+
 def test_think_format_and_dapos_length_penalty():
     assert builtin.think_format(
         [

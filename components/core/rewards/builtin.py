@@ -5,10 +5,13 @@ A completion is a string (standard prompts) or a list of messages whose first ho
 response's ``content`` (conversational prompts), as TRL passes them; both are read here.
 
 - ``builtin/exact-match``: 1.0 when the completion's answer equals the record's ``answer``
-  column, else 0.0; None (not judged) where the record has no answer. The answer is the
-  last ``<answer>…</answer>`` tag, else the last ``\\boxed{…}``, else the last number in the
-  text. Numbers compare as numbers (``12``, ``12.0``, ``1,200`` = ``1200``), text by its
-  stripped, case-folded form.
+  column (else its ``solution`` column, as TRL's ``accuracy_reward`` reads it), else 0.0;
+  None (not judged) where the record has neither. The answer is the last
+  ``<answer>…</answer>`` tag, else the last ``\\boxed{…}``, else the last number in the
+  text. The reference is read as the datasets write it (:func:`reference_answer`): GSM8K's
+  worked solution by its text after the last ``####`` (as verl's gsm8k reward reads it),
+  a MATH solution by its last ``\\boxed{…}``, anything else whole. Numbers compare as
+  numbers (``12``, ``12.0``, ``1,200`` = ``1200``), text by its stripped, case-folded form.
 - ``builtin/think-format``: 1.0 when the completion is ``<think>…</think>`` followed by a
   non-empty answer, with no second ``<think>``; else 0.0 (TRL's ``think_format_reward``
   pattern, plus the answer after it).
@@ -76,11 +79,22 @@ def _number(text: str) -> float | None:
         return None
 
 
+def reference_answer(reference: Any) -> str:
+    """The answer a reference column states: openai/gsm8k's ``answer`` is a worked solution
+    ending ``#### 72`` (the text after the last ``####``), a MATH ``solution`` boxes its
+    answer (the last ``\\boxed{…}``); a plain answer is itself."""
+    text = str(reference).strip()
+    if "####" in text:
+        return text.rsplit("####", 1)[1].strip()
+    boxed = _boxed(text)
+    return boxed.strip() if boxed is not None else text
+
+
 def answers_match(given: str | None, expected: Any) -> bool:
-    """Whether an extracted answer equals the expected one (numbers by value)."""
+    """Whether an extracted answer equals the reference's (numbers by value)."""
     if given is None:
         return False
-    expected_text = str(expected).strip()
+    expected_text = reference_answer(expected)
     a, b = _number(given), _number(expected_text)
     if a is not None and b is not None:
         return abs(a - b) <= 1e-9 * max(1.0, abs(b))
@@ -88,12 +102,18 @@ def answers_match(given: str | None, expected: Any) -> bool:
 
 
 def exact_match(
-    prompts: Sequence[Any], completions: Sequence[Any], answer: Sequence[Any] = (), **_: Any
+    prompts: Sequence[Any],
+    completions: Sequence[Any],
+    answer: Sequence[Any] = (),
+    solution: Sequence[Any] = (),
+    **_: Any,
 ) -> list[float | None]:
-    """1.0 when the completion's answer equals ``answer`` (None where it has none)."""
-    answers = list(answer) if answer is not None else []
-    if len(answers) != len(completions):
-        answers = [None] * len(completions)  # no answer column: nothing to judge
+    """1.0 when the completion's answer equals the reference's: ``answer``, else
+    ``solution`` (None where a record has neither)."""
+    n = len(completions)
+    answers = list(answer) if answer is not None and len(answer) == n else [None] * n
+    solutions = list(solution) if solution is not None and len(solution) == n else [None] * n
+    answers = [a if a is not None else s for a, s in zip(answers, solutions, strict=True)]
     return [
         None if expected is None else float(answers_match(extract_answer(text_of(c)), expected))
         for c, expected in zip(completions, answers, strict=True)
