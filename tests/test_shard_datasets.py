@@ -237,6 +237,22 @@ def test_bigquery_rows_go_through_the_same_shard_job(tmp_path):
     assert '"at": "2026-12-05 00:00:00+00:00"' in rejected["raw"]
 
 
+def test_a_bigquery_tables_columns_are_renamed_as_a_files(tmp_path):
+    """A table whose columns are named its own way ({"instruction", "good", "bad"}) is read
+    with the columns option, as files are: the format detected on the renamed rows."""
+    import apache_beam as beam
+
+    rows = [{"instruction": f"q {i}", "good": f"yes {i}", "bad": "no"} for i in range(12)]
+    mapping = '{"instruction": "prompt", "good": "chosen", "bad": "rejected"}'
+    config = ShardConfig(num_shards=1, min_eval_pairs=0, columns=mapping)
+    manifest = run(
+        config, ["bq://p.prefs.own"], str(tmp_path / "out"),
+        read_table=lambda uri: beam.Create(rows),
+    )  # fmt: skip
+    assert manifest["sources"][0]["format"] == "explicit"
+    assert manifest["counts"]["train"] + manifest["counts"]["eval"] == 12
+
+
 def test_a_bigquery_tables_fingerprint_is_its_modification_and_rows(monkeypatch):
     import datetime
     from unittest import mock

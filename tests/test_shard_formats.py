@@ -150,7 +150,13 @@ CASES = {
         ),
         "conversational",
     ),
+    # With columns '{"question": "prompt"}' (CLASHING), a record that has a prompt too.
+    "column_clash": (
+        json.dumps({"question": "q", "prompt": "p", "chosen": "a", "rejected": "b"}),
+        "explicit",
+    ),
 }
+CLASHING = '{"question": "prompt"}'
 
 
 def test_every_reason_has_a_case():
@@ -160,7 +166,10 @@ def test_every_reason_has_a_case():
 @pytest.mark.parametrize("reason", sorted(CASES))
 def test_each_rejection_reason(reason):
     raw, fmt = CASES[reason]
-    config = ShardConfig(max_prompt_tokens=32, max_response_tokens=16, too_long="reject")
+    columns = CLASHING if reason == "column_clash" else ""
+    config = ShardConfig(
+        max_prompt_tokens=32, max_response_tokens=16, too_long="reject", columns=columns
+    )
     tokenizer = NoSystemRole() if reason == "chat_template" else TOKENIZER
     result = process_item((7, raw, None, fmt), "data.jsonl", tokenizer, config)
     assert isinstance(result, Rejection)
@@ -223,3 +232,38 @@ def test_a_system_message_folds_into_the_first_user_turn_or_drops(mode):
     expected = "<user>Be kind.\n\nHi\n<assistant>" if mode == "fold" else "<user>Hi\n<assistant>"
     assert pair.prompt == expected and pair.chosen == "Hello!\n"
     assert with_system_message([system], mode) == []
+
+
+def test_columns_are_renamed_before_the_format_is_read():
+    """openai/gsm8k's rows ({"question", "answer"}) as prompt-only records (the answer kept
+    for the reward functions), or as sft's prompt-completion records; a swap is a rename."""
+    row = {"question": "What is 2+2?", "answer": "2+2=4\n#### 4"}
+    as_prompts = ShardConfig(columns='{"question": "prompt"}')
+    result = process_item(
+        (1, json.dumps(row), None, "prompt"), "gsm8k.jsonl", TOKENIZER, as_prompts
+    )
+    assert isinstance(result, TokenPair)
+    assert result.text.prompt == "What is 2+2?"
+    assert json.loads(result.text.columns) == {"answer": "2+2=4\n#### 4"}
+    config = ShardConfig(columns='{"question": "prompt", "answer": "completion"}')
+    renamed = {"prompt": row["question"], "completion": row["answer"]}
+    result = process_item((1, json.dumps(row), None, "prompt_completion"), "g", TOKENIZER, config)
+    assert result.text == to_text_pair(renamed, "prompt_completion", TOKENIZER)
+    swap = ShardConfig(columns='{"chosen": "rejected", "rejected": "chosen"}')
+    pair = {"prompt": "p", "chosen": "good", "rejected": "bad"}
+    result = process_item((1, json.dumps(pair), None, "explicit"), "s", TOKENIZER, swap)
+    assert (result.text.chosen, result.text.rejected) == ("bad", "good")
+
+
+@pytest.mark.parametrize(
+    ("columns", "named"),
+    [
+        ("question", "not JSON"),
+        ('["question"]', "must map column names"),
+        ('{"question": ""}', "must map column names"),
+        ('{"a": "prompt", "b": "prompt"}', "the same new name"),
+    ],
+)
+def test_bad_columns_are_refused_by_name(columns, named):
+    with pytest.raises(ValueError, match=f"columns: .*{named}"):
+        ShardConfig(columns=columns)

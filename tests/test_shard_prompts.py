@@ -6,6 +6,7 @@ prompt-completion records, which train sft alone."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import pathlib
@@ -15,6 +16,7 @@ import tensorflow as tf
 
 from components.core.data.input_pipeline import DataError, preference_dataset, require_pairs
 from components.core.data.prompts import prompt_dataset
+from components.core.rewards.builtin import exact_match
 from components.shard import ShardConfig, ShardError, run
 from components.shard.formats import Invalid, detect_format, to_text_pair
 from components.shard.records import decode_example, place, prompt_hash
@@ -100,6 +102,35 @@ def test_a_prompt_dataset_shards_with_its_columns_and_rejected_records(tmp_path)
     assert next(iter(batches))["prompt_tokens"].shape == (4, 32)
     with pytest.raises(DataError, match="prompt-only records"):
         preference_dataset(output, "train", batch_size=4, max_len=32, seed=0)
+
+
+def test_gsm8k_rows_shard_as_prompts_with_their_columns_renamed(tmp_path):
+    """openai/gsm8k's rows ({"question", "answer"}: a worked solution ending '#### N') match
+    no format as written; with columns '{"question": "prompt"}' the file is read as prompts
+    (the format detected on the renamed row), the answer kept for builtin/exact-match; a row
+    that has a prompt too is rejected (column_clash)."""
+    rows = [
+        {"question": f"Tom has {i} apples and buys {i + 1}. How many?",
+         "answer": f"{i}+{i + 1}=<<{i}+{i + 1}={2 * i + 1}>>{2 * i + 1}\n#### {2 * i + 1}"}
+        for i in range(40)
+    ]  # fmt: skip
+    clash = {"question": "q", "prompt": "p", "answer": "1"}
+    source = _write(tmp_path / "gsm8k.jsonl", [*rows, clash])
+    config = ShardConfig(num_shards=2, eval_fraction=0.2, min_eval_pairs=1,
+                         max_invalid_fraction=0.1)  # fmt: skip
+    with pytest.raises(ShardError, match="rejected"):  # as written, every row is rejected
+        run(config, [source], str(tmp_path / "as_written"))
+    config = dataclasses.replace(config, columns='{"question": "prompt"}')
+    manifest = run(config, [source], str(tmp_path / "shards"))
+    assert manifest["kind"] == "prompt_shards"
+    assert manifest["counts"]["prompt_only"] == 40
+    assert manifest["rejected_by_reason"] == {"column_clash": 1}
+    by_prompt = {e["prompt"]: e for e in _examples(str(tmp_path / "shards"))}
+    answers = [by_prompt[r["question"]]["columns"]["answer"] for r in rows]
+    assert answers == [r["answer"] for r in rows]
+    assert (
+        exact_match([""] * 40, [f"so {2 * i + 1}" for i in range(40)], answer=answers) == [1.0] * 40
+    )
 
 
 def test_conversational_prompts_render_up_to_the_models_turn(tmp_path):

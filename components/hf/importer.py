@@ -98,9 +98,9 @@ def import_tokenizer(hf_dir: str, embedding_rows: int) -> HFTokenizer:
     if not tokenizer.chat_template:
         log.warning(
             "%s has no chat template (no chat_template.jinja, tokenizer_config.json "
-            "chat_template or processor chat_template.json): conversational data will be rendered with alignpipe's default "
-            "template, which this model was not trained on; copy the template the model was "
-            "released with into the folder",
+            "chat_template or processor chat_template.json): conversational data will be "
+            "rendered with alignpipe's default template, which this model was not trained on; "
+            "copy the template the model was released with into the folder",
             hf_dir,
         )
     return tokenizer

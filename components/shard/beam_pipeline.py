@@ -65,7 +65,9 @@ class ReadBundles(beam.DoFn):
         self._started = self._shown = time.monotonic()
 
     def process(self, path: str) -> Iterator[Any]:
-        for value in read_source(path, self._config.format, self._config.lines_per_bundle):
+        for value in read_source(
+            path, self._config.format, self._config.lines_per_bundle, self._config.column_map()
+        ):
             if isinstance(value, list):
                 self._records += len(value)
                 if time.monotonic() - self._shown >= PROGRESS_SECONDS:
@@ -228,7 +230,7 @@ def build(
         >> beam.ParDo(ReadBundles(config, len(files))).with_outputs("stats", main="bundles")
     )
     table_bundles, table_stats = bigquery.build_reads(
-        pipeline, list(tables), config.lines_per_bundle, read_table
+        pipeline, list(tables), config.lines_per_bundle, read_table, config.column_map()
     )
     processed = (
         (read.bundles, *table_bundles)

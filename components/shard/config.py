@@ -44,6 +44,14 @@ class ShardConfig:
         help="over-long records: 'truncate' keeps the prompt's end and the responses' start; "
         "'reject' sends them to rejected/",
     )
+    columns: str = field(
+        "",
+        help="rename each record's columns before its format is read, as datasets' "
+        'rename_columns: a JSON object of old name to new, e.g. \'{"question": "prompt"}\' '
+        "for openai/gsm8k (its answer column kept for builtin/exact-match) or "
+        '\'{"question": "prompt", "answer": "completion"}\' to train sft on its '
+        "solutions; '' = as written",
+    )
     chat_template_kwargs: str = field(
         "",
         help="JSON object of the chat template's own arguments, passed to every rendering "
@@ -106,6 +114,7 @@ class ShardConfig:
             if getattr(self, name) < 2:
                 raise ValueError(f"{name}: {getattr(self, name)} must be at least 2 tokens")
         self.template_kwargs()  # refuses what is not a JSON object
+        self.column_map()
         if self.system_message not in SYSTEM_MESSAGES:
             raise ValueError(
                 f"system_message: {self.system_message!r} must be one of {SYSTEM_MESSAGES}"
@@ -114,6 +123,24 @@ class ShardConfig:
             raise ValueError(f"num_workers: {self.num_workers} must be at least 1")
         if self.lines_per_bundle < 1:
             raise ValueError(f"lines_per_bundle: {self.lines_per_bundle} must be at least 1")
+
+    def column_map(self) -> dict[str, str]:
+        """``columns`` as a dict of old name to new (``{}`` when unset), or a ValueError."""
+        if not self.columns.strip():
+            return {}
+        try:
+            found = json.loads(self.columns)
+        except ValueError as error:
+            raise ValueError(f"columns: not JSON ({error}); give an object such as "
+                             '{"question": "prompt"}') from None  # fmt: skip
+        names = found.values() if isinstance(found, dict) else ()
+        if not isinstance(found, dict) or not all(
+            isinstance(k, str) and k and isinstance(v, str) and v for k, v in found.items()
+        ):
+            raise ValueError(f"columns: {self.columns!r} must map column names to new names")
+        if len(set(names)) < len(found):
+            raise ValueError(f"columns: {self.columns!r} gives two columns the same new name")
+        return found
 
     def template_kwargs(self) -> dict:
         """``chat_template_kwargs`` as a dict (``{}`` when unset), or a ValueError."""

@@ -35,6 +35,7 @@ REASONS = (
     "non_finite_margin",
     "chat_template",  # the model's template refused the conversation (its message kept)
     "unsupported_content",  # an image, audio or video part in a text-only run
+    "column_clash",  # a column renamed (the columns option) to a name the record has
 )
 
 
@@ -47,3 +48,22 @@ def require(obj: dict[str, Any], key: str, kind: type | tuple[type, ...]) -> Any
         names = kind.__name__ if isinstance(kind, type) else "/".join(k.__name__ for k in kind)
         raise Invalid("wrong_type", f"field {key!r} must be {names}, got {type(value).__name__}")
     return value
+
+
+def renamed(obj: Any, columns: dict[str, str]) -> Any:
+    """A record with its columns renamed (``columns``: old name to new, as datasets'
+    ``rename_columns``); a record that has a column under the new name too is refused."""
+    if not columns or not isinstance(obj, dict):
+        return obj
+    out = {key: value for key, value in obj.items() if key not in columns}
+    for old, new in columns.items():
+        if old not in obj:
+            continue
+        if new in out:
+            raise Invalid(
+                "column_clash",
+                f"column {old!r} is renamed to {new!r}, which the record has too; drop one "
+                "or rename both",
+            )
+        out[new] = obj[old]
+    return out

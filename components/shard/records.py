@@ -16,6 +16,7 @@ from components.core.data import tfrecord
 from components.core.data.tokenizers import Tokenizer
 from components.shard.config import ShardConfig
 from components.shard.formats import Invalid, TextPair, to_text_pair
+from components.shard.invalid import renamed
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -161,6 +162,7 @@ def process_object(
     obj: Any, fmt: str | None, source: str, line: int, tokenizer: Tokenizer, config: ShardConfig
 ) -> TokenPair:
     """Validate and tokenize one parsed record and place it; raises Invalid."""
+    obj = renamed(obj, config.column_map())
     pair = to_text_pair(obj, fmt, tokenizer, config.template_kwargs(), config.system_message)
     prompt_ids, chosen_ids, rejected_ids, truncated = tokenize(pair, tokenizer, config)
     hash_value = prompt_hash(pair.prompt)

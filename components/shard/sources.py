@@ -21,6 +21,7 @@ from typing import Any
 
 from components.core.data import hf_datasets
 from components.shard.formats import Invalid, detect_format
+from components.shard.invalid import renamed
 
 PARQUET_SUFFIXES = (".parquet", ".pq")
 CSV_SUFFIXES = (".csv",)
@@ -75,8 +76,9 @@ def expand_patterns(patterns: list[str], name: str = "input") -> list[str]:
 
 
 class _Detector:
-    def __init__(self, forced: str) -> None:
+    def __init__(self, forced: str, columns: dict[str, str]) -> None:
         self.format = None if forced == "auto" else forced
+        self.columns = columns  # read as renamed (ShardConfig.columns)
 
     def see(self, raw: str, obj: Any) -> str | None:
         if self.format is None:
@@ -88,7 +90,10 @@ class _Detector:
                 except (ValueError, RecursionError):
                     return None
             if isinstance(obj, dict):
-                self.format = detect_format(obj)
+                try:
+                    self.format = detect_format(renamed(obj, self.columns))
+                except Invalid:  # a column clash: the record goes to rejected/
+                    return None
         return self.format
 
 
@@ -191,14 +196,15 @@ def _starts_with_array(path: str) -> bool:
 
 
 def read_source(
-    path: str, forced_format: str, lines_per_bundle: int
+    path: str, forced_format: str, lines_per_bundle: int, columns: dict[str, str] | None = None
 ) -> Iterator[list[Item] | SourceInfo]:
-    """Bundles of items of one file, then its SourceInfo as the last value."""
+    """Bundles of items of one file, then its SourceInfo as the last value; the format is
+    detected from the first record with its ``columns`` renamed (old name to new)."""
     from apache_beam.io.filesystems import FileSystems
 
     info = SourceInfo(uri=path)
     hasher = hashlib.sha256()
-    detector = _Detector(forced_format)
+    detector = _Detector(forced_format, columns or {})
     bundle: list[Item] = []
     table = path.lower().endswith(PARQUET_SUFFIXES + CSV_SUFFIXES + ARROW_SUFFIXES)
     digest = _sha256(path, info) if table else None

@@ -79,7 +79,7 @@ def validate_files(patterns: list[str], config: ShardConfig) -> ValidationReport
     report = ValidationReport()
     seen: set[bytes] = set()
     for path in expand_patterns(patterns):
-        for value in read_source(path, config.format, config.lines_per_bundle):
+        for value in read_source(path, config.format, config.lines_per_bundle, config.column_map()):
             if isinstance(value, SourceInfo):
                 report.sources.append(value)
                 report.records += value.records

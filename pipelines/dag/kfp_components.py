@@ -28,6 +28,7 @@ from pipelines.dag import run_components
 def shard(
     sources: str,
     format: str,
+    columns: str,
     tokenizer: str,
     max_prompt_tokens: int,
     max_response_tokens: int,

@@ -126,6 +126,7 @@ PARAMS: tuple[Param, ...] = (
     # (kl_target 0.045, score_norm quantile, seeds 0 and 1).
     Param("builtin_pairs", default=4000, kind=int, help="pairs of the built-in task (data_uri '')"),
     Param("data_format", (("shard", "format"),)),
+    Param("data_columns", (("shard", "columns"),)),
     Param(
         "tokenizer",
         (("shard", "tokenizer"),),

@@ -104,12 +104,15 @@ class FirstRecord(NamedTuple):
     fmt: str | None
 
 
-def _first_record(data_uri: str, data_format: str, name: str = "data_uri") -> FirstRecord:
-    """The first record of the ``name`` parameter's first local file."""
+def _first_record(
+    data_uri: str, data_format: str, name: str = "data_uri", columns: dict | None = None
+) -> FirstRecord:
+    """The first record of the ``name`` parameter's first local file (its format read with
+    ``columns`` renamed)."""
     from components.shard.sources import read_source
 
     first = stage_io.find_sources(data_uri, name)[0]["uri"]
-    bundle = next(read_source(first, data_format, 1), None)
+    bundle = next(read_source(first, data_format, 1, columns), None)
     if not isinstance(bundle, list) or not bundle:
         return FirstRecord(first, 0, None, None, None)
     return FirstRecord(first, *bundle[0])
@@ -127,7 +130,9 @@ def check_data_kind(values: dict[str, Any]) -> None:
     data_uri = values["data_uri"]
     if not data_uri or not _applies("data_uri", values):
         return
-    first, line, _, _, fmt = _first_record(data_uri, values["data_format"])
+    first, line, _, _, fmt = _first_record(
+        data_uri, values["data_format"], columns=_columns(values)
+    )
     if fmt in COMPLETION_FORMATS:
         raise PreflightError(
             f"{flag('data_uri')}: {first} line {line} is a prompt-completion record ({fmt}): "
@@ -169,7 +174,9 @@ def check_heldout_kind(values: dict[str, Any]) -> None:
     uri = values["heldout_data_uri"]
     if not uri or not _applies("heldout_data_uri", values):
         return
-    first, line, _, _, fmt = _first_record(uri, values["data_format"], "heldout_data_uri")
+    first, line, _, _, fmt = _first_record(
+        uri, values["data_format"], "heldout_data_uri", _columns(values)
+    )
     if fmt in (*COMPLETION_FORMATS, *PROMPT_FORMATS):
         kind = "prompt-completion" if fmt in COMPLETION_FORMATS else "prompt-only"
         raise PreflightError(
@@ -199,6 +206,7 @@ def check_chat_template(values: dict[str, Any]) -> None:
         format=values["data_format"],
         chat_template_kwargs=values["chat_template_kwargs"],
         system_message=values["system_message"],
+        columns=values["data_columns"],
     )
     for name in local:
         _render_first(name, values[name], spec, origin, config)
@@ -209,12 +217,13 @@ def _render_first(name: str, uri: str, spec: str, origin: str, config: Any) -> N
     (an empty file is the shard stage's to report)."""
     from components.core.data.tokenizers import load_tokenizer
     from components.shard.formats import Invalid, to_text_pair
+    from components.shard.invalid import renamed
 
-    first, line, raw, obj, fmt = _first_record(uri, config.format, name)
+    first, line, raw, obj, fmt = _first_record(uri, config.format, name, config.column_map())
     if fmt != "conversational" or isinstance(obj, Invalid):
         return
-    record = json.loads(raw) if obj is None else obj
     try:
+        record = renamed(json.loads(raw) if obj is None else obj, config.column_map())
         to_text_pair(
             record, fmt, load_tokenizer(spec), config.template_kwargs(), config.system_message
         )
@@ -227,6 +236,13 @@ def _render_first(name: str, uri: str, spec: str, origin: str, config: Any) -> N
             "message into the first user turn) or drop, if the template has no system role; "
             "else give data in the shape the template takes"
         ) from None
+
+
+def _columns(values: dict[str, Any]) -> dict[str, str]:
+    """The shard stage's column renaming (``data_columns``), old name to new."""
+    from components.shard.config import ShardConfig
+
+    return ShardConfig(columns=values["data_columns"]).column_map()
 
 
 def _shards_tokenizer(values: dict[str, Any]) -> tuple[str | None, str]:
