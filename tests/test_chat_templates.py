@@ -281,6 +281,30 @@ def test_a_processors_chat_template_json_is_the_template_when_the_folder_has_no_
     (folder / "tokenizer_config.json").write_text(json.dumps({**config, "chat_template": "{{x}}"}))
     assert load_tokenizer(str(folder)).chat_template == "{{x}}"
     (folder / "tokenizer_config.json").write_text(json.dumps(config))
-    (folder / "chat_template.json").write_text("[1, 2]")
-    with pytest.raises(TokenizerError, match="chat_template.json"):
-        load_tokenizer(str(folder))
+    for bad in ("[1, 2]", '{"chat_template": ["a"]}'):
+        (folder / "chat_template.json").write_text(bad)
+        with pytest.raises(TokenizerError, match="chat_template.json"):
+            load_tokenizer(str(folder))
+
+
+def test_an_export_writes_a_template_its_copied_files_do_not_hold(tmp_path):
+    """An export whose tokenizer read its template from a processor's chat_template.json
+    (the original folder given as --tokenizer) ships it as chat_template.jinja; one the
+    copied tokenizer_config.json states is left there."""
+    import json
+
+    from components.core.data.tokenizers import HFTokenizer
+    from components.hf.export import _write_template
+
+    tokenizer = HFTokenizer(
+        (FIXTURES / "gemma3" / "tokenizer.json").read_bytes(), None,
+        {"chat_template.json": json.dumps({"chat_template": "{{ x }}"}).encode()},
+    )  # fmt: skip
+    (tmp_path / "tokenizer_config.json").write_text("{}")
+    _write_template(str(tmp_path), tokenizer)
+    assert (tmp_path / "chat_template.jinja").read_text() == "{{ x }}"
+    stated = tmp_path / "stated"
+    stated.mkdir()
+    (stated / "tokenizer_config.json").write_text(json.dumps({"chat_template": "{{ x }}"}))
+    _write_template(str(stated), tokenizer)
+    assert not (stated / "chat_template.jinja").exists()

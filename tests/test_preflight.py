@@ -342,3 +342,20 @@ def test_heldout_data_that_is_missing_or_not_pairs_is_refused_naming_it(tmp_path
     message = _refused({**given, "heldout_data_uri": str(prompts)}, tmp_path / "runs2")
     assert message.startswith(f"--heldout-data-uri: {prompts} line 1 is a prompt-only record")
     assert "trains on preference pairs" in message
+
+
+def test_sft_data_of_prompts_alone_is_refused_and_reads_its_own_columns(tmp_path):
+    """openai/gsm8k's rows as the RL prompts (data_columns) and as sft's worked solutions
+    (sft_data_columns); renamed by the run's data_columns alone, the sft data is prompts."""
+    data = tmp_path / "gsm8k.jsonl"
+    data.write_text("".join(json.dumps({"question": f"{i} + 1 =", "answer": f"#### {i + 1}"})
+                            + "\n" for i in range(8)))  # fmt: skip
+    given = {"data_uri": str(data), "sft_data_uri": str(data),
+             "data_columns": '{"question": "prompt"}', "train_reward_model": False,
+             "algorithm": "grpo", "reward_functions": "builtin/exact-match",
+             "max_new_tokens": 16, "eval_max_new_tokens": 16}  # fmt: skip
+    message = _refused(given, tmp_path / "runs")
+    assert message.startswith(f"--sft-data-uri: {data} line 1 is a prompt-only record (prompt)")
+    assert "--sft-data-columns" in message
+    own = {**given, "sft_data_columns": '{"question": "prompt", "answer": "completion"}'}
+    preflight.check(params.validate(own, 8))

@@ -89,6 +89,14 @@ def test_exact_match_reads_references_as_gsm8k_and_math_write_them():
     assert got == [1.0, 0.0, 1.0, 1.0, None]
     assert builtin.exact_match(["p"], ["so 3"], solution=["\\boxed{3}"]) == [1.0]
     assert builtin.reference_answer("  Paris ") == "Paris"
+    # A markdown heading is not GSM8K's final line; blank and NaN references are missing.
+    heading = "#### Step 1: add\n2+3=5\n#### Conclusion\nThe answer is $\\boxed{5}$."
+    assert builtin.reference_answer(heading) == "5"
+    got = builtin.exact_match(
+        [""] * 3, ["5", "5", "5"], answer=["", float("nan"), "  "],
+        solution=["\\boxed{5}", "\\boxed{5}", None],
+    )  # fmt: skip
+    assert got == [1.0, 1.0, None]
 
 
 def test_think_format_and_dapos_length_penalty():

@@ -251,6 +251,16 @@ def test_a_bigquery_tables_columns_are_renamed_as_a_files(tmp_path):
     )  # fmt: skip
     assert manifest["sources"][0]["format"] == "explicit"
     assert manifest["counts"]["train"] + manifest["counts"]["eval"] == 12
+    # A forced format is every row's, as a file's (auto would read these as Anthropic HH).
+    hh = [{"chosen": f"Human: q {i} Assistant: yes", "rejected": "no"} for i in range(4)]
+    hh.append({"prompt": "p", "chosen": "yes", "rejected": "no"})  # one the job can keep
+    forced = ShardConfig(num_shards=1, min_eval_pairs=0, format="explicit",
+                         max_invalid_fraction=1.0)  # fmt: skip
+    manifest = run(
+        forced, ["bq://p.prefs.hh"], str(tmp_path / "forced"),
+        read_table=lambda uri: beam.Create(hh),
+    )  # fmt: skip
+    assert manifest["rejected_by_reason"] == {"missing_field": 4}
 
 
 def test_a_bigquery_tables_fingerprint_is_its_modification_and_rows(monkeypatch):

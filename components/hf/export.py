@@ -168,10 +168,23 @@ def write_hf(out: str, policy: Policy, model: Transformer, max_shard_bytes: int)
         source = fileio.join(policy.tokenizer_dir, name)
         if fileio.exists(source):
             fileio.write_bytes(os.path.join(out, name), fileio.read_bytes(source))
+    _write_template(out, tokenizer)
     card = model_card(policy.info, policy.family, _promotion_record(policy.model_dir), _title(out))
     with open(os.path.join(out, "README.md"), "w") as handle:
         handle.write(card)
     return files
+
+
+def _write_template(out: str, tokenizer: Tokenizer) -> None:
+    """chat_template.jinja for a template the copied files do not hold (a processor's
+    chat_template.json, read by the tokenizer), where transformers' tokenizer reads it."""
+    config_path = os.path.join(out, "tokenizer_config.json")
+    config = json.loads(fileio.read_text(config_path)) if os.path.exists(config_path) else {}
+    stated = config.get("chat_template") if isinstance(config, dict) else None
+    jinja = os.path.join(out, "chat_template.jinja")
+    if tokenizer.chat_template and not stated and not os.path.exists(jinja):
+        with open(jinja, "w", encoding="utf-8") as handle:
+            handle.write(tokenizer.chat_template)
 
 
 def _promotion_record(model_dir: str) -> dict[str, Any] | None:

@@ -58,7 +58,6 @@ TEXT_DEFAULTS = {
 # or the MoE block (its layer never builds them, whatever its config says), an encoder-free
 # image and audio embedder beside them. Its text class's defaults differ in the window and
 # the positions.
-UNIFIED_MODEL_TYPES = ("gemma4_unified", "gemma4_unified_text")
 UNIFIED_IGNORED = ("hidden_size_per_layer_input", "vocab_size_per_layer_input", "enable_moe_block",
                    "num_experts", "top_k_experts", "moe_intermediate_size")  # fmt: skip
 UNIFIED_TEXT_DEFAULTS = {

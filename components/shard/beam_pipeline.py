@@ -230,8 +230,9 @@ def build(
         >> beam.ParDo(ReadBundles(config, len(files))).with_outputs("stats", main="bundles")
     )
     table_bundles, table_stats = bigquery.build_reads(
-        pipeline, list(tables), config.lines_per_bundle, read_table, config.column_map()
-    )
+        pipeline, list(tables), config.lines_per_bundle, read_table, config.column_map(),
+        config.format,
+    )  # fmt: skip
     processed = (
         (read.bundles, *table_bundles)
         | "AllBundles" >> beam.Flatten()

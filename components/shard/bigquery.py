@@ -69,12 +69,17 @@ def table_fingerprint(uri: str) -> str:
     return f"bq:{found.modified.isoformat()}@{found.num_rows}"
 
 
-def to_item(row: Any, columns: dict[str, str] | None = None) -> tuple[int, str, Any, str | None]:
-    """A row as the shard stage's (line, raw, obj, format) item, its format read with its
-    ``columns`` renamed (old name to new; the processing renames them again)."""
+def to_item(
+    row: Any, columns: dict[str, str] | None = None, forced: str = "auto"
+) -> tuple[int, str, Any, str | None]:
+    """A row as the shard stage's (line, raw, obj, format) item: the ``forced`` format, or
+    the one read with its ``columns`` renamed (old name to new; the processing renames them
+    again)."""
     from components.shard.formats import detect_format
     from components.shard.invalid import Invalid, renamed
 
+    if forced != "auto":
+        return 0, json.dumps(row, ensure_ascii=False, default=str), row, forced
     try:
         fmt = detect_format(renamed(row, columns or {})) if isinstance(row, dict) else None
     except Invalid:  # a column clash: the processing sends the row to rejected/
@@ -92,7 +97,12 @@ def source_stats(uri: str, records: int, formats: Iterable[str | None]) -> dict[
 
 
 def build_reads(
-    pipeline: Any, tables: list[str], lines_per_bundle: int, read: Any, columns: dict | None = None
+    pipeline: Any,
+    tables: list[str],
+    lines_per_bundle: int,
+    read: Any,
+    columns: dict | None = None,
+    forced: str = "auto",
 ) -> tuple:
     """For each table: its rows in bundles of (uri, items), and its manifest entry; returns
     the two PCollections (bundles, stats). ``read(uri)`` is the source transform."""
@@ -103,7 +113,7 @@ def build_reads(
         items = (
             pipeline
             | f"ReadTable{i}" >> read(uri)
-            | f"TableItems{i}" >> beam.Map(to_item, columns)
+            | f"TableItems{i}" >> beam.Map(to_item, columns, forced)
         )  # fmt: skip
         batched = items | f"TableBundles{i}" >> beam.BatchElements(
             min_batch_size=lines_per_bundle, max_batch_size=lines_per_bundle

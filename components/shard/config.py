@@ -126,21 +126,7 @@ class ShardConfig:
 
     def column_map(self) -> dict[str, str]:
         """``columns`` as a dict of old name to new (``{}`` when unset), or a ValueError."""
-        if not self.columns.strip():
-            return {}
-        try:
-            found = json.loads(self.columns)
-        except ValueError as error:
-            raise ValueError(f"columns: not JSON ({error}); give an object such as "
-                             '{"question": "prompt"}') from None  # fmt: skip
-        names = found.values() if isinstance(found, dict) else ()
-        if not isinstance(found, dict) or not all(
-            isinstance(k, str) and k and isinstance(v, str) and v for k, v in found.items()
-        ):
-            raise ValueError(f"columns: {self.columns!r} must map column names to new names")
-        if len(set(names)) < len(found):
-            raise ValueError(f"columns: {self.columns!r} gives two columns the same new name")
-        return found
+        return dict(_column_map(self.columns))
 
     def template_kwargs(self) -> dict:
         """``chat_template_kwargs`` as a dict (``{}`` when unset), or a ValueError."""
@@ -165,3 +151,22 @@ def parse_template_kwargs(text: str) -> dict:
     """A chat template's arguments from their JSON text ('' = none), parsed once per text:
     the shard stage asks for them with every record."""
     return dict(_parsed(text)) if text.strip() else {}
+
+
+@functools.lru_cache(maxsize=8)
+def _column_map(columns: str) -> tuple[tuple[str, str], ...]:
+    """``columns`` (ShardConfig.columns) parsed and checked once: each record renames by it."""
+    if not columns.strip():
+        return ()
+    try:
+        found = json.loads(columns)
+    except ValueError as error:
+        raise ValueError(f"columns: not JSON ({error}); give an object such as "
+                         '{"question": "prompt"}') from None  # fmt: skip
+    if not isinstance(found, dict) or not all(
+        isinstance(k, str) and k and isinstance(v, str) and v for k, v in found.items()
+    ):
+        raise ValueError(f"columns: {columns!r} must map column names to new names")
+    if len(set(found.values())) < len(found):
+        raise ValueError(f"columns: {columns!r} gives two columns the same new name")
+    return tuple(found.items())

@@ -44,12 +44,15 @@ def shard(
     shards: Output[Dataset],
     sft_shards: Output[Dataset],
     metrics: Output[Metrics],
+    sft_columns: str = "",
 ):
     """Validate, dedupe, tokenize and shard the sources (Beam; DirectRunner unless told);
     ``tokenizer`` '' = the base policy's own, else the data's. Sources of role "sft" (the
     sft stage's own data) are sharded apart, with the same settings, into ``sft_shards``
-    (left empty without them); those of role "heldout" (the held-out reward model's) go
-    with the run's data, all into its heldout split."""
+    (left empty without them), their columns renamed by ``sft_columns`` ('' = ``columns``);
+    those of role "heldout" (the held-out reward model's) go with the run's data, all into
+    its heldout split."""
+    import dataclasses
     import json
     import shlex
     import time
@@ -76,8 +79,10 @@ def shard(
         # e.g. too much rejected, too small an eval split
         with stage_io.failure_reason(artifact.path):
             heldout = by_role.get("heldout", []) if not role else []
+            own = role == "sft" and sft_columns
+            role_config = dataclasses.replace(config, columns=sft_columns) if own else config
             manifest = run(
-                config, by_role[role], output, beam_args=shlex.split(beam_args),
+                role_config, by_role[role], output, beam_args=shlex.split(beam_args),
                 heldout_inputs=heldout,
             )  # fmt: skip
         artifact.metadata["counts"] = manifest["counts"]

@@ -128,6 +128,15 @@ PARAMS: tuple[Param, ...] = (
     Param("data_format", (("shard", "format"),)),
     Param("data_columns", (("shard", "columns"),)),
     Param(
+        "sft_data_columns",
+        default="",
+        kind=str,
+        help="the columns renaming for sft_data_uri's records, as data_columns ('' = "
+        'data_columns\'): e.g. \'{"question": "prompt", "answer": "completion"}\' to '
+        'train sft on openai/gsm8k\'s solutions while data_columns \'{"question": "prompt"}\' '
+        "reads its questions as the RL prompts",
+    ),
+    Param(
         "tokenizer",
         (("shard", "tokenizer"),),
         default="",

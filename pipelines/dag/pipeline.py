@@ -121,7 +121,7 @@ def _train_and_evaluate(
     # The tokenizer is the data's own unless given, or the base policy brings one.
     shard = c.shard(
         sources=sources, beam_args=p["beam_args"], base_policy=p["base_policy"],
-        **params.stage_values("shard", p),
+        sft_columns=p["sft_data_columns"], **params.stage_values("shard", p),
     )  # fmt: skip
     shards = configure(shard, "shard", DATA).outputs["shards"]
     sft_shards = shard.outputs["sft_shards"]  # empty unless the run has sft data of its own

@@ -50,6 +50,7 @@ def check(values: dict[str, Any]) -> None:
     try:
         check_data_kind(values)
         check_heldout_kind(values)
+        check_sft_kind(values)
         check_tokenizers(values)
         check_chat_template(values)
     except (ValueError, FileNotFoundError) as error:
@@ -183,6 +184,26 @@ def check_heldout_kind(values: dict[str, Any]) -> None:
             f"{flag('heldout_data_uri')}: {first} line {line} is a {kind} record ({fmt}); the "
             "held-out reward model trains on preference pairs (prompt, chosen, rejected). "
             "Fix: give other annotators' pairs, or leave it ''"
+        )
+
+
+def check_sft_kind(values: dict[str, Any]) -> None:
+    """Refuse sft data of prompts alone: the sft stage trains on a response (a completion,
+    or a pair's chosen one)."""
+    from components.shard.formats import PROMPT_FORMATS
+
+    uri = values["sft_data_uri"]
+    if not uri or not all(is_local(p) for p in _patterns(uri)):
+        return
+    own = values["sft_data_columns"]
+    columns = _columns({"data_columns": own}) if own else _columns(values)
+    first, line, _, _, fmt = _first_record(uri, values["data_format"], "sft_data_uri", columns)
+    if fmt in PROMPT_FORMATS:
+        raise PreflightError(
+            f"{flag('sft_data_uri')}: {first} line {line} is a prompt-only record ({fmt}); the "
+            "sft stage trains on responses (prompt-completion records or pairs). Fix: give "
+            f"the response column its name, e.g. {flag('sft_data_columns')} "
+            '\'{"question": "prompt", "answer": "completion"}\''
         )
 
 

@@ -70,9 +70,11 @@ def folder_template(
         try:
             template = json.loads(legacy).get("chat_template")
         except (ValueError, AttributeError):
+            template = 0  # refused below
+        if template is not None and not isinstance(template, str):
             raise ValueError(
                 'chat_template.json is not {"chat_template": "..."}: fix or delete the file'
-            ) from None
+            )
         if template:
             side["chat_template.jinja"] = template.encode("utf-8")
     return template, side

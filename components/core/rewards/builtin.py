@@ -6,10 +6,10 @@ response's ``content`` (conversational prompts), as TRL passes them; both are re
 
 - ``builtin/exact-match``: 1.0 when the completion's answer equals the record's ``answer``
   column (else its ``solution`` column, as TRL's ``accuracy_reward`` reads it), else 0.0;
-  None (not judged) where the record has neither. The answer is the last
+  None (not judged) where the record has neither (None, NaN or blank). The answer is the last
   ``<answer>…</answer>`` tag, else the last ``\\boxed{…}``, else the last number in the
   text. The reference is read as the datasets write it (:func:`reference_answer`): GSM8K's
-  worked solution by its text after the last ``####`` (as verl's gsm8k reward reads it),
+  worked solution by its last line's text after ``####`` (as verl's gsm8k reward reads it),
   a MATH solution by its last ``\\boxed{…}``, anything else whole. Numbers compare as
   numbers (``12``, ``12.0``, ``1,200`` = ``1200``), text by its stripped, case-folded form.
 - ``builtin/think-format``: 1.0 when the completion is ``<think>…</think>`` followed by a
@@ -23,12 +23,15 @@ response's ``content`` (conversational prompts), as TRL passes them; both are re
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Sequence
 from typing import Any
 
 ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?|-?\.\d+")
+# GSM8K's final line: "#### 72" (a markdown heading elsewhere in a solution is not it).
+GSM8K_FINAL = re.compile(r"(?:\A|\n)[ \t]*####[ \t]*([^\n]*\S)[ \t]*\Z")
 THINK = re.compile(r"^\s*<think>(?!.*<think>)(.+?)</think>\s*(\S.*)$", re.DOTALL)
 LENGTH_CACHE_FRACTION = 0.2
 
@@ -81,13 +84,23 @@ def _number(text: str) -> float | None:
 
 def reference_answer(reference: Any) -> str:
     """The answer a reference column states: openai/gsm8k's ``answer`` is a worked solution
-    ending ``#### 72`` (the text after the last ``####``), a MATH ``solution`` boxes its
-    answer (the last ``\\boxed{…}``); a plain answer is itself."""
+    whose last line is ``#### 72`` (that line's text), a MATH ``solution`` boxes its answer
+    (the last ``\\boxed{…}``); a plain answer is itself."""
     text = str(reference).strip()
-    if "####" in text:
-        return text.rsplit("####", 1)[1].strip()
+    final = GSM8K_FINAL.search(text)
+    if final:
+        return final.group(1).strip()
     boxed = _boxed(text)
     return boxed.strip() if boxed is not None else text
+
+
+def _missing(value: Any) -> bool:
+    """No reference: None, NaN (a Parquet float column's null) or blank text (a CSV's)."""
+    if value is None:
+        return True
+    if isinstance(value, float):
+        return math.isnan(value)
+    return isinstance(value, str) and not value.strip()
 
 
 def answers_match(given: str | None, expected: Any) -> bool:
@@ -113,9 +126,9 @@ def exact_match(
     n = len(completions)
     answers = list(answer) if answer is not None and len(answer) == n else [None] * n
     solutions = list(solution) if solution is not None and len(solution) == n else [None] * n
-    answers = [a if a is not None else s for a, s in zip(answers, solutions, strict=True)]
+    answers = [s if _missing(a) else a for a, s in zip(answers, solutions, strict=True)]
     return [
-        None if expected is None else float(answers_match(extract_answer(text_of(c)), expected))
+        None if _missing(expected) else float(answers_match(extract_answer(text_of(c)), expected))
         for c, expected in zip(completions, answers, strict=True)
     ]
 
