@@ -68,13 +68,13 @@ def folder_template(
         template = {t.get("name"): t.get("template") for t in template}.get("default")
     if not template and legacy:
         try:
-            template = json.loads(legacy).get("chat_template")
-        except (ValueError, AttributeError):
-            template = 0  # refused below
-        if template is not None and not isinstance(template, str):
+            template = json.loads(legacy)["chat_template"]
+            if not isinstance(template, str):
+                raise TypeError(template)
+        except (ValueError, TypeError, KeyError):
             raise ValueError(
                 'chat_template.json is not {"chat_template": "..."}: fix or delete the file'
-            )
+            ) from None
         if template:
             side["chat_template.jinja"] = template.encode("utf-8")
     return template, side
