@@ -334,6 +334,8 @@ def test_compile_time_values_become_defaults(tmp_path):
             r"kl_coef: nan: pipeline parameters must be finite numbers$",
         ),
         ({"no_such": 1}, {}, "unknown parameter"),
+        ({"data_columns": "question"}, {}, "shard parameters: columns: not JSON"),
+        ({"sft_data_columns": '{"a": "prompt", "b": "prompt"}'}, {}, "sft_data_columns: .*same"),
         ({"reward_batch_size": 128}, {}, "min_eval_pairs: 64 is below reward_batch_size 128"),
         ({"min_eval_pairs": -1}, {}, "min_eval_pairs: -1 must be >= 0"),
         ({"min_reward_accuracy": 1.5}, {}, "min_reward_accuracy: 1.5 must be in"),

@@ -84,6 +84,10 @@ def validate(values: dict[str, Any], chips: int) -> dict[str, Any]:
             STAGE_CONFIGS[stage](**stage_values(stage, merged))
         except ValueError as error:
             raise ParamError(f"{stage} parameters: {error}") from None
+    try:  # the sft data's own renaming, as data_columns is checked with the shard stage's
+        STAGE_CONFIGS["shard"](columns=merged["sft_data_columns"])
+    except ValueError as error:
+        raise ParamError(f"sft_data_columns: {error}") from None
     _check_batches(merged, chips)
     return merged
 
