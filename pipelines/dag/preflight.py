@@ -132,7 +132,7 @@ def check_data_kind(values: dict[str, Any]) -> None:
     if not data_uri or not _applies("data_uri", values):
         return
     first, line, _, _, fmt = _first_record(
-        data_uri, values["data_format"], columns=_columns(values)
+        data_uri, values["data_format"], columns=_columns(values["data_columns"])
     )
     if fmt in COMPLETION_FORMATS:
         raise PreflightError(
@@ -176,7 +176,7 @@ def check_heldout_kind(values: dict[str, Any]) -> None:
     if not uri or not _applies("heldout_data_uri", values):
         return
     first, line, _, _, fmt = _first_record(
-        uri, values["data_format"], "heldout_data_uri", _columns(values)
+        uri, values["data_format"], "heldout_data_uri", _columns(values["data_columns"])
     )
     if fmt in (*COMPLETION_FORMATS, *PROMPT_FORMATS):
         kind = "prompt-completion" if fmt in COMPLETION_FORMATS else "prompt-only"
@@ -195,8 +195,7 @@ def check_sft_kind(values: dict[str, Any]) -> None:
     uri = values["sft_data_uri"]
     if not uri or not all(is_local(p) for p in _patterns(uri)):
         return
-    own = values["sft_data_columns"]
-    columns = _columns({"data_columns": own}) if own else _columns(values)
+    columns = _columns(values["sft_data_columns"] or values["data_columns"])
     first, line, _, _, fmt = _first_record(uri, values["data_format"], "sft_data_uri", columns)
     if fmt in PROMPT_FORMATS:
         raise PreflightError(
@@ -259,11 +258,12 @@ def _render_first(name: str, uri: str, spec: str, origin: str, config: Any) -> N
         ) from None
 
 
-def _columns(values: dict[str, Any]) -> dict[str, str]:
-    """The shard stage's column renaming (``data_columns``), old name to new."""
+def _columns(columns: str) -> dict[str, str]:
+    """A column renaming (``data_columns``, ``sft_data_columns``) as the shard stage reads
+    it, old name to new."""
     from components.shard.config import ShardConfig
 
-    return ShardConfig(columns=values["data_columns"]).column_map()
+    return ShardConfig(columns=columns).column_map()
 
 
 def _shards_tokenizer(values: dict[str, Any]) -> tuple[str | None, str]:
