@@ -37,6 +37,18 @@ def hf_config(family: str, vocab: int, ids: dict) -> transformers.PretrainedConf
             tie_word_embeddings=True,
             rms_norm_eps=1e-6,
         )
+    if family == "qwen3_moe":  # Qwen3-30B-A3B's layers: 128 experts, 8 a token, renormalised
+        return transformers.Qwen3MoeConfig(
+            **common,
+            head_dim=16,
+            num_experts=8,
+            num_experts_per_tok=2,
+            moe_intermediate_size=24,  # != intermediate_size, which only dense layers use
+            norm_topk_prob=True,
+            rope_parameters=dict(rope_type="default", rope_theta=1e6),
+            tie_word_embeddings=False,
+            rms_norm_eps=1e-6,
+        )
     if family in ("qwen3", "qwen3_untied"):
         return transformers.Qwen3Config(
             **common,
@@ -84,8 +96,14 @@ def hf_config(family: str, vocab: int, ids: dict) -> transformers.PretrainedConf
             tie_word_embeddings=False,  # Mistral3Config's default is true: stated, as saved
         )
     if family.startswith("qwen3_5"):
-        text = transformers.Qwen3_5TextConfig(
+        moe = family.startswith("qwen3_5_moe")
+        text_class = transformers.Qwen3_5MoeTextConfig if moe else transformers.Qwen3_5TextConfig
+        # Qwen3.5-35B-A3B's layers: experts (256, 8 a token) and a gated shared expert.
+        experts = dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=24,
+                       shared_expert_intermediate_size=40) if moe else {}  # fmt: skip
+        text = text_class(
             **{**common, "num_hidden_layers": 8, "max_position_embeddings": 1024},
+            **experts,
             head_dim=16,
             # Two periods of three Gated DeltaNet layers and a gated attention layer.
             layer_types=(["linear_attention"] * 3 + ["full_attention"]) * 2,
@@ -110,7 +128,8 @@ def hf_config(family: str, vocab: int, ids: dict) -> transformers.PretrainedConf
             depth=1, hidden_size=16, intermediate_size=32, num_heads=2, out_hidden_size=32,
             patch_size=14, num_position_embeddings=16,
         )  # fmt: skip
-        return transformers.Qwen3_5Config(
+        outer = transformers.Qwen3_5MoeConfig if moe else transformers.Qwen3_5Config
+        return outer(
             text_config=text.to_dict(),
             vision_config=vision.to_dict(),
             image_token_id=ids["eos_token_id"],

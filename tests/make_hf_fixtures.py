@@ -215,8 +215,11 @@ FAMILIES = {
     "qwen3_5_mm": QWEN3_5,
     "gemma4": GEMMA4,
     "gemma4_mm": GEMMA4,
+    "qwen3_moe": QWEN3,
+    # Its experts fused, as Qwen3.5 MoE's released checkpoints store them (fuse_experts).
+    "qwen3_5_moe_mm": {**QWEN3_5, "fused_experts": True},
 }
-MULTIMODAL = ("gemma3_mm", "ministral3_mm", "qwen3_5_mm", "gemma4_mm")
+MULTIMODAL = ("gemma3_mm", "ministral3_mm", "qwen3_5_mm", "gemma4_mm", "qwen3_5_moe_mm")
 
 
 def train_tokenizer(specials: list[str], bos: str | None) -> Tokenizer:
@@ -314,8 +317,35 @@ def write_family(family: str, spec: dict) -> None:
     if spec.get("stop"):  # the stop set as the real checkpoints' generation_config.json
         model.generation_config.eos_token_id = [tokenizer.token_to_id(t) for t in spec["stop"]]
     model.to(spec["dtype"]).save_pretrained(out, max_shard_size=spec["shard_size"])
+    if spec.get("fused_experts"):
+        fuse_experts(out / "model.safetensors")
     write_reference(out, family, tokenizer.get_vocab_size(), model_class)
     write_tokenizer_cases(out, tokenizer)
+
+
+def fuse_experts(path: pathlib.Path) -> None:
+    """Rewrite transformers 5's per-expert tensors as Qwen3.5 MoE's releases store them:
+    ``mlp.experts.gate_up_proj`` [E, 2F, D] (gate rows, then up) and ``mlp.experts.down_proj``
+    [E, D, F], which transformers loads as they are."""
+    from safetensors.torch import load_file, save_file
+
+    tensors, experts = {}, {}
+    for name, value in load_file(path).items():
+        head, dot, tail = name.partition(".mlp.experts.")
+        if not dot:
+            tensors[name] = value
+            continue
+        index, projection, _ = tail.split(".")
+        experts.setdefault(head, {})[(int(index), projection)] = value
+    for head, parts in experts.items():
+        count = 1 + max(index for index, _ in parts)
+        tensors[f"{head}.mlp.experts.gate_up_proj"] = torch.stack(
+            [torch.cat([parts[(e, "gate_proj")], parts[(e, "up_proj")]]) for e in range(count)]
+        )
+        tensors[f"{head}.mlp.experts.down_proj"] = torch.stack(
+            [parts[(e, "down_proj")] for e in range(count)]
+        )
+    save_file(tensors, path, metadata={"format": "pt"})
 
 
 def write_reference(out: pathlib.Path, family: str, token_count: int, model_class) -> None:

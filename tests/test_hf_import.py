@@ -31,10 +31,12 @@ from pipelines.cli.main import main
 FIXTURES = pathlib.Path(__file__).parent / "fixtures" / "hf"
 FAMILIES = (
     "llama", "qwen2", "gemma2", "qwen3", "qwen3_untied", "mistral", "gemma3", "gemma3_mm",
-    "qwen3_5", "qwen3_5_mm", "gemma4", "gemma4_mm", "ministral3", "ministral3_mm",
+    "qwen3_5", "qwen3_5_mm", "gemma4", "gemma4_mm", "ministral3", "ministral3_mm", "qwen3_moe",
+    "qwen3_5_moe_mm",
 )  # fmt: skip
-# Ministral 3 is read as a Mistral (components/hf/mistral3.py).
-FAMILY_OF = {"ministral3": "mistral"}
+# Ministral 3 is read as a Mistral (components/hf/mistral3.py); a MoE as its dense family
+# with experts (components/core/model/moe.py).
+FAMILY_OF = {"ministral3": "mistral", "qwen3_moe": "qwen3", "qwen3_5_moe": "qwen3_5"}
 
 
 @pytest.fixture(scope="module")
@@ -194,9 +196,13 @@ BAD_INPUTS = {
         lambda d: edit_json(d / "config.json", architectures=["FalconForCausalLM"]),
         ["FalconForCausalLM", "Qwen2ForCausalLM", "Gemma3ForCausalLM"],
     ),
-    "qwen3_moe_by_name": (
+    "qwen2_moe_by_name": (
+        lambda d: edit_json(d / "config.json", architectures=["Qwen2MoeForCausalLM"]),
+        ["Qwen2MoeForCausalLM", "mixture-of-experts"],
+    ),
+    "moe_without_experts": (
         lambda d: edit_json(d / "config.json", architectures=["Qwen3MoeForCausalLM"]),
-        ["Qwen3MoeForCausalLM", "mixture-of-experts", "dense Qwen3"],
+        ["lacks 'num_experts'", "MoE config"],
     ),
     "unmodelled_rope": (
         lambda d: edit_json(

@@ -201,7 +201,7 @@ def test_config_round_trip_through_json(config):
     restored = ModelConfig.from_dict(json.loads(json.dumps(config.to_dict())))
     assert restored == config
     with pytest.raises(ValueError, match="unknown ModelConfig fields"):
-        ModelConfig.from_dict({**config.to_dict(), "n_experts": 8})
+        ModelConfig.from_dict({**config.to_dict(), "num_experts": 8})
 
 
 def test_unknown_preset_names_the_known_ones():

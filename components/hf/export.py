@@ -102,6 +102,7 @@ def _hf_tensors(config: ModelConfig, family: str, params: dict, dtype: np.dtype)
             value = value[key]
         value = np.asarray(value)
         value = value[spec.layer] if spec.layer is not None else value
+        value = value[spec.expert] if spec.expert is not None else value
         value = value.T if spec.transpose else value
         tensors[spec.hf_name] = np.ascontiguousarray(value).astype(dtype)
     return tensors

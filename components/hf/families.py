@@ -6,7 +6,9 @@ every layer when set; Mistral 3's and Ministral 3's checkpoints in mistral3.py),
 soft-capping, scaled embeddings, GeGLU, query scalar, sliding window on alternate layers)
 and Gemma 3 (Gemma 2's blocks with q/k norms, local and global layers in the config's
 pattern, a rotary table per layer type) map onto ``ModelConfig`` fields; so do Qwen3.5's
-hybrid stack and Gemma 4 (gemma4.py); the rotary tables are read in rotary.py. Gemma 3's,
+hybrid stack and Gemma 4 (gemma4.py), and Qwen3's and Qwen3.5's mixture-of-experts
+checkpoints as those families with experts (core/model/moe.py); the rotary tables are read
+in rotary.py. Gemma 3's,
 Mistral 3's, Qwen3.5's and Gemma 4's multimodal checkpoints import their language model,
 text only. Anything else in a checkpoint's ``config.json`` that would change the
 computation is refused here, by name, with the reason: each family's list is in
@@ -15,12 +17,13 @@ computation is refused here, by name, with the reason: each family's list is in
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Any
 
 from components.core.model import layer_kinds
 from components.core.model.config import ModelConfig
-from components.hf import gemma4, mistral3
+from components.hf import gemma4, mistral3, moe
 from components.hf.refusals import HFImportError, Refusal, refuse
 from components.hf.rotary import rope_fields
 from components.hf.text_defaults import GEMMA3_TEXT_DEFAULTS, QWEN3_5_TEXT_DEFAULTS
@@ -32,11 +35,14 @@ ARCHITECTURES = {
     "Mistral3ForConditionalGeneration": "mistral",
     "Qwen2ForCausalLM": "qwen2",
     "Qwen3ForCausalLM": "qwen3",
+    "Qwen3MoeForCausalLM": "qwen3",  # its experts: moe.py
     "Gemma2ForCausalLM": "gemma2",
     "Gemma3ForCausalLM": "gemma3",
     "Gemma3ForConditionalGeneration": "gemma3",
     "Qwen3_5ForCausalLM": "qwen3_5",
     "Qwen3_5ForConditionalGeneration": "qwen3_5",
+    "Qwen3_5MoeForCausalLM": "qwen3_5",
+    "Qwen3_5MoeForConditionalGeneration": "qwen3_5",
     "Gemma4ForCausalLM": "gemma4",
     "Gemma4ForConditionalGeneration": "gemma4",
     "Gemma4UnifiedForCausalLM": "gemma4",  # Gemma 4 12B (gemma4.py)
@@ -56,26 +62,21 @@ FAMILY_ARCHITECTURE = {
 MODEL_TYPES = {"gemma3": "gemma3_text", "qwen3_5": "qwen3_5_text", "gemma4": "gemma4_text"}
 # Architectures met in the field that alignpipe does not model, and why.
 REFUSED_ARCHITECTURES = {
-    "Qwen3MoeForCausalLM": "Qwen3 MoE: mixture-of-experts layers are not modelled; "
-    "use a dense Qwen3 (0.6B-32B)",
     "Qwen2MoeForCausalLM": "Qwen2 MoE: mixture-of-experts layers are not modelled",
     "MixtralForCausalLM": "Mixtral: mixture-of-experts layers are not modelled",
     "Mistral4ForCausalLM": "Mistral 4: mixture-of-experts layers and latent attention are "
     "not modelled; use Ministral 3 or Mistral Small 3.x",
     "Gemma3nForCausalLM": "Gemma 3n: per-layer embeddings and AltUp are not modelled",
     "Gemma3nForConditionalGeneration": "Gemma 3n: per-layer embeddings and AltUp are not modelled",
-    "Qwen3_5MoeForCausalLM": "Qwen3.5 MoE (35B-A3B, 122B-A10B, 397B-A17B): mixture-of-experts "
-    "layers are not modelled; use a dense Qwen3.5 (0.8B-27B)",
-    "Qwen3_5MoeForConditionalGeneration": "Qwen3.5 MoE (35B-A3B, 122B-A10B, 397B-A17B): "
-    "mixture-of-experts layers are not modelled; use a dense Qwen3.5 (0.8B-27B)",
-    "Qwen3NextForCausalLM": "Qwen3-Next: mixture-of-experts layers are not modelled; use a "
-    "dense Qwen3.5 (the same hybrid attention, 0.8B-27B)",
+    "Qwen3NextForCausalLM": "Qwen3-Next: its fused DeltaNet projections are not modelled; use "
+    "Qwen3.5 (the same hybrid attention and experts)",
 }
 # The multimodal wrappers whose language model alignpipe reads (text only), per family.
 MULTIMODAL = {
     "Mistral3ForConditionalGeneration": "mistral",
     "Gemma3ForConditionalGeneration": "gemma3",
     "Qwen3_5ForConditionalGeneration": "qwen3_5",
+    "Qwen3_5MoeForConditionalGeneration": "qwen3_5",
     "Gemma4ForConditionalGeneration": "gemma4",
     "Gemma4UnifiedForConditionalGeneration": "gemma4",
 }
@@ -150,6 +151,12 @@ REFUSALS: dict[str, list[Refusal]] = {
             _truthy,
             "Qwen3's sliding window (released Qwen3 checkpoints set it false)",
         ),
+        Refusal("mlp_only_layers", _truthy, "dense MLP layers among the experts' layers"),
+        Refusal(
+            "decoder_sparse_step",
+            lambda v: v not in (None, 1),
+            "experts on every n-th layer only (released Qwen3 MoE checkpoints: 1)",
+        ),
     ],
     "gemma2": [*_COMMON, *_GEMMA],
     "gemma3": [*_COMMON, *_GEMMA],
@@ -164,8 +171,7 @@ REFUSALS: dict[str, list[Refusal]] = {
             lambda v: v is not None and not v,
             "full-attention layers without Qwen3.5's output gate",
         ),
-        Refusal("num_experts", _truthy, "mixture-of-experts layers (Qwen3.5 MoE)"),
-        Refusal("mlp_only_layers", _truthy, "Qwen3-Next's mixture-of-experts layer choice"),
+        Refusal("mlp_only_layers", _truthy, "dense MLP layers among the experts' layers"),
         Refusal("use_sliding_window", _truthy, "a sliding window on the attention layers"),
     ],
 }
@@ -218,6 +224,8 @@ def language_model_config(hf: dict[str, Any]) -> dict[str, Any]:
         # Qwen3_5ForConditionalGeneration ties its head by the outer config's flag.
         tied = bool(hf.get("tie_word_embeddings", False))
         text = {**QWEN3_5_TEXT_DEFAULTS, **text, "tie_word_embeddings": tied}
+        if "Qwen3_5MoeForConditionalGeneration" in hf.get("architectures", []):
+            return {**text, "architectures": ["Qwen3_5MoeForCausalLM"]}
         return {**text, "architectures": ["Qwen3_5ForCausalLM"], "model_type": "qwen3_5_text"}
     if family == "gemma4":
         tied = bool(hf.get("tie_word_embeddings", True))  # Gemma4Config's own flag
@@ -285,9 +293,13 @@ def _family_fields(hf: dict[str, Any], family: str) -> dict[str, Any]:
     if family == "gemma4":
         return gemma4.text_fields(hf)
     _check_refusals(hf, family)
+    try:
+        experts = moe.expert_fields(hf, family)
+    except KeyError as missing:
+        raise HFImportError(f"config.json lacks {missing}, which a MoE config has") from None
     if family == "qwen3_5":
         try:
-            return _qwen3_5_fields(hf)
+            return {**_qwen3_5_fields(hf), **experts}
         except KeyError as missing:
             raise HFImportError(
                 f"config.json lacks {missing}, which a Qwen3.5 config has"
@@ -311,7 +323,7 @@ def _family_fields(hf: dict[str, Any], family: str) -> dict[str, Any]:
     if family == "qwen2":
         fields["qkv_bias"] = True
     if family == "qwen3":
-        fields["qk_norm"] = True
+        fields.update(qk_norm=True, **experts)
     if family not in GEMMAS:
         return fields
     if family == "gemma2" and types == _layer_types({"num_hidden_layers": len(types)}, family):
@@ -343,7 +355,8 @@ def model_config_from_hf(hf: dict[str, Any], *, dtype: str, remat: str = "full")
             n_layers=int(hf["num_hidden_layers"]),
             n_heads=n_heads,
             n_kv_heads=int(hf.get("num_key_value_heads") or n_heads),
-            hidden_dim=int(hf["intermediate_size"]),
+            # A MoE's dense width (Qwen3.5 MoE states none) is unused: its experts' is read.
+            hidden_dim=int(hf.get("intermediate_size") or hf["moe_intermediate_size"]),
             max_seq_len=int(hf.get("max_position_embeddings", 8192)),
             head_dim=int(hf.get("head_dim") or dim // n_heads),
             norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
@@ -364,6 +377,12 @@ def model_config_from_hf(hf: dict[str, Any], *, dtype: str, remat: str = "full")
 
 def _exportable_as(config: ModelConfig) -> list[str]:
     """The HF families whose architecture computes what ``config`` computes."""
+    if config.n_experts:  # Qwen3 MoE (no shared expert, either routing) or Qwen3.5 MoE
+        dense = _exportable_as(dataclasses.replace(config, **moe.NO_EXPERTS))
+        shared = bool(config.shared_expert_dim)
+        if "qwen3_5" in dense and shared and config.norm_topk_prob:
+            return ["qwen3_5"]
+        return ["qwen3"] if "qwen3" in dense and not shared else []
     if gemma4.is_gemma4(config):
         return ["gemma4"]
     gemma4_only = (
@@ -436,6 +455,8 @@ def export_architecture(config: ModelConfig, family: str) -> tuple[str, str]:
     family's, or Ministral 3's for a Mistral with a query temperature."""
     if family == "mistral" and config.query_scale_beta:
         return "Ministral3ForCausalLM", "ministral3"
+    if config.n_experts:
+        return moe.MOE_EXPORT[family]
     return FAMILY_ARCHITECTURE[family], MODEL_TYPES.get(family, family)
 
 

@@ -99,6 +99,22 @@ def _qwen3_5_fields(config: ModelConfig, rope: dict[str, Any]) -> dict[str, Any]
     )
 
 
+def _expert_fields(config: ModelConfig, family: str) -> dict[str, Any]:
+    """Qwen3MoeConfig's or Qwen3_5MoeTextConfig's experts (moe.py): every layer's."""
+    fields: dict[str, Any] = dict(
+        num_experts=config.n_experts,
+        num_experts_per_tok=config.experts_per_token,
+        moe_intermediate_size=config.expert_dim,
+        output_router_logits=False,
+    )
+    if family == "qwen3":
+        fields.update(decoder_sparse_step=1, mlp_only_layers=[])
+        fields["norm_topk_prob"] = config.norm_topk_prob
+    else:
+        fields["shared_expert_intermediate_size"] = config.shared_expert_dim
+    return fields
+
+
 def hf_config_from_model(config: ModelConfig, family: str, token_ids: dict, dtype: str) -> dict:
     """An HF ``config.json`` for ``config`` that transformers 4.4x and 5.x both read."""
     architecture, model_type = export_architecture(config, family)
@@ -135,6 +151,8 @@ def hf_config_from_model(config: ModelConfig, family: str, token_ids: dict, dtyp
             del hf["head_dim"]  # transformers 4.x Qwen2 derives it and has no such field
     elif family == "qwen3_5":
         hf.update(_qwen3_5_fields(config, rope))
+    if config.n_experts:
+        hf.update(_expert_fields(config, family))
     elif family == "gemma4":
         hf.update(gemma4.hf_text_fields(config))
         del hf["rope_theta"]

@@ -34,7 +34,7 @@ from components.core.data.tokenizers import (
 from components.core.model.hf_folder import is_hf_dir
 from components.core.model.transformer import ModelConfig, Transformer
 from components.core.training.checkpoint import export_model, read_model_config
-from components.hf import mistral3, safetensors_io
+from components.hf import mistral3, moe, safetensors_io
 from components.hf.families import (
     LANGUAGE_MODEL_PREFIXES,
     HFImportError,
@@ -117,6 +117,7 @@ def _expected_shapes(config: ModelConfig, specs: list[TensorSpec]) -> dict[str, 
     for spec in specs:
         shape = _get(pure, spec.path).shape
         shape = shape[1:] if spec.layer is not None else shape
+        shape = shape[1:] if spec.expert is not None else shape
         shapes[spec.hf_name] = tuple(reversed(shape)) if spec.transpose else tuple(shape)
     return shapes
 
@@ -184,31 +185,39 @@ def read_params(
 ) -> dict:
     """Our params as a nested dict of float32 arrays, read file by file, tensor by tensor."""
     flat: dict[tuple, np.ndarray] = {}
-    layers: dict[tuple, int] = {}  # a stacked path -> its stack's layer count
+    layers: dict[tuple, tuple[int, ...]] = {}  # a stacked path -> its layers (and experts)
     for spec in specs:
         if spec.layer is not None:
-            layers[spec.path] = max(layers.get(spec.path, 0), spec.layer + 1)
+            seen = layers.get(spec.path, (0,) if spec.expert is None else (0, 0))
+            index = (spec.layer,) if spec.expert is None else (spec.layer, spec.expert)
+            layers[spec.path] = tuple(max(n, i + 1) for n, i in zip(seen, index, strict=True))
     for spec in specs:
         if spec.layer is not None and spec.path not in flat:
             shape = expected[spec.hf_name]
             shape = tuple(reversed(shape)) if spec.transpose else shape
-            flat[spec.path] = np.empty((layers[spec.path], *shape), np.float32)
+            flat[spec.path] = np.empty((*layers[spec.path], *shape), np.float32)
     by_name = {spec.hf_name: spec for spec in specs}
     by_file: dict[str, list[str]] = {}
-    ours = {}  # the name in the file -> ours (they differ in a multimodal checkpoint)
+    # The name in the file -> ours (they differ in a multimodal checkpoint; a fused experts
+    # tensor holds several of ours).
+    ours: dict[str, list[str]] = {}
     for name in by_name:
         stored = infos[name].stored_as or name
-        ours[stored] = name
-        by_file.setdefault(infos[name].file, []).append(stored)
+        if stored not in ours:
+            by_file.setdefault(infos[name].file, []).append(stored)
+        ours.setdefault(stored, []).append(name)
     for path, names in sorted(by_file.items()):
         for stored, array in safetensors_io.read_file_tensors(path, names):
-            spec = by_name[ours[stored]]
-            value = np.asarray(array, dtype=np.float32)
-            value = value.T if spec.transpose else value
-            if spec.layer is None:
-                flat[spec.path] = np.ascontiguousarray(value)
-            else:
-                flat[spec.path][spec.layer] = value
+            for name in ours[stored]:
+                spec = by_name[name]
+                value = np.asarray(moe.view(array, infos[name]), dtype=np.float32)
+                value = value.T if spec.transpose else value
+                if spec.layer is None:
+                    flat[spec.path] = np.ascontiguousarray(value)
+                elif spec.expert is None:
+                    flat[spec.path][spec.layer] = value
+                else:
+                    flat[spec.path][spec.layer, spec.expert] = value
     nested: dict = {}
     for path, value in flat.items():
         node = nested
@@ -267,6 +276,7 @@ def check_hf(hf_dir: str, *, dtype: str = "", remat: str = "full") -> Checked:
     left_out = 0
     if is_multimodal(hf):
         infos, left_out = language_model_tensors(infos)
+    infos = moe.per_expert(infos)
     embed = infos.get("model.embed_tokens.weight")
     source_dtype = SOURCE_DTYPES.get(embed.dtype, "float32") if embed else "float32"
     if not dtype:

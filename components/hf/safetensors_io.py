@@ -40,6 +40,7 @@ class TensorInfo:
     dtype: str
     shape: tuple[int, ...]
     stored_as: str = ""  # its name in the file when it is known by another ('' = the same)
+    part: tuple[int, ...] = ()  # (expert, first row, end row) of a fused tensor (hf/moe.py)
 
 
 def checkpoint_files(hf_dir: str) -> list[str]:

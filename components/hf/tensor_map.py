@@ -12,12 +12,14 @@ from components.hf.families import GEMMAS
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class TensorSpec:
-    """One HF tensor and its place in our params: ``path`` in the pure dict, ``layer`` index."""
+    """One HF tensor and its place in our params: ``path`` in the pure dict, ``layer`` index
+    (and ``expert`` index: transformers saves each expert's projections apart)."""
 
     hf_name: str
     path: tuple[str, ...]
     transpose: bool
     layer: int | None = None
+    expert: int | None = None  # a mixture's expert: its index after the layer's
 
 
 # Qwen3.5's DeltaNet tensors (under model.layers.N.) and their place in a DeltaBlock.
@@ -33,10 +35,25 @@ DELTA_TENSORS = {
     "linear_attn.norm.weight": (("delta", "norm"), False),
     "input_layernorm.weight": (("attn_norm", "scale"), False),
     "post_attention_layernorm.weight": (("mlp_norm", "scale"), False),
-    "mlp.gate_proj.weight": (("mlp", "w_gate", "kernel"), True),
-    "mlp.up_proj.weight": (("mlp", "w_up", "kernel"), True),
-    "mlp.down_proj.weight": (("mlp", "w_down", "kernel"), True),
 }
+PROJECTIONS = ("gate", "up", "down")
+
+
+def mlp_tensors(config: ModelConfig) -> list[tuple[str, tuple[str, ...], int | None]]:
+    """A layer's MLP tensors (under model.layers.N.), their place in the layer and expert
+    index: the gated MLP's, or a mixture's router, experts and shared expert (moe.py). Each
+    is a Linear weight, stored transposed."""
+    if not config.n_experts:
+        return [(f"mlp.{p}_proj.weight", ("mlp", f"w_{p}", "kernel"), None) for p in PROJECTIONS]
+    tensors = [("mlp.gate.weight", ("mlp", "router", "kernel"), None)]
+    for e in range(config.n_experts):
+        tensors += [(f"mlp.experts.{e}.{p}_proj.weight", ("mlp", f"w_{p}"), e) for p in PROJECTIONS]
+    if config.shared_expert_dim:
+        for p in PROJECTIONS:
+            ours = ("mlp", "shared", f"w_{p}", "kernel")
+            tensors.append((f"mlp.shared_expert.{p}_proj.weight", ours, None))
+        tensors.append(("mlp.shared_expert_gate.weight", ("mlp", "shared_gate", "kernel"), None))
+    return tensors
 
 
 def stack_index(config: ModelConfig) -> list[tuple[str, int]]:
@@ -76,14 +93,13 @@ def tensor_specs(config: ModelConfig, family: str) -> list[TensorSpec]:
         "self_attn.k_proj": ("attn", "wk"),
         "self_attn.v_proj": ("attn", "wv"),
         "self_attn.o_proj": ("attn", "wo"),
-        "mlp.gate_proj": ("mlp", "w_gate"),
-        "mlp.up_proj": ("mlp", "w_up"),
-        "mlp.down_proj": ("mlp", "w_down"),
     }
     if config.qk_norm:
         norms.update({"self_attn.q_norm": "attn/q_norm", "self_attn.k_norm": "attn/k_norm"})
     for i, (stack, j) in enumerate(stack_index(config)):
         prefix = f"model.layers.{i}."
+        for hf_name, ours, expert in mlp_tensors(config):
+            specs.append(TensorSpec(f"{prefix}{hf_name}", (stack, *ours), True, j, expert))
         if stack == "linear_blocks":
             for hf_name, (ours, transpose) in DELTA_TENSORS.items():
                 specs.append(TensorSpec(f"{prefix}{hf_name}", (stack, *ours), transpose, j))

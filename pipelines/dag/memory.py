@@ -37,6 +37,14 @@ one position's logits a step; the rollout adds the KV cache. Besides these, a pr
 copies of the embedding (its gradients, its casts to bf16: ``EMBEDDING_GRADIENTS``,
 ``EMBEDDING_CASTS``), which at 128k-256k vocabularies are the largest tensors after the state.
 
+A mixture-of-experts layer (core/model/moe.py) holds its experts' rows as a grouped matmul
+holds them: each token's chosen experts' hidden activations and its copies (``mlp_width``),
+not a row for every expert. That is the TPU's form, where XLA runs ``ragged_dot`` as one;
+XLA:CPU expands each ragged dot densely over the experts (about 20 bytes per expert, token
+pair and hidden unit in a train step, measured 2026-12-07), so its figures for a mixture
+are not the TPU's and the mixture's activations are not calibrated against them. Its
+parameters are counted exactly (tests/test_moe.py).
+
 How these add up per algorithm and phase, and what stays resident beside each program:
 ``phases.py``. The constants were read off XLA's compiled programs (``compiled.py``);
 tests/test_memory_calibration*.py hold the sum within 15% of XLA's figure.
@@ -106,7 +114,18 @@ def kind_param_count(config: ModelConfig, stack: str) -> int:
     norms = (4 if config.post_norms else 2) * d
     norms += hd * ((2 if kind.owns_kv else 1) if config.qk_norm else 0)
     per_layer = 2 * d * config.per_layer_dim + d if config.per_layer_dim else 0
-    return attn + 3 * d * kind.hidden_dim + norms + per_layer + int(config.layer_scalar)
+    mlp = mlp_param_count(config, kind.hidden_dim)
+    return attn + mlp + norms + per_layer + int(config.layer_scalar)
+
+
+def mlp_param_count(config: ModelConfig, hidden_dim: int) -> int:
+    """Parameters of a layer's MLP: the gated MLP's three projections, or a mixture's router,
+    every expert's three and the shared expert with its gate (core/model/moe.py)."""
+    d = config.dim
+    if not config.n_experts:
+        return 3 * d * hidden_dim
+    shared = 3 * d * config.shared_expert_dim + d if config.shared_expert_dim else 0
+    return d * config.n_experts * (1 + 3 * config.expert_dim) + shared
 
 
 def layer_param_count(config: ModelConfig) -> int:
@@ -123,7 +142,7 @@ def delta_layer_param_count(config: ModelConfig) -> int:
     channels = 2 * config.delta_key_heads * config.delta_key_dim + values
     mixer = d * (channels + values + 2 * heads) + values * d
     mixer += channels * config.delta_conv_kernel + 2 * heads + config.delta_value_dim
-    return mixer + 3 * d * config.hidden_dim + 2 * d
+    return mixer + mlp_param_count(config, config.hidden_dim) + 2 * d
 
 
 def outer_param_count(config: ModelConfig) -> int:
@@ -223,8 +242,18 @@ def _layer_matmuls(config: ModelConfig, sequences: int, seq_len: int) -> float:
     if config.is_hybrid:  # a DeltaNet layer's conv channels and output gate
         values = config.delta_value_heads * config.delta_value_dim
         attention = max(attention, 2 * config.delta_key_heads * config.delta_key_dim + 2 * values)
-    widths = max(attention, *(k.hidden_dim for k in kinds)) + 2 * config.dim
+    widths = max(attention, *(mlp_width(config, k.hidden_dim) for k in kinds)) + 2 * config.dim
     return sequences * seq_len * widths * compute_bytes(config)
+
+
+def mlp_width(config: ModelConfig, hidden_dim: int) -> int:
+    """Values a token keeps at once in a layer's MLP: its hidden activation, or in a mixture
+    (moe.py) each chosen expert's hidden activation, its copy of the token's row and its
+    output row (the pairs sorted by expert), the router's logits and the shared expert's."""
+    if not config.n_experts:
+        return hidden_dim
+    pairs = config.experts_per_token * (config.expert_dim + 2 * config.dim)
+    return pairs + config.n_experts + config.shared_expert_dim
 
 
 def forward_bytes(

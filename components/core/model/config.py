@@ -114,6 +114,15 @@ class ModelConfig:
     per_layer_vocab: int = 0
     layer_scalar: bool = False
     rope_proportional: bool = False
+    # Mixture-of-experts MLPs on every layer (Qwen3 MoE, Qwen3.5 MoE; core/model/moe.py):
+    # n_experts SwiGLU experts expert_dim wide, experts_per_token of them chosen per token by
+    # a softmax router (their weights renormalised to sum 1 with norm_topk_prob), and
+    # Qwen3.5's sigmoid-gated shared expert shared_expert_dim wide beside them. 0: dense MLPs.
+    n_experts: int = 0
+    experts_per_token: int = 0
+    expert_dim: int = 0
+    norm_topk_prob: bool = True
+    shared_expert_dim: int = 0
     # Logits live a tile of at most this many elements (positions × vocabulary) at a time
     # wherever log-probs, entropy or KL are reduced (core/model/vocab_tiles.py): 2**24 fp32
     # = 64 MiB; 0 = whole. The sampler's one position a step is never tiled.
@@ -171,6 +180,12 @@ class ModelConfig:
                 f"ModelConfig.lora_rank ({self.lora_rank}) must be >= 0 and lora_alpha "
                 f"({self.lora_alpha}) > 0"
             )
+        mlp = set(self.lora_targets) & {"gate_proj", "up_proj", "down_proj"}
+        if self.n_experts and mlp:
+            raise ValueError(
+                f"ModelConfig.lora_targets {sorted(mlp)}: a mixture-of-experts model's MLPs "
+                "take no adapters (moe.py); target the attention projections"
+            )
         unknown = sorted(set(self.lora_targets) - set(known))
         if unknown or (self.lora_rank > 0) != bool(self.lora_targets):
             raise ValueError(
@@ -209,6 +224,7 @@ class ModelConfig:
                 f"ModelConfig.logits_tile must be >= 0 (0 = whole logits), got {self.logits_tile}"
             )
         self._check_hybrid()
+        self._check_experts()
         check_kinds(self)
         self._check_yarn()
         if self.rope_linear_factor <= 0 or (self.rope_local_theta or 1.0) <= 0:
@@ -219,6 +235,27 @@ class ModelConfig:
             raise ValueError(
                 "ModelConfig rotary scaling needs rope_scaling_factor > 0 and "
                 "rope_high_freq_factor > rope_low_freq_factor"
+            )
+
+    def _check_experts(self) -> None:
+        """Mixture of experts: k of n experts, a width, no Gemma 4 layer variations."""
+        sizes = (self.experts_per_token, self.expert_dim, self.shared_expert_dim)
+        if not self.n_experts:
+            if any(sizes):
+                raise ValueError(
+                    "ModelConfig experts_per_token, expert_dim and shared_expert_dim need "
+                    f"n_experts > 0, got {sizes}"
+                )
+            return
+        if not 1 <= self.experts_per_token <= self.n_experts or self.expert_dim < 1:
+            raise ValueError(
+                f"ModelConfig.experts_per_token ({self.experts_per_token}) must be in "
+                f"[1, n_experts ({self.n_experts})] and expert_dim ({self.expert_dim}) >= 1"
+            )
+        if self.shared_expert_dim < 0 or self.shared_mlp_factor != 1 or self.per_layer_dim:
+            raise ValueError(
+                "ModelConfig: experts beside Gemma 4's per-layer inputs or double-wide MLPs, or "
+                f"a negative shared_expert_dim ({self.shared_expert_dim})"
             )
 
     def _check_yarn(self) -> None:
@@ -313,7 +350,7 @@ class ModelConfig:
         if target in DELTA_TARGETS:
             return tuple(s for s in counts if s == "linear_blocks")
         if target in ("gate_proj", "up_proj", "down_proj"):
-            return tuple(counts)
+            return () if self.n_experts else tuple(counts)  # no expert takes adapters
         stacks = []
         for stack in counts:
             kind = layer_kinds.stack_kind(self, stack)

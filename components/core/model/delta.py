@@ -267,13 +267,14 @@ class GatedDeltaNet(nnx.Module):
 
 class DeltaBlock(nnx.Module):
     """A pre-norm decoder layer around :class:`GatedDeltaNet`: x + mixer(norm(x)), then
-    x + mlp(norm(x)); the norms and the MLP are the attention layers' (layers.py)."""
+    x + mlp(norm(x)); the norms and the MLP are the attention layers' (layers.py), or
+    ``mlp`` given (moe.py's experts)."""
 
-    def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
+    def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs, mlp: nnx.Module | None = None):
         self.attn_norm = RMSNorm(config.dim, config)
         self.delta = GatedDeltaNet(config, rngs=rngs)
         self.mlp_norm = RMSNorm(config.dim, config)
-        self.mlp = GatedMLP(config, rngs=rngs)
+        self.mlp = mlp if mlp is not None else GatedMLP(config, rngs=rngs)
 
     def __call__(
         self, x: jax.Array, mask: jax.Array, state: DeltaState | None = None

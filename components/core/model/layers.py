@@ -448,12 +448,22 @@ class Block(nnx.Module):
     (a checkpoint value transformers keeps as a buffer: its gradient is stopped here).
     """
 
-    def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs, kind: LayerKind | None = None):
+    def __init__(
+        self,
+        config: ModelConfig,
+        *,
+        rngs: nnx.Rngs,
+        kind: LayerKind | None = None,
+        mlp: nnx.Module | None = None,
+    ):
+        """``mlp``: another MLP than the gated one (moe.py's experts)."""
         kind = kind_of(config, kind)
         self.attn_norm = RMSNorm(config.dim, config)
         self.attn = Attention(config, rngs=rngs, kind=kind)
         self.mlp_norm = RMSNorm(config.dim, config)
-        self.mlp = GatedMLP(config, rngs=rngs, hidden_dim=kind.hidden_dim)
+        self.mlp = (
+            mlp if mlp is not None else GatedMLP(config, rngs=rngs, hidden_dim=kind.hidden_dim)
+        )
         self.post_attn_norm = RMSNorm(config.dim, config) if config.post_norms else None
         self.post_mlp_norm = RMSNorm(config.dim, config) if config.post_norms else None
         self.per_layer = PerLayerInput(config, rngs=rngs) if config.per_layer_dim else None

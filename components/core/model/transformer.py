@@ -39,7 +39,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from components.core.model import kind_scan, layer_kinds, vocab_tiles
+from components.core.model import kind_scan, layer_kinds, moe, vocab_tiles
 from components.core.model.config import REMAT_POLICIES, ModelConfig
 from components.core.model.delta import DeltaBlock, DeltaState
 from components.core.model.layers import (
@@ -115,9 +115,10 @@ def _stack(config: ModelConfig, stack: str, count: int, rngs: nnx.Rngs) -> nnx.M
     @nnx.split_rngs(splits=count)
     @nnx.vmap(in_axes=(0,), out_axes=0)
     def stacked(rngs: nnx.Rngs) -> nnx.Module:
+        experts = moe.MoE(config, rngs=rngs) if config.n_experts else None
         if stack == "linear_blocks":
-            return DeltaBlock(config, rngs=rngs)
-        return Block(config, rngs=rngs, kind=kind)
+            return DeltaBlock(config, rngs=rngs, mlp=experts)
+        return Block(config, rngs=rngs, kind=kind, mlp=experts)
 
     return stacked(rngs)
 

@@ -1,0 +1,143 @@
+"""Mixture-of-experts MLPs (Qwen3 MoE, Qwen3.5 MoE): a softmax router picks
+``experts_per_token`` of ``n_experts`` gated MLPs for each token, and Qwen3.5 adds a shared
+expert, gated by a sigmoid, beside them.
+
+The math is transformers' ``Qwen3MoeSparseMoeBlock`` / ``Qwen3_5MoeSparseMoeBlock``: router
+logits in the compute dtype, a float32 softmax over every expert, the top k of it
+(renormalised to sum to 1 with ``norm_topk_prob``, which Qwen3.5 always does), each chosen
+expert's SwiGLU output times its weight, summed. Dropless: no token is turned away from a
+full expert (no capacity factor), so the result is the checkpoint's whatever the batch.
+
+Compute follows the routing, not the expert count: the token-expert pairs are sorted by
+expert and each expert multiplies only its own rows (``jax.lax.ragged_dot``, grouped
+matmuls; MaxText's sparse path on TPU is the same op). A dense form that ran every expert on
+every token would cost n_experts / experts_per_token times the MLP's FLOPs (16x for
+Qwen3-30B-A3B's 128 and 8).
+
+``ragged_dot`` has no batching rule for rows batched against shared experts, which the
+evaluation's per-row sampler (``jax.vmap`` over rows, eval_sampling.py) needs; the rows of a
+vmapped call are independent, so the rule here folds the batch into the rows (one call, the
+same numbers), or maps over it where the expert weights are batched too. ``custom_vmap``
+has no reverse-mode derivative of its own, so the gradient is the plain function's
+(``custom_vjp``), which never meets a vmap in training.
+
+No load-balancing loss is added: alignment fine-tunes a trained router for few steps at
+small rates. Peers differ: TRL's GRPO adds the router's at 0.001 by default
+(``router_aux_loss_coef``), OpenRLHF's at 0, and verl's Megatron converters turn it off
+("hurts perf in RL"). Rollouts and updates run this same code, so a token is routed alike
+in both (up to the update's float order); verl's routing replay (R2/R3) is for rollouts
+from another engine.
+Adapters (LoRA) wrap no expert: PEFT's ``target_modules`` match ``nn.Linear`` modules, and
+transformers 5 keeps the experts as 3-D parameters, so ``gate_proj`` etc. adapt nothing in a
+MoE layer there either (config.py's ``target_stacks``).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from components.core.model.config import ModelConfig
+from components.core.model.layers import ACTIVATIONS, INIT_STD, GatedMLP, dense
+
+
+def route(logits: jax.Array, k: int, normalize: bool) -> tuple[jax.Array, jax.Array]:
+    """Each row's k experts and their weights: the top k of a float32 softmax of ``logits``
+    [N, E], divided by their sum where ``normalize`` (transformers' ``norm_topk_prob``)."""
+    probs = jax.nn.softmax(logits.astype(jnp.float32), axis=-1)
+    weights, experts = jax.lax.top_k(probs, k)
+    if normalize:
+        weights = weights / jnp.sum(weights, axis=-1, keepdims=True)
+    return weights, experts
+
+
+def _grouped(rows, logits, w_gate, w_up, w_down, *, k: int, normalize: bool, activation):
+    """The experts' weighted sum for ``rows`` [N, D], each pair's rows sorted by expert."""
+    n, n_experts = logits.shape
+    weights, experts = route(logits, k, normalize)
+    flat = experts.reshape(-1)  # [N·k], row-major: token t's pairs are t·k … t·k + k - 1
+    order = jnp.argsort(flat, stable=True)
+    sizes = jnp.bincount(flat, length=n_experts).astype(jnp.int32)
+    x = rows[order // k]
+    dtype = rows.dtype
+    hidden = activation(jax.lax.ragged_dot(x, w_gate.astype(dtype), sizes))
+    hidden = hidden * jax.lax.ragged_dot(x, w_up.astype(dtype), sizes)
+    out = jax.lax.ragged_dot(hidden, w_down.astype(dtype), sizes)
+    out = out * weights.reshape(-1)[order][:, None].astype(dtype)
+    unsorted = out[jnp.argsort(order)]  # back to token order (a gather, not a scatter-add)
+    return jnp.sum(unsorted.reshape(n, k, -1), axis=1)
+
+
+@functools.cache
+def _experts_fn(k: int, normalize: bool, activation):
+    """``_grouped`` for fixed routing settings, with its vmap rule and plain gradient."""
+    plain = functools.partial(_grouped, k=k, normalize=normalize, activation=activation)
+
+    @jax.custom_batching.custom_vmap
+    def batched(rows, logits, w_gate, w_up, w_down):
+        return plain(rows, logits, w_gate, w_up, w_down)
+
+    @batched.def_vmap
+    def _rule(axis_size, in_batched, rows, logits, w_gate, w_up, w_down):
+        rows_b, logits_b, *weights_b = in_batched
+        if any(weights_b):  # experts batched too (a vmapped ensemble): one member at a time
+            args = [
+                a if b else jnp.broadcast_to(a, (axis_size, *a.shape))
+                for a, b in zip((rows, logits, w_gate, w_up, w_down), in_batched, strict=True)
+            ]
+            return jax.lax.map(lambda a: batched(*a), tuple(args)), True
+        if not rows_b:
+            rows = jnp.broadcast_to(rows, (axis_size, *rows.shape))
+        if not logits_b:
+            logits = jnp.broadcast_to(logits, (axis_size, *logits.shape))
+        out = batched(
+            rows.reshape(-1, rows.shape[-1]), logits.reshape(-1, logits.shape[-1]),
+            w_gate, w_up, w_down,
+        )  # fmt: skip
+        return out.reshape(*rows.shape[:-1], out.shape[-1]), True
+
+    @jax.custom_vjp
+    def experts(rows, logits, w_gate, w_up, w_down):
+        return batched(rows, logits, w_gate, w_up, w_down)
+
+    def forward(*args):
+        return jax.vjp(plain, *args)  # the residual is the vjp closure, a pytree
+
+    def backward(vjp, grad):
+        return vjp(grad)
+
+    experts.defvjp(forward, backward)
+    return experts
+
+
+class MoE(nnx.Module):
+    """A mixture-of-experts MLP over ``x`` [..., dim]: ``router`` (HF ``mlp.gate``), the
+    experts' stacked ``w_gate``/``w_up`` [E, dim, F] and ``w_down`` [E, F, dim], and, with
+    ``shared_expert_dim``, a shared gated MLP times sigmoid(``shared_gate``(x))."""
+
+    def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
+        dim, width, count = config.dim, config.expert_dim, config.n_experts
+        init = nnx.initializers.normal(INIT_STD)
+        self.router = dense(dim, count, config, rngs, target="router")
+        self.w_gate = nnx.Param(init(rngs.params(), (count, dim, width), jnp.float32))
+        self.w_up = nnx.Param(init(rngs.params(), (count, dim, width), jnp.float32))
+        self.w_down = nnx.Param(init(rngs.params(), (count, width, dim), jnp.float32))
+        shared = config.shared_expert_dim
+        self.shared = GatedMLP(config, rngs=rngs, hidden_dim=shared) if shared else None
+        self.shared_gate = dense(dim, 1, config, rngs, target="shared_gate") if shared else None
+        self.dtype = config.compute_dtype
+        self.experts = _experts_fn(
+            config.experts_per_token, config.norm_topk_prob, ACTIVATIONS[config.mlp_activation]
+        )
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        rows = x.reshape(-1, x.shape[-1]).astype(self.dtype)
+        logits = self.router(rows)
+        out = self.experts(rows, logits, self.w_gate[...], self.w_up[...], self.w_down[...])
+        if self.shared is not None:
+            gate = jax.nn.sigmoid(self.shared_gate(rows).astype(jnp.float32)).astype(out.dtype)
+            out = out + gate * self.shared(rows)
+        return out.reshape(*x.shape[:-1], -1)

@@ -1,0 +1,232 @@
+"""Mixture-of-experts layers (components/core/model/moe.py): Qwen3 MoE and Qwen3.5 MoE.
+
+The routed experts against every expert run densely (forward and gradient), a vmapped call
+(the evaluation's per-row sampler) against the rows alone, eight devices against one; the
+two fixtures (tests/fixtures/hf/qwen3_moe, per-expert tensors as transformers 5 saves them;
+qwen3_5_moe_mm, fused as Qwen3.5 MoE's releases store them) exported back and loaded by
+transformers as its MoE classes; the fused and per-expert layouts read alike; the planner's
+parameter count against the model's and Qwen3-30B-A3B's published 30.5B; adapters on the
+attention only; what is refused. Their logits against transformers': test_hf_import.py; a
+whole run: test_hf_pipeline.py.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import pathlib
+import re
+import shutil
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from components.core.model.artifact import load_model
+from components.core.model.config import ModelConfig
+from components.core.model.lora import with_lora
+from components.core.model.moe import MoE, route
+from components.core.model.transformer import Transformer
+from components.core.training.parallel import replicate
+from components.hf import safetensors_io
+from components.hf.export import export_hf
+from components.hf.families import HFImportError, model_config_from_hf
+from components.hf.importer import import_hf
+from pipelines.dag.memory import param_count
+
+FIXTURES = pathlib.Path(__file__).parent / "fixtures" / "hf"
+MOE = ModelConfig(
+    vocab_size=64, dim=16, n_layers=2, n_heads=4, n_kv_heads=2, hidden_dim=32, max_seq_len=32,
+    qk_norm=True, n_experts=6, experts_per_token=2, expert_dim=12,
+)  # fmt: skip
+
+
+def _dense_reference(layer: MoE, config: ModelConfig, x: jax.Array) -> jax.Array:
+    """Every expert on every row, weighted by the router's top k (zero elsewhere)."""
+    rows = x.reshape(-1, x.shape[-1])
+    weights, experts = route(layer.router(rows), config.experts_per_token, config.norm_topk_prob)
+    combine = jnp.zeros((rows.shape[0], config.n_experts)).at[
+        jnp.arange(rows.shape[0])[:, None], experts
+    ].set(weights)  # fmt: skip
+    gate = jnp.einsum("nd,edf->nef", rows, layer.w_gate[...])
+    up = jnp.einsum("nd,edf->nef", rows, layer.w_up[...])
+    out = jnp.einsum("nef,efd->ned", jax.nn.silu(gate) * up, layer.w_down[...])
+    out = jnp.einsum("ned,ne->nd", out, combine)
+    if layer.shared is not None:
+        out = out + jax.nn.sigmoid(layer.shared_gate(rows)) * layer.shared(rows)
+    return out.reshape(x.shape)
+
+
+@pytest.mark.parametrize(
+    "changes", [{}, {"norm_topk_prob": False}, {"shared_expert_dim": 20, "experts_per_token": 3}]
+)
+def test_routed_experts_equal_every_expert_run_densely(changes):
+    config = dataclasses.replace(MOE, **changes)
+    layer = MoE(config, rngs=nnx.Rngs(0))
+    x = jax.random.normal(jax.random.key(1), (3, 7, config.dim))
+    np.testing.assert_allclose(layer(x), _dense_reference(layer, config, x), atol=1e-6)
+
+    graphdef, params, rest = nnx.split(layer, nnx.Param, ...)
+
+    def loss(params, x, dense):
+        merged = nnx.merge(graphdef, params, rest)
+        out = _dense_reference(merged, config, x) if dense else merged(x)
+        return jnp.sum(jnp.sin(out))
+
+    ours = jax.grad(loss, argnums=(0, 1))(params, x, False)
+    dense = jax.grad(loss, argnums=(0, 1))(params, x, True)
+    for a, b in zip(jax.tree.leaves(ours), jax.tree.leaves(dense), strict=True):
+        assert float(jnp.abs(b).max()) > 0
+        np.testing.assert_allclose(a, b, atol=2e-6)
+
+
+def test_a_vmapped_call_computes_each_row_as_alone():
+    """The evaluation samples each row under jax.vmap (eval_sampling.py): the rows fold into
+    one routed call; with the experts batched too (an ensemble), a member at a time."""
+    layer = MoE(dataclasses.replace(MOE, shared_expert_dim=8), rngs=nnx.Rngs(0))
+    x = jax.random.normal(jax.random.key(2), (4, 5, MOE.dim))
+    alone = jnp.stack([layer(row) for row in x])
+    np.testing.assert_allclose(jax.vmap(layer)(x), alone, atol=1e-6)
+    np.testing.assert_allclose(jax.jit(jax.vmap(jax.vmap(layer)))(x[:, :, None]), alone[:, :, None],
+                               atol=1e-6)  # fmt: skip
+    members = jnp.stack([layer.w_down[...], 2 * layer.w_down[...]])
+    rows = x[0]
+    logits = layer.router(rows)
+
+    def member(w_down):
+        return layer.experts(rows, logits, layer.w_gate[...], layer.w_up[...], w_down)
+
+    np.testing.assert_allclose(jax.vmap(member)(members)[1], 2 * member(members[0]), atol=1e-5)
+
+
+def test_eight_devices_compute_what_one_does():
+    model = Transformer(MOE, rngs=nnx.Rngs(0))
+    graphdef, params = nnx.split(model)
+    tokens = jax.random.randint(jax.random.key(3), (8, 2, 12), 0, MOE.vocab_size)
+
+    def loss(params, tokens):
+        model = nnx.merge(graphdef, params)
+        return jnp.mean(model.token_logprobs(tokens, jnp.ones_like(tokens)))
+
+    def step(params, tokens):
+        value, grads = jax.value_and_grad(loss)(params, tokens)
+        return jax.lax.pmean(value, "data"), jax.lax.pmean(grads, "data")
+
+    replicated = replicate(params, jax.devices()[:8])
+    value, grads = jax.pmap(step, axis_name="data")(replicated, tokens)
+    one_value, one_grads = jax.value_and_grad(loss)(params, tokens.reshape(16, 12))
+    np.testing.assert_allclose(value[0], one_value, rtol=1e-5)
+    for a, b in zip(jax.tree.leaves(grads), jax.tree.leaves(one_grads), strict=True):
+        np.testing.assert_allclose(a[0], b, atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("fixture", "architecture"),
+    [("qwen3_moe", "Qwen3MoeForCausalLM"), ("qwen3_5_moe_mm", "Qwen3_5MoeForCausalLM")],
+)
+def test_the_export_loads_in_transformers_as_its_moe_class(fixture, architecture, tmp_path):
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    imported = import_hf(str(FIXTURES / fixture), str(tmp_path / "imported"))["out"]
+    out = tmp_path / "export"
+    export_hf(imported, str(out), dtype="float32")
+    config = json.loads((out / "config.json").read_text())
+    assert config["architectures"] == [architecture]
+    assert (config["num_experts"], config["num_experts_per_tok"]) == (8, 2)
+    names = safetensors_io.tensor_infos(safetensors_io.checkpoint_files(str(out)))
+    assert "model.layers.1.mlp.experts.7.down_proj.weight" in names  # as transformers saves
+    model = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
+    reference = np.load(FIXTURES / fixture / "reference.npz")
+    with torch.no_grad():
+        logits = model(torch.tensor(reference["tokens"])).logits.numpy()
+    np.testing.assert_allclose(logits, reference["logits"], atol=1e-4)
+
+
+def test_fused_and_per_expert_layouts_import_alike(tmp_path):
+    """Qwen3.5 MoE's releases fuse each layer's experts (gate_up_proj [E, 2F, D], down_proj
+    [E, D, F]); transformers 5 saves them one by one. Both read into the same params."""
+    folder = tmp_path / "per_expert"
+    shutil.copytree(FIXTURES / "qwen3_5_moe_mm", folder)
+    path = folder / "model.safetensors"
+    tensors = dict(safetensors_io.read_file_tensors(str(path), list(_names(path))))
+    split = {}
+    for name, value in tensors.items():
+        if name.endswith(".mlp.experts.gate_up_proj"):
+            head, half = name.removesuffix(".gate_up_proj"), value.shape[1] // 2
+            for e in range(value.shape[0]):
+                split[f"{head}.{e}.gate_proj.weight"] = value[e, :half]
+                split[f"{head}.{e}.up_proj.weight"] = value[e, half:]
+        elif name.endswith(".mlp.experts.down_proj"):
+            head = name.removesuffix(".down_proj")
+            for e in range(value.shape[0]):
+                split[f"{head}.{e}.down_proj.weight"] = value[e]
+        else:
+            split[name] = value
+    safetensors_io.write_file(str(path), split)
+    fused, _ = load_model(import_hf(str(FIXTURES / "qwen3_5_moe_mm"), str(tmp_path / "a"))["out"])
+    apart, _ = load_model(import_hf(str(folder), str(tmp_path / "b"))["out"])
+    ours = jax.tree.leaves(nnx.state(fused, nnx.Param))
+    for a, b in zip(ours, jax.tree.leaves(nnx.state(apart, nnx.Param)), strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+def _names(path: pathlib.Path) -> list[str]:
+    return list(safetensors_io.tensor_infos([str(path)]))
+
+
+# Qwen/Qwen3-30B-A3B's config.json (its model card: 30.5B parameters, 3.3B activated).
+QWEN3_30B_A3B = {
+    "architectures": ["Qwen3MoeForCausalLM"], "hidden_size": 2048, "intermediate_size": 6144,
+    "num_hidden_layers": 48, "num_attention_heads": 32, "num_key_value_heads": 4,
+    "head_dim": 128, "vocab_size": 151936, "max_position_embeddings": 40960,
+    "num_experts": 128, "num_experts_per_tok": 8, "moe_intermediate_size": 768,
+    "norm_topk_prob": True, "decoder_sparse_step": 1, "mlp_only_layers": [],
+    "tie_word_embeddings": False, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0,
+    "hidden_act": "silu", "attention_bias": False, "use_sliding_window": False,
+}  # fmt: skip
+
+
+def test_the_planner_counts_every_expert():
+    for fixture in ("qwen3_moe", "qwen3_5_moe_mm"):
+        hf = json.loads((FIXTURES / fixture / "config.json").read_text())
+        config = model_config_from_hf(hf, dtype="float32")
+        abstract = nnx.eval_shape(lambda c=config: Transformer(c, rngs=nnx.Rngs(0)))
+        count = sum(p.size for p in jax.tree.leaves(nnx.state(abstract, nnx.Param)))
+        assert param_count(config) == count, fixture
+    big = model_config_from_hf(QWEN3_30B_A3B, dtype="bfloat16")
+    assert (big.n_experts, big.experts_per_token, big.expert_dim) == (128, 8, 768)
+    assert abs(param_count(big) / 30.5e9 - 1) < 0.005  # 30.53B
+
+
+def test_adapters_go_on_the_attention_only():
+    """PEFT targets nn.Linear modules and transformers 5 keeps experts as 3-D parameters, so
+    gate_proj etc. adapt no expert there either: all-linear is the attention here."""
+    every = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+    assert with_lora(MOE, 4, 8.0, every).lora_targets == every[:4]
+    with pytest.raises(ValueError, match="mixture-of-experts model's MLPs take no adapters"):
+        dataclasses.replace(MOE, lora_rank=4, lora_targets=("q_proj", "up_proj"))
+
+
+@pytest.mark.parametrize(
+    ("fixture", "changes", "named"),
+    [
+        ("qwen3_moe", {"decoder_sparse_step": 2}, "decoder_sparse_step=2"),
+        ("qwen3_moe", {"mlp_only_layers": [0]}, "mlp_only_layers=[0]"),
+        ("qwen3_moe", {"shared_expert_intermediate_size": 16}, "a shared expert in a Qwen3 MoE"),
+        ("qwen3_moe", {"num_experts_per_tok": 9}, "experts_per_token (9)"),
+        ("qwen3_5_moe_mm", {"shared_expert_intermediate_size": 0}, "without its shared expert"),
+        ("qwen3_5_moe_mm", {"moe_intermediate_size": None}, "moe_intermediate_size"),
+    ],
+)
+def test_unmodelled_or_broken_expert_configs_are_refused_by_name(fixture, changes, named):
+    hf = json.loads((FIXTURES / fixture / "config.json").read_text())
+    target = hf["text_config"] if "text_config" in hf else hf
+    for key, value in changes.items():
+        if value is None:
+            del target[key]
+        else:
+            target[key] = value
+    with pytest.raises(HFImportError, match=re.escape(named)):
+        model_config_from_hf(hf, dtype="float32")
