@@ -138,6 +138,29 @@ def hf_config(family: str, vocab: int, ids: dict) -> transformers.PretrainedConf
             vision_end_token_id=ids["eos_token_id"],
             tie_word_embeddings=False,
         )
+    if family == "gemma4_moe":  # 26B-A4B's layers: experts beside each MLP, no per-layer inputs
+        return transformers.Gemma4TextConfig(
+            **{**common, "num_hidden_layers": 6, "max_position_embeddings": 1024},
+            head_dim=16,
+            global_head_dim=32,
+            num_global_key_value_heads=1,
+            attention_k_eq_v=True,
+            sliding_window=8,
+            layer_types=["sliding_attention", "sliding_attention", "full_attention"] * 2,
+            hidden_size_per_layer_input=0,
+            enable_moe_block=True,
+            num_experts=8,
+            top_k_experts=2,
+            moe_intermediate_size=24,  # != intermediate_size: the dense MLP runs beside
+            final_logit_softcapping=3.0,
+            rope_parameters={
+                "sliding_attention": dict(rope_type="default", rope_theta=1e4),
+                "full_attention": dict(
+                    rope_type="proportional", partial_rotary_factor=0.25, rope_theta=1e6
+                ),
+            },
+            rms_norm_eps=1e-6,
+        )
     if family.startswith("gemma4"):
         text = transformers.Gemma4TextConfig(
             **{**common, "num_hidden_layers": 9, "max_position_embeddings": 1024},

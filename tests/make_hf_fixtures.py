@@ -216,6 +216,7 @@ FAMILIES = {
     "gemma4": GEMMA4,
     "gemma4_mm": GEMMA4,
     "qwen3_moe": QWEN3,
+    "gemma4_moe": GEMMA4,
     # Its experts fused, as Qwen3.5 MoE's released checkpoints store them (fuse_experts).
     "qwen3_5_moe_mm": {**QWEN3_5, "fused_experts": True},
 }
@@ -267,7 +268,9 @@ def randomise(model: torch.nn.Module, family: str) -> None:
     with torch.no_grad():
         for name, param in model.named_parameters():
             noise = torch.randn(param.shape, generator=generator)
-            if "norm" in name:
+            if name.endswith(("router.scale", "per_expert_scale")):  # Gemma 4's, start at 1
+                param.copy_(1.0 + 0.2 * noise)
+            elif "norm" in name:
                 # Gemma 4's norms apply w itself (start at 1), Gemma 2 and 3's 1 + w.
                 zero_centred = family.startswith(("gemma2", "gemma3")) or (
                     family.startswith("qwen3_5") and "linear_attn.norm" not in name

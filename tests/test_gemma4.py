@@ -163,7 +163,7 @@ def _hf_config(**changes) -> dict:
 @pytest.mark.parametrize(
     ("changes", "named"),
     [
-        ({"enable_moe_block": True, "num_experts": 128}, "enable_moe_block"),
+        ({"enable_moe_block": True, "num_experts": 128}, "top_k_experts"),  # lacks it
         ({"use_bidirectional_attention": "all"}, "use_bidirectional_attention"),
         ({"attention_bias": True}, "attention_bias"),
         ({"attention_dropout": 0.1}, "attention_dropout"),
@@ -200,13 +200,17 @@ def test_the_released_spelling_of_the_full_layers_reads_the_same():
     assert model_config_from_hf(released, dtype="float32").global_kv_heads == 2
 
 
-def test_moe_checkpoint_is_refused(tmp_path):
+def test_experts_beside_double_wide_mlps_are_refused(tmp_path):
+    """26B-A4B's experts are read (tests/test_moe.py); beside the shared-KV layers' double-wide
+    MLPs, which no release combines with them, they are refused."""
     folder = tmp_path / "moe"
     shutil.copytree(FIXTURES / "gemma4_mm", folder)
     config = json.loads((folder / "config.json").read_text())
-    config["text_config"].update(enable_moe_block=True, num_experts=128, top_k_experts=8)
+    config["text_config"].update(
+        enable_moe_block=True, num_experts=128, top_k_experts=8, moe_intermediate_size=24
+    )
     (folder / "config.json").write_text(json.dumps(config))
-    with pytest.raises(HFImportError, match="26B-A4B"):
+    with pytest.raises(HFImportError, match="double-wide"):
         import_hf(str(folder), str(tmp_path / "out"))
 
 

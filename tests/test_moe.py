@@ -27,7 +27,7 @@ from flax import nnx
 from components.core.model.artifact import load_model
 from components.core.model.config import ModelConfig
 from components.core.model.lora import with_lora
-from components.core.model.moe import MoE, route
+from components.core.model.moe import BesideExperts, MoE, route
 from components.core.model.transformer import Transformer
 from components.core.training.parallel import replicate
 from components.hf import safetensors_io
@@ -96,9 +96,30 @@ def test_a_vmapped_call_computes_each_row_as_alone():
     logits = layer.router(rows)
 
     def member(w_down):
-        return layer.experts(rows, logits, layer.w_gate[...], layer.w_up[...], w_down)
+        scale = jnp.ones(MOE.n_experts)
+        return layer.experts(rows, logits, scale, layer.w_gate[...], layer.w_up[...], w_down)
 
     np.testing.assert_allclose(jax.vmap(member)(members)[1], 2 * member(members[0]), atol=1e-5)
+
+
+def test_gemma4_experts_beside_the_mlp_learn_their_router_and_scales():
+    """26B-A4B's layer (moe.BesideExperts): every parameter gets a gradient, the router's
+    scale and the per-expert scales included, and a vmapped call computes each row alone."""
+    config = dataclasses.replace(MOE, mlp_activation="gelu_tanh", experts_beside_mlp=True)
+    layer = BesideExperts(config, rngs=nnx.Rngs(0))
+    x = jax.random.normal(jax.random.key(4), (3, 5, MOE.dim))
+    mlp_out = jax.random.normal(jax.random.key(5), x.shape)
+    graphdef, params, rest = nnx.split(layer, nnx.Param, ...)
+
+    def loss(params):
+        return jnp.sum(jnp.sin(nnx.merge(graphdef, params, rest)(x, mlp_out)))
+
+    grads = nnx.to_pure_dict(jax.grad(loss)(params))
+    for name in ("router_scale", "expert_scale"):
+        assert float(jnp.abs(grads[name]).max()) > 0, name
+    assert all(float(jnp.abs(g).max()) > 0 for g in jax.tree.leaves(grads))
+    alone = jnp.stack([layer(row, out) for row, out in zip(x, mlp_out, strict=True)])
+    np.testing.assert_allclose(jax.vmap(layer)(x, mlp_out), alone, atol=1e-6)
 
 
 def test_eight_devices_compute_what_one_does():
@@ -123,10 +144,15 @@ def test_eight_devices_compute_what_one_does():
 
 
 @pytest.mark.parametrize(
-    ("fixture", "architecture"),
-    [("qwen3_moe", "Qwen3MoeForCausalLM"), ("qwen3_5_moe_mm", "Qwen3_5MoeForCausalLM")],
+    ("fixture", "architecture", "stored"),
+    [
+        ("qwen3_moe", "Qwen3MoeForCausalLM", "model.layers.1.mlp.experts.7.down_proj.weight"),
+        ("qwen3_5_moe_mm", "Qwen3_5MoeForCausalLM", "model.layers.1.mlp.experts.7.up_proj.weight"),
+        # transformers has no conversion for Gemma 4's experts: saved and loaded fused.
+        ("gemma4_moe", "Gemma4ForCausalLM", "model.layers.1.experts.gate_up_proj"),
+    ],
 )
-def test_the_export_loads_in_transformers_as_its_moe_class(fixture, architecture, tmp_path):
+def test_the_export_loads_in_transformers_as_its_moe_class(fixture, architecture, stored, tmp_path):
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
     imported = import_hf(str(FIXTURES / fixture), str(tmp_path / "imported"))["out"]
@@ -134,9 +160,9 @@ def test_the_export_loads_in_transformers_as_its_moe_class(fixture, architecture
     export_hf(imported, str(out), dtype="float32")
     config = json.loads((out / "config.json").read_text())
     assert config["architectures"] == [architecture]
-    assert (config["num_experts"], config["num_experts_per_tok"]) == (8, 2)
+    assert config["num_experts"] == 8
     names = safetensors_io.tensor_infos(safetensors_io.checkpoint_files(str(out)))
-    assert "model.layers.1.mlp.experts.7.down_proj.weight" in names  # as transformers saves
+    assert stored in names  # as transformers saves them
     model = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
     reference = np.load(FIXTURES / fixture / "reference.npz")
     with torch.no_grad():
@@ -189,7 +215,7 @@ QWEN3_30B_A3B = {
 
 
 def test_the_planner_counts_every_expert():
-    for fixture in ("qwen3_moe", "qwen3_5_moe_mm"):
+    for fixture in ("qwen3_moe", "qwen3_5_moe_mm", "gemma4_moe"):
         hf = json.loads((FIXTURES / fixture / "config.json").read_text())
         config = model_config_from_hf(hf, dtype="float32")
         abstract = nnx.eval_shape(lambda c=config: Transformer(c, rngs=nnx.Rngs(0)))

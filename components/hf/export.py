@@ -31,7 +31,7 @@ from components.core.data.tokenizers import (
 from components.core.model import lora
 from components.core.model.transformer import ModelConfig, Transformer
 from components.core.training.checkpoint import load_model_params, read_model_config
-from components.hf import safetensors_io
+from components.hf import moe, safetensors_io
 from components.hf.families import family_of_config
 from components.hf.hf_config import hf_config_from_model
 from components.hf.model_card import model_card
@@ -105,7 +105,7 @@ def _hf_tensors(config: ModelConfig, family: str, params: dict, dtype: np.dtype)
         value = value[spec.expert] if spec.expert is not None else value
         value = value.T if spec.transpose else value
         tensors[spec.hf_name] = np.ascontiguousarray(value).astype(dtype)
-    return tensors
+    return moe.fuse(tensors) if family == "gemma4" and config.n_experts else tensors
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

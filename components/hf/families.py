@@ -377,6 +377,8 @@ def model_config_from_hf(hf: dict[str, Any], *, dtype: str, remat: str = "full")
 
 def _exportable_as(config: ModelConfig) -> list[str]:
     """The HF families whose architecture computes what ``config`` computes."""
+    if config.experts_beside_mlp:  # Gemma 4 26B-A4B
+        return ["gemma4"] if gemma4.is_gemma4(config) else []
     if config.n_experts:  # Qwen3 MoE (no shared expert, either routing) or Qwen3.5 MoE
         dense = _exportable_as(dataclasses.replace(config, **moe.NO_EXPERTS))
         shared = bool(config.shared_expert_dim)
@@ -455,7 +457,7 @@ def export_architecture(config: ModelConfig, family: str) -> tuple[str, str]:
     family's, or Ministral 3's for a Mistral with a query temperature."""
     if family == "mistral" and config.query_scale_beta:
         return "Ministral3ForCausalLM", "ministral3"
-    if config.n_experts:
+    if config.n_experts and family in moe.MOE_EXPORT:  # Gemma 4's experts stay Gemma 4's
         return moe.MOE_EXPORT[family]
     return FAMILY_ARCHITECTURE[family], MODEL_TYPES.get(family, family)
 

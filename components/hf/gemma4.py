@@ -15,13 +15,15 @@ Every field of ``Gemma4TextConfig`` that changes the computation is read or refu
   embeddings, GeGLU, w (not 1 + w) norms, the per-layer output scalar;
 - accepted: ``use_bidirectional_attention: "vision"`` (only image tokens attend both ways;
   a text-only run has none, so it is causal);
-- refused: ``enable_moe_block`` and ``num_experts`` (26B-A4B), ``use_bidirectional_attention:
-  "all"``, ``attention_bias``, ``attention_dropout`` > 0, activations other than GELU-tanh,
-  quantized weights, other rotary types, ``per_layer_config`` keys other than the two
-  shapes, and full layers of different shapes;
+- read with ``enable_moe_block`` (26B-A4B): ``num_experts``, ``top_k_experts``,
+  ``moe_intermediate_size``, experts beside each layer's MLP (core/model/moe.py);
+- refused: ``use_bidirectional_attention: "all"``, ``attention_bias``,
+  ``attention_dropout`` > 0, activations other than GELU-tanh, quantized weights, other
+  rotary types, ``per_layer_config`` keys other than the two shapes, and full layers of
+  different shapes;
 - without effect on the computation: ``initializer_range``, ``use_cache``, the token ids
-  (the tokenizer's and generation_config.json's are read), ``top_k_experts`` and
-  ``moe_intermediate_size`` (MoE only, refused above).
+  (the tokenizer's and generation_config.json's are read), the expert fields without
+  ``enable_moe_block`` (its layers build no experts then).
 """
 
 from __future__ import annotations
@@ -78,13 +80,6 @@ REFUSALS = [
         lambda v: v is not None and v not in GELU_TANH,
         f"activations other than {GELU_TANH}",
     ),
-    Refusal(
-        "enable_moe_block",
-        bool,
-        "Gemma 4's mixture-of-experts block (26B-A4B) is not modelled; use a dense Gemma 4 "
-        "(E2B, E4B, 31B)",
-    ),
-    Refusal("num_experts", bool, "mixture-of-experts layers (Gemma 4 26B-A4B)"),
     Refusal(
         "attention_dropout",
         lambda v: bool(v and float(v) > 0),
@@ -204,6 +199,7 @@ def text_fields(hf: dict[str, Any]) -> dict[str, Any]:
             query_pre_attn_scalar=1.0,  # transformers' scaling = 1.0: q and k are normed
             final_logit_softcap=hf.get("final_logit_softcapping"),
             **_rope_fields(hf),
+            **_expert_fields(hf),
         )
     except KeyError as missing:
         raise HFImportError(f"config.json lacks {missing}, which a Gemma 4 config has") from None
@@ -212,6 +208,24 @@ def text_fields(hf: dict[str, Any]) -> dict[str, Any]:
         f"num_kv_shared_layers={shared}: every layer reusing keys no layer computes",
     )
     return fields
+
+
+def _expert_fields(hf: dict[str, Any]) -> dict[str, Any]:
+    """26B-A4B's experts beside each layer's MLP (moe.BesideExperts), with
+    ``enable_moe_block``; its top k always renormalised."""
+    if not hf.get("enable_moe_block"):
+        return {}
+    counts = {}
+    for name in ("num_experts", "top_k_experts", "moe_intermediate_size"):
+        if hf.get(name) is None:  # transformers saves the dense models' as null
+            raise KeyError(name)
+        counts[name] = int(hf[name])
+    return dict(
+        n_experts=counts["num_experts"],
+        experts_per_token=counts["top_k_experts"],
+        expert_dim=counts["moe_intermediate_size"],
+        experts_beside_mlp=True,
+    )
 
 
 def is_gemma4(config: ModelConfig) -> bool:
@@ -254,7 +268,10 @@ def hf_text_fields(config: ModelConfig) -> dict[str, Any]:
         use_double_wide_mlp=config.shared_mlp_factor == 2,
         hidden_size_per_layer_input=config.per_layer_dim,
         vocab_size_per_layer_input=config.per_layer_vocab or config.vocab_size,
-        enable_moe_block=False,
+        enable_moe_block=config.experts_beside_mlp,
+        num_experts=config.n_experts or None,
+        top_k_experts=config.experts_per_token or None,
+        moe_intermediate_size=config.expert_dim or None,
         rope_parameters={
             "sliding_attention": {"rope_type": "default", "rope_theta": config.rope_local_theta},
             "full_attention": full,
@@ -299,8 +316,27 @@ def layer_tensors(config: ModelConfig, stack: str) -> dict[str, tuple[tuple[str,
             "per_layer_projection.weight": (("per_layer", "project", "kernel"), True),
             "post_per_layer_input_norm.weight": (("per_layer", "norm", "scale"), False),
         })  # fmt: skip
+    if config.experts_beside_mlp:
+        tensors.update({
+            "router.proj.weight": (("experts", "moe", "router", "kernel"), True),
+            "router.scale": (("experts", "router_scale"), False),
+            "router.per_expert_scale": (("experts", "expert_scale"), False),
+            "pre_feedforward_layernorm_2.weight": (("experts", "pre_norm", "scale"), False),
+            "post_feedforward_layernorm_2.weight": (("experts", "post_norm", "scale"), False),
+            "post_feedforward_layernorm_1.weight": (("experts", "post_mlp_norm", "scale"), False),
+        })  # fmt: skip
     tensors["layer_scalar"] = (("scalar",), False)
     return tensors
+
+
+def expert_tensors(config: ModelConfig) -> list[tuple[str, tuple[str, ...], int]]:
+    """26B-A4B's experts (under model.layers.N.), one name per expert as hf/moe.py reads its
+    fused ``experts.gate_up_proj`` and ``experts.down_proj``: name, our path, expert."""
+    return [
+        (f"experts.{e}.{p}_proj.weight", ("experts", "moe", f"w_{p}"), e)
+        for e in range(config.n_experts if config.experts_beside_mlp else 0)
+        for p in ("gate", "up", "down")
+    ]
 
 
 def outer_tensors(config: ModelConfig) -> dict[str, tuple[tuple[str, ...], bool]]:

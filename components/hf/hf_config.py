@@ -151,8 +151,6 @@ def hf_config_from_model(config: ModelConfig, family: str, token_ids: dict, dtyp
             del hf["head_dim"]  # transformers 4.x Qwen2 derives it and has no such field
     elif family == "qwen3_5":
         hf.update(_qwen3_5_fields(config, rope))
-    if config.n_experts:
-        hf.update(_expert_fields(config, family))
     elif family == "gemma4":
         hf.update(gemma4.hf_text_fields(config))
         del hf["rope_theta"]
@@ -160,4 +158,6 @@ def hf_config_from_model(config: ModelConfig, family: str, token_ids: dict, dtyp
         hf.update(hidden_act="silu", sliding_window=config.sliding_window)
     else:
         hf.update(hidden_act="silu", attention_bias=False, mlp_bias=False)
+    if config.n_experts and family != "gemma4":  # Gemma 4's are in its text fields
+        hf.update(_expert_fields(config, family))
     return {k: v for k, v in hf.items() if v is not None or k == "sliding_window"}

@@ -1,5 +1,5 @@
-"""Qwen3's and Qwen3.5's mixture-of-experts checkpoints (core/model/moe.py computes them):
-their config's experts, and their tensors.
+"""Mixture-of-experts checkpoints (core/model/moe.py computes them): Qwen3's and Qwen3.5's
+config experts, and the tensors of those and Gemma 4 26B-A4B's.
 
 Qwen3 MoE's releases, and every checkpoint transformers 5 saves, hold each expert's
 projections apart (``mlp.experts.N.gate_proj.weight`` …). Qwen3.5 MoE's releases store a
@@ -7,12 +7,14 @@ layer's experts fused (``mlp.experts.gate_up_proj`` [E, 2F, D], gate rows then u
 and ``mlp.experts.down_proj`` [E, D, F], no ``.weight``); transformers' qwen2_moe
 conversion joins the apart ones on load the same way. The importer checks and reads one
 name per expert whichever way the file stores them: a fused tensor's entry per expert is a
-view of it (``part``).
+view of it (``part``). Gemma 4's are fused too (``experts.gate_up_proj`` under the layer),
+and transformers has no conversion for them: an export fuses them back (:func:`fuse`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import re
 from typing import Any
 
 import numpy as np
@@ -36,14 +38,17 @@ def expert_fields(hf: dict[str, Any], family: str) -> dict[str, Any]:
     A KeyError names a field the config lacks."""
     if not set(hf.get("architectures") or []) & set(MOE_ARCHITECTURES):
         return {}
-    if "num_experts" not in hf and "num_local_experts" not in hf:
+    if hf.get("num_experts") is None and hf.get("num_local_experts") is None:
         raise KeyError("num_experts")
+    for name in ("num_experts_per_tok", "moe_intermediate_size"):
+        if hf.get(name) is None:
+            raise KeyError(name)
     shared = int(hf.get("shared_expert_intermediate_size") or 0)
     refuse(family == "qwen3_5" and not shared, "Qwen3.5 MoE without its shared expert")
     refuse(family == "qwen3" and bool(shared), "a shared expert in a Qwen3 MoE")
     return dict(
         # Qwen3MoeConfig saves its count as num_local_experts (its attribute_map's name).
-        n_experts=int(hf["num_experts"] if "num_experts" in hf else hf["num_local_experts"]),
+        n_experts=int(hf.get("num_experts") or hf["num_local_experts"]),
         experts_per_token=int(hf["num_experts_per_tok"]),
         expert_dim=int(hf["moe_intermediate_size"]),
         # Qwen3MoeConfig's default is false (released checkpoints state true); Qwen3.5's
@@ -53,7 +58,9 @@ def expert_fields(hf: dict[str, Any], family: str) -> dict[str, Any]:
     )
 
 
-GATE_UP, DOWN = ".mlp.experts.gate_up_proj", ".mlp.experts.down_proj"
+# A layer's fused experts: Qwen3.5 MoE's under mlp.experts., Gemma 4 26B-A4B's under experts.
+GATE_UP, DOWN = "experts.gate_up_proj", "experts.down_proj"
+APART = re.compile(r"(.*experts)\.(\d+)\.(gate|up|down)_proj\.weight$")
 
 
 def per_expert(infos: dict[str, TensorInfo]) -> dict[str, TensorInfo]:
@@ -61,25 +68,40 @@ def per_expert(infos: dict[str, TensorInfo]) -> dict[str, TensorInfo]:
     projection, ``part`` naming its rows of the stored tensor (the per-expert names)."""
     out = {}
     for name, info in infos.items():
-        if not name.endswith((GATE_UP, DOWN)) or len(info.shape) != 3:
+        if not name.endswith((f".{GATE_UP}", f".{DOWN}")) or len(info.shape) != 3:
             out[name] = info
             continue
         stored = info.stored_as or name
         experts, rows, cols = info.shape
+        prefix = name.rsplit(".", 1)[0]  # ….experts
         if name.endswith(DOWN):
-            prefix = name[: -len(DOWN)]
-            for e in range(experts):
-                part = (e, 0, rows)
-                out[f"{prefix}.mlp.experts.{e}.down_proj.weight"] = dataclasses.replace(
-                    info, shape=(rows, cols), stored_as=stored, part=part
-                )
-            continue
-        prefix, half = name[: -len(GATE_UP)], rows // 2
+            parts = [("down_proj", 0, rows)]
+        else:
+            parts = [("gate_proj", 0, rows // 2), ("up_proj", rows // 2, rows)]
         for e in range(experts):
-            for projection, start in (("gate_proj", 0), ("up_proj", half)):
-                out[f"{prefix}.mlp.experts.{e}.{projection}.weight"] = dataclasses.replace(
-                    info, shape=(half, cols), stored_as=stored, part=(e, start, start + half)
+            for projection, start, stop in parts:
+                out[f"{prefix}.{e}.{projection}.weight"] = dataclasses.replace(
+                    info, shape=(stop - start, cols), stored_as=stored, part=(e, start, stop)
                 )
+    return out
+
+
+def fuse(tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Per-expert tensors joined as a fused checkpoint stores them (the reverse of
+    :func:`per_expert`): Gemma 4's, which transformers loads only fused."""
+    out, apart = {}, {}
+    for name, value in tensors.items():
+        match = APART.match(name)
+        if match is None:
+            out[name] = value
+        else:
+            apart.setdefault(match[1], {})[(int(match[2]), match[3])] = value
+    for prefix, parts in apart.items():
+        count = 1 + max(e for e, _ in parts)
+        out[f"{prefix}.gate_up_proj"] = np.stack(
+            [np.concatenate([parts[(e, "gate")], parts[(e, "up")]]) for e in range(count)]
+        )
+        out[f"{prefix}.down_proj"] = np.stack([parts[(e, "down")] for e in range(count)])
     return out
 
 

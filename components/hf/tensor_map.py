@@ -76,6 +76,9 @@ def tensor_specs(config: ModelConfig, family: str) -> list[TensorSpec]:
             for hf_name, (ours, transpose) in gemma4.layer_tensors(config, stack).items():
                 name = f"model.layers.{i}.{hf_name}"
                 specs.append(TensorSpec(name, (stack, *ours), transpose, j))
+            for hf_name, ours, expert in gemma4.expert_tensors(config):
+                name = f"model.layers.{i}.{hf_name}"
+                specs.append(TensorSpec(name, (stack, *ours), True, j, expert))
         return specs
     # Gemma 2 and 3 name their pre-MLP norm pre_feedforward_layernorm and uses
     # post_attention_layernorm for the attention output; Llama/Qwen2 use it pre-MLP.

@@ -120,12 +120,16 @@ def kind_param_count(config: ModelConfig, stack: str) -> int:
 
 def mlp_param_count(config: ModelConfig, hidden_dim: int) -> int:
     """Parameters of a layer's MLP: the gated MLP's three projections, or a mixture's router,
-    every expert's three and the shared expert with its gate (core/model/moe.py)."""
+    every expert's three and the shared expert with its gate (core/model/moe.py), or Gemma
+    4's gated MLP with experts beside it."""
     d = config.dim
     if not config.n_experts:
         return 3 * d * hidden_dim
+    experts = d * config.n_experts * (1 + 3 * config.expert_dim)
+    if config.experts_beside_mlp:  # Gemma 4: the MLP, its router's scales and 3 more norms
+        return 3 * d * hidden_dim + experts + config.n_experts + 4 * d
     shared = 3 * d * config.shared_expert_dim + d if config.shared_expert_dim else 0
-    return d * config.n_experts * (1 + 3 * config.expert_dim) + shared
+    return experts + shared
 
 
 def layer_param_count(config: ModelConfig) -> int:
@@ -253,7 +257,8 @@ def mlp_width(config: ModelConfig, hidden_dim: int) -> int:
     if not config.n_experts:
         return hidden_dim
     pairs = config.experts_per_token * (config.expert_dim + 2 * config.dim)
-    return pairs + config.n_experts + config.shared_expert_dim
+    beside = hidden_dim + 2 * config.dim if config.experts_beside_mlp else 0
+    return pairs + config.n_experts + config.shared_expert_dim + beside
 
 
 def forward_bytes(

@@ -123,6 +123,8 @@ class ModelConfig:
     expert_dim: int = 0
     norm_topk_prob: bool = True
     shared_expert_dim: int = 0
+    # Gemma 4 26B-A4B: the experts run beside each layer's dense MLP (moe.BesideExperts).
+    experts_beside_mlp: bool = False
     # Logits live a tile of at most this many elements (positions × vocabulary) at a time
     # wherever log-probs, entropy or KL are reduced (core/model/vocab_tiles.py): 2**24 fp32
     # = 64 MiB; 0 = whole. The sampler's one position a step is never tiled.
@@ -181,7 +183,7 @@ class ModelConfig:
                 f"({self.lora_alpha}) > 0"
             )
         mlp = set(self.lora_targets) & {"gate_proj", "up_proj", "down_proj"}
-        if self.n_experts and mlp:
+        if self.n_experts and not self.experts_beside_mlp and mlp:
             raise ValueError(
                 f"ModelConfig.lora_targets {sorted(mlp)}: a mixture-of-experts model's MLPs "
                 "take no adapters (moe.py); target the attention projections"
@@ -241,10 +243,10 @@ class ModelConfig:
         """Mixture of experts: k of n experts, a width, no Gemma 4 layer variations."""
         sizes = (self.experts_per_token, self.expert_dim, self.shared_expert_dim)
         if not self.n_experts:
-            if any(sizes):
+            if any(sizes) or self.experts_beside_mlp:
                 raise ValueError(
-                    "ModelConfig experts_per_token, expert_dim and shared_expert_dim need "
-                    f"n_experts > 0, got {sizes}"
+                    "ModelConfig experts_per_token, expert_dim, shared_expert_dim and "
+                    f"experts_beside_mlp need n_experts > 0, got {sizes}"
                 )
             return
         if not 1 <= self.experts_per_token <= self.n_experts or self.expert_dim < 1:
@@ -252,10 +254,11 @@ class ModelConfig:
                 f"ModelConfig.experts_per_token ({self.experts_per_token}) must be in "
                 f"[1, n_experts ({self.n_experts})] and expert_dim ({self.expert_dim}) >= 1"
             )
-        if self.shared_expert_dim < 0 or self.shared_mlp_factor != 1 or self.per_layer_dim:
+        beside_shared = self.experts_beside_mlp and self.shared_expert_dim
+        if self.shared_expert_dim < 0 or self.shared_mlp_factor != 1 or beside_shared:
             raise ValueError(
-                "ModelConfig: experts beside Gemma 4's per-layer inputs or double-wide MLPs, or "
-                f"a negative shared_expert_dim ({self.shared_expert_dim})"
+                "ModelConfig: experts beside Gemma 4's double-wide MLPs, a shared expert beside "
+                f"a dense MLP, or a negative shared_expert_dim ({self.shared_expert_dim})"
             )
 
     def _check_yarn(self) -> None:
@@ -349,8 +352,8 @@ class ModelConfig:
         counts = layer_kinds.stack_counts(self)
         if target in DELTA_TARGETS:
             return tuple(s for s in counts if s == "linear_blocks")
-        if target in ("gate_proj", "up_proj", "down_proj"):
-            return () if self.n_experts else tuple(counts)  # no expert takes adapters
+        if target in ("gate_proj", "up_proj", "down_proj"):  # no expert takes adapters
+            return () if self.n_experts and not self.experts_beside_mlp else tuple(counts)
         stacks = []
         for stack in counts:
             kind = layer_kinds.stack_kind(self, stack)

@@ -455,8 +455,9 @@ class Block(nnx.Module):
         rngs: nnx.Rngs,
         kind: LayerKind | None = None,
         mlp: nnx.Module | None = None,
+        experts: nnx.Module | None = None,
     ):
-        """``mlp``: another MLP than the gated one (moe.py's experts)."""
+        """``mlp``: not the gated MLP (moe.MoE); ``experts``: beside it (moe.BesideExperts)."""
         kind = kind_of(config, kind)
         self.attn_norm = RMSNorm(config.dim, config)
         self.attn = Attention(config, rngs=rngs, kind=kind)
@@ -466,6 +467,7 @@ class Block(nnx.Module):
         )
         self.post_attn_norm = RMSNorm(config.dim, config) if config.post_norms else None
         self.post_mlp_norm = RMSNorm(config.dim, config) if config.post_norms else None
+        self.experts = experts
         self.per_layer = PerLayerInput(config, rngs=rngs) if config.per_layer_dim else None
         self.scalar = nnx.Param(jnp.ones((1,), jnp.float32)) if config.layer_scalar else None
 
@@ -486,6 +488,8 @@ class Block(nnx.Module):
             attn_out = self.post_attn_norm(attn_out)
         x = x + attn_out
         mlp_out = self.mlp(self.mlp_norm(x))
+        if self.experts is not None:  # routed on the residual stream, beside the MLP
+            mlp_out = self.experts(x, mlp_out)
         if self.post_mlp_norm is not None:
             mlp_out = self.post_mlp_norm(mlp_out)
         x = x + mlp_out

@@ -41,7 +41,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from components.core.model.config import ModelConfig
-from components.core.model.layers import ACTIVATIONS, INIT_STD, GatedMLP, dense
+from components.core.model.layers import ACTIVATIONS, INIT_STD, GatedMLP, RMSNorm, dense
 
 
 def route(logits: jax.Array, k: int, normalize: bool) -> tuple[jax.Array, jax.Array]:
@@ -54,10 +54,12 @@ def route(logits: jax.Array, k: int, normalize: bool) -> tuple[jax.Array, jax.Ar
     return weights, experts
 
 
-def _grouped(rows, logits, w_gate, w_up, w_down, *, k: int, normalize: bool, activation):
-    """The experts' weighted sum for ``rows`` [N, D], each pair's rows sorted by expert."""
+def _grouped(rows, logits, scale, w_gate, w_up, w_down, *, k: int, normalize: bool, activation):
+    """The experts' weighted sum for ``rows`` [N, D], each pair's rows sorted by expert;
+    each chosen expert's weight times its ``scale`` [E] (Gemma 4's per-expert scale)."""
     n, n_experts = logits.shape
     weights, experts = route(logits, k, normalize)
+    weights = weights * scale[experts]
     flat = experts.reshape(-1)  # [N·k], row-major: token t's pairs are t·k … t·k + k - 1
     order = jnp.argsort(flat, stable=True)
     sizes = jnp.bincount(flat, length=n_experts).astype(jnp.int32)
@@ -77,16 +79,17 @@ def _experts_fn(k: int, normalize: bool, activation):
     plain = functools.partial(_grouped, k=k, normalize=normalize, activation=activation)
 
     @jax.custom_batching.custom_vmap
-    def batched(rows, logits, w_gate, w_up, w_down):
-        return plain(rows, logits, w_gate, w_up, w_down)
+    def batched(rows, logits, scale, w_gate, w_up, w_down):
+        return plain(rows, logits, scale, w_gate, w_up, w_down)
 
     @batched.def_vmap
-    def _rule(axis_size, in_batched, rows, logits, w_gate, w_up, w_down):
+    def _rule(axis_size, in_batched, rows, logits, scale, w_gate, w_up, w_down):
         rows_b, logits_b, *weights_b = in_batched
         if any(weights_b):  # experts batched too (a vmapped ensemble): one member at a time
+            every = (rows, logits, scale, w_gate, w_up, w_down)
             args = [
                 a if b else jnp.broadcast_to(a, (axis_size, *a.shape))
-                for a, b in zip((rows, logits, w_gate, w_up, w_down), in_batched, strict=True)
+                for a, b in zip(every, in_batched, strict=True)
             ]
             return jax.lax.map(lambda a: batched(*a), tuple(args)), True
         if not rows_b:
@@ -95,13 +98,13 @@ def _experts_fn(k: int, normalize: bool, activation):
             logits = jnp.broadcast_to(logits, (axis_size, *logits.shape))
         out = batched(
             rows.reshape(-1, rows.shape[-1]), logits.reshape(-1, logits.shape[-1]),
-            w_gate, w_up, w_down,
+            scale, w_gate, w_up, w_down,
         )  # fmt: skip
         return out.reshape(*rows.shape[:-1], out.shape[-1]), True
 
     @jax.custom_vjp
-    def experts(rows, logits, w_gate, w_up, w_down):
-        return batched(rows, logits, w_gate, w_up, w_down)
+    def experts(rows, logits, scale, w_gate, w_up, w_down):
+        return batched(rows, logits, scale, w_gate, w_up, w_down)
 
     def forward(*args):
         return jax.vjp(plain, *args)  # the residual is the vjp closure, a pytree
@@ -135,9 +138,42 @@ class MoE(nnx.Module):
 
     def __call__(self, x: jax.Array) -> jax.Array:
         rows = x.reshape(-1, x.shape[-1]).astype(self.dtype)
-        logits = self.router(rows)
-        out = self.experts(rows, logits, self.w_gate[...], self.w_up[...], self.w_down[...])
+        out = self.routed(rows, self.router(rows), jnp.ones(self.w_gate.shape[0], rows.dtype))
         if self.shared is not None:
             gate = jax.nn.sigmoid(self.shared_gate(rows).astype(jnp.float32)).astype(out.dtype)
             out = out + gate * self.shared(rows)
         return out.reshape(*x.shape[:-1], -1)
+
+    def routed(self, rows: jax.Array, logits: jax.Array, scale: jax.Array) -> jax.Array:
+        """The routed experts' sum for ``rows`` [N, D] given the router's ``logits`` [N, E]."""
+        weights = (self.w_gate[...], self.w_up[...], self.w_down[...])
+        return self.experts(rows, logits, scale.astype(rows.dtype), *weights)
+
+
+class BesideExperts(nnx.Module):
+    """Gemma 4's experts (26B-A4B), which run beside the layer's dense MLP: routed on the
+    residual stream ``x`` (RMS-normed without a scale, times ``router_scale`` and dim^-1/2,
+    through ``router``; the top k renormalised, each times its ``expert_scale``), fed
+    ``pre_norm(x)``, and added as ``post_norm(experts) + post_mlp_norm(mlp_out)``, as
+    transformers' ``Gemma4TextDecoderLayer`` with ``enable_moe_block``. The layer's own
+    ``post_mlp_norm`` then norms the sum (layers.py)."""
+
+    def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
+        dim, count = config.dim, config.n_experts
+        self.moe = MoE(config, rngs=rngs)  # its router is the projection here
+        self.router_norm = RMSNorm(dim, config, scaled=False)
+        self.router_scale = nnx.Param(jnp.ones((dim,), jnp.float32))
+        self.expert_scale = nnx.Param(jnp.ones((count,), jnp.float32))
+        self.pre_norm = RMSNorm(dim, config)
+        self.post_norm = RMSNorm(dim, config)
+        self.post_mlp_norm = RMSNorm(dim, config)
+
+    def __call__(self, x: jax.Array, mlp_out: jax.Array) -> jax.Array:
+        rows = x.reshape(-1, x.shape[-1])
+        routed = self.router_norm(rows).astype(jnp.float32) * self.router_scale[...]
+        routed = (routed * rows.shape[-1] ** -0.5).astype(self.moe.dtype)
+        out = self.moe.routed(
+            self.pre_norm(rows).astype(self.moe.dtype), self.moe.router(routed),
+            self.expert_scale[...],
+        )  # fmt: skip
+        return self.post_mlp_norm(mlp_out) + self.post_norm(out.reshape(x.shape))

@@ -115,6 +115,8 @@ def _stack(config: ModelConfig, stack: str, count: int, rngs: nnx.Rngs) -> nnx.M
     @nnx.split_rngs(splits=count)
     @nnx.vmap(in_axes=(0,), out_axes=0)
     def stacked(rngs: nnx.Rngs) -> nnx.Module:
+        if config.experts_beside_mlp:  # Gemma 4 26B-A4B
+            return Block(config, rngs=rngs, kind=kind, experts=moe.BesideExperts(config, rngs=rngs))
         experts = moe.MoE(config, rngs=rngs) if config.n_experts else None
         if stack == "linear_blocks":
             return DeltaBlock(config, rngs=rngs, mlp=experts)
