@@ -56,7 +56,7 @@ def test_param_count_is_the_models(preset, vocab):
     assert outer_param_count(config) == param_count(config) - blocks
 
 
-@pytest.mark.parametrize("preset", ["gemma4-e4b", "gemma4-31b", "qwen3.5-9b"])
+@pytest.mark.parametrize("preset", ["gemma4-e4b", "gemma4-31b", "qwen3.5-9b", "qwen3-30b-a3b"])
 def test_param_count_of_stacks_of_several_kinds_is_the_models(preset):
     """Gemma 4's kinds (full layers wider, shared layers without keys, the per-layer input
     table) and Qwen3.5's: the planner's count is the model's, its largest layer fsdp's

@@ -40,6 +40,14 @@ checks each claim). Figures are per chip; a run may use 90% of a chip's physical
   float32 model holds its gathered embedding (5.3 GiB) and three 0.53e9-parameter layers
   gathered at once, 17.3 GiB a chip.
 
+* Qwen3-30B-A3B (N = 30.53e9, 3.3e9 active; 48 layers of 128 experts, 8 a token) with fsdp:
+  full fine-tuning fits a v5p-64 (32 chips) at 1,024 + 1,024 tokens, PPO's update the peak;
+  a v5p-32 does not (PPO 101.5 GiB a chip). With LoRA (the attention only: experts take no
+  adapters, moe.py) a v5p-16 fits, evaluate's merged float32 models the peak. On v5e the
+  peak is evaluate's too: three merged float32 models and three gathered layers (fsdp
+  gathers a layer's every expert, 0.62e9 parameters) take 15.2 GiB a chip on a v5e-64 and
+  13.2 on a v5e-128, so the v5e preset is a v5e-128.
+
 Where the planner stands against XLA: within 15% of the compiled programs replicated at the
 calibration shapes (tests/test_memory_calibration*.py); with fsdp it counts gathered
 tensors and casts apart that XLA partly overlaps, 0.9-1.2x at those shapes. ``alignpipe plan
@@ -416,6 +424,67 @@ RUN_PRESETS: dict[str, RunPreset] = {
             "dpo": {"batch_size": 32},
             "ppo": {"rollout_batch_size": 64, "minibatches": 2},
             "evaluate": {"batch_size": 16},  # per host: 4 sequences on each of its 4 chips
+        },
+    ),
+    "v5p-64-qwen3-30b-a3b": RunPreset(
+        model="qwen3-30b-a3b",
+        vocab_size=151936,
+        example="Qwen/Qwen3-30B-A3B",
+        chip="v5p",
+        chips=32,
+        hosts=8,
+        prompt_len=1024,
+        response_len=1024,
+        fsdp=True,
+        **_BF16_FULL,
+        stages={
+            "sft": {"batch_size": 32},
+            "reward": {"batch_size": 32},
+            "dpo": {"batch_size": 32},
+            "ppo": {"rollout_batch_size": 64, "minibatches": 2},
+            "evaluate": {"batch_size": 32},
+        },
+    ),
+    "v5p-16-qwen3-30b-a3b-lora": RunPreset(
+        model="qwen3-30b-a3b",
+        vocab_size=151936,
+        example="Qwen/Qwen3-30B-A3B",
+        chip="v5p",
+        chips=8,
+        hosts=2,
+        prompt_len=1024,
+        response_len=1024,
+        fsdp=True,
+        **_BF16_FULL,
+        lora_rank=16,
+        lora_alpha=32.0,
+        stages={
+            "sft": {"batch_size": 32},
+            "reward": {"batch_size": 32},
+            "dpo": {"batch_size": 32},
+            "ppo": {"rollout_batch_size": 64, "minibatches": 4},
+            "evaluate": {"batch_size": 32},
+        },
+    ),
+    "v5e-128-qwen3-30b-a3b-lora": RunPreset(
+        model="qwen3-30b-a3b",
+        vocab_size=151936,
+        example="Qwen/Qwen3-30B-A3B",
+        chip="v5e",
+        chips=128,
+        hosts=32,
+        prompt_len=512,
+        response_len=256,
+        fsdp=True,
+        **_BF16_FULL,
+        lora_rank=16,
+        lora_alpha=32.0,
+        stages={
+            "sft": {"batch_size": 128},
+            "reward": {"batch_size": 128},
+            "dpo": {"batch_size": 128},
+            "ppo": {"rollout_batch_size": 256, "minibatches": 2},
+            "evaluate": {"batch_size": 32},  # per host: 8 sequences on each of its 4 chips
         },
     ),
     "v5e-4-1b-lora": RunPreset(

@@ -108,6 +108,26 @@ PRESETS: dict[str, dict[str, Any]] = {
         dtype="bfloat16",
         remat="full",
     ),  # fmt: skip
+    # Qwen3-30B-A3B (vocab 151936, untied head: 30.53e9 params, 3.3e9 active): 48 layers,
+    # each with 128 experts of width 768, 8 a token (core/model/moe.py).
+    "qwen3-30b-a3b": dict(
+        dim=2048,
+        n_layers=48,
+        n_heads=32,
+        n_kv_heads=4,
+        head_dim=128,
+        hidden_dim=6144,  # its dense width, unused: every layer has experts
+        max_seq_len=40960,
+        rope_theta=1_000_000.0,
+        norm_eps=1e-6,
+        tie_embeddings=False,
+        qk_norm=True,
+        n_experts=128,
+        experts_per_token=8,
+        expert_dim=768,
+        dtype="bfloat16",
+        remat="full",
+    ),  # fmt: skip
     # Gemma 4 E4B's language model (vocab 262144, tied: 7.46e9 params, 2.82e9 of them the
     # per-layer input table): 35 sliding layers (head 256) and 7 full ones (head 512),
     # five to one; the last 18 reuse the keys and values of layers 22 and 23.
