@@ -243,7 +243,7 @@ def test_adapters_go_on_the_attention_only():
         ("qwen3_moe", {"shared_expert_intermediate_size": 16}, "a shared expert in a Qwen3 MoE"),
         ("qwen3_moe", {"num_experts_per_tok": 9}, "experts_per_token (9)"),
         ("qwen3_5_moe_mm", {"shared_expert_intermediate_size": 0}, "without its shared expert"),
-        ("qwen3_5_moe_mm", {"moe_intermediate_size": None}, "moe_intermediate_size"),
+        ("qwen3_moe", {"moe_intermediate_size": None}, "lacks 'moe_intermediate_size'"),
     ],
 )
 def test_unmodelled_or_broken_expert_configs_are_refused_by_name(fixture, changes, named):
@@ -256,3 +256,61 @@ def test_unmodelled_or_broken_expert_configs_are_refused_by_name(fixture, change
             target[key] = value
     with pytest.raises(HFImportError, match=re.escape(named)):
         model_config_from_hf(hf, dtype="float32")
+
+
+def test_a_qwen3_moe_config_that_does_not_say_is_untied():
+    """Qwen3MoeConfig's tie_word_embeddings default is false, Qwen3Config's true: a config
+    without the key keeps its own lm_head (tied, the head would be dropped)."""
+    hf = json.loads((FIXTURES / "qwen3_moe" / "config.json").read_text())
+    del hf["tie_word_embeddings"]
+    assert not model_config_from_hf(hf, dtype="float32").tie_embeddings
+    dense = json.loads((FIXTURES / "qwen3" / "config.json").read_text())
+    del dense["tie_word_embeddings"]
+    assert model_config_from_hf(dense, dtype="float32").tie_embeddings
+
+
+def test_unrenormalised_routing_matches_transformers(tmp_path):
+    """norm_topk_prob false (Qwen3MoeConfig's default): the top k keep their softmax weights."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    folder = tmp_path / "raw"
+    shutil.copytree(FIXTURES / "qwen3_moe", folder)
+    hf = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**hf, "norm_topk_prob": False}))
+    model, _ = load_model(import_hf(str(folder), str(tmp_path / "m"))["out"], dtype="float32")
+    assert not model.config.norm_topk_prob
+    tokens = np.random.default_rng(0).integers(0, 300, size=(2, 64))
+    ids = jnp.asarray(tokens, jnp.int32)
+    ours = np.asarray(model.lm_logits(model(ids, jnp.ones_like(ids))))
+    theirs = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    with torch.no_grad():
+        expected = theirs.eval()(torch.tensor(tokens)).logits.numpy()
+    np.testing.assert_allclose(ours, expected, atol=1e-4)
+    renormalised, _ = load_model(import_hf(str(FIXTURES / "qwen3_moe"), str(tmp_path / "n"))["out"])
+    other = np.asarray(renormalised.lm_logits(renormalised(ids, jnp.ones_like(ids))))
+    assert np.abs(other - expected).max() > 1e-2  # the setting matters at these weights
+
+
+def test_a_multimodal_qwen3_5_moe_text_config_takes_its_own_class_defaults():
+    """Fields a Qwen3_5MoeForConditionalGeneration text_config leaves out are
+    Qwen3_5MoeTextConfig's (35B-A3B's shape), not the dense Qwen3.5's."""
+    transformers = pytest.importorskip("transformers")
+    theirs = transformers.Qwen3_5MoeTextConfig()
+    hf = {"architectures": ["Qwen3_5MoeForConditionalGeneration"], "text_config": {}}
+    ours = model_config_from_hf(hf, dtype="bfloat16")
+    assert (ours.dim, ours.n_layers, ours.n_kv_heads) == (
+        theirs.hidden_size,
+        theirs.num_hidden_layers,
+        theirs.num_key_value_heads,
+    )
+    assert (ours.n_experts, ours.experts_per_token, ours.expert_dim, ours.shared_expert_dim) == (
+        theirs.num_experts, theirs.num_experts_per_tok, theirs.moe_intermediate_size,
+        theirs.shared_expert_intermediate_size,
+    )  # fmt: skip
+
+
+def test_gemma4_experts_without_renormalisation_are_refused():
+    """Gemma 4's router always renormalises its top k: an exported config could not say
+    otherwise."""
+    with pytest.raises(ValueError, match="norm_topk_prob off"):
+        dataclasses.replace(MOE, experts_beside_mlp=True, norm_topk_prob=False)

@@ -26,7 +26,11 @@ from components.core.model.config import ModelConfig
 from components.hf import gemma4, mistral3, moe
 from components.hf.refusals import HFImportError, Refusal, refuse
 from components.hf.rotary import rope_fields
-from components.hf.text_defaults import GEMMA3_TEXT_DEFAULTS, QWEN3_5_TEXT_DEFAULTS
+from components.hf.text_defaults import (
+    GEMMA3_TEXT_DEFAULTS,
+    QWEN3_5_MOE_TEXT_DEFAULTS,
+    QWEN3_5_TEXT_DEFAULTS,
+)
 
 ARCHITECTURES = {
     "LlamaForCausalLM": "llama",
@@ -223,9 +227,10 @@ def language_model_config(hf: dict[str, Any]) -> dict[str, Any]:
     if family == "qwen3_5":
         # Qwen3_5ForConditionalGeneration ties its head by the outer config's flag.
         tied = bool(hf.get("tie_word_embeddings", False))
-        text = {**QWEN3_5_TEXT_DEFAULTS, **text, "tie_word_embeddings": tied}
         if "Qwen3_5MoeForConditionalGeneration" in hf.get("architectures", []):
+            text = {**QWEN3_5_MOE_TEXT_DEFAULTS, **text, "tie_word_embeddings": tied}
             return {**text, "architectures": ["Qwen3_5MoeForCausalLM"]}
+        text = {**QWEN3_5_TEXT_DEFAULTS, **text, "tie_word_embeddings": tied}
         return {**text, "architectures": ["Qwen3_5ForCausalLM"], "model_type": "qwen3_5_text"}
     if family == "gemma4":
         tied = bool(hf.get("tie_word_embeddings", True))  # Gemma4Config's own flag
@@ -342,6 +347,14 @@ def _family_fields(hf: dict[str, Any], family: str) -> dict[str, Any]:
     )
 
 
+def _tie_default(hf: dict[str, Any], family: str) -> bool:
+    """Whether a config that does not say ties its embeddings: its family's default, or its
+    MoE architecture's where that differs (Qwen3MoeConfig: false)."""
+    if set(hf.get("architectures") or []) & set(moe.UNTIED_BY_DEFAULT):
+        return False
+    return TIE_DEFAULT[family]
+
+
 def model_config_from_hf(hf: dict[str, Any], *, dtype: str, remat: str = "full") -> ModelConfig:
     """Our ModelConfig for an HF ``config.json`` of a supported family (a multimodal
     checkpoint's: its language model's)."""
@@ -360,7 +373,7 @@ def model_config_from_hf(hf: dict[str, Any], *, dtype: str, remat: str = "full")
             max_seq_len=int(hf.get("max_position_embeddings", 8192)),
             head_dim=int(hf.get("head_dim") or dim // n_heads),
             norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
-            tie_embeddings=bool(hf.get("tie_word_embeddings", TIE_DEFAULT[family])),
+            tie_embeddings=bool(hf.get("tie_word_embeddings", _tie_default(hf, family))),
             dtype=dtype,
             remat=remat,
         )

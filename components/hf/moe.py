@@ -30,6 +30,8 @@ MOE_EXPORT = {
     "qwen3": ("Qwen3MoeForCausalLM", "qwen3_moe"),
     "qwen3_5": ("Qwen3_5MoeForCausalLM", "qwen3_5_moe_text"),
 }
+# Qwen3MoeConfig's tie_word_embeddings default (false), unlike Qwen3Config's (true).
+UNTIED_BY_DEFAULT = ("Qwen3MoeForCausalLM",)
 NO_EXPERTS = dict(n_experts=0, experts_per_token=0, expert_dim=0, shared_expert_dim=0)
 
 

@@ -202,6 +202,13 @@ def load_adapter(model: Transformer, adapter_dir: str) -> Transformer:
     expected = adapter_tensors(adapted)
     if sorted(stored) != sorted(expected):
         missing, extra = sorted(set(expected) - set(stored)), sorted(set(stored) - set(expected))
+        experts = [name for name in extra if ".mlp.shared_expert." in name]
+        if experts:  # PEFT adapts Qwen3.5 MoE's shared expert by the MLP projections' names
+            raise AdapterError(
+                f"{path} adapts the shared expert's MLP ({experts[0]} ...): alignpipe adapts no "
+                "MLP of a mixture-of-experts model (core/model/moe.py); pass an adapter of "
+                "the attention projections"
+            )
         raise AdapterError(
             f"{path} does not fit this model: missing {missing[:4]}, unexpected {extra[:4]}; "
             "pass the adapter trained on this base"

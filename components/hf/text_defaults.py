@@ -39,3 +39,15 @@ QWEN3_5_TEXT_DEFAULTS = {
     "linear_num_key_heads": 16,
     "linear_num_value_heads": 32,
 }
+# Qwen3_5MoeTextConfig's (Qwen3.5-35B-A3B's shape): where they differ from the dense ones,
+# and its experts; no intermediate_size (every layer has experts).
+QWEN3_5_MOE_TEXT_DEFAULTS = {
+    **{k: v for k, v in QWEN3_5_TEXT_DEFAULTS.items() if k != "intermediate_size"},
+    "hidden_size": 2048,
+    "num_hidden_layers": 40,
+    "num_key_value_heads": 2,
+    "num_experts": 256,
+    "num_experts_per_tok": 8,
+    "moe_intermediate_size": 512,
+    "shared_expert_intermediate_size": 512,
+}

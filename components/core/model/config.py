@@ -254,11 +254,13 @@ class ModelConfig:
                 f"ModelConfig.experts_per_token ({self.experts_per_token}) must be in "
                 f"[1, n_experts ({self.n_experts})] and expert_dim ({self.expert_dim}) >= 1"
             )
-        beside_shared = self.experts_beside_mlp and self.shared_expert_dim
-        if self.shared_expert_dim < 0 or self.shared_mlp_factor != 1 or beside_shared:
+        # Beside a dense MLP (Gemma 4's router): no shared expert, the top k renormalised.
+        beside = self.experts_beside_mlp and (self.shared_expert_dim or not self.norm_topk_prob)
+        if self.shared_expert_dim < 0 or self.shared_mlp_factor != 1 or beside:
             raise ValueError(
-                "ModelConfig: experts beside Gemma 4's double-wide MLPs, a shared expert beside "
-                f"a dense MLP, or a negative shared_expert_dim ({self.shared_expert_dim})"
+                "ModelConfig: experts beside Gemma 4's double-wide MLPs, or beside a dense MLP "
+                "with a shared expert or norm_topk_prob off, or a negative shared_expert_dim "
+                f"({self.shared_expert_dim})"
             )
 
     def _check_yarn(self) -> None:

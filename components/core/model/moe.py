@@ -27,9 +27,15 @@ small rates. Peers differ: TRL's GRPO adds the router's at 0.001 by default
 ("hurts perf in RL"). Rollouts and updates run this same code, so a token is routed alike
 in both (up to the update's float order); verl's routing replay (R2/R3) is for rollouts
 from another engine.
-Adapters (LoRA) wrap no expert: PEFT's ``target_modules`` match ``nn.Linear`` modules, and
-transformers 5 keeps the experts as 3-D parameters, so ``gate_proj`` etc. adapt nothing in a
-MoE layer there either (config.py's ``target_stacks``).
+Adapters (LoRA) wrap no MLP of a MoE layer (config.py's ``target_stacks``). PEFT's
+``target_modules`` match ``nn.Linear`` modules and transformers 5 keeps the experts as 3-D
+parameters, so ``gate_proj`` etc. adapt no expert there either; they do adapt Qwen3.5 MoE's
+shared expert (plain linears), which alignpipe leaves unadapted (a PEFT adapter with them is
+refused by name, hf/peft.py).
+
+A gradient through a vmapped call is not supported: the gradient is ``ragged_dot``'s own,
+which has no batching rule for it. Training never vmaps the model (pmap and scan); only the
+evaluation's sampler does, without a gradient.
 """
 
 from __future__ import annotations
