@@ -40,13 +40,10 @@ checks each claim). Figures are per chip; a run may use 90% of a chip's physical
   float32 model holds its gathered embedding (5.3 GiB) and three 0.53e9-parameter layers
   gathered at once, 17.3 GiB a chip.
 
-* Qwen3-30B-A3B (N = 30.53e9, 3.3e9 active; 48 layers of 128 experts, 8 a token) with fsdp:
-  full fine-tuning fits a v5p-64 (32 chips) at 1,024 + 1,024 tokens, PPO's update the peak;
-  a v5p-32 does not (PPO 101.5 GiB a chip). With LoRA (the attention only: experts take no
-  adapters, moe.py) a v5p-16 fits, evaluate's merged float32 models the peak. On v5e the
-  peak is evaluate's too: three merged float32 models and three gathered layers (fsdp
-  gathers a layer's every expert, 0.62e9 parameters) take 15.2 GiB a chip on a v5e-64 and
-  13.2 on a v5e-128, so the v5e preset is a v5e-128.
+* Qwen3-30B-A3B (N = 30.53e9; 48 layers of 128 experts) with fsdp: full fine-tuning fits a
+  v5p-64 (a v5p-32 does not: PPO 101.5 GiB a chip); LoRA on the attention a v5p-16 and a
+  v5e-128, evaluate's merged models and gathered layers (every expert: 0.62e9 parameters)
+  the peak (15.2 GiB a chip on a v5e-64).
 
 Where the planner stands against XLA: within 15% of the compiled programs replicated at the
 calibration shapes (tests/test_memory_calibration*.py); with fsdp it counts gathered
@@ -266,6 +263,8 @@ def fits(preset: RunPreset, stage: str, *, algorithm: str = "ppo") -> bool:
 
 
 _BF16_FULL = {"remat": "full", "dtype": "bfloat16"}
+_QWEN3_30B_A3B = dict(model="qwen3-30b-a3b", vocab_size=151936, example="Qwen/Qwen3-30B-A3B",
+                      fsdp=True, **_BF16_FULL)  # fmt: skip
 
 RUN_PRESETS: dict[str, RunPreset] = {
     "v5e-8-1b": RunPreset(
@@ -427,16 +426,12 @@ RUN_PRESETS: dict[str, RunPreset] = {
         },
     ),
     "v5p-64-qwen3-30b-a3b": RunPreset(
-        model="qwen3-30b-a3b",
-        vocab_size=151936,
-        example="Qwen/Qwen3-30B-A3B",
+        **_QWEN3_30B_A3B,
         chip="v5p",
         chips=32,
         hosts=8,
         prompt_len=1024,
         response_len=1024,
-        fsdp=True,
-        **_BF16_FULL,
         stages={
             "sft": {"batch_size": 32},
             "reward": {"batch_size": 32},
@@ -446,16 +441,12 @@ RUN_PRESETS: dict[str, RunPreset] = {
         },
     ),
     "v5p-16-qwen3-30b-a3b-lora": RunPreset(
-        model="qwen3-30b-a3b",
-        vocab_size=151936,
-        example="Qwen/Qwen3-30B-A3B",
+        **_QWEN3_30B_A3B,
         chip="v5p",
         chips=8,
         hosts=2,
         prompt_len=1024,
         response_len=1024,
-        fsdp=True,
-        **_BF16_FULL,
         lora_rank=16,
         lora_alpha=32.0,
         stages={
@@ -467,16 +458,12 @@ RUN_PRESETS: dict[str, RunPreset] = {
         },
     ),
     "v5e-128-qwen3-30b-a3b-lora": RunPreset(
-        model="qwen3-30b-a3b",
-        vocab_size=151936,
-        example="Qwen/Qwen3-30B-A3B",
+        **_QWEN3_30B_A3B,
         chip="v5e",
         chips=128,
         hosts=32,
         prompt_len=512,
         response_len=256,
-        fsdp=True,
-        **_BF16_FULL,
         lora_rank=16,
         lora_alpha=32.0,
         stages={
