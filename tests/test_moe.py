@@ -176,7 +176,8 @@ def test_fused_and_per_expert_layouts_import_alike(tmp_path):
     folder = tmp_path / "per_expert"
     shutil.copytree(FIXTURES / "qwen3_5_moe_mm", folder)
     path = folder / "model.safetensors"
-    tensors = dict(safetensors_io.read_file_tensors(str(path), list(_names(path))))
+    names = list(safetensors_io.tensor_infos([str(path)]))
+    tensors = dict(safetensors_io.read_file_tensors(str(path), names))
     split = {}
     for name, value in tensors.items():
         if name.endswith(".mlp.experts.gate_up_proj"):
@@ -196,10 +197,6 @@ def test_fused_and_per_expert_layouts_import_alike(tmp_path):
     ours = jax.tree.leaves(nnx.state(fused, nnx.Param))
     for a, b in zip(ours, jax.tree.leaves(nnx.state(apart, nnx.Param)), strict=True):
         np.testing.assert_array_equal(a, b)
-
-
-def _names(path: pathlib.Path) -> list[str]:
-    return list(safetensors_io.tensor_infos([str(path)]))
 
 
 # Qwen/Qwen3-30B-A3B's config.json (its model card: 30.5B parameters, 3.3B activated).
