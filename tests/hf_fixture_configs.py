@@ -37,6 +37,28 @@ def hf_config(family: str, vocab: int, ids: dict) -> transformers.PretrainedConf
             tie_word_embeddings=True,
             rms_norm_eps=1e-6,
         )
+    if family == "mixtral":  # Mixtral 8x7B's layers: 8 experts, 2 a token, renormalised
+        return transformers.MixtralConfig(
+            **{**common, "intermediate_size": 24},  # the experts' width (no other MLP)
+            num_local_experts=8,
+            num_experts_per_tok=2,
+            sliding_window=None,  # as Mixtral's released configs
+            rope_parameters=dict(rope_type="default", rope_theta=1e6),
+            tie_word_embeddings=False,
+            rms_norm_eps=1e-5,
+        )
+    if family == "qwen2_moe":  # Qwen1.5-MoE-A2.7B's layers: a gated shared expert, top k as is
+        return transformers.Qwen2MoeConfig(
+            **common,
+            num_experts=8,
+            num_experts_per_tok=2,
+            moe_intermediate_size=24,
+            shared_expert_intermediate_size=40,
+            norm_topk_prob=False,  # as Qwen2 MoE's releases: the top k not renormalised
+            rope_parameters=dict(rope_type="default", rope_theta=1e6),
+            tie_word_embeddings=False,
+            rms_norm_eps=1e-6,
+        )
     if family == "qwen3_moe":  # Qwen3-30B-A3B's layers: 128 experts, 8 a token, renormalised
         return transformers.Qwen3MoeConfig(
             **common,

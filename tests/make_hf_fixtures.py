@@ -220,6 +220,8 @@ FAMILIES = {
     # Its experts fused, as Qwen3.5 MoE's released checkpoints store them (fuse_experts).
     "qwen3_5_moe_mm": {**QWEN3_5, "fused_experts": True},
 }
+# Mixtral and Qwen2 MoE (experts apart, Mixtral's under its names): their dense kin's tokenizers.
+FAMILIES.update(mixtral=FAMILIES["mistral"], qwen2_moe=FAMILIES["qwen2"])
 MULTIMODAL = ("gemma3_mm", "ministral3_mm", "qwen3_5_mm", "gemma4_mm", "qwen3_5_moe_mm")
 
 

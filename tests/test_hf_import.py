@@ -32,12 +32,13 @@ FIXTURES = pathlib.Path(__file__).parent / "fixtures" / "hf"
 FAMILIES = (
     "llama", "qwen2", "gemma2", "qwen3", "qwen3_untied", "mistral", "gemma3", "gemma3_mm",
     "qwen3_5", "qwen3_5_mm", "gemma4", "gemma4_mm", "ministral3", "ministral3_mm", "qwen3_moe",
-    "qwen3_5_moe_mm", "gemma4_moe",
+    "qwen3_5_moe_mm", "gemma4_moe", "mixtral", "qwen2_moe",
 )  # fmt: skip
 # Ministral 3 is read as a Mistral (components/hf/mistral3.py); a MoE as its dense family
 # with experts (components/core/model/moe.py).
 FAMILY_OF = {
-    "ministral3": "mistral", "qwen3_moe": "qwen3", "qwen3_5_moe": "qwen3_5", "gemma4_moe": "gemma4"
+    "ministral3": "mistral", "qwen3_moe": "qwen3", "qwen3_5_moe": "qwen3_5", "gemma4_moe": "gemma4",
+    "mixtral": "mistral", "qwen2_moe": "qwen2",
 }  # fmt: skip
 
 
@@ -198,9 +199,9 @@ BAD_INPUTS = {
         lambda d: edit_json(d / "config.json", architectures=["FalconForCausalLM"]),
         ["FalconForCausalLM", "Qwen2ForCausalLM", "Gemma3ForCausalLM"],
     ),
-    "qwen2_moe_by_name": (
-        lambda d: edit_json(d / "config.json", architectures=["Qwen2MoeForCausalLM"]),
-        ["Qwen2MoeForCausalLM", "mixture-of-experts"],
+    "mistral4_by_name": (
+        lambda d: edit_json(d / "config.json", architectures=["Mistral4ForCausalLM"]),
+        ["Mistral4ForCausalLM", "latent attention"],
     ),
     "moe_without_experts": (
         lambda d: edit_json(d / "config.json", architectures=["Qwen3MoeForCausalLM"]),

@@ -321,7 +321,18 @@ CHAT = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": 
 
 
 @pytest.mark.parametrize(
-    "family", ["qwen3", "qwen3_untied", "mistral", "gemma3", "gemma4", "qwen3_moe", "gemma4_moe"]
+    "family",
+    [
+        "qwen3",
+        "qwen3_untied",
+        "mistral",
+        "gemma3",
+        "gemma4",
+        "qwen3_moe",
+        "gemma4_moe",
+        "mixtral",
+        "qwen2_moe",
+    ],  # fmt: skip
 )
 def test_sampling_stops_on_any_stop_id_as_transformers_does(tmp_path, family):
     """The sampler ends a response on any id of the stop set, as ``generate`` does with an

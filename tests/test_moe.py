@@ -1,13 +1,15 @@
-"""Mixture-of-experts layers (components/core/model/moe.py): Qwen3 MoE and Qwen3.5 MoE.
+"""Mixture-of-experts layers (components/core/model/moe.py): Mixtral, Qwen2 MoE, Qwen3 MoE,
+Qwen3.5 MoE and Gemma 4 26B-A4B.
 
 The routed experts against every expert run densely (forward and gradient), a vmapped call
 (the evaluation's per-row sampler) against the rows alone, eight devices against one; the
-two fixtures (tests/fixtures/hf/qwen3_moe, per-expert tensors as transformers 5 saves them;
-qwen3_5_moe_mm, fused as Qwen3.5 MoE's releases store them) exported back and loaded by
-transformers as its MoE classes; the fused and per-expert layouts read alike; the planner's
-parameter count against the model's and Qwen3-30B-A3B's published 30.5B; adapters on the
-attention only; what is refused. Their logits against transformers': test_hf_import.py; a
-whole run: test_hf_pipeline.py.
+fixtures (tests/fixtures/hf: qwen3_moe, qwen2_moe and mixtral, per-expert tensors as
+transformers 5 saves them, Mixtral's under its own names; qwen3_5_moe_mm, fused as Qwen3.5
+MoE's releases store them; gemma4_moe) exported back and loaded by transformers as its MoE
+classes; the fused and per-expert layouts read alike; the planner's parameter count against
+the model's and the published ones (Qwen3-30B-A3B 30.5B, Mixtral 8x7B 46.7B,
+Qwen1.5-MoE-A2.7B 14.3B); adapters on the attention only; what is refused. Their logits
+against transformers': test_hf_import.py; a whole run: test_hf_pipeline.py.
 """
 
 from __future__ import annotations
@@ -147,6 +149,9 @@ def test_eight_devices_compute_what_one_does():
     ("fixture", "architecture", "stored"),
     [
         ("qwen3_moe", "Qwen3MoeForCausalLM", "model.layers.1.mlp.experts.7.down_proj.weight"),
+        ("qwen2_moe", "Qwen2MoeForCausalLM", "model.layers.1.mlp.shared_expert_gate.weight"),
+        # Mixtral's own names, which transformers 5 renames on load and back on save.
+        ("mixtral", "MixtralForCausalLM", "model.layers.1.block_sparse_moe.experts.7.w3.weight"),
         ("qwen3_5_moe_mm", "Qwen3_5MoeForCausalLM", "model.layers.1.mlp.experts.7.up_proj.weight"),
         # transformers has no conversion for Gemma 4's experts: saved and loaded fused.
         ("gemma4_moe", "Gemma4ForCausalLM", "model.layers.1.experts.gate_up_proj"),
@@ -160,7 +165,7 @@ def test_the_export_loads_in_transformers_as_its_moe_class(fixture, architecture
     export_hf(imported, str(out), dtype="float32")
     config = json.loads((out / "config.json").read_text())
     assert config["architectures"] == [architecture]
-    assert config["num_experts"] == 8
+    assert config.get("num_experts", config.get("num_local_experts")) == 8
     names = safetensors_io.tensor_infos(safetensors_io.checkpoint_files(str(out)))
     assert stored in names  # as transformers saves them
     model = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
@@ -211,8 +216,32 @@ QWEN3_30B_A3B = {
 }  # fmt: skip
 
 
+# mistralai/Mixtral-8x7B-v0.1's config.json (its model card: 46.7B parameters, 12.9B a token).
+MIXTRAL_8X7B = {
+    "architectures": ["MixtralForCausalLM"], "hidden_size": 4096, "intermediate_size": 14336,
+    "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+    "vocab_size": 32000, "max_position_embeddings": 32768, "num_local_experts": 8,
+    "num_experts_per_tok": 2, "rms_norm_eps": 1e-5, "rope_theta": 1000000.0,
+    "sliding_window": None, "tie_word_embeddings": False, "hidden_act": "silu",
+    "router_aux_loss_coef": 0.02, "output_router_logits": False,
+}  # fmt: skip
+
+
+# Qwen/Qwen1.5-MoE-A2.7B's config.json (its model card: 14.3B parameters, 2.7B activated).
+QWEN1_5_MOE_A2_7B = {
+    "architectures": ["Qwen2MoeForCausalLM"], "hidden_size": 2048, "intermediate_size": 5632,
+    "num_hidden_layers": 24, "num_attention_heads": 16, "num_key_value_heads": 16,
+    "vocab_size": 151936, "max_position_embeddings": 8192, "num_experts": 60,
+    "num_experts_per_tok": 4, "moe_intermediate_size": 1408,
+    "shared_expert_intermediate_size": 5632, "norm_topk_prob": False, "decoder_sparse_step": 1,
+    "use_sliding_window": False, "sliding_window": 32768, "max_window_layers": 21,
+    "tie_word_embeddings": False, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0,
+    "hidden_act": "silu",
+}  # fmt: skip
+
+
 def test_the_planner_counts_every_expert():
-    for fixture in ("qwen3_moe", "qwen3_5_moe_mm", "gemma4_moe"):
+    for fixture in ("qwen3_moe", "qwen3_5_moe_mm", "gemma4_moe", "mixtral", "qwen2_moe"):
         hf = json.loads((FIXTURES / fixture / "config.json").read_text())
         config = model_config_from_hf(hf, dtype="float32")
         abstract = nnx.eval_shape(lambda c=config: Transformer(c, rngs=nnx.Rngs(0)))
@@ -221,6 +250,14 @@ def test_the_planner_counts_every_expert():
     big = model_config_from_hf(QWEN3_30B_A3B, dtype="bfloat16")
     assert (big.n_experts, big.experts_per_token, big.expert_dim) == (128, 8, 768)
     assert abs(param_count(big) / 30.5e9 - 1) < 0.005  # 30.53B
+    mixtral = model_config_from_hf(MIXTRAL_8X7B, dtype="bfloat16")
+    assert (mixtral.n_experts, mixtral.experts_per_token, mixtral.expert_dim) == (8, 2, 14336)
+    assert mixtral.norm_topk_prob and not mixtral.tie_embeddings
+    assert abs(param_count(mixtral) / 46.7e9 - 1) < 0.005  # 46.70B
+    qwen2 = model_config_from_hf(QWEN1_5_MOE_A2_7B, dtype="bfloat16")
+    assert (qwen2.n_experts, qwen2.shared_expert_dim, qwen2.qkv_bias) == (60, 5632, True)
+    assert not qwen2.norm_topk_prob and qwen2.sliding_window is None
+    assert abs(param_count(qwen2) / 14.3e9 - 1) < 0.005  # 14.32B
 
 
 def test_adapters_go_on_the_attention_only():
@@ -241,6 +278,11 @@ def test_adapters_go_on_the_attention_only():
         ("qwen3_moe", {"num_experts_per_tok": 9}, "experts_per_token (9)"),
         ("qwen3_5_moe_mm", {"shared_expert_intermediate_size": 0}, "without its shared expert"),
         ("qwen3_moe", {"moe_intermediate_size": None}, "lacks 'moe_intermediate_size'"),
+        ("qwen2_moe", {"shared_expert_intermediate_size": 0}, "Qwen2 MoE without its shared"),
+        ("qwen2_moe", {"qkv_bias": False}, "qkv_bias=false"),
+        ("qwen2_moe", {"decoder_sparse_step": 2}, "decoder_sparse_step=2"),
+        ("mixtral", {"num_local_experts": None}, "lacks 'num_local_experts'"),
+        ("mixtral", {"shared_expert_intermediate_size": 16}, "a shared expert in a Mixtral"),
     ],
 )
 def test_unmodelled_or_broken_expert_configs_are_refused_by_name(fixture, changes, named):

@@ -6,9 +6,9 @@ every layer when set; Mistral 3's and Ministral 3's checkpoints in mistral3.py),
 soft-capping, scaled embeddings, GeGLU, query scalar, sliding window on alternate layers)
 and Gemma 3 (Gemma 2's blocks with q/k norms, local and global layers in the config's
 pattern, a rotary table per layer type) map onto ``ModelConfig`` fields; so do Qwen3.5's
-hybrid stack and Gemma 4 (gemma4.py), and Qwen3's and Qwen3.5's mixture-of-experts
-checkpoints as those families with experts (core/model/moe.py); the rotary tables are read
-in rotary.py. Gemma 3's,
+hybrid stack and Gemma 4 (gemma4.py), and Mixtral, Qwen2 MoE, Qwen3 MoE and Qwen3.5 MoE as
+the Mistral, Qwen2, Qwen3 and Qwen3.5 families with experts (hf/moe.py, core/model/moe.py);
+the rotary tables are read in rotary.py. Gemma 3's,
 Mistral 3's, Qwen3.5's and Gemma 4's multimodal checkpoints import their language model,
 text only. Anything else in a checkpoint's ``config.json`` that would change the
 computation is refused here, by name, with the reason: each family's list is in
@@ -40,6 +40,8 @@ ARCHITECTURES = {
     "Qwen2ForCausalLM": "qwen2",
     "Qwen3ForCausalLM": "qwen3",
     "Qwen3MoeForCausalLM": "qwen3",  # its experts: moe.py
+    "MixtralForCausalLM": "mistral",
+    "Qwen2MoeForCausalLM": "qwen2",
     "Gemma2ForCausalLM": "gemma2",
     "Gemma3ForCausalLM": "gemma3",
     "Gemma3ForConditionalGeneration": "gemma3",
@@ -66,8 +68,6 @@ FAMILY_ARCHITECTURE = {
 MODEL_TYPES = {"gemma3": "gemma3_text", "qwen3_5": "qwen3_5_text", "gemma4": "gemma4_text"}
 # Architectures met in the field that alignpipe does not model, and why.
 REFUSED_ARCHITECTURES = {
-    "Qwen2MoeForCausalLM": "Qwen2 MoE: mixture-of-experts layers are not modelled",
-    "MixtralForCausalLM": "Mixtral: mixture-of-experts layers are not modelled",
     "Mistral4ForCausalLM": "Mistral 4: mixture-of-experts layers and latent attention are "
     "not modelled; use Ministral 3 or Mistral Small 3.x",
     "Gemma3nForCausalLM": "Gemma 3n: per-layer embeddings and AltUp are not modelled",
@@ -125,6 +125,15 @@ _GEMMA = [
     ),
     Refusal("use_bidirectional_attention", _truthy, "bidirectional attention (an encoder)"),
 ]
+# Qwen2 and Qwen3 MoE's options for layers without experts (their releases have none).
+_EVERY_LAYER_SPARSE = [
+    Refusal("mlp_only_layers", _truthy, "dense MLP layers among the experts' layers"),
+    Refusal(
+        "decoder_sparse_step",
+        lambda v: v not in (None, 1),
+        "experts on every n-th layer only (released Qwen2 and Qwen3 MoE checkpoints: 1)",
+    ),
+]
 # Every config field that changes the computation and is not read, per family, in one place.
 REFUSALS: dict[str, list[Refusal]] = {
     "llama": [
@@ -145,6 +154,8 @@ REFUSALS: dict[str, list[Refusal]] = {
             _truthy,
             "Qwen2's sliding window (released Qwen2/2.5 checkpoints set it false)",
         ),
+        Refusal("qkv_bias", lambda v: v is not None and not v, "Qwen2 MoE without q/k/v biases"),
+        *_EVERY_LAYER_SPARSE,
     ],
     "qwen3": [
         *_COMMON,
@@ -155,12 +166,7 @@ REFUSALS: dict[str, list[Refusal]] = {
             _truthy,
             "Qwen3's sliding window (released Qwen3 checkpoints set it false)",
         ),
-        Refusal("mlp_only_layers", _truthy, "dense MLP layers among the experts' layers"),
-        Refusal(
-            "decoder_sparse_step",
-            lambda v: v not in (None, 1),
-            "experts on every n-th layer only (released Qwen3 MoE checkpoints: 1)",
-        ),
+        *_EVERY_LAYER_SPARSE,
     ],
     "gemma2": [*_COMMON, *_GEMMA],
     "gemma3": [*_COMMON, *_GEMMA],
@@ -325,10 +331,11 @@ def _family_fields(hf: dict[str, Any], family: str) -> dict[str, Any]:
         "sliding_window": None if window is None else int(window),
         "layer_types": types,
     }
+    fields.update(experts)  # Mixtral's, Qwen2 MoE's, Qwen3 MoE's
     if family == "qwen2":
         fields["qkv_bias"] = True
     if family == "qwen3":
-        fields.update(qk_norm=True, **experts)
+        fields["qk_norm"] = True
     if family not in GEMMAS:
         return fields
     if family == "gemma2" and types == _layer_types({"num_hidden_layers": len(types)}, family):
@@ -392,12 +399,8 @@ def _exportable_as(config: ModelConfig) -> list[str]:
     """The HF families whose architecture computes what ``config`` computes."""
     if config.experts_beside_mlp:  # Gemma 4 26B-A4B
         return ["gemma4"] if gemma4.is_gemma4(config) else []
-    if config.n_experts:  # Qwen3 MoE (no shared expert, either routing) or Qwen3.5 MoE
-        dense = _exportable_as(dataclasses.replace(config, **moe.NO_EXPERTS))
-        shared = bool(config.shared_expert_dim)
-        if "qwen3_5" in dense and shared and config.norm_topk_prob:
-            return ["qwen3_5"]
-        return ["qwen3"] if "qwen3" in dense and not shared else []
+    if config.n_experts:  # Mixtral, Qwen2 MoE, Qwen3 MoE or Qwen3.5 MoE
+        return moe.exportable(config, _exportable_as(dataclasses.replace(config, **moe.NO_EXPERTS)))
     if gemma4.is_gemma4(config):
         return ["gemma4"]
     gemma4_only = (

@@ -100,17 +100,26 @@ def _qwen3_5_fields(config: ModelConfig, rope: dict[str, Any]) -> dict[str, Any]
 
 
 def _expert_fields(config: ModelConfig, family: str) -> dict[str, Any]:
-    """Qwen3MoeConfig's or Qwen3_5MoeTextConfig's experts (moe.py): every layer's."""
+    """MixtralConfig's, Qwen2MoeConfig's, Qwen3MoeConfig's or Qwen3_5MoeTextConfig's experts
+    (moe.py): every layer's."""
     fields: dict[str, Any] = dict(
         num_experts=config.n_experts,
         num_experts_per_tok=config.experts_per_token,
         moe_intermediate_size=config.expert_dim,
         output_router_logits=False,
     )
-    if family == "qwen3":
+    if family == "mistral":  # Mixtral: its experts are its MLPs, always renormalised
+        del fields["num_experts"], fields["moe_intermediate_size"]
+        return dict(
+            fields,
+            num_local_experts=config.n_experts,
+            intermediate_size=config.expert_dim,
+            router_jitter_noise=0.0,
+        )
+    if family in ("qwen2", "qwen3"):
         fields.update(decoder_sparse_step=1, mlp_only_layers=[])
         fields["norm_topk_prob"] = config.norm_topk_prob
-    else:
+    if family != "qwen3":
         fields["shared_expert_intermediate_size"] = config.shared_expert_dim
     return fields
 

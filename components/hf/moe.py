@@ -1,11 +1,14 @@
-"""Mixture-of-experts checkpoints (core/model/moe.py computes them): Qwen3's and Qwen3.5's
-config experts, and the tensors of those and Gemma 4 26B-A4B's.
+"""Mixture-of-experts checkpoints (core/model/moe.py computes them): the config experts of
+Mixtral, Qwen2 MoE, Qwen3 MoE and Qwen3.5 MoE, and the tensors of those and Gemma 4 26B-A4B's.
 
-Qwen3 MoE's releases, and every checkpoint transformers 5 saves, hold each expert's
-projections apart (``mlp.experts.N.gate_proj.weight`` …). Qwen3.5 MoE's releases store a
-layer's experts fused (``mlp.experts.gate_up_proj`` [E, 2F, D], gate rows then up rows,
-and ``mlp.experts.down_proj`` [E, D, F], no ``.weight``); transformers' qwen2_moe
-conversion joins the apart ones on load the same way. The importer checks and reads one
+Qwen2 and Qwen3 MoE's releases, and every checkpoint transformers 5 saves, hold each expert's
+projections apart (``mlp.experts.N.gate_proj.weight`` …); Mixtral's under its own names
+(``block_sparse_moe.experts.N.w1.weight``: w1 the gate, w3 the up, w2 the down projection,
+``block_sparse_moe.gate.weight`` the router), which transformers 5 renames on load and back
+on save (its ``mixtral`` conversion), so a Mixtral export writes them so too. Qwen3.5 MoE's
+releases store a layer's experts fused (``mlp.experts.gate_up_proj`` [E, 2F, D], gate rows
+then up rows, and ``mlp.experts.down_proj`` [E, D, F], no ``.weight``); transformers'
+qwen2_moe conversion joins the apart ones on load the same way. The importer checks and reads one
 name per expert whichever way the file stores them: a fused tensor's entry per expert is a
 view of it (``part``). Gemma 4's are fused too (``experts.gate_up_proj`` under the layer),
 and transformers has no conversion for them: an export fuses them back (:func:`fuse`).
@@ -19,17 +22,26 @@ from typing import Any
 
 import numpy as np
 
+from components.core.model.config import ModelConfig
 from components.hf.refusals import refuse
 from components.hf.safetensors_io import TensorInfo
 
 MOE_ARCHITECTURES = (
-    "Qwen3MoeForCausalLM", "Qwen3_5MoeForCausalLM", "Qwen3_5MoeForConditionalGeneration",
+    "MixtralForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM",
+    "Qwen3_5MoeForCausalLM", "Qwen3_5MoeForConditionalGeneration",
 )  # fmt: skip
 # The architecture and model_type each family's experts export as.
 MOE_EXPORT = {
+    "mistral": ("MixtralForCausalLM", "mixtral"),
+    "qwen2": ("Qwen2MoeForCausalLM", "qwen2_moe"),
     "qwen3": ("Qwen3MoeForCausalLM", "qwen3_moe"),
     "qwen3_5": ("Qwen3_5MoeForCausalLM", "qwen3_5_moe_text"),
 }
+MOE_NAMES = {"mistral": "Mixtral", "qwen2": "Qwen2 MoE", "qwen3": "Qwen3 MoE",
+             "qwen3_5": "Qwen3.5 MoE"}  # fmt: skip
+# A layer's mixture (under model.layers.N.): its module, router and each projection's name.
+QWEN_NAMES = ("mlp", "gate", {"gate": "gate_proj", "up": "up_proj", "down": "down_proj"})
+MIXTRAL_NAMES = ("block_sparse_moe", "gate", {"gate": "w1", "up": "w3", "down": "w2"})
 # Qwen3MoeConfig's tie_word_embeddings default (false), unlike Qwen3Config's (true).
 UNTIED_BY_DEFAULT = ("Qwen3MoeForCausalLM",)
 NO_EXPERTS = dict(n_experts=0, experts_per_token=0, expert_dim=0, shared_expert_dim=0)
@@ -41,23 +53,42 @@ def expert_fields(hf: dict[str, Any], family: str) -> dict[str, Any]:
     if not set(hf.get("architectures") or []) & set(MOE_ARCHITECTURES):
         return {}
     if hf.get("num_experts") is None and hf.get("num_local_experts") is None:
-        raise KeyError("num_experts")
-    for name in ("num_experts_per_tok", "moe_intermediate_size"):
+        raise KeyError("num_local_experts" if family == "mistral" else "num_experts")
+    # Mixtral's experts are intermediate_size wide; it has no other MLP.
+    width = "intermediate_size" if family == "mistral" else "moe_intermediate_size"
+    for name in ("num_experts_per_tok", width):
         if hf.get(name) is None:
             raise KeyError(name)
     shared = int(hf.get("shared_expert_intermediate_size") or 0)
-    refuse(family == "qwen3_5" and not shared, "Qwen3.5 MoE without its shared expert")
-    refuse(family == "qwen3" and bool(shared), "a shared expert in a Qwen3 MoE")
+    name = MOE_NAMES[family]
+    needs_shared = family in ("qwen2", "qwen3_5")
+    refuse(needs_shared and not shared, f"{name} without its shared expert")
+    refuse(not needs_shared and bool(shared), f"a shared expert in a {name}")
     return dict(
-        # Qwen3MoeConfig saves its count as num_local_experts (its attribute_map's name).
+        # Qwen3MoeConfig saves its count as num_local_experts (its attribute_map's name),
+        # Mixtral's config names it so.
         n_experts=int(hf.get("num_experts") or hf["num_local_experts"]),
         experts_per_token=int(hf["num_experts_per_tok"]),
-        expert_dim=int(hf["moe_intermediate_size"]),
-        # Qwen3MoeConfig's default is false (released checkpoints state true); Qwen3.5's
-        # router always renormalises.
-        norm_topk_prob=family == "qwen3_5" or bool(hf.get("norm_topk_prob", False)),
+        expert_dim=int(hf[width]),
+        # Qwen2 and Qwen3 MoE's default is false (Qwen3's releases state true, Qwen2's
+        # false); Mixtral's and Qwen3.5's routers always renormalise.
+        norm_topk_prob=family in ("mistral", "qwen3_5") or bool(hf.get("norm_topk_prob", False)),
         shared_expert_dim=shared,
     )
+
+
+def exportable(config: ModelConfig, dense: list[str]) -> list[str]:
+    """The families whose MoE architecture computes ``config``'s experts, of those whose
+    dense architecture computes the rest of it (``dense``)."""
+    shared, renormalised = bool(config.shared_expert_dim), config.norm_topk_prob
+    if "qwen3_5" in dense:
+        return ["qwen3_5"] if shared and renormalised else []
+    if "qwen2" in dense:
+        return ["qwen2"] if shared else []
+    if "qwen3" in dense:
+        return [] if shared else ["qwen3"]
+    mixtral = renormalised and not shared and not config.query_scale_beta  # no Ministral 3's
+    return ["mistral"] if "mistral" in dense and mixtral else []
 
 
 # A layer's fused experts: Qwen3.5 MoE's under mlp.experts., Gemma 4 26B-A4B's under experts.

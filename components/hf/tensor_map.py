@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 
 from components.core.model.config import ModelConfig
-from components.hf import gemma4
+from components.hf import gemma4, moe
 from components.hf.families import GEMMAS
 
 
@@ -39,15 +39,17 @@ DELTA_TENSORS = {
 PROJECTIONS = ("gate", "up", "down")
 
 
-def mlp_tensors(config: ModelConfig) -> list[tuple[str, tuple[str, ...], int | None]]:
+def mlp_tensors(config: ModelConfig, family: str) -> list[tuple[str, tuple[str, ...], int | None]]:
     """A layer's MLP tensors (under model.layers.N.), their place in the layer and expert
-    index: the gated MLP's, or a mixture's router, experts and shared expert (moe.py). Each
-    is a Linear weight, stored transposed."""
+    index: the gated MLP's, or a mixture's router, experts and shared expert under the
+    family's names (hf/moe.py). Each is a Linear weight, stored transposed."""
     if not config.n_experts:
         return [(f"mlp.{p}_proj.weight", ("mlp", f"w_{p}", "kernel"), None) for p in PROJECTIONS]
-    tensors = [("mlp.gate.weight", ("mlp", "router", "kernel"), None)]
+    block, router, names = moe.MIXTRAL_NAMES if family == "mistral" else moe.QWEN_NAMES
+    tensors = [(f"{block}.{router}.weight", ("mlp", "router", "kernel"), None)]
     for e in range(config.n_experts):
-        tensors += [(f"mlp.experts.{e}.{p}_proj.weight", ("mlp", f"w_{p}"), e) for p in PROJECTIONS]
+        for p in PROJECTIONS:
+            tensors.append((f"{block}.experts.{e}.{names[p]}.weight", ("mlp", f"w_{p}"), e))
     if config.shared_expert_dim:
         for p in PROJECTIONS:
             ours = ("mlp", "shared", f"w_{p}", "kernel")
@@ -101,7 +103,7 @@ def tensor_specs(config: ModelConfig, family: str) -> list[TensorSpec]:
         norms.update({"self_attn.q_norm": "attn/q_norm", "self_attn.k_norm": "attn/k_norm"})
     for i, (stack, j) in enumerate(stack_index(config)):
         prefix = f"model.layers.{i}."
-        for hf_name, ours, expert in mlp_tensors(config):
+        for hf_name, ours, expert in mlp_tensors(config, family):
             specs.append(TensorSpec(f"{prefix}{hf_name}", (stack, *ours), True, j, expert))
         if stack == "linear_blocks":
             for hf_name, (ours, transpose) in DELTA_TENSORS.items():
