@@ -160,6 +160,25 @@ def hf_config(family: str, vocab: int, ids: dict) -> transformers.PretrainedConf
             vision_end_token_id=ids["eos_token_id"],
             tie_word_embeddings=False,
         )
+    if family == "qwen3_next":  # Qwen3-Next-80B-A3B's layers: Qwen3.5 MoE's, fused projections
+        return transformers.Qwen3NextConfig(
+            **{**common, "num_hidden_layers": 4, "max_position_embeddings": 1024},
+            num_experts=8,
+            num_experts_per_tok=2,
+            moe_intermediate_size=24,
+            shared_expert_intermediate_size=40,
+            head_dim=16,
+            full_attention_interval=2,  # the 80B's 4, in a shorter stack
+            linear_num_key_heads=2,
+            linear_num_value_heads=4,  # two value heads per key head, as the 80B's 16 and 32
+            linear_key_head_dim=8,
+            linear_value_head_dim=12,
+            linear_conv_kernel_dim=4,
+            partial_rotary_factor=0.25,
+            rope_parameters=dict(rope_type="default", rope_theta=1e7),
+            tie_word_embeddings=False,
+            rms_norm_eps=1e-6,
+        )
     if family == "gemma4_moe":  # 26B-A4B's layers: experts beside each MLP, no per-layer inputs
         return transformers.Gemma4TextConfig(
             **{**common, "num_hidden_layers": 6, "max_position_embeddings": 1024},

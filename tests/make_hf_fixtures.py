@@ -221,7 +221,7 @@ FAMILIES = {
     "qwen3_5_moe_mm": {**QWEN3_5, "fused_experts": True},
 }
 # Mixtral and Qwen2 MoE (experts apart, Mixtral's under its names): their dense kin's tokenizers.
-FAMILIES.update(mixtral=FAMILIES["mistral"], qwen2_moe=FAMILIES["qwen2"])
+FAMILIES.update(mixtral=FAMILIES["mistral"], qwen2_moe=FAMILIES["qwen2"], qwen3_next=QWEN3_5)
 MULTIMODAL = ("gemma3_mm", "ministral3_mm", "qwen3_5_mm", "gemma4_mm", "qwen3_5_moe_mm")
 
 
@@ -275,7 +275,7 @@ def randomise(model: torch.nn.Module, family: str) -> None:
             elif "norm" in name:
                 # Gemma 4's norms apply w itself (start at 1), Gemma 2 and 3's 1 + w.
                 zero_centred = family.startswith(("gemma2", "gemma3")) or (
-                    family.startswith("qwen3_5") and "linear_attn.norm" not in name
+                    family.startswith(("qwen3_5", "qwen3_next")) and "linear_attn.norm" not in name
                 )
                 base = 0.0 if zero_centred else 1.0
                 param.copy_(base + 0.2 * noise)
@@ -291,7 +291,7 @@ def randomise(model: torch.nn.Module, family: str) -> None:
                 # Ministral 3's fixture is compared over 512 tokens too (its query
                 # temperature starts at 256).
                 scale = 0.04 if family.startswith("gemma4") else 0.06
-                long = ("qwen3_5", "gemma4", "ministral3")
+                long = ("qwen3_5", "qwen3_next", "gemma4", "ministral3")
                 param.copy_((scale if family.startswith(long) else 0.25) * noise)
         for name, buffer in model.named_buffers():
             if name.endswith("layer_scalar"):  # Gemma 4's per-layer output scalar (saved)

@@ -32,13 +32,13 @@ FIXTURES = pathlib.Path(__file__).parent / "fixtures" / "hf"
 FAMILIES = (
     "llama", "qwen2", "gemma2", "qwen3", "qwen3_untied", "mistral", "gemma3", "gemma3_mm",
     "qwen3_5", "qwen3_5_mm", "gemma4", "gemma4_mm", "ministral3", "ministral3_mm", "qwen3_moe",
-    "qwen3_5_moe_mm", "gemma4_moe", "mixtral", "qwen2_moe",
+    "qwen3_5_moe_mm", "gemma4_moe", "mixtral", "qwen2_moe", "qwen3_next",
 )  # fmt: skip
 # Ministral 3 is read as a Mistral (components/hf/mistral3.py); a MoE as its dense family
-# with experts (components/core/model/moe.py).
+# with experts (components/core/model/moe.py); Qwen3-Next as a Qwen3.5 MoE (hf/qwen3_next.py).
 FAMILY_OF = {
     "ministral3": "mistral", "qwen3_moe": "qwen3", "qwen3_5_moe": "qwen3_5", "gemma4_moe": "gemma4",
-    "mixtral": "mistral", "qwen2_moe": "qwen2",
+    "mixtral": "mistral", "qwen2_moe": "qwen2", "qwen3_next": "qwen3_5",
 }  # fmt: skip
 
 

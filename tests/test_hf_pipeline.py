@@ -332,7 +332,8 @@ CHAT = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": 
         "gemma4_moe",
         "mixtral",
         "qwen2_moe",
-    ],  # fmt: skip
+        "qwen3_next",
+    ],
 )
 def test_sampling_stops_on_any_stop_id_as_transformers_does(tmp_path, family):
     """The sampler ends a response on any id of the stop set, as ``generate`` does with an

@@ -1,15 +1,16 @@
 """Mixture-of-experts layers (components/core/model/moe.py): Mixtral, Qwen2 MoE, Qwen3 MoE,
-Qwen3.5 MoE and Gemma 4 26B-A4B.
+Qwen3.5 MoE, Qwen3-Next and Gemma 4 26B-A4B.
 
 The routed experts against every expert run densely (forward and gradient), a vmapped call
 (the evaluation's per-row sampler) against the rows alone, eight devices against one; the
 fixtures (tests/fixtures/hf: qwen3_moe, qwen2_moe and mixtral, per-expert tensors as
 transformers 5 saves them, Mixtral's under its own names; qwen3_5_moe_mm, fused as Qwen3.5
-MoE's releases store them; gemma4_moe) exported back and loaded by transformers as its MoE
-classes; the fused and per-expert layouts read alike; the planner's parameter count against
-the model's and the published ones (Qwen3-30B-A3B 30.5B, Mixtral 8x7B 46.7B,
-Qwen1.5-MoE-A2.7B 14.3B); adapters on the attention only; what is refused. Their logits
-against transformers': test_hf_import.py; a whole run: test_hf_pipeline.py.
+MoE's releases store them; qwen3_next, its DeltaNet projections fused; gemma4_moe) exported
+back and loaded by transformers as its MoE classes; the fused and per-expert layouts read
+alike; the planner's parameter count against the model's and the published ones
+(Qwen3-30B-A3B 30.5B, Mixtral 8x7B 46.7B, Qwen1.5-MoE-A2.7B 14.3B, Qwen3-Next-80B-A3B 80B);
+adapters on the attention only; what is refused. Their logits against transformers':
+test_hf_import.py; a whole run: test_hf_pipeline.py.
 """
 
 from __future__ import annotations
@@ -32,10 +33,11 @@ from components.core.model.lora import with_lora
 from components.core.model.moe import BesideExperts, MoE, route
 from components.core.model.transformer import Transformer
 from components.core.training.parallel import replicate
-from components.hf import safetensors_io
+from components.hf import qwen3_next, safetensors_io
 from components.hf.export import export_hf
-from components.hf.families import HFImportError, model_config_from_hf
+from components.hf.families import HFImportError, family_of_config, model_config_from_hf
 from components.hf.importer import import_hf
+from components.hf.safetensors_io import TensorInfo
 from pipelines.dag.memory import param_count
 
 FIXTURES = pathlib.Path(__file__).parent / "fixtures" / "hf"
@@ -152,6 +154,8 @@ def test_eight_devices_compute_what_one_does():
         ("qwen2_moe", "Qwen2MoeForCausalLM", "model.layers.1.mlp.shared_expert_gate.weight"),
         # Mixtral's own names, which transformers 5 renames on load and back on save.
         ("mixtral", "MixtralForCausalLM", "model.layers.1.block_sparse_moe.experts.7.w3.weight"),
+        # Qwen3-Next computes as a Qwen3.5 MoE, its DeltaNet projections stored apart there.
+        ("qwen3_next", "Qwen3_5MoeForCausalLM", "model.layers.2.linear_attn.in_proj_z.weight"),
         ("qwen3_5_moe_mm", "Qwen3_5MoeForCausalLM", "model.layers.1.mlp.experts.7.up_proj.weight"),
         # transformers has no conversion for Gemma 4's experts: saved and loaded fused.
         ("gemma4_moe", "Gemma4ForCausalLM", "model.layers.1.experts.gate_up_proj"),
@@ -240,8 +244,25 @@ QWEN1_5_MOE_A2_7B = {
 }  # fmt: skip
 
 
+# Qwen/Qwen3-Next-80B-A3B-Instruct's config.json (its model card: 80B parameters, 3B activated;
+# its multi-token-prediction layer, left out on import, is not counted).
+QWEN3_NEXT_80B_A3B = {
+    "architectures": ["Qwen3NextForCausalLM"], "hidden_size": 2048, "intermediate_size": 5120,
+    "num_hidden_layers": 48, "num_attention_heads": 16, "num_key_value_heads": 2,
+    "head_dim": 256, "vocab_size": 151936, "max_position_embeddings": 262144,
+    "full_attention_interval": 4, "linear_conv_kernel_dim": 4, "linear_key_head_dim": 128,
+    "linear_num_key_heads": 16, "linear_num_value_heads": 32, "linear_value_head_dim": 128,
+    "num_experts": 512, "num_experts_per_tok": 10, "moe_intermediate_size": 512,
+    "shared_expert_intermediate_size": 512, "norm_topk_prob": True, "decoder_sparse_step": 1,
+    "mlp_only_layers": [], "partial_rotary_factor": 0.25, "rope_theta": 10000000,
+    "rope_scaling": None, "tie_word_embeddings": False, "rms_norm_eps": 1e-6,
+    "attention_bias": False, "use_sliding_window": False, "hidden_act": "silu",
+}  # fmt: skip
+
+
 def test_the_planner_counts_every_expert():
-    for fixture in ("qwen3_moe", "qwen3_5_moe_mm", "gemma4_moe", "mixtral", "qwen2_moe"):
+    fixtures = ("qwen3_moe", "qwen3_5_moe_mm", "gemma4_moe", "mixtral", "qwen2_moe", "qwen3_next")
+    for fixture in fixtures:
         hf = json.loads((FIXTURES / fixture / "config.json").read_text())
         config = model_config_from_hf(hf, dtype="float32")
         abstract = nnx.eval_shape(lambda c=config: Transformer(c, rngs=nnx.Rngs(0)))
@@ -258,6 +279,10 @@ def test_the_planner_counts_every_expert():
     assert (qwen2.n_experts, qwen2.shared_expert_dim, qwen2.qkv_bias) == (60, 5632, True)
     assert not qwen2.norm_topk_prob and qwen2.sliding_window is None
     assert abs(param_count(qwen2) / 14.3e9 - 1) < 0.005  # 14.32B
+    qwen3_next = model_config_from_hf(QWEN3_NEXT_80B_A3B, dtype="bfloat16")
+    assert qwen3_next.layer_types[:4] == ("linear_attention",) * 3 + ("full_attention",)
+    assert (qwen3_next.rotary_fraction, qwen3_next.n_experts) == (0.25, 512)
+    assert abs(param_count(qwen3_next) / 80e9 - 1) < 0.005  # 79.67B
 
 
 def test_adapters_go_on_the_attention_only():
@@ -346,6 +371,41 @@ def test_a_multimodal_qwen3_5_moe_text_config_takes_its_own_class_defaults():
         theirs.num_experts, theirs.num_experts_per_tok, theirs.moe_intermediate_size,
         theirs.shared_expert_intermediate_size,
     )  # fmt: skip
+
+
+def test_qwen3_next_routes_as_its_config_says_and_exports_only_renormalised():
+    """Qwen3-Next reads norm_topk_prob (default true); Qwen3.5 MoE, its export, always
+    renormalises, so a Qwen3-Next that does not has no architecture to export as."""
+    hf = json.loads((FIXTURES / "qwen3_next" / "config.json").read_text())
+    assert model_config_from_hf(hf, dtype="float32").norm_topk_prob
+    del hf["norm_topk_prob"]
+    assert model_config_from_hf(hf, dtype="float32").norm_topk_prob
+    raw = model_config_from_hf({**hf, "norm_topk_prob": False}, dtype="float32")
+    assert not raw.norm_topk_prob
+    with pytest.raises(ValueError, match="no Hugging Face architecture"):
+        family_of_config(raw, "qwen3_5")
+
+
+def test_qwen3_next_fused_projections_split_into_qwen3_5_rows():
+    """Per key head, in_proj_qkvz holds q, k, its value heads' v and z; in_proj_ba their b
+    and a. Qwen3.5's in_proj_qkv is every q, then every k, then every v."""
+    hf = {"linear_num_key_heads": 2, "linear_num_value_heads": 4, "linear_key_head_dim": 1,
+          "linear_value_head_dim": 1}  # fmt: skip
+    infos = {
+        "l.linear_attn.in_proj_qkvz.weight": TensorInfo("f", "F32", (12, 3)),
+        "l.linear_attn.in_proj_ba.weight": TensorInfo("f", "F32", (8, 3)),
+    }
+    split = qwen3_next.split_projections(infos, hf)
+    # group 0: rows q0 k0 v0 v1 z0 z1; group 1: q1 k1 v2 v3 z2 z3 (rows 6-11)
+    assert split["l.linear_attn.in_proj_qkv.weight"].rows == (0, 6, 1, 7, 2, 3, 8, 9)
+    assert split["l.linear_attn.in_proj_z.weight"].rows == (4, 5, 10, 11)
+    assert split["l.linear_attn.in_proj_b.weight"].rows == (0, 1, 4, 5)
+    assert split["l.linear_attn.in_proj_a.weight"].rows == (2, 3, 6, 7)
+    assert (
+        split["l.linear_attn.in_proj_qkv.weight"].stored_as == "l.linear_attn.in_proj_qkvz.weight"
+    )
+    wrong = {"l.linear_attn.in_proj_qkvz.weight": TensorInfo("f", "F32", (13, 3))}
+    assert qwen3_next.split_projections(wrong, hf) == wrong  # left for the shape check to name
 
 
 def test_gemma4_experts_without_renormalisation_are_refused():

@@ -49,6 +49,7 @@ ARCHITECTURES = {
     "Qwen3_5ForConditionalGeneration": "qwen3_5",
     "Qwen3_5MoeForCausalLM": "qwen3_5",
     "Qwen3_5MoeForConditionalGeneration": "qwen3_5",
+    "Qwen3NextForCausalLM": "qwen3_5",  # its fused DeltaNet projections: qwen3_next.py
     "Gemma4ForCausalLM": "gemma4",
     "Gemma4ForConditionalGeneration": "gemma4",
     "Gemma4UnifiedForCausalLM": "gemma4",  # Gemma 4 12B (gemma4.py)
@@ -72,8 +73,6 @@ REFUSED_ARCHITECTURES = {
     "not modelled; use Ministral 3 or Mistral Small 3.x",
     "Gemma3nForCausalLM": "Gemma 3n: per-layer embeddings and AltUp are not modelled",
     "Gemma3nForConditionalGeneration": "Gemma 3n: per-layer embeddings and AltUp are not modelled",
-    "Qwen3NextForCausalLM": "Qwen3-Next: its fused DeltaNet projections are not modelled; use "
-    "Qwen3.5 (the same hybrid attention and experts)",
 }
 # The multimodal wrappers whose language model alignpipe reads (text only), per family.
 MULTIMODAL = {
@@ -125,13 +124,13 @@ _GEMMA = [
     ),
     Refusal("use_bidirectional_attention", _truthy, "bidirectional attention (an encoder)"),
 ]
-# Qwen2 and Qwen3 MoE's options for layers without experts (their releases have none).
+# Qwen MoE's options for layers without experts (their releases have none).
 _EVERY_LAYER_SPARSE = [
     Refusal("mlp_only_layers", _truthy, "dense MLP layers among the experts' layers"),
     Refusal(
         "decoder_sparse_step",
         lambda v: v not in (None, 1),
-        "experts on every n-th layer only (released Qwen2 and Qwen3 MoE checkpoints: 1)",
+        "experts on every n-th layer only (released Qwen MoE checkpoints: 1)",
     ),
 ]
 # Every config field that changes the computation and is not read, per family, in one place.
@@ -181,7 +180,7 @@ REFUSALS: dict[str, list[Refusal]] = {
             lambda v: v is not None and not v,
             "full-attention layers without Qwen3.5's output gate",
         ),
-        Refusal("mlp_only_layers", _truthy, "dense MLP layers among the experts' layers"),
+        *_EVERY_LAYER_SPARSE,
         Refusal("use_sliding_window", _truthy, "a sliding window on the attention layers"),
     ],
 }

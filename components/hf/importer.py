@@ -34,7 +34,7 @@ from components.core.data.tokenizers import (
 from components.core.model.hf_folder import is_hf_dir
 from components.core.model.transformer import ModelConfig, Transformer
 from components.core.training.checkpoint import export_model, read_model_config
-from components.hf import mistral3, moe, safetensors_io
+from components.hf import mistral3, moe, qwen3_next, safetensors_io
 from components.hf.families import (
     LANGUAGE_MODEL_PREFIXES,
     HFImportError,
@@ -285,6 +285,8 @@ def check_hf(hf_dir: str, *, dtype: str = "", remat: str = "full") -> Checked:
         config = model_config_from_hf(hf, dtype=dtype, remat=remat)
     except ValueError as error:
         raise HFImportError(f"{hf_dir}/config.json: {error}") from error
+    if qwen3_next.is_qwen3_next(hf):  # its config read: the fields the split needs are there
+        infos = qwen3_next.split_projections(infos, hf)
     if mistral3.tie_by_checkpoint(hf):  # as transformers 5 decides it: by the checkpoint
         config = dataclasses.replace(config, tie_embeddings="lm_head.weight" not in infos)
     tokenizer = import_tokenizer(hf_dir, config.vocab_size)

@@ -28,7 +28,7 @@ from components.hf.safetensors_io import TensorInfo
 
 MOE_ARCHITECTURES = (
     "MixtralForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM",
-    "Qwen3_5MoeForCausalLM", "Qwen3_5MoeForConditionalGeneration",
+    "Qwen3_5MoeForCausalLM", "Qwen3_5MoeForConditionalGeneration", "Qwen3NextForCausalLM",
 )  # fmt: skip
 # The architecture and model_type each family's experts export as.
 MOE_EXPORT = {
@@ -38,7 +38,7 @@ MOE_EXPORT = {
     "qwen3_5": ("Qwen3_5MoeForCausalLM", "qwen3_5_moe_text"),
 }
 MOE_NAMES = {"mistral": "Mixtral", "qwen2": "Qwen2 MoE", "qwen3": "Qwen3 MoE",
-             "qwen3_5": "Qwen3.5 MoE"}  # fmt: skip
+             "qwen3_5": "Qwen3.5 MoE or Qwen3-Next"}  # fmt: skip
 # A layer's mixture (under model.layers.N.): its module, router and each projection's name.
 QWEN_NAMES = ("mlp", "gate", {"gate": "gate_proj", "up": "up_proj", "down": "down_proj"})
 MIXTRAL_NAMES = ("block_sparse_moe", "gate", {"gate": "w1", "up": "w3", "down": "w2"})
@@ -70,11 +70,19 @@ def expert_fields(hf: dict[str, Any], family: str) -> dict[str, Any]:
         n_experts=int(hf.get("num_experts") or hf["num_local_experts"]),
         experts_per_token=int(hf["num_experts_per_tok"]),
         expert_dim=int(hf[width]),
-        # Qwen2 and Qwen3 MoE's default is false (Qwen3's releases state true, Qwen2's
-        # false); Mixtral's and Qwen3.5's routers always renormalise.
-        norm_topk_prob=family in ("mistral", "qwen3_5") or bool(hf.get("norm_topk_prob", False)),
+        norm_topk_prob=_renormalised(hf, family),
         shared_expert_dim=shared,
     )
+
+
+def _renormalised(hf: dict[str, Any], family: str) -> bool:
+    """Whether the router renormalises its top k: Mixtral's and Qwen3.5's always do; the
+    others as ``norm_topk_prob`` says, by default false (Qwen2 and Qwen3 MoE; Qwen3's
+    releases state true, Qwen2's false) or true (Qwen3-Next)."""
+    next_ = "Qwen3NextForCausalLM" in (hf.get("architectures") or [])
+    if family == "mistral" or (family == "qwen3_5" and not next_):
+        return True
+    return bool(hf.get("norm_topk_prob", next_))
 
 
 def exportable(config: ModelConfig, dense: list[str]) -> list[str]:
@@ -139,7 +147,10 @@ def fuse(tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
 
 
 def view(array: np.ndarray, info: TensorInfo) -> np.ndarray:
-    """The tensor ``info`` names out of the stored ``array``: all of it, or an expert's rows."""
+    """The tensor ``info`` names out of the stored ``array``: all of it, an expert's rows,
+    or a fused projection's rows."""
+    if info.rows:
+        return array[list(info.rows)]
     if not info.part:
         return array
     expert, start, stop = info.part

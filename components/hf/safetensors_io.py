@@ -41,6 +41,7 @@ class TensorInfo:
     shape: tuple[int, ...]
     stored_as: str = ""  # its name in the file when it is known by another ('' = the same)
     part: tuple[int, ...] = ()  # (expert, first row, end row) of a fused tensor (hf/moe.py)
+    rows: tuple[int, ...] = ()  # the rows of a fused projection it is (hf/qwen3_next.py)
 
 
 def checkpoint_files(hf_dir: str) -> list[str]:
