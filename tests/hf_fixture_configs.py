@@ -160,6 +160,28 @@ def hf_config(family: str, vocab: int, ids: dict) -> transformers.PretrainedConf
             vision_end_token_id=ids["eos_token_id"],
             tie_word_embeddings=False,
         )
+    if family == "qwen3_vl":  # Qwen3-VL-2B's layout: a Qwen3 behind a vision tower, tied
+        text = transformers.Qwen3VLTextConfig(
+            **common,
+            head_dim=16,
+            rope_parameters=dict(
+                rope_type="default", rope_theta=5e6, mrope_section=[4, 2, 2], mrope_interleaved=True
+            ),
+            rms_norm_eps=1e-6,
+        )
+        vision = transformers.models.qwen3_vl.Qwen3VLVisionConfig(
+            depth=2, hidden_size=16, intermediate_size=32, num_heads=2, out_hidden_size=32,
+            patch_size=14, num_position_embeddings=16, deepstack_visual_indexes=[0],
+        )  # fmt: skip
+        return transformers.Qwen3VLConfig(
+            text_config=text.to_dict(),
+            vision_config=vision.to_dict(),
+            image_token_id=ids["eos_token_id"],
+            video_token_id=ids["eos_token_id"],
+            vision_start_token_id=ids["eos_token_id"],
+            vision_end_token_id=ids["eos_token_id"],
+            tie_word_embeddings=True,
+        )
     if family == "qwen3_next":  # Qwen3-Next-80B-A3B's layers: Qwen3.5 MoE's, fused projections
         return transformers.Qwen3NextConfig(
             **{**common, "num_hidden_layers": 4, "max_position_embeddings": 1024},

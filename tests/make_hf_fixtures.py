@@ -222,7 +222,8 @@ FAMILIES = {
 }
 # Mixtral and Qwen2 MoE (experts apart, Mixtral's under its names): their dense kin's tokenizers.
 FAMILIES.update(mixtral=FAMILIES["mistral"], qwen2_moe=FAMILIES["qwen2"], qwen3_next=QWEN3_5)
-MULTIMODAL = ("gemma3_mm", "ministral3_mm", "qwen3_5_mm", "gemma4_mm", "qwen3_5_moe_mm")
+FAMILIES["qwen3_vl"] = QWEN3
+MULTIMODAL = ("gemma3_mm", "ministral3_mm", "qwen3_5_mm", "gemma4_mm", "qwen3_5_moe_mm", "qwen3_vl")
 
 
 def train_tokenizer(specials: list[str], bos: str | None) -> Tokenizer:

@@ -32,13 +32,13 @@ FIXTURES = pathlib.Path(__file__).parent / "fixtures" / "hf"
 FAMILIES = (
     "llama", "qwen2", "gemma2", "qwen3", "qwen3_untied", "mistral", "gemma3", "gemma3_mm",
     "qwen3_5", "qwen3_5_mm", "gemma4", "gemma4_mm", "ministral3", "ministral3_mm", "qwen3_moe",
-    "qwen3_5_moe_mm", "gemma4_moe", "mixtral", "qwen2_moe", "qwen3_next",
+    "qwen3_5_moe_mm", "gemma4_moe", "mixtral", "qwen2_moe", "qwen3_next", "qwen3_vl",
 )  # fmt: skip
 # Ministral 3 is read as a Mistral (components/hf/mistral3.py); a MoE as its dense family
 # with experts (components/core/model/moe.py); Qwen3-Next as a Qwen3.5 MoE (hf/qwen3_next.py).
 FAMILY_OF = {
     "ministral3": "mistral", "qwen3_moe": "qwen3", "qwen3_5_moe": "qwen3_5", "gemma4_moe": "gemma4",
-    "mixtral": "mistral", "qwen2_moe": "qwen2", "qwen3_next": "qwen3_5",
+    "mixtral": "mistral", "qwen2_moe": "qwen2", "qwen3_next": "qwen3_5", "qwen3_vl": "qwen3",
 }  # fmt: skip
 
 
@@ -198,6 +198,12 @@ BAD_INPUTS = {
     "unknown_architecture": (
         lambda d: edit_json(d / "config.json", architectures=["FalconForCausalLM"]),
         ["FalconForCausalLM", "Qwen2ForCausalLM", "Gemma3ForCausalLM"],
+    ),
+    "qwen3_vl_moe_by_name": (
+        lambda d: edit_json(
+            d / "config.json", architectures=["Qwen3VLMoeForConditionalGeneration"]
+        ),
+        ["Qwen3VLMoeForConditionalGeneration", "stored layout"],
     ),
     "mistral4_by_name": (
         lambda d: edit_json(d / "config.json", architectures=["Mistral4ForCausalLM"]),
@@ -431,3 +437,22 @@ def test_published_configs_map_to_the_presets(preset):
     imported = model_config_from_hf(hf, dtype="bfloat16")
     expected = model_config(preset, hf["vocab_size"])
     assert imported == dataclasses.replace(expected, head_dim=expected.resolved_head_dim)
+
+
+def test_qwen3_vl_exports_its_language_model_as_qwen3(artifacts, tmp_path):
+    """Qwen3-VL's language model is a Qwen3 (text only, M-RoPE's three position streams are
+    one): its vision tower is left out, the head tied as the outer config says, and the
+    export loads in transformers as Qwen3ForCausalLM with the multimodal model's logits."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    config = read_model_config(artifacts["qwen3_vl"])
+    assert config["model"]["tie_embeddings"] and config["model"]["rope_theta"] == 5e6
+    assert config["hf"]["text_only"]["tensors_left_out"] > 0
+    out = tmp_path / "export"
+    assert main(["model", "export", artifacts["qwen3_vl"], str(out), "--dtype", "float32"]) == 0
+    assert json.loads((out / "config.json").read_text())["architectures"] == ["Qwen3ForCausalLM"]
+    model = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
+    tokens, expected = reference("qwen3_vl")
+    with torch.no_grad():
+        logits = model(torch.tensor(np.asarray(tokens))).logits.numpy()
+    np.testing.assert_allclose(logits, expected, atol=1e-4)

@@ -287,7 +287,8 @@ def test_the_planner_counts_every_expert():
 
 def test_adapters_go_on_the_attention_only():
     """PEFT targets nn.Linear modules and transformers 5 keeps experts as 3-D parameters, so
-    gate_proj etc. adapt no expert there either: all-linear is the attention here."""
+    gate_proj etc. adapt no routed expert there either (they would adapt a Qwen MoE's shared
+    expert, a plain MLP, which alignpipe leaves unadapted): all-linear is the attention."""
     every = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
     assert with_lora(MOE, 4, 8.0, every).lora_targets == every[:4]
     with pytest.raises(ValueError, match="mixture-of-experts model's MLPs take no adapters"):
@@ -308,6 +309,7 @@ def test_adapters_go_on_the_attention_only():
         ("qwen2_moe", {"decoder_sparse_step": 2}, "decoder_sparse_step=2"),
         ("mixtral", {"num_local_experts": None}, "lacks 'num_local_experts'"),
         ("mixtral", {"shared_expert_intermediate_size": 16}, "a shared expert in a Mixtral"),
+        ("qwen2_moe", {"num_experts": 0}, "Qwen2 MoE with no experts"),
     ],
 )
 def test_unmodelled_or_broken_expert_configs_are_refused_by_name(fixture, changes, named):
@@ -371,6 +373,29 @@ def test_a_multimodal_qwen3_5_moe_text_config_takes_its_own_class_defaults():
         theirs.num_experts, theirs.num_experts_per_tok, theirs.moe_intermediate_size,
         theirs.shared_expert_intermediate_size,
     )  # fmt: skip
+
+
+def test_a_mixtral_in_transformers_5s_own_layout_imports_alike(tmp_path):
+    """transformers 5 loads a Mixtral saved with save_original_format=False (mlp.gate, fused
+    mlp.experts.gate_up_proj / down_proj); it reads into the same params as Mixtral's names.
+    A Mixtral config without a rotary base has MixtralConfig's, 1e6."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    folder = tmp_path / "fused"
+    model = transformers.AutoModelForCausalLM.from_pretrained(FIXTURES / "mixtral")
+    model.to(torch.bfloat16).save_pretrained(folder, save_original_format=False)
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        shutil.copy(FIXTURES / "mixtral" / name, folder / name)
+    names = safetensors_io.tensor_infos(safetensors_io.checkpoint_files(str(folder)))
+    assert "model.layers.0.mlp.experts.gate_up_proj" in names
+    fused, _ = load_model(import_hf(str(folder), str(tmp_path / "a"))["out"])
+    apart, _ = load_model(import_hf(str(FIXTURES / "mixtral"), str(tmp_path / "b"))["out"])
+    ours = jax.tree.leaves(nnx.state(fused, nnx.Param))
+    for a, b in zip(ours, jax.tree.leaves(nnx.state(apart, nnx.Param)), strict=True):
+        np.testing.assert_array_equal(a, b)
+    hf = json.loads((FIXTURES / "mixtral" / "config.json").read_text())
+    del hf["rope_parameters"]
+    assert model_config_from_hf(hf, dtype="float32").rope_theta == 1e6
 
 
 def test_qwen3_next_routes_as_its_config_says_and_exports_only_renormalised():

@@ -6,13 +6,12 @@ every layer when set; Mistral 3's and Ministral 3's checkpoints in mistral3.py),
 soft-capping, scaled embeddings, GeGLU, query scalar, sliding window on alternate layers)
 and Gemma 3 (Gemma 2's blocks with q/k norms, local and global layers in the config's
 pattern, a rotary table per layer type) map onto ``ModelConfig`` fields; so do Qwen3.5's
-hybrid stack and Gemma 4 (gemma4.py), and Mixtral, Qwen2 MoE, Qwen3 MoE and Qwen3.5 MoE as
-the Mistral, Qwen2, Qwen3 and Qwen3.5 families with experts (hf/moe.py, core/model/moe.py);
-the rotary tables are read in rotary.py. Gemma 3's,
-Mistral 3's, Qwen3.5's and Gemma 4's multimodal checkpoints import their language model,
-text only. Anything else in a checkpoint's ``config.json`` that would change the
-computation is refused here, by name, with the reason: each family's list is in
-``REFUSALS`` (Gemma 4's in gemma4.py).
+hybrid stack and Gemma 4 (gemma4.py), Mixtral, Qwen2 MoE, Qwen3 MoE and Qwen3.5 MoE as those
+families with experts (hf/moe.py), Qwen3-Next as a Qwen3.5 MoE (qwen3_next.py); rotary tables
+in rotary.py. Gemma 3's, Mistral 3's, Qwen3-VL's, Qwen3.5's and Gemma 4's multimodal
+checkpoints import their language model, text only. Anything else in a ``config.json``
+that would change the computation is refused here, by name, with the reason: each family's
+list is in ``REFUSALS`` (Gemma 4's in gemma4.py).
 """
 
 from __future__ import annotations
@@ -30,6 +29,8 @@ from components.hf.text_defaults import (
     GEMMA3_TEXT_DEFAULTS,
     QWEN3_5_MOE_TEXT_DEFAULTS,
     QWEN3_5_TEXT_DEFAULTS,
+    QWEN3_NEXT_DEFAULTS,
+    QWEN3_VL_TEXT_DEFAULTS,
 )
 
 ARCHITECTURES = {
@@ -40,6 +41,7 @@ ARCHITECTURES = {
     "Qwen2ForCausalLM": "qwen2",
     "Qwen3ForCausalLM": "qwen3",
     "Qwen3MoeForCausalLM": "qwen3",  # its experts: moe.py
+    "Qwen3VLForConditionalGeneration": "qwen3",  # Qwen3-VL's language model is a Qwen3
     "MixtralForCausalLM": "mistral",
     "Qwen2MoeForCausalLM": "qwen2",
     "Gemma2ForCausalLM": "gemma2",
@@ -71,12 +73,15 @@ MODEL_TYPES = {"gemma3": "gemma3_text", "qwen3_5": "qwen3_5_text", "gemma4": "ge
 REFUSED_ARCHITECTURES = {
     "Mistral4ForCausalLM": "Mistral 4: mixture-of-experts layers and latent attention are "
     "not modelled; use Ministral 3 or Mistral Small 3.x",
+    "Qwen3VLMoeForConditionalGeneration": "Qwen3-VL MoE: its experts' stored layout "
+    "([experts, hidden, 2 x width]) is not read; use Qwen3-VL (dense) or Qwen3 MoE",
     "Gemma3nForCausalLM": "Gemma 3n: per-layer embeddings and AltUp are not modelled",
     "Gemma3nForConditionalGeneration": "Gemma 3n: per-layer embeddings and AltUp are not modelled",
 }
 # The multimodal wrappers whose language model alignpipe reads (text only), per family.
 MULTIMODAL = {
     "Mistral3ForConditionalGeneration": "mistral",
+    "Qwen3VLForConditionalGeneration": "qwen3",
     "Gemma3ForConditionalGeneration": "gemma3",
     "Qwen3_5ForConditionalGeneration": "qwen3_5",
     "Qwen3_5MoeForConditionalGeneration": "qwen3_5",
@@ -225,10 +230,16 @@ def language_model_config(hf: dict[str, Any]) -> dict[str, Any]:
     if family is None:
         if "Gemma4UnifiedForCausalLM" in (hf.get("architectures") or []):
             return {**gemma4.unified_text(hf), "architectures": ["Gemma4ForCausalLM"]}
+        if "Qwen3NextForCausalLM" in (hf.get("architectures") or []):
+            return {**QWEN3_NEXT_DEFAULTS, **hf}
         return mistral3.ministral3_config(hf) if hf.get("model_type") == "ministral3" else hf
     if family == "mistral":
         return mistral3.text_config(hf)
     text = hf.get("text_config") or {}
+    if family == "qwen3":  # Qwen3-VL: ties its head by the outer config's flag (default false)
+        tied = bool(hf.get("tie_word_embeddings", False))
+        text = {**QWEN3_VL_TEXT_DEFAULTS, **text, "tie_word_embeddings": tied}
+        return {**text, "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3"}
     if family == "qwen3_5":
         # Qwen3_5ForConditionalGeneration ties its head by the outer config's flag.
         tied = bool(hf.get("tie_word_embeddings", False))

@@ -1,9 +1,10 @@
-"""The ``config.json`` an export writes for each family: what transformers 4.4x and 5.x both
-read back as the architecture alignpipe computed (the reverse of ``families.py``'s reading).
-Two exceptions: yarn tables are read as written from transformers 4.56 (earlier versions put
-max_position_embeddings / original_max_position_embeddings in place of the stated factor),
-and ``Ministral3ForCausalLM`` (a Mistral with Ministral 3's query temperature) exists in 5.x
-only.
+"""The ``config.json`` an export writes for each family: what transformers 5.x reads back as
+the architecture alignpipe computed (the reverse of ``families.py``'s reading), and 4.4x too
+for the architectures it has. Yarn tables are read as written from transformers 4.56 (earlier
+versions put max_position_embeddings / original_max_position_embeddings in place of the
+stated factor); ``Ministral3ForCausalLM``, Qwen3.5 (dense and MoE) and Gemma 4 exist in 5.x
+only, and a Qwen3-Next import exports as ``Qwen3_5MoeForCausalLM`` (hf/qwen3_next.py), so
+its export needs 5.x where the original loads in 4.57.
 """
 
 from __future__ import annotations

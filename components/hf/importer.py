@@ -287,6 +287,8 @@ def check_hf(hf_dir: str, *, dtype: str = "", remat: str = "full") -> Checked:
         raise HFImportError(f"{hf_dir}/config.json: {error}") from error
     if qwen3_next.is_qwen3_next(hf):  # its config read: the fields the split needs are there
         infos = qwen3_next.split_projections(infos, hf)
+    if family == "mistral" and config.n_experts:  # a Mixtral saved in transformers 5's layout
+        infos = moe.mixtral_names(infos)
     if mistral3.tie_by_checkpoint(hf):  # as transformers 5 decides it: by the checkpoint
         config = dataclasses.replace(config, tie_embeddings="lm_head.weight" not in infos)
     tokenizer = import_tokenizer(hf_dir, config.vocab_size)

@@ -10,8 +10,10 @@ releases store a layer's experts fused (``mlp.experts.gate_up_proj`` [E, 2F, D],
 then up rows, and ``mlp.experts.down_proj`` [E, D, F], no ``.weight``); transformers'
 qwen2_moe conversion joins the apart ones on load the same way. The importer checks and reads one
 name per expert whichever way the file stores them: a fused tensor's entry per expert is a
-view of it (``part``). Gemma 4's are fused too (``experts.gate_up_proj`` under the layer),
-and transformers has no conversion for them: an export fuses them back (:func:`fuse`).
+view of it (``part``); a Mixtral saved in transformers 5's own layout (``mlp.gate``, fused
+experts) is read under Mixtral's names (:func:`mixtral_names`). Gemma 4's are fused too
+(``experts.gate_up_proj`` under the layer), and transformers has no conversion for them: an
+export fuses them back (:func:`fuse`).
 """
 
 from __future__ import annotations
@@ -54,6 +56,8 @@ def expert_fields(hf: dict[str, Any], family: str) -> dict[str, Any]:
         return {}
     if hf.get("num_experts") is None and hf.get("num_local_experts") is None:
         raise KeyError("num_local_experts" if family == "mistral" else "num_experts")
+    count = hf.get("num_experts") or hf.get("num_local_experts")
+    refuse(not count, f"{MOE_NAMES[family]} with no experts (num_experts 0)")
     # Mixtral's experts are intermediate_size wide; it has no other MLP.
     width = "intermediate_size" if family == "mistral" else "moe_intermediate_size"
     for name in ("num_experts_per_tok", width):
@@ -143,6 +147,24 @@ def fuse(tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
             [np.concatenate([parts[(e, "gate")], parts[(e, "up")]]) for e in range(count)]
         )
         out[f"{prefix}.down_proj"] = np.stack([parts[(e, "down")] for e in range(count)])
+    return out
+
+
+def mixtral_names(infos: dict[str, TensorInfo]) -> dict[str, TensorInfo]:
+    """A Mixtral's tensors under Mixtral's names where the file uses transformers 5's
+    (``mlp.gate``, ``mlp.experts.gate_up_proj``: saved with ``save_original_format=False``),
+    read through :func:`per_expert` first; a file with Mixtral's own names is unchanged."""
+    block, router, names = MIXTRAL_NAMES
+    ours = {f"{p}_proj": theirs for p, theirs in names.items()}
+    out = {}
+    for name, info in infos.items():
+        new, (head, dot, tail) = name, name.partition(".mlp.")
+        if dot and tail == f"{router}.weight":
+            new = f"{head}.{block}.{tail}"
+        elif dot and (match := re.fullmatch(r"experts\.(\d+)\.(\w+_proj)\.weight", tail)):
+            new = f"{head}.{block}.experts.{match[1]}.{ours[match[2]]}.weight"
+        renamed = new != name and not info.stored_as
+        out[new] = dataclasses.replace(info, stored_as=name) if renamed else info
     return out
 
 

@@ -17,9 +17,10 @@ from typing import Any
 from components.hf.refusals import refuse
 
 PLAIN_TABLE = ("llama", "mistral", "qwen2", "qwen3")
-# Gemma3TextConfig.default_theta["global"]: the global layers' base when a config states none
-# (every other family here defaults to 10,000).
+# Gemma3TextConfig.default_theta["global"]: the global layers' base when a config states none,
+# and MixtralConfig.default_theta (every other family here defaults to 10,000).
 GEMMA3_GLOBAL_THETA = 1_000_000.0
+ARCHITECTURE_THETA = {"MixtralForCausalLM": 1_000_000.0}
 ROPE_TYPES = {  # rope_type: families that model it
     "default": (*PLAIN_TABLE, "gemma2", "gemma3", "qwen3_5"),
     "linear": (*PLAIN_TABLE, "gemma2", "gemma3"),
@@ -81,7 +82,9 @@ def rope_table(rope: dict[str, Any], family: str, hf: dict[str, Any]) -> dict[st
     )
     partial = float(rope.get("partial_rotary_factor", 1.0))
     refuse(partial != 1.0 and family != "qwen3_5", f"partial rotary embeddings for {family}")
-    default_theta = float(hf.get("rope_theta", 10000.0))
+    architectures = hf.get("architectures") or []
+    stated = next((ARCHITECTURE_THETA[a] for a in architectures if a in ARCHITECTURE_THETA), 1e4)
+    default_theta = float(hf.get("rope_theta", stated))
     fields: dict[str, Any] = {"rope_theta": float(rope.get("rope_theta", default_theta))}
     if partial != 1.0:
         fields["rotary_fraction"] = partial
@@ -114,10 +117,12 @@ def rope_fields(hf: dict[str, Any], family: str) -> dict[str, Any]:
     the global table, and the sliding layers' own base."""
     rope = dict(hf.get("rope_parameters") or hf.get("rope_scaling") or {})
     per_type = any(isinstance(v, dict) for v in rope.values())
-    if family == "qwen3_5":
+    if family in ("qwen3", "qwen3_5"):
         # Text only, M-RoPE's three position streams (time, height, width) are one and the
-        # same, so its sections rotate as 1-D rotary does: mrope_section is not needed.
+        # same, so its sections rotate as 1-D rotary does: mrope_section is not needed
+        # (Qwen3.5's, and Qwen3-VL's, read as a Qwen3).
         rope.pop("mrope_section", None), rope.pop("mrope_interleaved", None)
+    if family == "qwen3_5":
         rope.setdefault("partial_rotary_factor", hf.get("partial_rotary_factor", 0.25))
     if family != "gemma3":
         refuse(per_type, f"rotary parameters per layer type for {family}")

@@ -51,3 +51,30 @@ QWEN3_5_MOE_TEXT_DEFAULTS = {
     "moe_intermediate_size": 512,
     "shared_expert_intermediate_size": 512,
 }
+# Qwen3VLTextConfig's defaults, for the fields a Qwen3-VL text_config leaves out.
+QWEN3_VL_TEXT_DEFAULTS = {
+    "vocab_size": 151936,
+    "hidden_size": 4096,
+    "intermediate_size": 22016,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "head_dim": 128,
+    "hidden_act": "silu",
+    "max_position_embeddings": 128000,
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 500000.0,
+}
+# Qwen3NextConfig's defaults (Qwen3-Next-80B-A3B's shape), for the fields its config.json
+# leaves out (head_dim is 256, not hidden_size / heads).
+QWEN3_NEXT_DEFAULTS = {
+    **QWEN3_5_TEXT_DEFAULTS,
+    "vocab_size": 151936,
+    "hidden_size": 2048,
+    "intermediate_size": 5632,
+    "num_hidden_layers": 48,
+    "num_key_value_heads": 2,
+    "num_experts": 512,
+    "num_experts_per_tok": 10,
+    "moe_intermediate_size": 512,
+    "shared_expert_intermediate_size": 512,
+}
