@@ -160,27 +160,38 @@ def hf_config(family: str, vocab: int, ids: dict) -> transformers.PretrainedConf
             vision_end_token_id=ids["eos_token_id"],
             tie_word_embeddings=False,
         )
-    if family == "qwen3_vl":  # Qwen3-VL-2B's layout: a Qwen3 behind a vision tower, tied
-        text = transformers.Qwen3VLTextConfig(
+    if family.startswith("qwen3_vl"):  # Qwen3-VL-2B's layout: a Qwen3 behind a vision tower
+        experts = family == "qwen3_vl_moe"  # 30B-A3B's: 128 experts, 8 a token, stored [E, D, 2F]
+        text_class = (
+            transformers.Qwen3VLMoeTextConfig if experts else transformers.Qwen3VLTextConfig
+        )
+        text = text_class(
             **common,
+            **(
+                dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=24)
+                if experts
+                else {}
+            ),
             head_dim=16,
             rope_parameters=dict(
                 rope_type="default", rope_theta=5e6, mrope_section=[4, 2, 2], mrope_interleaved=True
             ),
             rms_norm_eps=1e-6,
         )
-        vision = transformers.models.qwen3_vl.Qwen3VLVisionConfig(
+        vision_class = transformers.models.qwen3_vl.Qwen3VLVisionConfig
+        vision = vision_class(
             depth=2, hidden_size=16, intermediate_size=32, num_heads=2, out_hidden_size=32,
             patch_size=14, num_position_embeddings=16, deepstack_visual_indexes=[0],
         )  # fmt: skip
-        return transformers.Qwen3VLConfig(
+        outer = transformers.Qwen3VLMoeConfig if experts else transformers.Qwen3VLConfig
+        return outer(
             text_config=text.to_dict(),
             vision_config=vision.to_dict(),
             image_token_id=ids["eos_token_id"],
             video_token_id=ids["eos_token_id"],
             vision_start_token_id=ids["eos_token_id"],
             vision_end_token_id=ids["eos_token_id"],
-            tie_word_embeddings=True,
+            tie_word_embeddings=not experts,  # the 2B ties; the MoE releases do not
         )
     if family == "qwen3_next":  # Qwen3-Next-80B-A3B's layers: Qwen3.5 MoE's, fused projections
         return transformers.Qwen3NextConfig(

@@ -222,8 +222,12 @@ FAMILIES = {
 }
 # Mixtral and Qwen2 MoE (experts apart, Mixtral's under its names): their dense kin's tokenizers.
 FAMILIES.update(mixtral=FAMILIES["mistral"], qwen2_moe=FAMILIES["qwen2"], qwen3_next=QWEN3_5)
-FAMILIES["qwen3_vl"] = QWEN3
-MULTIMODAL = ("gemma3_mm", "ministral3_mm", "qwen3_5_mm", "gemma4_mm", "qwen3_5_moe_mm", "qwen3_vl")
+# Qwen3-VL MoE's releases store the fused experts transposed ([E, D, 2F], [E, F, D]).
+FAMILIES.update(qwen3_vl=QWEN3, qwen3_vl_moe={**QWEN3, "transposed_experts": True})
+MULTIMODAL = (
+    "gemma3_mm", "ministral3_mm", "qwen3_5_mm", "gemma4_mm", "qwen3_5_moe_mm", "qwen3_vl",
+    "qwen3_vl_moe",
+)  # fmt: skip
 
 
 def train_tokenizer(specials: list[str], bos: str | None) -> Tokenizer:
@@ -325,6 +329,8 @@ def write_family(family: str, spec: dict) -> None:
     model.to(spec["dtype"]).save_pretrained(out, max_shard_size=spec["shard_size"])
     if spec.get("fused_experts"):
         fuse_experts(out / "model.safetensors")
+    if spec.get("transposed_experts"):
+        transpose_experts(out / "model.safetensors")
     write_reference(out, family, tokenizer.get_vocab_size(), model_class)
     write_tokenizer_cases(out, tokenizer)
 
@@ -351,6 +357,18 @@ def fuse_experts(path: pathlib.Path) -> None:
         tensors[f"{head}.mlp.experts.down_proj"] = torch.stack(
             [parts[(e, "down_proj")] for e in range(count)]
         )
+    save_file(tensors, path, metadata={"format": "pt"})
+
+
+def transpose_experts(path: pathlib.Path) -> None:
+    """Rewrite the fused experts as Qwen3-VL MoE's releases store them, transposed;
+    transformers' qwen3_vl_moe conversion transposes them back on load."""
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(path)
+    for name, value in tensors.items():
+        if name.endswith((".mlp.experts.gate_up_proj", ".mlp.experts.down_proj")):
+            tensors[name] = value.transpose(1, 2).contiguous()
     save_file(tensors, path, metadata={"format": "pt"})
 
 

@@ -33,12 +33,14 @@ FAMILIES = (
     "llama", "qwen2", "gemma2", "qwen3", "qwen3_untied", "mistral", "gemma3", "gemma3_mm",
     "qwen3_5", "qwen3_5_mm", "gemma4", "gemma4_mm", "ministral3", "ministral3_mm", "qwen3_moe",
     "qwen3_5_moe_mm", "gemma4_moe", "mixtral", "qwen2_moe", "qwen3_next", "qwen3_vl",
+    "qwen3_vl_moe",
 )  # fmt: skip
 # Ministral 3 is read as a Mistral (components/hf/mistral3.py); a MoE as its dense family
 # with experts (components/core/model/moe.py); Qwen3-Next as a Qwen3.5 MoE (hf/qwen3_next.py).
 FAMILY_OF = {
     "ministral3": "mistral", "qwen3_moe": "qwen3", "qwen3_5_moe": "qwen3_5", "gemma4_moe": "gemma4",
     "mixtral": "mistral", "qwen2_moe": "qwen2", "qwen3_next": "qwen3_5", "qwen3_vl": "qwen3",
+    "qwen3_vl_moe": "qwen3",
 }  # fmt: skip
 
 
@@ -198,12 +200,6 @@ BAD_INPUTS = {
     "unknown_architecture": (
         lambda d: edit_json(d / "config.json", architectures=["FalconForCausalLM"]),
         ["FalconForCausalLM", "Qwen2ForCausalLM", "Gemma3ForCausalLM"],
-    ),
-    "qwen3_vl_moe_by_name": (
-        lambda d: edit_json(
-            d / "config.json", architectures=["Qwen3VLMoeForConditionalGeneration"]
-        ),
-        ["Qwen3VLMoeForConditionalGeneration", "stored layout"],
     ),
     "mistral4_by_name": (
         lambda d: edit_json(d / "config.json", architectures=["Mistral4ForCausalLM"]),

@@ -156,6 +156,8 @@ def test_eight_devices_compute_what_one_does():
         ("mixtral", "MixtralForCausalLM", "model.layers.1.block_sparse_moe.experts.7.w3.weight"),
         # Qwen3-Next computes as a Qwen3.5 MoE, its DeltaNet projections stored apart there.
         ("qwen3_next", "Qwen3_5MoeForCausalLM", "model.layers.2.linear_attn.in_proj_z.weight"),
+        # Qwen3-VL MoE's language model is a Qwen3 MoE (its experts read transposed).
+        ("qwen3_vl_moe", "Qwen3MoeForCausalLM", "model.layers.1.mlp.experts.7.up_proj.weight"),
         ("qwen3_5_moe_mm", "Qwen3_5MoeForCausalLM", "model.layers.1.mlp.experts.7.up_proj.weight"),
         # transformers has no conversion for Gemma 4's experts: saved and loaded fused.
         ("gemma4_moe", "Gemma4ForCausalLM", "model.layers.1.experts.gate_up_proj"),
@@ -261,7 +263,10 @@ QWEN3_NEXT_80B_A3B = {
 
 
 def test_the_planner_counts_every_expert():
-    fixtures = ("qwen3_moe", "qwen3_5_moe_mm", "gemma4_moe", "mixtral", "qwen2_moe", "qwen3_next")
+    fixtures = (
+        "qwen3_moe", "qwen3_5_moe_mm", "gemma4_moe", "mixtral", "qwen2_moe", "qwen3_next",
+        "qwen3_vl_moe",
+    )  # fmt: skip
     for fixture in fixtures:
         hf = json.loads((FIXTURES / fixture / "config.json").read_text())
         config = model_config_from_hf(hf, dtype="float32")
@@ -373,6 +378,28 @@ def test_a_multimodal_qwen3_5_moe_text_config_takes_its_own_class_defaults():
         theirs.num_experts, theirs.num_experts_per_tok, theirs.moe_intermediate_size,
         theirs.shared_expert_intermediate_size,
     )  # fmt: skip
+
+
+def test_transposed_and_untransposed_fused_experts_import_alike(tmp_path):
+    """Qwen3-VL MoE's releases store the fused experts transposed ([E, D, 2F], [E, F, D]);
+    transformers 5 saves them as it holds them ([E, 2F, D], [E, D, F]) and reads either by
+    shape. So does the import."""
+    folder = tmp_path / "untransposed"
+    shutil.copytree(FIXTURES / "qwen3_vl_moe", folder)
+    path = folder / "model.safetensors"
+    tensors = dict(
+        safetensors_io.read_file_tensors(str(path), list(safetensors_io.tensor_infos([str(path)])))
+    )
+    fused = (".mlp.experts.gate_up_proj", ".mlp.experts.down_proj")
+    assert any(name.endswith(fused) for name in tensors)
+    safetensors_io.write_file(
+        str(path), {n: v.transpose(0, 2, 1) if n.endswith(fused) else v for n, v in tensors.items()}
+    )
+    stored, _ = load_model(import_hf(str(FIXTURES / "qwen3_vl_moe"), str(tmp_path / "a"))["out"])
+    saved, _ = load_model(import_hf(str(folder), str(tmp_path / "b"))["out"])
+    ours = jax.tree.leaves(nnx.state(stored, nnx.Param))
+    for a, b in zip(ours, jax.tree.leaves(nnx.state(saved, nnx.Param)), strict=True):
+        np.testing.assert_array_equal(a, b)
 
 
 def test_a_mixtral_in_transformers_5s_own_layout_imports_alike(tmp_path):

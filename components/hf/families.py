@@ -30,6 +30,7 @@ from components.hf.text_defaults import (
     QWEN3_5_MOE_TEXT_DEFAULTS,
     QWEN3_5_TEXT_DEFAULTS,
     QWEN3_NEXT_DEFAULTS,
+    QWEN3_VL_MOE_TEXT_DEFAULTS,
     QWEN3_VL_TEXT_DEFAULTS,
 )
 
@@ -42,6 +43,7 @@ ARCHITECTURES = {
     "Qwen3ForCausalLM": "qwen3",
     "Qwen3MoeForCausalLM": "qwen3",  # its experts: moe.py
     "Qwen3VLForConditionalGeneration": "qwen3",  # Qwen3-VL's language model is a Qwen3
+    "Qwen3VLMoeForConditionalGeneration": "qwen3",  # … a Qwen3 MoE
     "MixtralForCausalLM": "mistral",
     "Qwen2MoeForCausalLM": "qwen2",
     "Gemma2ForCausalLM": "gemma2",
@@ -73,8 +75,6 @@ MODEL_TYPES = {"gemma3": "gemma3_text", "qwen3_5": "qwen3_5_text", "gemma4": "ge
 REFUSED_ARCHITECTURES = {
     "Mistral4ForCausalLM": "Mistral 4: mixture-of-experts layers and latent attention are "
     "not modelled; use Ministral 3 or Mistral Small 3.x",
-    "Qwen3VLMoeForConditionalGeneration": "Qwen3-VL MoE: its experts' stored layout "
-    "([experts, hidden, 2 x width]) is not read; use Qwen3-VL (dense) or Qwen3 MoE",
     "Gemma3nForCausalLM": "Gemma 3n: per-layer embeddings and AltUp are not modelled",
     "Gemma3nForConditionalGeneration": "Gemma 3n: per-layer embeddings and AltUp are not modelled",
 }
@@ -82,6 +82,7 @@ REFUSED_ARCHITECTURES = {
 MULTIMODAL = {
     "Mistral3ForConditionalGeneration": "mistral",
     "Qwen3VLForConditionalGeneration": "qwen3",
+    "Qwen3VLMoeForConditionalGeneration": "qwen3",
     "Gemma3ForConditionalGeneration": "gemma3",
     "Qwen3_5ForConditionalGeneration": "qwen3_5",
     "Qwen3_5MoeForConditionalGeneration": "qwen3_5",
@@ -237,8 +238,13 @@ def language_model_config(hf: dict[str, Any]) -> dict[str, Any]:
         return mistral3.text_config(hf)
     text = hf.get("text_config") or {}
     if family == "qwen3":  # Qwen3-VL: ties its head by the outer config's flag (default false)
-        tied = bool(hf.get("tie_word_embeddings", False))
-        text = {**QWEN3_VL_TEXT_DEFAULTS, **text, "tie_word_embeddings": tied}
+        experts = moe.QWEN3_VL_MOE in hf.get("architectures", [])
+        defaults = QWEN3_VL_MOE_TEXT_DEFAULTS if experts else QWEN3_VL_TEXT_DEFAULTS
+        # Qwen3VLMoeTextConfig saves num_experts as num_local_experts (its attribute_map).
+        text = {("num_experts" if k == "num_local_experts" else k): v for k, v in text.items()}
+        text = {**defaults, **text, "tie_word_embeddings": hf.get("tie_word_embeddings", False)}
+        if experts:  # its router always renormalises
+            return {**text, "architectures": ["Qwen3MoeForCausalLM"], "norm_topk_prob": True}
         return {**text, "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3"}
     if family == "qwen3_5":
         # Qwen3_5ForConditionalGeneration ties its head by the outer config's flag.
@@ -364,14 +370,6 @@ def _family_fields(hf: dict[str, Any], family: str) -> dict[str, Any]:
     )
 
 
-def _tie_default(hf: dict[str, Any], family: str) -> bool:
-    """Whether a config that does not say ties its embeddings: its family's default, or its
-    MoE architecture's where that differs (Qwen3MoeConfig: false)."""
-    if set(hf.get("architectures") or []) & set(moe.UNTIED_BY_DEFAULT):
-        return False
-    return TIE_DEFAULT[family]
-
-
 def model_config_from_hf(hf: dict[str, Any], *, dtype: str, remat: str = "full") -> ModelConfig:
     """Our ModelConfig for an HF ``config.json`` of a supported family (a multimodal
     checkpoint's: its language model's)."""
@@ -390,7 +388,7 @@ def model_config_from_hf(hf: dict[str, Any], *, dtype: str, remat: str = "full")
             max_seq_len=int(hf.get("max_position_embeddings", 8192)),
             head_dim=int(hf.get("head_dim") or dim // n_heads),
             norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
-            tie_embeddings=bool(hf.get("tie_word_embeddings", _tie_default(hf, family))),
+            tie_embeddings=bool(hf.get("tie_word_embeddings", moe.tied(hf, TIE_DEFAULT[family]))),
             dtype=dtype,
             remat=remat,
         )

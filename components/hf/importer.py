@@ -276,7 +276,6 @@ def check_hf(hf_dir: str, *, dtype: str = "", remat: str = "full") -> Checked:
     left_out = 0
     if is_multimodal(hf):
         infos, left_out = language_model_tensors(infos)
-    infos = moe.per_expert(infos)
     embed = infos.get("model.embed_tokens.weight")
     source_dtype = SOURCE_DTYPES.get(embed.dtype, "float32") if embed else "float32"
     if not dtype:
@@ -285,6 +284,7 @@ def check_hf(hf_dir: str, *, dtype: str = "", remat: str = "full") -> Checked:
         config = model_config_from_hf(hf, dtype=dtype, remat=remat)
     except ValueError as error:
         raise HFImportError(f"{hf_dir}/config.json: {error}") from error
+    infos = moe.per_expert(infos, config.dim, config.expert_dim)
     if qwen3_next.is_qwen3_next(hf):  # its config read: the fields the split needs are there
         infos = qwen3_next.split_projections(infos, hf)
     if family == "mistral" and config.n_experts:  # a Mixtral saved in transformers 5's layout

@@ -44,9 +44,18 @@ MOE_NAMES = {"mistral": "Mixtral", "qwen2": "Qwen2 MoE", "qwen3": "Qwen3 MoE",
 # A layer's mixture (under model.layers.N.): its module, router and each projection's name.
 QWEN_NAMES = ("mlp", "gate", {"gate": "gate_proj", "up": "up_proj", "down": "down_proj"})
 MIXTRAL_NAMES = ("block_sparse_moe", "gate", {"gate": "w1", "up": "w3", "down": "w2"})
+# Qwen3-VL MoE: a Qwen3 MoE whose releases store the fused experts transposed (per_expert).
+QWEN3_VL_MOE = "Qwen3VLMoeForConditionalGeneration"
 # Qwen3MoeConfig's tie_word_embeddings default (false), unlike Qwen3Config's (true).
 UNTIED_BY_DEFAULT = ("Qwen3MoeForCausalLM",)
 NO_EXPERTS = dict(n_experts=0, experts_per_token=0, expert_dim=0, shared_expert_dim=0)
+
+
+def tied(hf: dict[str, Any], family_default: bool) -> bool:
+    """Whether a config that does not say ties its embeddings: its family's default, or its
+    MoE architecture's where that differs (Qwen3MoeConfig: false)."""
+    untied = set(hf.get("architectures") or []) & set(UNTIED_BY_DEFAULT)
+    return False if untied else family_default
 
 
 def expert_fields(hf: dict[str, Any], family: str) -> dict[str, Any]:
@@ -108,26 +117,34 @@ GATE_UP, DOWN = "experts.gate_up_proj", "experts.down_proj"
 APART = re.compile(r"(.*experts)\.(\d+)\.(gate|up|down)_proj\.weight$")
 
 
-def per_expert(infos: dict[str, TensorInfo]) -> dict[str, TensorInfo]:
+def per_expert(infos: dict[str, TensorInfo], dim: int, width: int) -> dict[str, TensorInfo]:
     """``infos`` with each fused experts tensor replaced by one entry per expert and
-    projection, ``part`` naming its rows of the stored tensor (the per-expert names)."""
+    projection, ``part`` naming its rows of the stored tensor (the per-expert names). ``dim``
+    and ``width`` (the experts'): a tensor stored transposed ([E, D, 2F], [E, F, D]: Qwen3-VL
+    MoE's releases) is read so, as transformers' conversion reads it (only where its shape
+    is not the untransposed one)."""
     out = {}
     for name, info in infos.items():
         if not name.endswith((f".{GATE_UP}", f".{DOWN}")) or len(info.shape) != 3:
             out[name] = info
             continue
-        stored = info.stored_as or name
         experts, rows, cols = info.shape
+        down = name.endswith(DOWN)
+        normal = (dim, width) if down else (2 * width, dim)
+        transposed = (rows, cols) != normal and (cols, rows) == normal
+        if transposed:
+            rows, cols = cols, rows
         prefix = name.rsplit(".", 1)[0]  # ….experts
-        if name.endswith(DOWN):
+        if down:
             parts = [("down_proj", 0, rows)]
         else:
             parts = [("gate_proj", 0, rows // 2), ("up_proj", rows // 2, rows)]
         for e in range(experts):
             for projection, start, stop in parts:
                 out[f"{prefix}.{e}.{projection}.weight"] = dataclasses.replace(
-                    info, shape=(stop - start, cols), stored_as=stored, part=(e, start, stop)
-                )
+                    info, shape=(stop - start, cols), stored_as=info.stored_as or name,
+                    part=(e, start, stop), transposed=transposed,
+                )  # fmt: skip
     return out
 
 
@@ -176,4 +193,4 @@ def view(array: np.ndarray, info: TensorInfo) -> np.ndarray:
     if not info.part:
         return array
     expert, start, stop = info.part
-    return array[expert, start:stop]
+    return array[expert, :, start:stop].T if info.transposed else array[expert, start:stop]

@@ -42,6 +42,7 @@ class TensorInfo:
     stored_as: str = ""  # its name in the file when it is known by another ('' = the same)
     part: tuple[int, ...] = ()  # (expert, first row, end row) of a fused tensor (hf/moe.py)
     rows: tuple[int, ...] = ()  # the rows of a fused projection it is (hf/qwen3_next.py)
+    transposed: bool = False  # a fused expert stored [in, out] (Qwen3-VL MoE's; hf/moe.py)
 
 
 def checkpoint_files(hf_dir: str) -> list[str]:

@@ -78,3 +78,14 @@ QWEN3_NEXT_DEFAULTS = {
     "moe_intermediate_size": 512,
     "shared_expert_intermediate_size": 512,
 }
+# Qwen3VLMoeTextConfig's (its head_dim, when left out, is hidden_size / heads: 128 here).
+QWEN3_VL_MOE_TEXT_DEFAULTS = {
+    **QWEN3_VL_TEXT_DEFAULTS,
+    "hidden_size": 2048,
+    "intermediate_size": 5632,
+    "num_hidden_layers": 24,
+    "num_attention_heads": 16,
+    "num_experts": 60,
+    "num_experts_per_tok": 4,
+    "moe_intermediate_size": 1408,
+}
