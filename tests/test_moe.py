@@ -154,8 +154,8 @@ def test_eight_devices_compute_what_one_does():
         ("qwen2_moe", "Qwen2MoeForCausalLM", "model.layers.1.mlp.shared_expert_gate.weight"),
         # Mixtral's own names, which transformers 5 renames on load and back on save.
         ("mixtral", "MixtralForCausalLM", "model.layers.1.block_sparse_moe.experts.7.w3.weight"),
-        # Qwen3-Next computes as a Qwen3.5 MoE, its DeltaNet projections stored apart there.
-        ("qwen3_next", "Qwen3_5MoeForCausalLM", "model.layers.2.linear_attn.in_proj_z.weight"),
+        # Qwen3-Next back as itself: its DeltaNet projections fused again.
+        ("qwen3_next", "Qwen3NextForCausalLM", "model.layers.2.linear_attn.in_proj_qkvz.weight"),
         # Qwen3-VL MoE's language model is a Qwen3 MoE (its experts read transposed).
         ("qwen3_vl_moe", "Qwen3MoeForCausalLM", "model.layers.1.mlp.experts.7.up_proj.weight"),
         ("qwen3_5_moe_mm", "Qwen3_5MoeForCausalLM", "model.layers.1.mlp.experts.7.up_proj.weight"),
@@ -423,6 +423,25 @@ def test_a_mixtral_in_transformers_5s_own_layout_imports_alike(tmp_path):
     hf = json.loads((FIXTURES / "mixtral" / "config.json").read_text())
     del hf["rope_parameters"]
     assert model_config_from_hf(hf, dtype="float32").rope_theta == 1e6
+
+
+def test_a_qwen3_next_round_trip_is_exact(tmp_path):
+    """Imported and exported as it was saved (bfloat16): the same tensors, bit for bit
+    (its DeltaNet projections fused back), and Qwen3-Next's config fields."""
+    imported = import_hf(str(FIXTURES / "qwen3_next"), str(tmp_path / "imported"))["out"]
+    export_hf(imported, str(tmp_path / "export"), dtype="bfloat16")
+    original = FIXTURES / "qwen3_next" / "model.safetensors"
+    names = list(safetensors_io.tensor_infos([str(original)]))
+    exported = dict(
+        safetensors_io.read_file_tensors(str(tmp_path / "export" / "model.safetensors"), names)
+    )
+    for name, value in safetensors_io.read_file_tensors(str(original), names):
+        np.testing.assert_array_equal(exported.pop(name), value, err_msg=name)
+    assert not exported
+    config = json.loads((tmp_path / "export" / "config.json").read_text())
+    hf = json.loads((FIXTURES / "qwen3_next" / "config.json").read_text())
+    for key in ("model_type", "layer_types", "rope_parameters", "norm_topk_prob", "head_dim"):
+        assert config[key] == hf[key], key
 
 
 def test_qwen3_next_routes_as_its_config_says_and_exports_only_renormalised():

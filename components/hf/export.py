@@ -31,7 +31,7 @@ from components.core.data.tokenizers import (
 from components.core.model import lora
 from components.core.model.transformer import ModelConfig, Transformer
 from components.core.training.checkpoint import load_model_params, read_model_config
-from components.hf import moe, safetensors_io
+from components.hf import moe, qwen3_next, safetensors_io
 from components.hf.families import family_of_config
 from components.hf.hf_config import hf_config_from_model
 from components.hf.model_card import model_card
@@ -152,16 +152,22 @@ def load_policy(policy: Policy) -> Transformer:
     return nnx.merge(graphdef, load_model_params(policy.model_dir, template))
 
 
-def write_hf(out: str, policy: Policy, model: Transformer, max_shard_bytes: int) -> list[str]:
-    """``out`` as an HF folder of ``model``'s base weights (adapters, if any, are left out)."""
+def write_hf(
+    out: str, policy: Policy, model: Transformer, max_shard_bytes: int, as_imported: bool = True
+) -> list[str]:
+    """``out`` as an HF folder of ``model``'s base weights (adapters, if any, are left out);
+    ``as_imported``: a Qwen3-Next import as Qwen3-Next (else as the Qwen3.5 MoE it computes
+    as, the base PEFT adapters name: qwen3_next.py)."""
     params = nnx.to_pure_dict(nnx.state(model, nnx.Param))
     tensors = _hf_tensors(policy.config, policy.family, params, EXPORT_DTYPES[policy.dtype])
     del params
-    os.makedirs(out, exist_ok=True)
-    files = safetensors_io.write_checkpoint(out, tensors, max_shard_bytes)
     tokenizer = load_tokenizer(policy.tokenizer_dir)
     token_ids = _token_ids(policy.tokenizer_dir, tokenizer)
     hf_config = hf_config_from_model(policy.config, policy.family, token_ids, policy.dtype)
+    if as_imported and qwen3_next.exports_as_qwen3_next(policy.info):
+        tensors, hf_config = qwen3_next.as_qwen3_next(tensors, hf_config, policy.config)
+    os.makedirs(out, exist_ok=True)
+    files = safetensors_io.write_checkpoint(out, tensors, max_shard_bytes)
     write_json(os.path.join(out, "config.json"), hf_config)
     generation = _generation_config(tokenizer, token_ids)
     write_json(os.path.join(out, "generation_config.json"), generation)

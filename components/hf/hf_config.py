@@ -3,8 +3,8 @@ the architecture alignpipe computed (the reverse of ``families.py``'s reading), 
 for the architectures it has. Yarn tables are read as written from transformers 4.56 (earlier
 versions put max_position_embeddings / original_max_position_embeddings in place of the
 stated factor); ``Ministral3ForCausalLM``, Qwen3.5 (dense and MoE) and Gemma 4 exist in 5.x
-only, and a Qwen3-Next import exports as ``Qwen3_5MoeForCausalLM`` (hf/qwen3_next.py), so
-its export needs 5.x where the original loads in 4.57.
+only. A Qwen3-Next import is written as Qwen3.5 MoE here and made Qwen3-Next's again by
+hf/qwen3_next.py.
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ from flax import nnx
 
 from components.core.model import lora
 from components.core.model.transformer import ModelConfig, Transformer
-from components.hf import safetensors_io
+from components.hf import qwen3_next, safetensors_io
 from components.hf.export import (
     DEFAULT_SHARD_BYTES,
     ExportError,
@@ -152,10 +152,16 @@ def export_peft(
             "there is no adapter to export; export it without --adapter, or train the stage "
             "with lora_rank > 0"
         )
+    if base_model and qwen3_next.exports_as_qwen3_next(policy.info):
+        raise ExportError(
+            f"--base-model {base_model}: the adapters of a model imported from Qwen3-Next adapt "
+            "Qwen3.5's DeltaNet projections, which a Qwen3-Next checkpoint does not have; leave "
+            "--base-model out so that they name the base written beside them (out/base)"
+        )
     model = load_policy(policy)
     base_dir, adapter_dir = os.path.join(out, BASE_DIR), os.path.join(out, ADAPTER_DIR)
     files = write_hf(out, policy, lora.merge(model), max_shard_bytes)
-    write_hf(base_dir, policy, model, max_shard_bytes)
+    write_hf(base_dir, policy, model, max_shard_bytes, as_imported=False)  # the adapters' base
     write_adapter(adapter_dir, model, base_model or os.path.abspath(base_dir))
     return {
         "family": policy.family,

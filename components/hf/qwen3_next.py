@@ -10,11 +10,14 @@ DeltaNet's input projections are stored: Qwen3-Next fuses them per key head,
 regroups; Qwen3.5 stores ``in_proj_qkv`` (every q, every k, every v), ``in_proj_z``,
 ``in_proj_b`` and ``in_proj_a``. The importer reads each of Qwen3.5's as the rows of the
 fused tensor it comes from (:func:`split_projections`); the convolution after them sees q,
-k and v in the same order in both. Qwen3-Next's router renormalises its top k as its
-``norm_topk_prob`` says (true in its releases); Qwen3.5 MoE's always does, so a Qwen3-Next
-exports as ``Qwen3_5MoeForCausalLM`` (tested: transformers loads it with the original's
-logits), and one with ``norm_topk_prob: false`` has no architecture to export as.
-Its multi-token-prediction head (``mtp.*``) is left out, as Qwen3.5's is.
+k and v in the same order in both. A model imported from Qwen3-Next exports as one again
+(:func:`as_qwen3_next`: the projections fused back, the config Qwen3NextConfig's), so it
+loads where the original did (transformers 4.57+, serving stacks that know Qwen3-Next); with
+``--adapter`` its base is written as the Qwen3.5 MoE it computes as, since PEFT adapts
+Qwen3.5's four projections (one LoRA per fused projection would need other ranks). Qwen3-Next's
+router renormalises its top k as its ``norm_topk_prob`` says (true in its releases); the
+export needs it true (Qwen3.5 MoE's always renormalises). Its multi-token-prediction head
+(``mtp.*``) is left out, as Qwen3.5's is, and is not written back.
 """
 
 from __future__ import annotations
@@ -22,6 +25,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+import numpy as np
+
+from components.core.model.config import ModelConfig
 from components.hf.safetensors_io import TensorInfo
 
 ARCHITECTURE = "Qwen3NextForCausalLM"
@@ -76,3 +82,45 @@ def split_projections(infos: dict[str, TensorInfo], hf: dict[str, Any]) -> dict[
                 rows=tuple(indices),
             )  # fmt: skip
     return out
+
+
+def exports_as_qwen3_next(info: dict[str, Any]) -> bool:
+    """Whether an artifact's recorded import was a Qwen3-Next (its training keeps the record)."""
+    return info.get("hf", {}).get("architecture") == ARCHITECTURE
+
+
+def as_qwen3_next(
+    tensors: dict[str, np.ndarray], hf: dict[str, Any], config: ModelConfig
+) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    """A Qwen3.5 MoE export's tensors and config.json as Qwen3-Next's: each layer's four
+    DeltaNet projections fused back into ``in_proj_qkvz`` and ``in_proj_ba`` (the inverse of
+    :func:`split_projections`), the config as Qwen3NextConfig names it."""
+    rows = _rows(
+        {
+            "linear_num_key_heads": config.delta_key_heads,
+            "linear_num_value_heads": config.delta_value_heads,
+            "linear_key_head_dim": config.delta_key_dim,
+            "linear_value_head_dim": config.delta_value_dim,
+        }
+    )
+    out = dict(tensors)
+    for fused, parts in rows.items():
+        first = next(iter(parts))
+        for prefix in [n[: -len(first)] for n in tensors if n.endswith(f".{first}")]:
+            pieces = {part: out.pop(prefix + part) for part in parts}
+            size = sum(len(indices) for indices in parts.values())
+            joined = np.empty((size, pieces[first].shape[1]), pieces[first].dtype)
+            for part, indices in parts.items():
+                joined[indices] = pieces[part]
+            out[prefix + fused] = joined
+    # Qwen3.5's gate flag has no Qwen3-Next field; its rotary base is in rope_parameters.
+    next_hf = {k: v for k, v in hf.items() if k not in ("attn_output_gate", "rope_theta")}
+    next_hf.update(
+        architectures=[ARCHITECTURE],
+        model_type="qwen3_next",
+        norm_topk_prob=True,
+        decoder_sparse_step=1,
+        mlp_only_layers=[],
+        partial_rotary_factor=hf["rope_parameters"].get("partial_rotary_factor", 0.25),
+    )
+    return out, next_hf
