@@ -29,7 +29,7 @@ from flax import nnx
 
 from components.core.model.artifact import load_model
 from components.core.model.config import ModelConfig
-from components.core.model.lora import with_lora
+from components.core.model.lora import attach, with_lora
 from components.core.model.moe import BesideExperts, MoE, route
 from components.core.model.transformer import Transformer
 from components.core.training.parallel import replicate
@@ -290,7 +290,7 @@ def test_the_planner_counts_every_expert():
     assert abs(param_count(qwen3_next) / 80e9 - 1) < 0.005  # 79.67B
 
 
-def test_adapters_go_on_the_attention_only():
+def test_adapters_go_on_the_attention_only(caplog):
     """PEFT targets nn.Linear modules and transformers 5 keeps experts as 3-D parameters, so
     gate_proj etc. adapt no routed expert there either (they would adapt a Qwen MoE's shared
     expert, a plain MLP, which alignpipe leaves unadapted): all-linear is the attention."""
@@ -298,6 +298,12 @@ def test_adapters_go_on_the_attention_only():
     assert with_lora(MOE, 4, 8.0, every).lora_targets == every[:4]
     with pytest.raises(ValueError, match="mixture-of-experts model's MLPs take no adapters"):
         dataclasses.replace(MOE, lora_rank=4, lora_targets=("q_proj", "up_proj"))
+    with caplog.at_level("WARNING"):
+        adapted = attach(
+            Transformer(MOE, rngs=nnx.Rngs(0)), rank=4, alpha=8.0, targets=every, seed=0
+        )
+    assert adapted.config.lora_targets == every[:4]
+    assert "['down_proj', 'gate_proj', 'up_proj'] left out" in caplog.text  # said, not silent
 
 
 @pytest.mark.parametrize(

@@ -19,6 +19,7 @@ A stage that trains adapters
 from __future__ import annotations
 
 import dataclasses
+import logging
 from typing import Any
 
 import jax
@@ -27,6 +28,8 @@ from flax import nnx
 
 from components.core.model.transformer import ModelConfig, Transformer
 from components.core.training.host import on_host
+
+log = logging.getLogger(__name__)
 
 PyTree = Any
 # Adapters and the reward/value head train; everything else is the frozen base.
@@ -97,6 +100,15 @@ def attach(
     if not rank:
         return model
     config = with_lora(model.config, rank, alpha, targets)
+    mlp = {"gate_proj", "up_proj", "down_proj"}
+    dropped = sorted(set(targets) & mlp - set(config.lora_targets))
+    if dropped and config.n_experts:
+        log.warning(
+            "LoRA targets %s left out: this mixture-of-experts model's MLPs (its experts and any "
+            "shared expert) take no adapters; the adapters go on %s",
+            dropped,
+            list(config.lora_targets),
+        )
     head = model.scalar_head is not None
     with on_host():
         adapted = Transformer(config, rngs=nnx.Rngs(seed), scalar_head=head)
