@@ -386,6 +386,23 @@ def test_a_multimodal_qwen3_5_moe_text_config_takes_its_own_class_defaults():
     )  # fmt: skip
 
 
+def test_qwen3_vl_moe_text_config_defaults_are_its_class_defaults():
+    """Fields a Qwen3VLMoeForConditionalGeneration text_config leaves out are
+    Qwen3VLMoeTextConfig's (head_dim derived from the width, as that class derives it)."""
+    transformers = pytest.importorskip("transformers")
+    theirs = transformers.Qwen3VLMoeTextConfig(hidden_size=1024, num_attention_heads=16)
+    hf = {
+        "architectures": ["Qwen3VLMoeForConditionalGeneration"],
+        "text_config": {"hidden_size": 1024, "num_attention_heads": 16},
+    }
+    ours = model_config_from_hf(hf, dtype="bfloat16")
+    assert (ours.resolved_head_dim, ours.n_layers, ours.n_experts, ours.expert_dim) == (
+        theirs.head_dim, theirs.num_hidden_layers, theirs.num_experts,
+        theirs.moe_intermediate_size,
+    )  # fmt: skip
+    assert ours.norm_topk_prob and not ours.tie_embeddings
+
+
 def test_transposed_and_untransposed_fused_experts_import_alike(tmp_path):
     """Qwen3-VL MoE's releases store the fused experts transposed ([E, D, 2F], [E, F, D]);
     transformers 5 saves them as it holds them ([E, 2F, D], [E, D, F]) and reads either by
@@ -448,6 +465,8 @@ def test_a_qwen3_next_round_trip_is_exact(tmp_path):
     hf = json.loads((FIXTURES / "qwen3_next" / "config.json").read_text())
     for key in ("model_type", "layer_types", "rope_parameters", "norm_topk_prob", "head_dim"):
         assert config[key] == hf[key], key
+    # transformers 4.57's Qwen3NextConfig reads the base from rope_theta alone (default 1e4).
+    assert config["rope_theta"] == hf["rope_parameters"]["rope_theta"] == 1e7
 
 
 def test_qwen3_next_routes_as_its_config_says_and_exports_only_renormalised():

@@ -113,8 +113,9 @@ def as_qwen3_next(
             for part, indices in parts.items():
                 joined[indices] = pieces[part]
             out[prefix + fused] = joined
-    # Qwen3.5's gate flag has no Qwen3-Next field; its rotary base is in rope_parameters.
-    next_hf = {k: v for k, v in hf.items() if k not in ("attn_output_gate", "rope_theta")}
+    # Qwen3.5's gate flag has no Qwen3-Next field. rope_theta stays beside rope_parameters:
+    # transformers 4.57's Qwen3NextConfig reads only rope_theta (its default is 10,000).
+    next_hf = {k: v for k, v in hf.items() if k != "attn_output_gate"}
     next_hf.update(
         architectures=[ARCHITECTURE],
         model_type="qwen3_next",

@@ -78,9 +78,10 @@ QWEN3_NEXT_DEFAULTS = {
     "moe_intermediate_size": 512,
     "shared_expert_intermediate_size": 512,
 }
-# Qwen3VLMoeTextConfig's (its head_dim, when left out, is hidden_size / heads: 128 here).
+# Qwen3VLMoeTextConfig's (its head_dim, when left out, is hidden_size / heads, as the import
+# derives it: no default here).
 QWEN3_VL_MOE_TEXT_DEFAULTS = {
-    **QWEN3_VL_TEXT_DEFAULTS,
+    **{k: v for k, v in QWEN3_VL_TEXT_DEFAULTS.items() if k != "head_dim"},
     "hidden_size": 2048,
     "intermediate_size": 5632,
     "num_hidden_layers": 24,
