@@ -147,6 +147,10 @@ def aligned(request, tmp_path_factory, monkeypatch_module) -> dict:
         other = root / "other_annotators.jsonl"
         write_jsonl(str(other), 64, seed=2, conversational=True, system=SYSTEM[family])
         values["heldout_data_uri"] = str(other)
+        # Two iterations on random weights: the held-out model's gain is noise about zero (its
+        # sign moved with the installed packages: -0.12 std on 2026-12-07), so its gate rule,
+        # tested in test_overoptimisation.py, is off here, as min_win_rate_lower is.
+        values["min_heldout_gain"] = -1e9
     monkeypatch_module.setenv("ALIGNPIPE_CPU_DEVICES", "8")
     result = run_local(values, runs_dir=root / "runs", echo=False)
     assert not result.error, format_summary(result)
