@@ -6,6 +6,18 @@ from __future__ import annotations
 import transformers
 
 
+def _with_vision(outer, text, vision, ids: dict, tied: bool) -> transformers.PretrainedConfig:
+    """A Qwen multimodal config: ``text`` behind ``vision``, the image and video ids the eos
+    (no image is ever given), the head tied as ``tied`` says."""
+    specials = ("image", "video", "vision_start", "vision_end")
+    return outer(
+        text_config=text.to_dict(),
+        vision_config=vision.to_dict(),
+        tie_word_embeddings=tied,
+        **{f"{name}_token_id": ids["eos_token_id"] for name in specials},
+    )
+
+
 def hf_config(family: str, vocab: int, ids: dict) -> transformers.PretrainedConfig:
     """A tiny config of the family that still exercises every feature alignpipe maps."""
     common = dict(
@@ -151,15 +163,7 @@ def hf_config(family: str, vocab: int, ids: dict) -> transformers.PretrainedConf
             patch_size=14, num_position_embeddings=16,
         )  # fmt: skip
         outer = transformers.Qwen3_5MoeConfig if moe else transformers.Qwen3_5Config
-        return outer(
-            text_config=text.to_dict(),
-            vision_config=vision.to_dict(),
-            image_token_id=ids["eos_token_id"],
-            video_token_id=ids["eos_token_id"],
-            vision_start_token_id=ids["eos_token_id"],
-            vision_end_token_id=ids["eos_token_id"],
-            tie_word_embeddings=False,
-        )
+        return _with_vision(outer, text, vision, ids, tied=False)
     if family.startswith("qwen3_vl"):  # Qwen3-VL-2B's layout: a Qwen3 behind a vision tower
         experts = family == "qwen3_vl_moe"  # 30B-A3B's: 128 experts, 8 a token, stored [E, D, 2F]
         text_class = (
@@ -184,15 +188,7 @@ def hf_config(family: str, vocab: int, ids: dict) -> transformers.PretrainedConf
             patch_size=14, num_position_embeddings=16, deepstack_visual_indexes=[0],
         )  # fmt: skip
         outer = transformers.Qwen3VLMoeConfig if experts else transformers.Qwen3VLConfig
-        return outer(
-            text_config=text.to_dict(),
-            vision_config=vision.to_dict(),
-            image_token_id=ids["eos_token_id"],
-            video_token_id=ids["eos_token_id"],
-            vision_start_token_id=ids["eos_token_id"],
-            vision_end_token_id=ids["eos_token_id"],
-            tie_word_embeddings=not experts,  # the 2B ties; the MoE releases do not
-        )
+        return _with_vision(outer, text, vision, ids, tied=not experts)  # the 2B ties; MoEs not
     if family == "qwen3_next":  # Qwen3-Next-80B-A3B's layers: Qwen3.5 MoE's, fused projections
         return transformers.Qwen3NextConfig(
             **{**common, "num_hidden_layers": 4, "max_position_embeddings": 1024},
