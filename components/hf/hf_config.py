@@ -103,20 +103,15 @@ def _qwen3_5_fields(config: ModelConfig, rope: dict[str, Any]) -> dict[str, Any]
 def _expert_fields(config: ModelConfig, family: str) -> dict[str, Any]:
     """MixtralConfig's, Qwen2MoeConfig's, Qwen3MoeConfig's or Qwen3_5MoeTextConfig's experts
     (moe.py): every layer's."""
-    fields: dict[str, Any] = dict(
-        num_experts=config.n_experts,
-        num_experts_per_tok=config.experts_per_token,
-        moe_intermediate_size=config.expert_dim,
-        output_router_logits=False,
-    )
+    common = dict(num_experts_per_tok=config.experts_per_token, output_router_logits=False)
     if family == "mistral":  # Mixtral: its experts are its MLPs, always renormalised
-        del fields["num_experts"], fields["moe_intermediate_size"]
         return dict(
-            fields,
+            common,
             num_local_experts=config.n_experts,
             intermediate_size=config.expert_dim,
             router_jitter_noise=0.0,
         )
+    fields = dict(common, num_experts=config.n_experts, moe_intermediate_size=config.expert_dim)
     if family in ("qwen2", "qwen3"):
         fields.update(decoder_sparse_step=1, mlp_only_layers=[])
         fields["norm_topk_prob"] = config.norm_topk_prob

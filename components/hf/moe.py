@@ -65,22 +65,22 @@ def expert_fields(hf: dict[str, Any], family: str) -> dict[str, Any]:
         return {}
     if hf.get("num_experts") is None and hf.get("num_local_experts") is None:
         raise KeyError("num_local_experts" if family == "mistral" else "num_experts")
-    count = hf.get("num_experts") or hf.get("num_local_experts")
-    refuse(not count, f"{MOE_NAMES[family]} with no experts (num_experts 0)")
+    # Qwen3MoeConfig saves its count as num_local_experts (its attribute_map's name),
+    # Mixtral's config names it so.
+    count = int(hf.get("num_experts") or hf.get("num_local_experts") or 0)
+    name = MOE_NAMES[family]
+    refuse(not count, f"{name} with no experts (num_experts 0)")
     # Mixtral's experts are intermediate_size wide; it has no other MLP.
     width = "intermediate_size" if family == "mistral" else "moe_intermediate_size"
-    for name in ("num_experts_per_tok", width):
-        if hf.get(name) is None:
-            raise KeyError(name)
+    for field in ("num_experts_per_tok", width):
+        if hf.get(field) is None:
+            raise KeyError(field)
     shared = int(hf.get("shared_expert_intermediate_size") or 0)
-    name = MOE_NAMES[family]
     needs_shared = family in ("qwen2", "qwen3_5")
     refuse(needs_shared and not shared, f"{name} without its shared expert")
     refuse(not needs_shared and bool(shared), f"a shared expert in a {name}")
     return dict(
-        # Qwen3MoeConfig saves its count as num_local_experts (its attribute_map's name),
-        # Mixtral's config names it so.
-        n_experts=int(hf.get("num_experts") or hf["num_local_experts"]),
+        n_experts=count,
         experts_per_token=int(hf["num_experts_per_tok"]),
         expert_dim=int(hf[width]),
         norm_topk_prob=_renormalised(hf, family),
@@ -172,14 +172,14 @@ def mixtral_names(infos: dict[str, TensorInfo]) -> dict[str, TensorInfo]:
     (``mlp.gate``, ``mlp.experts.gate_up_proj``: saved with ``save_original_format=False``),
     read through :func:`per_expert` first; a file with Mixtral's own names is unchanged."""
     block, router, names = MIXTRAL_NAMES
-    ours = {f"{p}_proj": theirs for p, theirs in names.items()}
     out = {}
     for name, info in infos.items():
-        new, (head, dot, tail) = name, name.partition(".mlp.")
-        if dot and tail == f"{router}.weight":
-            new = f"{head}.{block}.{tail}"
-        elif dot and (match := re.fullmatch(r"experts\.(\d+)\.(\w+_proj)\.weight", tail)):
-            new = f"{head}.{block}.experts.{match[1]}.{ours[match[2]]}.weight"
+        new, match = name, APART.match(name)
+        if name.endswith(f".mlp.{router}.weight"):
+            new = name.replace(".mlp.", f".{block}.")
+        elif match and match[1].endswith(".mlp.experts"):
+            head = match[1].removesuffix(".mlp.experts")
+            new = f"{head}.{block}.experts.{match[2]}.{names[match[3]]}.weight"
         renamed = new != name and not info.stored_as
         out[new] = dataclasses.replace(info, stored_as=name) if renamed else info
     return out
