@@ -33,6 +33,17 @@ from pipelines.dag.memory import param_count
 FIXTURES = pathlib.Path(__file__).parent / "fixtures" / "hf"
 
 
+def _assert_import_alike(first: pathlib.Path, second: pathlib.Path, tmp_path) -> None:
+    """Two checkpoint folders import into the same parameters, bit for bit."""
+    models = [
+        load_model(import_hf(str(folder), str(tmp_path / name))["out"])[0]
+        for folder, name in ((first, "first"), (second, "second"))
+    ]
+    leaves = [jax.tree.leaves(nnx.state(model, nnx.Param)) for model in models]
+    for a, b in zip(*leaves, strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
 @pytest.mark.parametrize(
     ("fixture", "architecture", "stored"),
     [
@@ -89,11 +100,7 @@ def test_fused_and_per_expert_layouts_import_alike(tmp_path):
         else:
             split[name] = value
     safetensors_io.write_file(str(path), split)
-    fused, _ = load_model(import_hf(str(FIXTURES / "qwen3_5_moe_mm"), str(tmp_path / "a"))["out"])
-    apart, _ = load_model(import_hf(str(folder), str(tmp_path / "b"))["out"])
-    ours = jax.tree.leaves(nnx.state(fused, nnx.Param))
-    for a, b in zip(ours, jax.tree.leaves(nnx.state(apart, nnx.Param)), strict=True):
-        np.testing.assert_array_equal(a, b)
+    _assert_import_alike(FIXTURES / "qwen3_5_moe_mm", folder, tmp_path)
 
 
 # Qwen/Qwen3-30B-A3B's config.json (its model card: 30.5B parameters, 3.3B activated).
@@ -266,11 +273,7 @@ def test_transposed_and_untransposed_fused_experts_import_alike(tmp_path):
     safetensors_io.write_file(
         str(path), {n: v.transpose(0, 2, 1) if n.endswith(fused) else v for n, v in tensors.items()}
     )
-    stored, _ = load_model(import_hf(str(FIXTURES / "qwen3_vl_moe"), str(tmp_path / "a"))["out"])
-    saved, _ = load_model(import_hf(str(folder), str(tmp_path / "b"))["out"])
-    ours = jax.tree.leaves(nnx.state(stored, nnx.Param))
-    for a, b in zip(ours, jax.tree.leaves(nnx.state(saved, nnx.Param)), strict=True):
-        np.testing.assert_array_equal(a, b)
+    _assert_import_alike(FIXTURES / "qwen3_vl_moe", folder, tmp_path)
 
 
 def test_a_mixtral_in_transformers_5s_own_layout_imports_alike(tmp_path):
@@ -286,11 +289,7 @@ def test_a_mixtral_in_transformers_5s_own_layout_imports_alike(tmp_path):
         shutil.copy(FIXTURES / "mixtral" / name, folder / name)
     names = safetensors_io.tensor_infos(safetensors_io.checkpoint_files(str(folder)))
     assert "model.layers.0.mlp.experts.gate_up_proj" in names
-    fused, _ = load_model(import_hf(str(folder), str(tmp_path / "a"))["out"])
-    apart, _ = load_model(import_hf(str(FIXTURES / "mixtral"), str(tmp_path / "b"))["out"])
-    ours = jax.tree.leaves(nnx.state(fused, nnx.Param))
-    for a, b in zip(ours, jax.tree.leaves(nnx.state(apart, nnx.Param)), strict=True):
-        np.testing.assert_array_equal(a, b)
+    _assert_import_alike(folder, FIXTURES / "mixtral", tmp_path)
     hf = json.loads((FIXTURES / "mixtral" / "config.json").read_text())
     del hf["rope_parameters"]
     assert model_config_from_hf(hf, dtype="float32").rope_theta == 1e6
