@@ -22,7 +22,7 @@ from typing import Any
 
 from components.core.model import layer_kinds
 from components.core.model.config import ModelConfig
-from components.hf import gemma4, mistral3, moe
+from components.hf import fp8, gemma4, mistral3, moe
 from components.hf.refusals import HFImportError, Refusal, refuse
 from components.hf.rotary import rope_fields
 from components.hf.text_defaults import (
@@ -116,7 +116,7 @@ def _not_silu(value: Any) -> bool:
 
 
 _COMMON = [
-    Refusal("quantization_config", lambda v: v is not None, "quantized weights"),
+    Refusal("quantization_config", fp8.refused, fp8.REFUSED),
     Refusal("mlp_bias", _truthy, "biases on the MLP projections"),
     Refusal("partial_rotary_factor", lambda v: v not in (None, 1, 1.0), "partial rotary"),
 ]

@@ -18,7 +18,7 @@ Every field of ``Gemma4TextConfig`` that changes the computation is read or refu
 - read with ``enable_moe_block`` (26B-A4B): ``num_experts``, ``top_k_experts``,
   ``moe_intermediate_size``, experts beside each layer's MLP (core/model/moe.py);
 - refused: ``use_bidirectional_attention: "all"``, ``attention_bias``,
-  ``attention_dropout`` > 0, activations other than GELU-tanh, quantized weights, other
+  ``attention_dropout`` > 0, activations other than GELU-tanh, quantized weights but FP8, other
   rotary types, ``per_layer_config`` keys other than the two shapes, and full layers of
   different shapes;
 - without effect on the computation: ``initializer_range``, ``use_cache``, the token ids
@@ -33,6 +33,7 @@ from typing import Any
 
 from components.core.model import layer_kinds
 from components.core.model.config import ModelConfig
+from components.hf import fp8
 from components.hf.refusals import HFImportError, Refusal, refuse
 
 GELU_TANH = ("gelu_pytorch_tanh", "gelu_tanh")
@@ -73,7 +74,7 @@ DEFAULT_ROPE = {
                        "rope_theta": 1_000_000.0},
 }  # fmt: skip
 REFUSALS = [
-    Refusal("quantization_config", lambda v: v is not None, "quantized weights"),
+    Refusal("quantization_config", fp8.refused, fp8.REFUSED),
     Refusal("attention_bias", bool, "biases on the attention projections"),
     Refusal(
         "hidden_activation",

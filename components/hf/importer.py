@@ -34,7 +34,7 @@ from components.core.data.tokenizers import (
 from components.core.model.hf_folder import is_hf_dir
 from components.core.model.transformer import ModelConfig, Transformer
 from components.core.training.checkpoint import export_model, read_model_config
-from components.hf import mistral3, moe, qwen3_next, safetensors_io
+from components.hf import fp8, mistral3, moe, qwen3_next, safetensors_io
 from components.hf.families import (
     LANGUAGE_MODEL_PREFIXES,
     HFImportError,
@@ -206,8 +206,12 @@ def read_params(
         if stored not in ours:
             by_file.setdefault(infos[name].file, []).append(stored)
         ours.setdefault(stored, []).append(name)
+    scales = fp8.read_scales(infos)
     for path, names in sorted(by_file.items()):
         for stored, array in safetensors_io.read_file_tensors(path, names):
+            if stored in scales:  # an FP8 weight: dequantized whole, before any view of it
+                scale = infos[ours[stored][0]].scale
+                array = fp8.dequantize(array, scales.pop(stored), scale.block)
             for name in ours[stored]:
                 spec = by_name[name]
                 value = np.asarray(moe.view(array, infos[name]), dtype=np.float32)
@@ -273,6 +277,7 @@ def check_hf(hf_dir: str, *, dtype: str = "", remat: str = "full") -> Checked:
     hf = read_hf_config(hf_dir)
     family = family_of_hf(hf)
     infos = safetensors_io.tensor_infos(safetensors_io.checkpoint_files(hf_dir))
+    infos = fp8.attach_scales(infos, fp8.block_size(hf))
     left_out = 0
     if is_multimodal(hf):
         infos, left_out = language_model_tensors(infos)
@@ -315,6 +320,9 @@ def import_hf(hf_dir: str, out: str, *, dtype: str = "", remat: str = "full") ->
     source = {"family": family, "architecture": hf["architectures"][0], "dtype": source_dtype}
     if hub := hub_id(hf_dir):
         source["hub_id"] = hub
+    if quantized := sum(infos[spec.hf_name].scale is not None for spec in specs):
+        source["fp8_weights"] = quantized  # read dequantized (fp8.py); exported unquantized
+        log.info("%s: %d FP8 weights dequantized with their scales", hf_dir, quantized)
     if checked.left_out:  # a multimodal checkpoint: the run is text-only
         exports_as = export_architecture(config, family)[0]
         source["text_only"] = {"tensors_left_out": checked.left_out, "exports_as": exports_as}

@@ -13,8 +13,9 @@ in from the classes of transformers 5.25 (below). The head is tied as transforme
 it: by the outer config's ``tie_word_embeddings`` (``text_config``'s is not read), and
 where that says tie, only if the checkpoint holds no ``lm_head`` of its own
 (:func:`tie_by_checkpoint`).
-Quantized releases (Ministral 3 Instruct's FP8 weights) are refused by name with the
-outer ``quantization_config``: their BF16 releases import.
+Ministral 3 Instruct's FP8 release (one scale a weight, under the outer
+``quantization_config``) imports dequantized (``fp8.py``); other quantized releases are
+refused by name: their BF16 releases import.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from components.hf import fp8
 from components.hf.refusals import refuse
 
 # MistralConfig's class defaults (transformers 5.25), for the fields a text_config omits.
@@ -93,7 +95,7 @@ def tie_by_checkpoint(hf: dict[str, Any]) -> bool:
 def text_config(hf: dict[str, Any]) -> dict[str, Any]:
     """The language model's config of a ``Mistral3ForConditionalGeneration`` checkpoint:
     its ``text_config`` with its class's defaults and the head tied as transformers 5 ties
-    it; a quantized release (its outer ``quantization_config``) is refused."""
+    it; a quantized release other than FP8 (its outer ``quantization_config``) is refused."""
     text = dict(hf.get("text_config") or {})
     kind = text.get("model_type", "mistral")
     refuse(
@@ -112,9 +114,8 @@ def text_config(hf: dict[str, Any]) -> dict[str, Any]:
     filled.update(tie_word_embeddings=tied, architectures=[architecture], model_type=kind)
     quantized = hf.get("quantization_config")
     refuse(
-        quantized is not None,
-        f"quantization_config={json.dumps(quantized)}: quantized weights are not modelled; "
-        "import the checkpoint's BF16 release (Ministral 3's: the repository named -BF16, "
-        "e.g. mistralai/Ministral-3-8B-Instruct-2512-BF16)",
+        fp8.refused(quantized),
+        f"quantization_config={json.dumps(quantized)}: {fp8.REFUSED} (Ministral 3's: the "
+        "repository named -BF16, e.g. mistralai/Ministral-3-8B-Instruct-2512-BF16)",
     )
     return filled

@@ -1,8 +1,8 @@
 """safetensors files with NumPy only: headers, streamed tensor reads, sharded writes.
 
-``safetensors.numpy`` has no bfloat16 (NumPy has none), so BF16 tensors are read
-from the file's raw bytes as ``ml_dtypes.bfloat16`` and written the same way;
-everything else goes through ``safe_open(framework="np")``.
+``safetensors.numpy`` has no bfloat16 or FP8 (NumPy has none), so BF16 and FP8 tensors
+(``fp8.py``) are read from the file's raw bytes as their ``ml_dtypes`` type and written
+the same way; everything else goes through ``safe_open(framework="np")``.
 """
 
 from __future__ import annotations
@@ -24,7 +24,12 @@ DTYPES = {
     "F32": np.dtype(np.float32),
     "F16": np.dtype(np.float16),
     "BF16": np.dtype(ml_dtypes.bfloat16),
+    "F8_E4M3": np.dtype(ml_dtypes.float8_e4m3fn),
+    "F8_E5M2": np.dtype(ml_dtypes.float8_e5m2),
+    "F8_E8M0": np.dtype(ml_dtypes.float8_e8m0fnu),  # MXFP8's power-of-two scales
 }
+# Read from the raw bytes: the types NumPy lacks, by the unsigned integer of their width.
+RAW = {name: np.dtype(f"u{DTYPES[name].itemsize}") for name in DTYPES if name[:2] in ("BF", "F8")}
 DTYPE_NAMES = {dtype: name for name, dtype in DTYPES.items()}
 
 
@@ -43,6 +48,18 @@ class TensorInfo:
     part: tuple[int, ...] = ()  # (expert, first row, end row) of a fused tensor (hf/moe.py)
     rows: tuple[int, ...] = ()  # the rows of a fused projection it is (hf/qwen3_next.py)
     transposed: bool = False  # a fused expert stored [in, out] (Qwen3-VL MoE's; hf/moe.py)
+    scale: Scale | None = None  # an FP8 weight's scales (hf/fp8.py)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Scale:
+    """Where an FP8 weight's ``weight_scale_inv`` is, and the config's block size (None:
+    one scale, or a grid that divides the weight)."""
+
+    file: str
+    name: str
+    shape: tuple[int, ...]
+    block: tuple[int, int] | None
 
 
 def checkpoint_files(hf_dir: str) -> list[str]:
@@ -109,16 +126,20 @@ def read_file_tensors(path: str, names: list[str]) -> Iterator[tuple[str, np.nda
             if entry["dtype"] not in DTYPES:
                 raise CheckpointFileError(
                     f"{path}: tensor {name} has dtype {entry['dtype']}; alignpipe reads "
-                    f"{sorted(DTYPES)} (quantized checkpoints are not supported)"
+                    f"{sorted(DTYPES)} (of quantized checkpoints, FP8 only)"
                 )
-            if entry["dtype"] != "BF16":
+            raw_dtype = RAW.get(entry["dtype"])
+            if raw_dtype is None:
                 yield name, handle.get_tensor(name)
                 continue
             begin, end = entry["data_offsets"]
             raw = np.fromfile(
-                path, dtype=np.uint16, count=(end - begin) // 2, offset=data_start + begin
+                path,
+                dtype=raw_dtype,
+                count=(end - begin) // raw_dtype.itemsize,
+                offset=data_start + begin,
             )
-            yield name, raw.view(ml_dtypes.bfloat16).reshape(entry["shape"])
+            yield name, raw.view(DTYPES[entry["dtype"]]).reshape(entry["shape"])
 
 
 def write_file(path: str, tensors: dict[str, np.ndarray]) -> None:

@@ -1,0 +1,142 @@
+"""FP8 checkpoints, read dequantized: the releases saved with transformers' ``fp8`` method.
+
+Qwen3's and Qwen3.5's ``-FP8`` releases and Ministral 3 Instruct (whose main release is FP8)
+store each linear layer's weight as ``float8_e4m3fn`` with a float32 ``weight_scale_inv``
+beside it: one scale a block of ``weight_block_size`` (128 x 128) or, with no block size
+(Ministral 3), one for the whole tensor; an ``activation_scale`` for static activation
+quantization may sit beside them too. Embeddings, norms, routers and the head stay 16-bit.
+
+The import multiplies each FP8 weight by its scale, repeated over its block (the last block
+of a dimension cut to the tensor, as DeepSeek's and llama.cpp's dequantization cut it), as
+transformers does when it loads such a checkpoint on a machine without FP8 matmuls; the
+weights are float32 from there on, as every import's. Activation scales are inference-time
+and dropped. A TPU v5e has no FP8 arithmetic and RL updates every weight, so nothing is
+kept quantized; the export writes the trained model unquantized, without the config's
+``quantization_config``. MXFP8 scales (``float8_e8m0fnu``, powers of two) read alike.
+
+Other quantization methods (GPTQ, AWQ, bitsandbytes, compressed-tensors, MXFP4) are refused
+by name at the config: their weights are packed integers a dequantizer per method would read.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any
+
+import numpy as np
+
+from components.hf import safetensors_io
+from components.hf.refusals import HFImportError
+
+SCALE_SUFFIX = "_scale_inv"  # weight_scale_inv beside weight
+DROPPED_SUFFIXES = (".activation_scale", ".input_scale")  # static activation quantization
+FP8_DTYPES = ("F8_E4M3", "F8_E5M2")
+FORMATS = (None, "e4m3", "float8_e4m3fn", "e5m2", "float8_e5m2")
+
+
+def refused(quantization: Any) -> bool:
+    """Whether a config's ``quantization_config`` names weights the import cannot read:
+    anything but transformers' ``fp8`` method (no config: nothing quantized)."""
+    if quantization is None:
+        return False
+    if not isinstance(quantization, dict) or quantization.get("quant_method") != "fp8":
+        return True
+    return quantization.get("fmt") not in FORMATS
+
+
+REFUSED = (
+    "quantized weights other than FP8 (transformers' fp8 method, which imports dequantized); "
+    "import the checkpoint's unquantized (BF16) release"
+)
+
+
+def block_size(hf: dict[str, Any]) -> tuple[int, int] | None:
+    """``weight_block_size`` of the config's (or, multimodal, the outer config's) FP8
+    ``quantization_config``; None: one scale a tensor, or a grid that divides it."""
+    quantization = hf.get("quantization_config") or {}
+    block = quantization.get("weight_block_size") if isinstance(quantization, dict) else None
+    if block is None:
+        return None
+    if not (isinstance(block, list | tuple) and len(block) == 2 and all(int(b) > 0 for b in block)):
+        raise HFImportError(
+            f"quantization_config.weight_block_size={json.dumps(block)}: expected two "
+            "positive block sizes [rows, columns], e.g. [128, 128]; fix the config"
+        )
+    return int(block[0]), int(block[1])
+
+
+def attach_scales(
+    infos: dict[str, safetensors_io.TensorInfo], block: tuple[int, int] | None
+) -> dict[str, safetensors_io.TensorInfo]:
+    """``infos`` with each FP8 weight told where its scale is, and the scales and activation
+    scales taken out (they are no tensors of the model). An FP8 weight without a scale, or a
+    scale without its weight, is refused by name."""
+    scales = {name for name in infos if name.endswith(SCALE_SUFFIX)}
+    out: dict[str, safetensors_io.TensorInfo] = {}
+    for name, info in infos.items():
+        if name in scales or name.endswith(DROPPED_SUFFIXES):
+            continue
+        scale = name + SCALE_SUFFIX
+        if scale in infos:
+            if info.dtype not in FP8_DTYPES:
+                raise HFImportError(
+                    f"{name} has a {scale} but is stored as {info.dtype}, not FP8; the "
+                    "checkpoint's tensors are damaged: download it again"
+                )
+            found = safetensors_io.Scale(infos[scale].file, scale, infos[scale].shape, block)
+            info = dataclasses.replace(info, scale=found)
+        elif info.dtype in FP8_DTYPES:
+            raise HFImportError(
+                f"{name} is stored as {info.dtype} without its {scale}: an FP8 weight cannot "
+                "be read without its scales; download every shard of the checkpoint again"
+            )
+        out[name] = info
+    orphans = sorted(s for s in scales if s[: -len(SCALE_SUFFIX)] not in infos)
+    if orphans:
+        raise HFImportError(
+            f"scales without their weights: {orphans[:5]}; download every shard of the "
+            "checkpoint again"
+        )
+    return out
+
+
+def dequantize(weight: np.ndarray, scale: np.ndarray, block: tuple[int, int] | None) -> np.ndarray:
+    """``weight`` (FP8, [..., rows, columns]) times its scale repeated over each block,
+    float32. ``block`` None: one scale, or a scale grid whose blocks divide the tensor."""
+    value = np.asarray(weight, np.float32)
+    scale = np.asarray(scale, np.float32)
+    if scale.size == 1:
+        return value * scale.reshape(())
+    rows, cols = value.shape[-2:]
+    if block is None:
+        grid_rows, grid_cols = scale.shape[-2:]
+        if rows % grid_rows or cols % grid_cols:
+            raise HFImportError(
+                f"an FP8 weight [{rows}, {cols}] with a [{grid_rows}, {grid_cols}] scale grid "
+                "that does not divide it and no weight_block_size in quantization_config"
+            )
+        block = (rows // grid_rows, cols // grid_cols)
+    need = (-(-rows // block[0]), -(-cols // block[1]))
+    if tuple(scale.shape[-2:]) != need or scale.shape[:-2] != value.shape[:-2]:
+        raise HFImportError(
+            f"an FP8 weight {list(value.shape)} in blocks of {list(block)} needs scales "
+            f"{[*value.shape[:-2], *need]}, the checkpoint has {list(scale.shape)}; the "
+            "config's weight_block_size does not match its scales"
+        )
+    full = np.repeat(np.repeat(scale, block[0], axis=-2), block[1], axis=-1)
+    return value * full[..., :rows, :cols]
+
+
+def read_scales(infos: dict[str, safetensors_io.TensorInfo]) -> dict[str, np.ndarray]:
+    """Every FP8 weight's scale (small: one number a block), by the weight's stored name,
+    read from whichever file holds it; an MXFP8 power-of-two scale as its float32 value."""
+    wanted: dict[str, list[str]] = {}
+    for info in infos.values():
+        if info.scale is not None:
+            wanted.setdefault(info.scale.file, []).append(info.scale.name)
+    scales: dict[str, np.ndarray] = {}
+    for path, names in wanted.items():
+        for name, array in safetensors_io.read_file_tensors(path, sorted(set(names))):
+            scales[name[: -len(SCALE_SUFFIX)]] = np.asarray(array, np.float32)
+    return scales
