@@ -50,6 +50,53 @@ def _quantize(weight: np.ndarray, block: tuple[int, int] | None) -> tuple[np.nda
     return quantized.astype(FP8), grid
 
 
+def _quantize_rows(weight: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(FP8 weight, its weight_scale [rows, 1]): compressed-tensors' channel strategy."""
+    value = np.asarray(weight, np.float32)
+    scale = (np.abs(value).max(axis=1, keepdims=True) / FP8_MAX).astype(np.float32)
+    return (value / scale).astype(FP8), scale
+
+
+COMPRESSED_TENSORS = {
+    "quant_method": "compressed-tensors",
+    "format": "float-quantized",
+    "config_groups": {
+        "group_0": {
+            "targets": ["Linear"],
+            "weights": {"num_bits": 8, "type": "float", "strategy": "channel",
+                        "symmetric": True, "dynamic": False, "group_size": None,
+                        "block_structure": None},
+            "input_activations": {"num_bits": 8, "type": "float", "strategy": "token",
+                                  "dynamic": True},
+        }
+    },
+    "ignore": ["lm_head"],
+    "quantization_status": "compressed",
+}  # fmt: skip
+
+
+def compressed_tensors_copy(family: str, tmp_path: pathlib.Path) -> tuple[pathlib.Path, dict]:
+    """A copy of a fixture as llm-compressor's FP8_DYNAMIC saves it (one scale a row, named
+    ``weight_scale``), and the dequantized weights by name."""
+    folder = copy_fixture(family, tmp_path)
+    path = folder / safetensors_io.SINGLE_FILE
+    header, _ = safetensors_io._header(str(path))
+    names = [name for name in header if name != "__metadata__"]
+    tensors: dict[str, np.ndarray] = {}
+    dequantized: dict[str, np.ndarray] = {}
+    for name, array in safetensors_io.read_file_tensors(str(path), names):
+        if name.endswith("_proj.weight") and array.ndim == 2:
+            tensors[name], tensors[name + "_scale"] = _quantize_rows(array)
+            dequantized[name] = tensors[name].astype(np.float32) * tensors[name + "_scale"]
+        else:
+            tensors[name] = np.asarray(array)
+    safetensors_io.write_file(str(path), tensors)
+    config = json.loads((folder / "config.json").read_text())
+    config["quantization_config"] = COMPRESSED_TENSORS
+    (folder / "config.json").write_text(json.dumps(config))
+    return folder, dequantized
+
+
 def fp8_copy(
     family: str, tmp_path: pathlib.Path, block: tuple[int, int] | None, scales=np.float32
 ) -> pathlib.Path:
@@ -128,6 +175,23 @@ def test_fp8_imports_as_transformers_dequantizes_it(tmp_path, case):
     assert moved.max() > 1e-2 and moved.mean() < 0.2 * np.abs(original).mean()
 
 
+def test_compressed_tensors_fp8_with_a_scale_a_row_imports_dequantized(tmp_path):
+    """llm-compressor's FP8_DYNAMIC copies (compressed-tensors, which transformers reads only
+    with that package installed): the reference is transformers on a float32 copy holding
+    the dequantized weights, each FP8 row times its scale."""
+    folder, dequantized = compressed_tensors_copy("qwen3", tmp_path / "ct")
+    artifact = import_hf(str(folder), str(tmp_path / "imported"), dtype="float32")["out"]
+    reference = copy_fixture("qwen3", tmp_path / "reference")
+    path = str(reference / safetensors_io.SINGLE_FILE)
+    header, _ = safetensors_io._header(path)
+    names = [name for name in header if name != "__metadata__"]
+    tensors = dict(safetensors_io.read_file_tensors(path, names))
+    safetensors_io.write_file(
+        path, {n: dequantized.get(n, np.asarray(a)) for n, a in tensors.items()}
+    )
+    assert np.abs(_ours(artifact) - _theirs(reference)).max() < CLOSE
+
+
 def test_the_export_is_unquantized_and_computes_the_same(tmp_path):
     folder = fp8_copy("qwen3", tmp_path / "fp8", (16, 16))
     artifact = import_hf(str(folder), str(tmp_path / "imported"))["out"]
@@ -156,7 +220,7 @@ def test_a_last_block_past_the_tensor_is_cut_to_it():
     assert np.abs(expected - weight).max() < 0.07 * np.abs(weight).max()  # FP8's rounding
     with pytest.raises(HFImportError, match=r"needs scales \[3, 3\], the checkpoint has \[2, 3\]"):
         fp8.dequantize(quantized, scales[:2], (3, 5))
-    with pytest.raises(HFImportError, match="does not divide it and no weight_block_size"):
+    with pytest.raises(HFImportError, match="does not divide it and no block size"):
         fp8.dequantize(quantized, scales, None)
 
 
@@ -167,7 +231,7 @@ def test_mxfp8_power_of_two_scales_read_as_their_values(tmp_path):
     weight = np.asarray(np.arange(16).reshape(4, 4) / 4, np.float32).astype(FP8)
     tensors = {"w.weight": weight, "w.weight_scale_inv": scales.astype(ml_dtypes.float8_e8m0fnu)}
     safetensors_io.write_file(path, tensors)
-    infos = fp8.attach_scales(safetensors_io.tensor_infos([path]), None)
+    infos = fp8.attach_scales(safetensors_io.tensor_infos([path]), {})
     assert list(infos) == ["w.weight"] and infos["w.weight"].scale.shape == (2, 2)
     read = fp8.read_scales(infos)["w.weight"]
     np.testing.assert_array_equal(read, scales)
@@ -192,11 +256,16 @@ def test_what_the_import_cannot_read_is_refused_by_name(tmp_path):
     config = json.loads((folder / "config.json").read_text())
     config["quantization_config"]["weight_block_size"] = [8, 8]
     (folder / "config.json").write_text(json.dumps(config))
-    with pytest.raises(HFImportError, match="weight_block_size does not match its scales"):
+    with pytest.raises(HFImportError, match="block_structure. does not match its scales"):
         import_hf(str(folder), str(tmp_path / "b"))
-    folder = copy_fixture("qwen3", tmp_path / "gptq")
-    config = json.loads((folder / "config.json").read_text())
-    config["quantization_config"] = {"quant_method": "gptq", "bits": 4}
-    (folder / "config.json").write_text(json.dumps(config))
-    with pytest.raises(HFImportError, match="quantized weights other than FP8.*BF16"):
-        import_hf(str(folder), str(tmp_path / "c"))
+    int4 = {**COMPRESSED_TENSORS, "format": "pack-quantized"}  # llm-compressor's W4A16
+    for method, quantization in {
+        "gptq": {"quant_method": "gptq", "bits": 4},
+        "w4a16": int4,
+    }.items():
+        folder = copy_fixture("qwen3", tmp_path / method)
+        config = json.loads((folder / "config.json").read_text())
+        config["quantization_config"] = quantization
+        (folder / "config.json").write_text(json.dumps(config))
+        with pytest.raises(HFImportError, match="quantized weights other than FP8.*BF16"):
+            import_hf(str(folder), str(tmp_path / f"{method}-out"))

@@ -1,4 +1,4 @@
-"""FP8 checkpoints, read dequantized: the releases saved with transformers' ``fp8`` method.
+"""FP8 checkpoints, read dequantized: transformers' ``fp8`` method and compressed-tensors'.
 
 Qwen3's and Qwen3.5's ``-FP8`` releases and Ministral 3 Instruct (whose main release is FP8)
 store each linear layer's weight as ``float8_e4m3fn`` with a float32 ``weight_scale_inv``
@@ -14,8 +14,13 @@ and dropped. A TPU v5e has no FP8 arithmetic and RL updates every weight, so not
 kept quantized; the export writes the trained model unquantized, without the config's
 ``quantization_config``. MXFP8 scales (``float8_e8m0fnu``, powers of two) read alike.
 
-Other quantization methods (GPTQ, AWQ, bitsandbytes, compressed-tensors, MXFP4) are refused
-by name at the config: their weights are packed integers a dequantizer per method would read.
+The community's FP8 copies made with llm-compressor (``FP8_DYNAMIC``, "-FP8-Dynamic") are
+compressed-tensors' ``float-quantized`` format: the same FP8 weights with a ``weight_scale``
+one a tensor, a row ([rows, 1]) or a block (``block_structure``), read alike.
+
+Other quantization methods (GPTQ, AWQ, bitsandbytes, compressed-tensors' integer formats,
+MXFP4/NVFP4) are refused by name at the config: their weights are packed integers a
+dequantizer per method would read.
 """
 
 from __future__ import annotations
@@ -29,55 +34,90 @@ import numpy as np
 from components.hf import safetensors_io
 from components.hf.refusals import HFImportError
 
-SCALE_SUFFIX = "_scale_inv"  # weight_scale_inv beside weight
-DROPPED_SUFFIXES = (".activation_scale", ".input_scale")  # static activation quantization
+SCALE_SUFFIXES = {"fp8": "_scale_inv", "compressed-tensors": "_scale"}  # beside weight
+# Activation and KV-cache scales: inference-time quantization, not weights.
+DROPPED_SUFFIXES = (".activation_scale", ".input_scale", ".k_scale", ".v_scale")
 FP8_DTYPES = ("F8_E4M3", "F8_E5M2")
 FORMATS = (None, "e4m3", "float8_e4m3fn", "e5m2", "float8_e5m2")
+STRATEGIES = ("tensor", "channel", "block")  # compressed-tensors' FP8 weight scales
+
+
+def _fp8_groups(quantization: dict[str, Any]) -> list[dict[str, Any]] | None:
+    """The weight schemes of a compressed-tensors config when every one is FP8 (8-bit float,
+    one scale a tensor, a row or a block), else None."""
+    if quantization.get("format") != "float-quantized":
+        return None
+    groups = quantization.get("config_groups")
+    if not isinstance(groups, dict) or not groups:
+        return None
+    weights = [group.get("weights") or {} for group in groups.values()]
+    fp8 = all(
+        w.get("num_bits") == 8
+        and w.get("type") == "float"
+        and w.get("strategy") in STRATEGIES
+        and w.get("group_size") is None
+        for w in weights
+    )
+    return weights if fp8 else None
 
 
 def refused(quantization: Any) -> bool:
     """Whether a config's ``quantization_config`` names weights the import cannot read:
-    anything but transformers' ``fp8`` method (no config: nothing quantized)."""
+    anything but FP8 weights, by transformers' ``fp8`` method or compressed-tensors'
+    ``float-quantized`` format (no config: nothing quantized)."""
     if quantization is None:
         return False
-    if not isinstance(quantization, dict) or quantization.get("quant_method") != "fp8":
+    if not isinstance(quantization, dict):
         return True
-    return quantization.get("fmt") not in FORMATS
+    method = quantization.get("quant_method")
+    if method == "fp8":
+        return quantization.get("fmt") not in FORMATS
+    return method != "compressed-tensors" or _fp8_groups(quantization) is None
 
 
 REFUSED = (
-    "quantized weights other than FP8 (transformers' fp8 method, which imports dequantized); "
-    "import the checkpoint's unquantized (BF16) release"
+    "quantized weights other than FP8 (transformers' fp8 method or compressed-tensors' "
+    "float-quantized FP8, which import dequantized); import the checkpoint's unquantized "
+    "(BF16) release"
 )
 
 
-def block_size(hf: dict[str, Any]) -> tuple[int, int] | None:
-    """``weight_block_size`` of the config's (or, multimodal, the outer config's) FP8
-    ``quantization_config``; None: one scale a tensor, or a grid that divides it."""
-    quantization = hf.get("quantization_config") or {}
-    block = quantization.get("weight_block_size") if isinstance(quantization, dict) else None
+def scheme(hf: dict[str, Any]) -> tuple[str, tuple[int, int] | None]:
+    """(the suffix of a weight's scale, the block size) of the config's (or, multimodal,
+    the outer config's) FP8 ``quantization_config``; block None: one scale a tensor or a
+    row, or a grid that divides the weight."""
+    quantization = hf.get("quantization_config")
+    if not isinstance(quantization, dict) or refused(quantization):
+        return SCALE_SUFFIXES["fp8"], None  # no FP8 config: any FP8 tensor is refused below
+    if quantization["quant_method"] == "fp8":
+        block = quantization.get("weight_block_size")
+    else:
+        blocks = {json.dumps(w.get("block_structure")) for w in _fp8_groups(quantization)}
+        block = json.loads(blocks.pop()) if len(blocks) == 1 else "several"
+    suffix = SCALE_SUFFIXES[quantization["quant_method"]]
     if block is None:
-        return None
+        return suffix, None
     if not (isinstance(block, list | tuple) and len(block) == 2 and all(int(b) > 0 for b in block)):
         raise HFImportError(
-            f"quantization_config.weight_block_size={json.dumps(block)}: expected two "
+            f"quantization_config's block size {json.dumps(block)}: expected one pair of "
             "positive block sizes [rows, columns], e.g. [128, 128]; fix the config"
         )
-    return int(block[0]), int(block[1])
+    return suffix, (int(block[0]), int(block[1]))
 
 
 def attach_scales(
-    infos: dict[str, safetensors_io.TensorInfo], block: tuple[int, int] | None
+    infos: dict[str, safetensors_io.TensorInfo], hf: dict[str, Any]
 ) -> dict[str, safetensors_io.TensorInfo]:
     """``infos`` with each FP8 weight told where its scale is, and the scales and activation
     scales taken out (they are no tensors of the model). An FP8 weight without a scale, or a
     scale without its weight, is refused by name."""
-    scales = {name for name in infos if name.endswith(SCALE_SUFFIX)}
+    suffix, block = scheme(hf)
+    scales = {n for n in infos if n.endswith(suffix) and n[: -len(suffix)].endswith(".weight")}
     out: dict[str, safetensors_io.TensorInfo] = {}
     for name, info in infos.items():
         if name in scales or name.endswith(DROPPED_SUFFIXES):
             continue
-        scale = name + SCALE_SUFFIX
+        scale = name + suffix
         if scale in infos:
             if info.dtype not in FP8_DTYPES:
                 raise HFImportError(
@@ -92,7 +132,7 @@ def attach_scales(
                 "be read without its scales; download every shard of the checkpoint again"
             )
         out[name] = info
-    orphans = sorted(s for s in scales if s[: -len(SCALE_SUFFIX)] not in infos)
+    orphans = sorted(s for s in scales if s[: -len(suffix)] not in infos)
     if orphans:
         raise HFImportError(
             f"scales without their weights: {orphans[:5]}; download every shard of the "
@@ -103,9 +143,12 @@ def attach_scales(
 
 def dequantize(weight: np.ndarray, scale: np.ndarray, block: tuple[int, int] | None) -> np.ndarray:
     """``weight`` (FP8, [..., rows, columns]) times its scale repeated over each block,
-    float32. ``block`` None: one scale, or a scale grid whose blocks divide the tensor."""
+    float32. ``block`` None: one scale, or a scale grid whose blocks divide the tensor (one
+    a row: compressed-tensors' channel scales, [rows, 1])."""
     value = np.asarray(weight, np.float32)
     scale = np.asarray(scale, np.float32)
+    if scale.ndim == 1 and scale.size == value.shape[-2] > 1:  # one a row, stored flat
+        scale = scale[:, None]
     if scale.size == 1:
         return value * scale.reshape(())
     rows, cols = value.shape[-2:]
@@ -114,7 +157,8 @@ def dequantize(weight: np.ndarray, scale: np.ndarray, block: tuple[int, int] | N
         if rows % grid_rows or cols % grid_cols:
             raise HFImportError(
                 f"an FP8 weight [{rows}, {cols}] with a [{grid_rows}, {grid_cols}] scale grid "
-                "that does not divide it and no weight_block_size in quantization_config"
+                "that does not divide it and no block size in quantization_config "
+                "(weight_block_size, or compressed-tensors' block_structure)"
             )
         block = (rows // grid_rows, cols // grid_cols)
     need = (-(-rows // block[0]), -(-cols // block[1]))
@@ -122,7 +166,7 @@ def dequantize(weight: np.ndarray, scale: np.ndarray, block: tuple[int, int] | N
         raise HFImportError(
             f"an FP8 weight {list(value.shape)} in blocks of {list(block)} needs scales "
             f"{[*value.shape[:-2], *need]}, the checkpoint has {list(scale.shape)}; the "
-            "config's weight_block_size does not match its scales"
+            "config's block size (weight_block_size or block_structure) does not match its scales"
         )
     full = np.repeat(np.repeat(scale, block[0], axis=-2), block[1], axis=-1)
     return value * full[..., :rows, :cols]
@@ -132,11 +176,13 @@ def read_scales(infos: dict[str, safetensors_io.TensorInfo]) -> dict[str, np.nda
     """Every FP8 weight's scale (small: one number a block), by the weight's stored name,
     read from whichever file holds it; an MXFP8 power-of-two scale as its float32 value."""
     wanted: dict[str, list[str]] = {}
-    for info in infos.values():
-        if info.scale is not None:
+    weight_of: dict[str, str] = {}  # a scale's stored name -> its weight's
+    for name, info in infos.items():
+        if info.scale is not None and info.scale.name not in weight_of:
             wanted.setdefault(info.scale.file, []).append(info.scale.name)
+            weight_of[info.scale.name] = info.stored_as or name
     scales: dict[str, np.ndarray] = {}
     for path, names in wanted.items():
-        for name, array in safetensors_io.read_file_tensors(path, sorted(set(names))):
-            scales[name[: -len(SCALE_SUFFIX)]] = np.asarray(array, np.float32)
+        for name, array in safetensors_io.read_file_tensors(path, names):
+            scales[weight_of[name]] = np.asarray(array, np.float32)
     return scales

@@ -277,7 +277,7 @@ def check_hf(hf_dir: str, *, dtype: str = "", remat: str = "full") -> Checked:
     hf = read_hf_config(hf_dir)
     family = family_of_hf(hf)
     infos = safetensors_io.tensor_infos(safetensors_io.checkpoint_files(hf_dir))
-    infos = fp8.attach_scales(infos, fp8.block_size(hf))
+    infos = fp8.attach_scales(infos, hf)
     left_out = 0
     if is_multimodal(hf):
         infos, left_out = language_model_tensors(infos)
