@@ -24,7 +24,7 @@ from test_hf_import import copy_fixture
 
 from components.core.model.artifact import load_model
 from components.hf import fp8, safetensors_io
-from components.hf.importer import HFImportError, import_hf
+from components.hf.importer import HFImportError, check_hf, import_hf
 from pipelines.cli.main import main
 
 FP8 = ml_dtypes.float8_e4m3fn
@@ -225,7 +225,7 @@ def test_a_last_block_past_the_tensor_is_cut_to_it():
 
 
 def test_mxfp8_power_of_two_scales_read_as_their_values(tmp_path):
-    """MXFP8's scales stored as float8_e8m0fnu (exponents): read as 2 ** e."""
+    """MXFP8's scales stored as float8_e8m0fnu, or as exponent bytes: read as 2 ** e."""
     path = str(tmp_path / "m.safetensors")
     scales = np.asarray([[0.25, 2.0], [1.0, 64.0]], np.float32)
     weight = np.asarray(np.arange(16).reshape(4, 4) / 4, np.float32).astype(FP8)
@@ -235,6 +235,11 @@ def test_mxfp8_power_of_two_scales_read_as_their_values(tmp_path):
     assert list(infos) == ["w.weight"] and infos["w.weight"].scale.shape == (2, 2)
     read = fp8.read_scales(infos)["w.weight"]
     np.testing.assert_array_equal(read, scales)
+    # The same exponents as bytes (transformers saves UE8M0 scales so): 2 ** (byte - 127).
+    tensors["w.weight_scale_inv"] = (np.log2(scales) + 127).astype(np.uint8)
+    safetensors_io.write_file(path, tensors)
+    infos = fp8.attach_scales(safetensors_io.tensor_infos([path]), {})
+    np.testing.assert_array_equal(fp8.read_scales(infos)["w.weight"], scales)
     expected = weight.astype(np.float32) * np.repeat(np.repeat(scales, 2, 0), 2, 1)
     np.testing.assert_array_equal(fp8.dequantize(weight, read, None), expected)
 
@@ -252,12 +257,21 @@ def test_what_the_import_cannot_read_is_refused_by_name(tmp_path):
     unscaled = r"down_proj\.weight is stored as F8_E4M3 without its .*_scale_inv.*every shard"
     with pytest.raises(HFImportError, match=unscaled):
         import_hf(str(folder), str(tmp_path / "a"))
+    # Scales that do not tile their weight: named, from the headers (the preflight's check).
     folder = fp8_copy("qwen3", tmp_path / "wrong_block", (16, 16))
     config = json.loads((folder / "config.json").read_text())
     config["quantization_config"]["weight_block_size"] = [8, 8]
     (folder / "config.json").write_text(json.dumps(config))
-    with pytest.raises(HFImportError, match="block_structure. does not match its scales"):
-        import_hf(str(folder), str(tmp_path / "b"))
+    with pytest.raises(HFImportError, match=r"proj\.weight \(.*model\.safetensors\): .*"
+                       r"block_structure. does not match its scales: fix the config"):  # fmt: skip
+        check_hf(str(folder))
+    # A multimodal wrapper's outer quantization_config is read, not only its text config's.
+    folder = copy_fixture("qwen3_5_mm", tmp_path / "awq")
+    config = json.loads((folder / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": "awq", "bits": 4}
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(HFImportError, match="quantization_config=.*awq.*other than FP8"):
+        check_hf(str(folder))
     int4 = {**COMPRESSED_TENSORS, "format": "pack-quantized"}  # llm-compressor's W4A16
     for method, quantization in {
         "gptq": {"quant_method": "gptq", "bits": 4},

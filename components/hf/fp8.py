@@ -12,7 +12,8 @@ transformers does when it loads such a checkpoint on a machine without FP8 matmu
 weights are float32 from there on, as every import's. Activation scales are inference-time
 and dropped. A TPU v5e has no FP8 arithmetic and RL updates every weight, so nothing is
 kept quantized; the export writes the trained model unquantized, without the config's
-``quantization_config``. MXFP8 scales (``float8_e8m0fnu``, powers of two) read alike.
+``quantization_config``. MXFP8 scales (powers of two: ``float8_e8m0fnu``, or its exponent
+bytes as transformers saves them, ``U8``) read alike.
 
 The community's FP8 copies made with llm-compressor (``FP8_DYNAMIC``, "-FP8-Dynamic") are
 compressed-tensors' ``float-quantized`` format: the same FP8 weights with a ``weight_scale``
@@ -82,15 +83,24 @@ REFUSED = (
 )
 
 
+def check(hf: dict[str, Any]) -> None:
+    """Refuse, by name, a ``quantization_config`` (a multimodal checkpoint's outer one too)
+    that is not FP8, before any tensor of it is read."""
+    quantization = hf.get("quantization_config")
+    if refused(quantization):
+        raise HFImportError(f"quantization_config={json.dumps(quantization)}: {REFUSED}")
+
+
 def scheme(hf: dict[str, Any]) -> tuple[str, tuple[int, int] | None]:
     """(the suffix of a weight's scale, the block size) of the config's (or, multimodal,
     the outer config's) FP8 ``quantization_config``; block None: one scale a tensor or a
     row, or a grid that divides the weight."""
+    check(hf)
     quantization = hf.get("quantization_config")
-    if not isinstance(quantization, dict) or refused(quantization):
-        return SCALE_SUFFIXES["fp8"], None  # no FP8 config: any FP8 tensor is refused below
-    if quantization["quant_method"] == "fp8":
-        block = quantization.get("weight_block_size")
+    if not quantization:
+        return SCALE_SUFFIXES["fp8"], None  # no config: an FP8 tensor's own scale decides
+    if quantization["quant_method"] == "fp8":  # FineGrainedFP8Config's default: 128 x 128
+        block = quantization.get("weight_block_size", [128, 128])
     else:
         blocks = {json.dumps(w.get("block_structure")) for w in _fp8_groups(quantization)}
         block = json.loads(blocks.pop()) if len(blocks) == 1 else "several"
@@ -109,8 +119,9 @@ def attach_scales(
     infos: dict[str, safetensors_io.TensorInfo], hf: dict[str, Any]
 ) -> dict[str, safetensors_io.TensorInfo]:
     """``infos`` with each FP8 weight told where its scale is, and the scales and activation
-    scales taken out (they are no tensors of the model). An FP8 weight without a scale, or a
-    scale without its weight, is refused by name."""
+    scales taken out (they are no tensors of the model). An FP8 weight without a scale, a
+    scale without its weight, or scales that do not tile their weight are refused by name,
+    from the headers alone (the preflight runs this)."""
     suffix, block = scheme(hf)
     scales = {n for n in infos if n.endswith(suffix) and n[: -len(suffix)].endswith(".weight")}
     out: dict[str, safetensors_io.TensorInfo] = {}
@@ -124,7 +135,14 @@ def attach_scales(
                     f"{name} has a {scale} but is stored as {info.dtype}, not FP8; the "
                     "checkpoint's tensors are damaged: download it again"
                 )
-            found = safetensors_io.Scale(infos[scale].file, scale, infos[scale].shape, block)
+            stored = infos[scale]
+            try:
+                _block_of(info.shape, stored.shape, block)
+            except HFImportError as error:
+                raise HFImportError(f"{name} ({stored.file}): {error}") from None
+            found = safetensors_io.Scale(
+                stored.file, stored.stored_as or scale, stored.shape, block
+            )
             info = dataclasses.replace(info, scale=found)
         elif info.dtype in FP8_DTYPES:
             raise HFImportError(
@@ -141,34 +159,54 @@ def attach_scales(
     return out
 
 
+def _block_of(
+    shape: tuple[int, ...], scale_shape: tuple[int, ...], block: tuple[int, int] | None
+) -> tuple[int, int] | None:
+    """The block each scale of a weight covers (None: one scale for all of it), or why the
+    scales do not tile it. ``block`` None: one scale, one a row, or a grid that divides."""
+    rows, cols = shape[-2:]
+    size = int(np.prod(scale_shape))
+    if size == 1:
+        return None
+    if len(scale_shape) == 1 and size == rows:  # one a row, stored flat
+        return 1, cols
+    if len(scale_shape) < 2:
+        raise HFImportError(
+            f"scales {list(scale_shape)} for an FP8 weight [{rows}, {cols}] are neither one, "
+            "one a row, nor a grid of blocks; download the checkpoint again"
+        )
+    if block is None:
+        grid_rows, grid_cols = scale_shape[-2:]
+        if rows % grid_rows or cols % grid_cols:
+            raise HFImportError(
+                f"an FP8 weight [{rows}, {cols}] with a [{grid_rows}, {grid_cols}] scale grid "
+                "that does not divide it and no block size in quantization_config "
+                "(weight_block_size, or compressed-tensors' block_structure); add the block "
+                "size the checkpoint was quantized with"
+            )
+        block = (rows // grid_rows, cols // grid_cols)
+    need = (*shape[:-2], -(-rows // block[0]), -(-cols // block[1]))
+    if tuple(scale_shape) != need:
+        raise HFImportError(
+            f"an FP8 weight {list(shape)} in blocks of {list(block)} needs scales "
+            f"{list(need)}, the checkpoint has {list(scale_shape)}; the config's block size "
+            "(weight_block_size or block_structure) does not match its scales: fix the config"
+        )
+    return block
+
+
 def dequantize(weight: np.ndarray, scale: np.ndarray, block: tuple[int, int] | None) -> np.ndarray:
     """``weight`` (FP8, [..., rows, columns]) times its scale repeated over each block,
     float32. ``block`` None: one scale, or a scale grid whose blocks divide the tensor (one
     a row: compressed-tensors' channel scales, [rows, 1])."""
     value = np.asarray(weight, np.float32)
     scale = np.asarray(scale, np.float32)
-    if scale.ndim == 1 and scale.size == value.shape[-2] > 1:  # one a row, stored flat
-        scale = scale[:, None]
-    if scale.size == 1:
+    covered = _block_of(value.shape, scale.shape, block)
+    if covered is None:
         return value * scale.reshape(())
     rows, cols = value.shape[-2:]
-    if block is None:
-        grid_rows, grid_cols = scale.shape[-2:]
-        if rows % grid_rows or cols % grid_cols:
-            raise HFImportError(
-                f"an FP8 weight [{rows}, {cols}] with a [{grid_rows}, {grid_cols}] scale grid "
-                "that does not divide it and no block size in quantization_config "
-                "(weight_block_size, or compressed-tensors' block_structure)"
-            )
-        block = (rows // grid_rows, cols // grid_cols)
-    need = (-(-rows // block[0]), -(-cols // block[1]))
-    if tuple(scale.shape[-2:]) != need or scale.shape[:-2] != value.shape[:-2]:
-        raise HFImportError(
-            f"an FP8 weight {list(value.shape)} in blocks of {list(block)} needs scales "
-            f"{[*value.shape[:-2], *need]}, the checkpoint has {list(scale.shape)}; the "
-            "config's block size (weight_block_size or block_structure) does not match its scales"
-        )
-    full = np.repeat(np.repeat(scale, block[0], axis=-2), block[1], axis=-1)
+    grid = scale.reshape(*value.shape[:-2], -(-rows // covered[0]), -(-cols // covered[1]))
+    full = np.repeat(np.repeat(grid, covered[0], axis=-2), covered[1], axis=-1)
     return value * full[..., :rows, :cols]
 
 
@@ -184,5 +222,7 @@ def read_scales(infos: dict[str, safetensors_io.TensorInfo]) -> dict[str, np.nda
     scales: dict[str, np.ndarray] = {}
     for path, names in wanted.items():
         for name, array in safetensors_io.read_file_tensors(path, names):
+            if array.dtype == np.uint8:  # UE8M0 exponents saved as bytes (transformers')
+                array = np.exp2(array.astype(np.float32) - 127)
             scales[weight_of[name]] = np.asarray(array, np.float32)
     return scales

@@ -277,7 +277,6 @@ def check_hf(hf_dir: str, *, dtype: str = "", remat: str = "full") -> Checked:
     hf = read_hf_config(hf_dir)
     family = family_of_hf(hf)
     infos = safetensors_io.tensor_infos(safetensors_io.checkpoint_files(hf_dir))
-    infos = fp8.attach_scales(infos, hf)
     left_out = 0
     if is_multimodal(hf):
         infos, left_out = language_model_tensors(infos)
@@ -289,6 +288,9 @@ def check_hf(hf_dir: str, *, dtype: str = "", remat: str = "full") -> Checked:
         config = model_config_from_hf(hf, dtype=dtype, remat=remat)
     except ValueError as error:
         raise HFImportError(f"{hf_dir}/config.json: {error}") from error
+    # FP8 weights told where their scales are; any other quantization (a multimodal
+    # checkpoint's outer config too) refused by name, before a tensor is read.
+    infos = fp8.attach_scales(infos, hf)
     infos = moe.per_expert(infos, config.dim, config.expert_dim)
     if qwen3_next.is_qwen3_next(hf):  # its config read: the fields the split needs are there
         infos = qwen3_next.split_projections(infos, hf)

@@ -27,6 +27,7 @@ DTYPES = {
     "F8_E4M3": np.dtype(ml_dtypes.float8_e4m3fn),
     "F8_E5M2": np.dtype(ml_dtypes.float8_e5m2),
     "F8_E8M0": np.dtype(ml_dtypes.float8_e8m0fnu),  # MXFP8's power-of-two scales
+    "U8": np.dtype(np.uint8),  # the same scales as exponent bytes (transformers saves them so)
 }
 # Read from the raw bytes: the types NumPy lacks, by the unsigned integer of their width.
 RAW = {name: np.dtype(f"u{DTYPES[name].itemsize}") for name in DTYPES if name[:2] in ("BF", "F8")}
