@@ -240,6 +240,10 @@ def test_mxfp8_power_of_two_scales_read_as_their_values(tmp_path):
     safetensors_io.write_file(path, tensors)
     infos = fp8.attach_scales(safetensors_io.tensor_infos([path]), {})
     np.testing.assert_array_equal(fp8.read_scales(infos)["w.weight"], scales)
+    # Bytes anywhere else are packed integer weights, not read as numbers.
+    safetensors_io.write_file(path, {**tensors, "v.weight": np.zeros((4, 2), np.uint8)})
+    with pytest.raises(HFImportError, match=r"v\.weight is stored as U8 \(packed integers"):
+        fp8.attach_scales(safetensors_io.tensor_infos([path]), {})
     expected = weight.astype(np.float32) * np.repeat(np.repeat(scales, 2, 0), 2, 1)
     np.testing.assert_array_equal(fp8.dequantize(weight, read, None), expected)
 

@@ -144,6 +144,11 @@ def attach_scales(
                 stored.file, stored.stored_as or scale, stored.shape, block
             )
             info = dataclasses.replace(info, scale=found)
+        elif info.dtype == "U8":  # readable only as an MXFP8 scale's exponent bytes
+            raise HFImportError(
+                f"{name} is stored as U8 (packed integers: quantized weights other than "
+                "FP8); import the checkpoint's unquantized (BF16) release"
+            )
         elif info.dtype in FP8_DTYPES:
             raise HFImportError(
                 f"{name} is stored as {info.dtype} without its {scale}: an FP8 weight cannot "
