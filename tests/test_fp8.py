@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 import torch
 import transformers
+from test_hf_export import all_tensors  # every tensor of a folder, by name
 from test_hf_import import copy_fixture
 
 from components.core.model.artifact import load_model
@@ -75,26 +76,41 @@ COMPRESSED_TENSORS = {
 }  # fmt: skip
 
 
-def compressed_tensors_copy(family: str, tmp_path: pathlib.Path) -> tuple[pathlib.Path, dict]:
-    """A copy of a fixture as llm-compressor's FP8_DYNAMIC saves it (one scale a row, named
-    ``weight_scale``), and the dequantized weights by name."""
+def _rewrite(folder: pathlib.Path, change) -> None:
+    """Write the folder's (single) weight file again as ``change(its tensors)``."""
+    path = str(folder / safetensors_io.SINGLE_FILE)
+    safetensors_io.write_file(path, change(all_tensors(str(folder))))
+
+
+def _quantized_copy(family, tmp_path, quantize_linear, quantization) -> pathlib.Path:
+    """A copy of a fixture whose layers' linear weights are replaced by
+    ``quantize_linear(name, weight)`` (the weight and what is stored beside it), with
+    ``quantization`` as its config's ``quantization_config``."""
     folder = copy_fixture(family, tmp_path)
-    path = folder / safetensors_io.SINGLE_FILE
-    header, _ = safetensors_io._header(str(path))
-    names = [name for name in header if name != "__metadata__"]
-    tensors: dict[str, np.ndarray] = {}
-    dequantized: dict[str, np.ndarray] = {}
-    for name, array in safetensors_io.read_file_tensors(str(path), names):
-        if name.endswith("_proj.weight") and array.ndim == 2:
-            tensors[name], tensors[name + "_scale"] = _quantize_rows(array)
-            dequantized[name] = tensors[name].astype(np.float32) * tensors[name + "_scale"]
-        else:
-            tensors[name] = np.asarray(array)
-    safetensors_io.write_file(str(path), tensors)
+
+    def change(tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        out: dict[str, np.ndarray] = {}
+        for name, array in tensors.items():
+            linear = name.endswith("_proj.weight") and array.ndim == 2
+            out.update(quantize_linear(name, array) if linear else {name: array})
+        return out
+
+    _rewrite(folder, change)
     config = json.loads((folder / "config.json").read_text())
-    config["quantization_config"] = COMPRESSED_TENSORS
+    config["quantization_config"] = quantization
     (folder / "config.json").write_text(json.dumps(config))
-    return folder, dequantized
+    return folder
+
+
+def compressed_tensors_copy(family: str, tmp_path: pathlib.Path) -> pathlib.Path:
+    """A copy of a fixture as llm-compressor's FP8_DYNAMIC saves it (one scale a row, named
+    ``weight_scale``)."""
+
+    def rows(name: str, weight: np.ndarray) -> dict[str, np.ndarray]:
+        quantized, scale = _quantize_rows(weight)
+        return {name: quantized, name + "_scale": scale}
+
+    return _quantized_copy(family, tmp_path, rows, COMPRESSED_TENSORS)
 
 
 def fp8_copy(
@@ -102,30 +118,22 @@ def fp8_copy(
 ) -> pathlib.Path:
     """A copy of a fixture with its layers' linear weights stored in FP8, their scales in
     ``scales`` (Qwen3's releases float32, Qwen3.5's and 3.6's bfloat16)."""
-    folder = copy_fixture(family, tmp_path)
-    path = folder / safetensors_io.SINGLE_FILE
-    header, _ = safetensors_io._header(str(path))
-    names = [name for name in header if name != "__metadata__"]
-    tensors: dict[str, np.ndarray] = {}
-    for name, array in safetensors_io.read_file_tensors(str(path), names):
-        if name.endswith("_proj.weight") and array.ndim == 2:
-            tensors[name], scale = _quantize(array, block)
-            tensors[name + "_scale_inv"] = np.asarray(scale).astype(scales)
-            if block is None:  # static activation quantization, as Ministral 3's
-                tensors[name.replace(".weight", ".activation_scale")] = np.float32(0.5)
-        else:
-            tensors[name] = np.asarray(array)
-    safetensors_io.write_file(str(path), tensors)
-    config = json.loads((folder / "config.json").read_text())
-    config["quantization_config"] = {
+
+    def blocks(name: str, weight: np.ndarray) -> dict[str, np.ndarray]:
+        quantized, scale = _quantize(weight, block)
+        stored = {name: quantized, name + "_scale_inv": np.asarray(scale).astype(scales)}
+        if block is None:  # static activation quantization, as Ministral 3's
+            stored[name.replace(".weight", ".activation_scale")] = np.float32(0.5)
+        return stored
+
+    quantization = {
         "quant_method": "fp8",
         "fmt": "e4m3",
         "activation_scheme": "static" if block is None else "dynamic",
         "weight_block_size": None if block is None else list(block),
         "modules_to_not_convert": ["lm_head"],
     }
-    (folder / "config.json").write_text(json.dumps(config))
-    return folder
+    return _quantized_copy(family, tmp_path, blocks, quantization)
 
 
 def _ours(artifact: str) -> np.ndarray:
@@ -179,16 +187,16 @@ def test_compressed_tensors_fp8_with_a_scale_a_row_imports_dequantized(tmp_path)
     """llm-compressor's FP8_DYNAMIC copies (compressed-tensors, which transformers reads only
     with that package installed): the reference is transformers on a float32 copy holding
     the dequantized weights, each FP8 row times its scale."""
-    folder, dequantized = compressed_tensors_copy("qwen3", tmp_path / "ct")
+    folder = compressed_tensors_copy("qwen3", tmp_path / "ct")
     artifact = import_hf(str(folder), str(tmp_path / "imported"), dtype="float32")["out"]
+    stored = all_tensors(str(folder))
+    dequantized = {
+        name: array.astype(np.float32) * stored[name + "_scale"]
+        for name, array in stored.items()
+        if name + "_scale" in stored
+    }
     reference = copy_fixture("qwen3", tmp_path / "reference")
-    path = str(reference / safetensors_io.SINGLE_FILE)
-    header, _ = safetensors_io._header(path)
-    names = [name for name in header if name != "__metadata__"]
-    tensors = dict(safetensors_io.read_file_tensors(path, names))
-    safetensors_io.write_file(
-        path, {n: dequantized.get(n, np.asarray(a)) for n, a in tensors.items()}
-    )
+    _rewrite(reference, lambda tensors: {**tensors, **dequantized})
     assert np.abs(_ours(artifact) - _theirs(reference)).max() < CLOSE
 
 
@@ -248,16 +256,10 @@ def test_mxfp8_power_of_two_scales_read_as_their_values(tmp_path):
     np.testing.assert_array_equal(fp8.dequantize(weight, read, None), expected)
 
 
-def _drop_tensor(folder: pathlib.Path, name: str) -> None:
-    path = str(folder / safetensors_io.SINGLE_FILE)
-    header, _ = safetensors_io._header(path)
-    kept = [n for n in header if n not in ("__metadata__", name)]
-    safetensors_io.write_file(path, dict(safetensors_io.read_file_tensors(path, kept)))
-
-
 def test_what_the_import_cannot_read_is_refused_by_name(tmp_path):
     folder = fp8_copy("qwen3", tmp_path / "no_scale", (16, 16))
-    _drop_tensor(folder, "model.layers.1.mlp.down_proj.weight_scale_inv")
+    dropped = "model.layers.1.mlp.down_proj.weight_scale_inv"
+    _rewrite(folder, lambda tensors: {n: a for n, a in tensors.items() if n != dropped})
     unscaled = r"down_proj\.weight is stored as F8_E4M3 without its .*_scale_inv.*every shard"
     with pytest.raises(HFImportError, match=unscaled):
         import_hf(str(folder), str(tmp_path / "a"))
