@@ -13,7 +13,7 @@ BIN := $(VENV)/bin
 # readable. sed (unlike grep) exits 0 on empty output, so pipefail still reports pip's failure.
 PIP_QUIET := sed '/is ignored: it is neither a file nor a directory/d'
 
-.PHONY: help install demo test test-fast test-durations lint format bench clean
+.PHONY: help install demo test test-all test-durations lint format bench clean
 
 help: ## Show this help.
 	@grep -hE '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  \033[36m%-15s\033[0m %s\n", $$1, $$2}'
@@ -30,16 +30,19 @@ install: $(BIN)/.installed ## Create .venv and install alignpipe with its test t
 demo: install ## Run the whole pipeline locally on the built-in task (CPU).
 	$(BIN)/python -m pipelines.demo
 
-# A test whose worker crashed (XLA:CPU's compiler segfaulted in a long-lived worker about once
-# a run, 2026-12-05, until tests/conftest.py freed each module's programs) runs again alone when
-# such tests are the only failures (tests/rerun_crashed.py).
-test: install ## Run the test suite (CPU, 8 virtual devices; TEST_WORKERS processes, 2).
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder tests \
-		|| $(BIN)/python tests/rerun_crashed.py
+# `make test` is the suite without the tests marked `slow`: the end-to-end runs, and the
+# checks the suite makes once repeated at other shapes, families and variants (pyproject.toml's
+# marker). `make test-all` runs those too. A test whose worker crashed (XLA:CPU's compiler
+# segfaulted in a long-lived worker about once a run, 2026-12-05, until tests/conftest.py freed
+# each module's programs) runs again alone when such tests are the only failures
+# (tests/rerun_crashed.py).
+PYTEST := $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
-test-fast: install ## Run the test suite without the end-to-end runs marked slow.
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "not slow" tests \
-		|| $(BIN)/python tests/rerun_crashed.py
+test: install ## Run the test suite without the slow tier (CPU, 8 virtual devices; 2 workers).
+	$(PYTEST) -m "not slow" tests || $(BIN)/python tests/rerun_crashed.py
+
+test-all: install ## Run every test, the slow tier's end-to-end runs and repeats included.
+	$(PYTEST) tests || $(BIN)/python tests/rerun_crashed.py
 
 # Each run records its test modules' times in pytest's cache; `make test` orders the modules
 # by them, and by this file on a fresh clone (tests/conftest.py).

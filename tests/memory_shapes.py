@@ -9,6 +9,8 @@ real vocabularies. Within TOLERANCE of XLA's ``argument + temp`` bytes per devic
 
 from __future__ import annotations
 
+import pytest
+
 from components.core.model.config import ModelConfig
 from components.core.model.presets import model_config
 from pipelines.dag import compiled, phases
@@ -21,6 +23,14 @@ SHAPES = {
     "vocab x4": (32768, 32, 32, 2, 64, 4),
     "length and batch x2": (8192, 64, 64, 4, 128, 8),
 }
+
+
+def tiered(*values: str):
+    """``values`` (ending in a shape) as a parametrization: the base shape in `make test`,
+    the shapes that vary vocabulary, length and batch in the slow tier (`make test-all`)."""
+    return pytest.param(*values, marks=() if values[-1] == "base" else pytest.mark.slow)
+
+
 # The compiled programs and the planner's phases each holds.
 PROGRAM_PHASES = {"update": ("train", "update"), "reference": ("reference",),
                   "rollout": ("prefill", "decode", "scoring")}  # fmt: skip

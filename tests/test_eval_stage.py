@@ -232,6 +232,8 @@ def test_identical_policies_tie_everywhere_with_zero_kl(artifacts):
     assert result["ppo_vs_best_of_n"] is None  # KL 0: best-of-n gains nothing there either
 
 
+# Slow tier: responses independent of batching are in make test (test_eval_sampling.py).
+@pytest.mark.slow
 def test_results_do_not_depend_on_the_batch_size_or_sharding(
     artifacts, evaluated, sharded_placements, tmp_path
 ):

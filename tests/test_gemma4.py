@@ -81,7 +81,7 @@ def test_the_fixture_has_every_layer_kind(gemma4):
     assert pure["per_layer_inputs"]["table"].shape == (306, 9 * 8)
 
 
-@pytest.mark.parametrize("family", ["gemma4", "gemma4_mm"])
+@pytest.mark.parametrize("family", ["gemma4", pytest.param("gemma4_mm", marks=pytest.mark.slow)])
 def test_logits_match_transformers_at_512_tokens(imported, family):
     model, info = load_model(imported[family], dtype="float32")
     tokens = _tokens(LENGTH)
@@ -112,6 +112,9 @@ def test_greedy_tokens_match_transformers_generate(gemma4):
     np.testing.assert_array_equal(np.asarray(out.tokens[0]), expected[0, 12:].numpy())
 
 
+# Slow tier: the storing layers' cache is read by the greedy test above; left pads are in
+# make test for the dense, Mistral 3 and Qwen3.5 stacks.
+@pytest.mark.slow
 def test_decoding_reads_the_storing_layers_cache_under_left_pads(gemma4):
     tokens = jnp.asarray(_tokens(40), jnp.int32)
     mask = jnp.ones_like(tokens).at[0, :5].set(0)
@@ -253,6 +256,9 @@ def _tiny(**changes):
     return dataclasses.replace(model_config_from_hf(text, dtype="float32"), **changes)
 
 
+# Slow tier: fsdp and remat against the replicated stack are in make test for the dense stack
+# (test_fsdp.py, test_model.py).
+@pytest.mark.slow
 def test_fsdp_and_remat_compute_what_the_replicated_stack_does():
     config = _tiny()
     model = Transformer(config, rngs=nnx.Rngs(0))
@@ -276,6 +282,8 @@ def test_fsdp_and_remat_compute_what_the_replicated_stack_does():
     )
 
 
+# Slow tier: adapters and their merge are in make test for the dense stack (test_lora.py).
+@pytest.mark.slow
 def test_adapters_sit_where_each_kind_has_the_projection():
     model = Transformer(_tiny(), rngs=nnx.Rngs(0))
     targets = ("q_proj", "k_proj", "v_proj", "down_proj")

@@ -324,19 +324,26 @@ def test_a_lora_policy_exports_merged_and_as_a_peft_adapter(aligned):
 CHAT = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello world!"}]
 
 
+# make test stops Qwen3 (ChatML), Gemma 3 (turns) and Qwen3 MoE (experts); the slow tier the
+# rest (Gemma 4's stop set and greedy decoding against transformers: test_gemma4.py).
 @pytest.mark.parametrize(
     "family",
     [
         "qwen3",
-        "qwen3_untied",
-        "mistral",
         "gemma3",
-        "gemma4",
         "qwen3_moe",
-        "gemma4_moe",
-        "mixtral",
-        "qwen2_moe",
-        "qwen3_next",
+        *(
+            pytest.param(family, marks=pytest.mark.slow)
+            for family in (
+                "gemma4",
+                "qwen3_untied",
+                "mistral",
+                "gemma4_moe",
+                "mixtral",
+                "qwen2_moe",
+                "qwen3_next",
+            )
+        ),
     ],
 )
 def test_sampling_stops_on_any_stop_id_as_transformers_does(tmp_path, family):
@@ -369,7 +376,7 @@ def test_sampling_stops_on_any_stop_id_as_transformers_does(tmp_path, family):
     assert not kept[len(theirs) :].any()
 
 
-@pytest.mark.parametrize("family", ["qwen3", "gemma3"])
+@pytest.mark.parametrize("family", ["qwen3", pytest.param("gemma3", marks=pytest.mark.slow)])
 def test_generate_prints_what_transformers_generates(family, capsys):
     """``alignpipe generate FOLDER PROMPT``: the folder's template (Gemma 3 folds the system
     message into the user turn), greedy to the model's stop set, as transformers does."""

@@ -5,10 +5,10 @@ XLA's compiled programs hold, at three shapes that vary vocabulary, length and b
 from __future__ import annotations
 
 import pytest
-from memory_shapes import SHAPES, TOLERANCE, ratios
+from memory_shapes import SHAPES, TOLERANCE, ratios, tiered
 
 
-@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("shape", [tiered(shape) for shape in SHAPES])
 @pytest.mark.parametrize("algorithm", ["sft", "reward", "dpo"])
 def test_the_planner_is_within_15_percent_of_xla(algorithm, shape):
     found = ratios(algorithm, shape)
@@ -17,7 +17,7 @@ def test_the_planner_is_within_15_percent_of_xla(algorithm, shape):
         assert abs(ratio - 1) <= TOLERANCE, f"{algorithm} {program} at {shape}: {ratio:.3f}x"
 
 
-@pytest.mark.parametrize("shape", ["base", "length and batch x2"])
+@pytest.mark.parametrize("shape", [tiered("base"), tiered("length and batch x2")])
 def test_a_hybrid_stack_is_planned_within_15_percent(shape):
     """Qwen3.5's stack: a period of three Gated DeltaNet layers and one attention layer
     recomputed at once in sft's step. (dpo's reference pass, forward only, is over by

@@ -308,7 +308,7 @@ def _on_eight_and_one(models, config, state, batch):
     return eight, _run(make_update(models, config, devices=one), state, batch, one)[0]
 
 
-@pytest.mark.parametrize("algorithm", ["grpo", "rloo"])
+@pytest.mark.parametrize("algorithm", ["grpo", pytest.param("rloo", marks=pytest.mark.slow)])
 def test_group_update_without_critic_eight_devices_equal_one(setup, algorithm) -> None:
     """grpo/rloo: the policy alone is updated; grpo's k3 KL term in the loss moves it too."""
     models, config, state, group_batch = _group_case(setup, algorithm=algorithm)
@@ -324,7 +324,12 @@ def test_group_update_without_critic_eight_devices_equal_one(setup, algorithm) -
         assert max(jax.tree.leaves(moved)) > 1e-6  # the KL term changes the step
 
 
-@pytest.mark.parametrize("loss_type", ["grpo", "dr_grpo"])
+# dr_grpo's aggregation (its formula: test_ppo_advantages.py) over 8 devices: the slow tier; grpo's
+# per-response mean, the one that could go wrong across devices, in make test.
+DR_GRPO = pytest.param("dr_grpo", marks=pytest.mark.slow)
+
+
+@pytest.mark.parametrize("loss_type", ["grpo", DR_GRPO])
 def test_grpo_loss_types_eight_devices_equal_one(setup, loss_type) -> None:
     """Per-response aggregations (TRL's grpo, dr_grpo) stay device-count independent, and
     move the policy otherwise than the token mean (dapo) does."""
@@ -337,7 +342,7 @@ def test_grpo_loss_types_eight_devices_equal_one(setup, loss_type) -> None:
     assert max(jax.tree.leaves(moved)) > 1e-6
 
 
-@pytest.mark.parametrize("loss_type", ["grpo", "dr_grpo"])
+@pytest.mark.parametrize("loss_type", ["grpo", DR_GRPO])
 def test_entropy_bonus_is_a_token_mean_over_all_devices(setup, loss_type) -> None:
     """With a per-response loss_type the entropy bonus is still Σ entropy / Σ tokens over the
     global minibatch, not the mean of each device's mean: 8 devices holding unequal token

@@ -91,7 +91,7 @@ def test_chunked_rule_equals_the_recurrence_and_transformers():
     np.testing.assert_allclose(final, their_final.numpy(), atol=5e-5)
 
 
-@pytest.mark.parametrize("family", ["qwen3_5", "qwen3_5_mm"])
+@pytest.mark.parametrize("family", ["qwen3_5", pytest.param("qwen3_5_mm", marks=pytest.mark.slow)])
 def test_logits_match_transformers_at_512_tokens(imported, family):
     model, info = load_model(imported[family], dtype="float32")
     tokens = _tokens(LENGTH)
@@ -238,6 +238,9 @@ def _tiny_hybrid(**changes):
     )  # fmt: skip
 
 
+# Slow tier: fsdp and remat against the replicated stack are in make test for the dense stack
+# (test_fsdp.py, test_model.py).
+@pytest.mark.slow
 def test_fsdp_and_remat_compute_what_the_replicated_stack_does():
     config = _tiny_hybrid()
     model = Transformer(config, rngs=nnx.Rngs(0))
@@ -264,6 +267,9 @@ def test_fsdp_and_remat_compute_what_the_replicated_stack_does():
     )
 
 
+# Slow tier: adapters on every DeltaNet projection are trained by test_hf_pipeline.py's Qwen3.5
+# run, slow too.
+@pytest.mark.slow
 def test_adapters_reach_the_deltanet_projections():
     config = _tiny_hybrid()
     model = Transformer(config, rngs=nnx.Rngs(0))
@@ -282,6 +288,9 @@ def test_adapters_reach_the_deltanet_projections():
     assert merged.config.lora_rank == 0
 
 
+# Slow tier: 8 devices against one are in make test for the dense stack (test_ppo_update.py,
+# test_lora.py).
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_gradients_under_pmap_on_8_devices_equal_one_device():
     """Every device differentiates the hybrid stack at once (a 64-row chunk: the size whose

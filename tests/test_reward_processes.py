@@ -25,6 +25,10 @@ from components.core.training.metrics import read_metrics
 from components.shard import ShardConfig
 from components.shard import run as run_shard
 
+# Slow tier: a killed process resumes bit for bit in make test through
+# test_durable_checkpoints.py; these two start reward stages as processes.
+pytestmark = pytest.mark.slow
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FLAGS = ["--preset", "tiny", "--max-len", "24", "--batch-size", "32", "--eval-every", "1000"]
 
@@ -81,7 +85,6 @@ def test_killed_reward_stage_resumes_to_identical_params(shards, tmp_path):
     assert [r["loss"] for r in resumed] == [r["loss"] for r in read_metrics(whole)]
 
 
-@pytest.mark.slow
 def test_two_hosts_of_four_devices_match_one_host_of_eight(shards, tmp_path):
     flags = ["--steps", "6", "--save-every", "3", "--data-streams", "2", "--eval-batches", "2"]
     single, multi = str(tmp_path / "single"), str(tmp_path / "multi")

@@ -65,6 +65,8 @@ def test_sft_writes_model_artifact_and_lowers_eval_loss(sft_model):
     assert summary["eval/loss"] < np.log(vocab) - 1.0  # well below a uniform guess
 
 
+# Slow tier: a sharded train step against the replicated one is in make test (test_fsdp.py).
+@pytest.mark.slow
 def test_sft_with_fsdp_trains_like_replicated(sft_model, shards, tmp_path, sharded_placements):
     """The same 40 steps with state in chunks: the same model (float32 summation order aside)."""
     out = str(tmp_path / "sft")
@@ -136,7 +138,7 @@ def _pretrained_copy(model_dir: str, folder) -> str:
     return str(folder)
 
 
-@pytest.mark.parametrize("stage", ["sft", "reward"])
+@pytest.mark.parametrize("stage", ["sft", pytest.param("reward", marks=pytest.mark.slow)])
 def test_pretrained_start_gets_the_pretrained_learning_rate_and_passes_it_on(
     stage, sft_model, shards, tmp_path
 ):

@@ -66,8 +66,14 @@ def _close(a, b) -> None:
 
 @pytest.mark.parametrize(
     "overrides",
-    [{}, {"tie_embeddings": False, "final_logit_softcap": 3.0}],
-    ids=["tied", "untied-capped"],
+    [
+        pytest.param({}, id="tied"),
+        pytest.param(
+            {"tie_embeddings": False, "final_logit_softcap": 3.0},
+            id="untied-capped",
+            marks=pytest.mark.slow,
+        ),
+    ],
 )
 def test_rollout_and_update_statistics_and_gradients_equal_the_whole_logits(overrides):
     batch, mask = _batch(), _batch()["response_mask"]
@@ -119,7 +125,7 @@ def test_tiles_cover_the_positions_and_the_demo_is_not_tiled():
         _close(tiled.entropy, whole.entropy)
 
 
-@pytest.mark.parametrize("algorithm", ["ppo", "grpo"])
+@pytest.mark.parametrize("algorithm", ["ppo", pytest.param("grpo", marks=pytest.mark.slow)])
 def test_an_update_with_tiled_logits_equals_the_whole(algorithm):
     """One update (two epochs of two minibatches) on 8 devices: same metrics and weights."""
     config = PPOConfig(
