@@ -125,6 +125,7 @@ def sharded_placements(monkeypatch):
 # has no cache).
 DURATIONS = Path(__file__).with_name("module_durations.json")
 CACHE_KEY = "alignpipe/module_durations"
+SLOW = " [slow]"  # a module's slow-tier tests are timed apart: `make test` leaves them out
 _measured: dict[str, float] = {}
 
 
@@ -141,6 +142,7 @@ def pytest_runtest_logreport(report):
     """Add each test's setup, call and teardown time to its module's (on xdist's controller
     the workers' reports arrive here too)."""
     name = report.nodeid.split("::")[0].rsplit("/", 1)[-1]
+    name += SLOW if "slow" in report.keywords else ""
     _measured[name] = _measured.get(name, 0.0) + report.duration
     _reported.add(report.nodeid)
     if report.failed:
@@ -290,7 +292,14 @@ def pytest_runtest_teardown(item, nextitem):
     return result
 
 
+@pytest.hookimpl(trylast=True)  # after -m has deselected
 def pytest_collection_modifyitems(config, items):
-    """Modules longest first (by their recorded times); tests in a module keep their order."""
+    """Modules longest first (by their recorded times, a module's slow tests counted only when
+    they run); tests in a module keep their order."""
     durations = module_durations(config)
-    items.sort(key=lambda item: -durations.get(item.path.name, 0.0))
+    slow = {item.path.name for item in items if item.get_closest_marker("slow")}
+
+    def seconds(name: str) -> float:
+        return durations.get(name, 0.0) + (durations.get(name + SLOW, 0.0) if name in slow else 0)
+
+    items.sort(key=lambda item: -seconds(item.path.name))
