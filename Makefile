@@ -44,8 +44,9 @@ test: install ## Run the test suite without the slow tier (CPU, 8 virtual device
 test-all: install ## Run every test, the slow tier's end-to-end runs and repeats included.
 	$(PYTEST) tests || $(BIN)/python tests/rerun_crashed.py
 
-# Each run records its test modules' times in pytest's cache; `make test` orders the modules
-# by them, and by this file on a fresh clone (tests/conftest.py).
+# Each run records its test modules' times in pytest's cache (a module's slow tests apart);
+# `make test` and `make test-all` order the modules by them, and by this file on a fresh clone
+# (tests/conftest.py).
 test-durations: ## Copy the last run's recorded module times to tests/module_durations.json.
 	$(BIN)/python -m json.tool --sort-keys .pytest_cache/v/alignpipe/module_durations tests/module_durations.json
 

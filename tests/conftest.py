@@ -54,6 +54,10 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
     _OWN_CACHE = tempfile.mkdtemp(prefix="alignpipe-xla-")
     os.environ["JAX_COMPILATION_CACHE_DIR"] = _OWN_CACHE
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+# Weight-file digests (components/core/file_digest.py) are cached in the session's folder,
+# not the user's ~/.cache.
+if _OWN_CACHE is not None:
+    os.environ.setdefault("ALIGNPIPE_DIGEST_CACHE", os.path.join(_OWN_CACHE, "digests.json"))
 
 
 def _cheap_kfp_caller_name() -> None:
@@ -84,12 +88,6 @@ def _cheap_kfp_caller_name() -> None:
 
 
 _cheap_kfp_caller_name()
-
-
-# Weight-file digests (components/core/file_digest.py) are cached in the session's folder,
-# not the user's ~/.cache.
-if _OWN_CACHE is not None:
-    os.environ.setdefault("ALIGNPIPE_DIGEST_CACHE", os.path.join(_OWN_CACHE, "digests.json"))
 
 import jax  # noqa: E402
 
