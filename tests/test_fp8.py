@@ -21,7 +21,7 @@ import pytest
 import torch
 import transformers
 from test_hf_export import all_tensors  # every tensor of a folder, by name
-from test_hf_import import copy_fixture
+from test_hf_import import copy_fixture, edit_json
 
 from components.core.model.artifact import load_model
 from components.hf import fp8, safetensors_io
@@ -96,9 +96,7 @@ def _quantized_copy(family, tmp_path, quantize_linear, quantization) -> pathlib.
         return out
 
     _rewrite(folder, change)
-    config = json.loads((folder / "config.json").read_text())
-    config["quantization_config"] = quantization
-    (folder / "config.json").write_text(json.dumps(config))
+    edit_json(folder / "config.json", quantization_config=quantization)
     return folder
 
 
@@ -273,9 +271,7 @@ def test_what_the_import_cannot_read_is_refused_by_name(tmp_path):
         check_hf(str(folder))
     # A multimodal wrapper's outer quantization_config is read, not only its text config's.
     folder = copy_fixture("qwen3_5_mm", tmp_path / "awq")
-    config = json.loads((folder / "config.json").read_text())
-    config["quantization_config"] = {"quant_method": "awq", "bits": 4}
-    (folder / "config.json").write_text(json.dumps(config))
+    edit_json(folder / "config.json", quantization_config={"quant_method": "awq", "bits": 4})
     with pytest.raises(HFImportError, match="quantization_config=.*awq.*other than FP8"):
         check_hf(str(folder))
     int4 = {**COMPRESSED_TENSORS, "format": "pack-quantized"}  # llm-compressor's W4A16
@@ -284,8 +280,6 @@ def test_what_the_import_cannot_read_is_refused_by_name(tmp_path):
         "w4a16": int4,
     }.items():
         folder = copy_fixture("qwen3", tmp_path / method)
-        config = json.loads((folder / "config.json").read_text())
-        config["quantization_config"] = quantization
-        (folder / "config.json").write_text(json.dumps(config))
+        edit_json(folder / "config.json", quantization_config=quantization)
         with pytest.raises(HFImportError, match="quantized weights other than FP8.*BF16"):
             import_hf(str(folder), str(tmp_path / f"{method}-out"))
