@@ -129,6 +129,30 @@ def hf_config(family: str, vocab: int, ids: dict) -> transformers.PretrainedConf
             spatial_merge_size=2,
             tie_word_embeddings=False,  # Mistral3Config's default is true: stated, as saved
         )
+    if family == "mistral4_mm":
+        # Mistral Small 4's layers: latent attention (query and key-value latents, the rotary
+        # part in interleaved pairs), experts with a shared one, yarn with mscale_all_dim
+        # (which scales the softmax too) and the query temperature past a 256-token context.
+        text = transformers.Mistral4Config(
+            **{**common, "max_position_embeddings": 1024, "num_key_value_heads": 4},
+            q_lora_rank=16, kv_lora_rank=12, qk_rope_head_dim=8, qk_nope_head_dim=8,
+            v_head_dim=16, moe_intermediate_size=12, n_routed_experts=6,
+            num_experts_per_tok=2, n_shared_experts=1, routed_scaling_factor=1.5,
+            rope_parameters=dict(
+                rope_type="yarn", rope_theta=1e4, factor=16.0,
+                original_max_position_embeddings=256, beta_fast=32.0, beta_slow=1.0,
+                mscale=1.0, mscale_all_dim=1.0, llama_4_scaling_beta=0.1,
+            ),
+            tie_word_embeddings=False,
+        )  # fmt: skip
+        vision = transformers.PixtralVisionConfig(
+            hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+            head_dim=8, image_size=28, patch_size=14,
+        )  # fmt: skip
+        return transformers.Mistral3Config(
+            text_config=text, vision_config=vision, image_token_index=ids["eos_token_id"],
+            spatial_merge_size=2, tie_word_embeddings=False,
+        )  # fmt: skip
     if family.startswith("qwen3_5"):
         moe = family.startswith("qwen3_5_moe")
         text_class = transformers.Qwen3_5MoeTextConfig if moe else transformers.Qwen3_5TextConfig

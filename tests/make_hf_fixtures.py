@@ -219,6 +219,7 @@ FAMILIES = {
     "gemma4_moe": GEMMA4,
     # Its experts fused, as Qwen3.5 MoE's released checkpoints store them (fuse_experts).
     "qwen3_5_moe_mm": {**QWEN3_5, "fused_experts": True},
+    "mistral4_mm": MINISTRAL3,  # Mistral Small 4: tekken, as Mistral 3's
 }
 # Mixtral and Qwen2 MoE (experts apart, Mixtral's under its names): their dense kin's tokenizers.
 FAMILIES.update(mixtral=FAMILIES["mistral"], qwen2_moe=FAMILIES["qwen2"], qwen3_next=QWEN3_5)
@@ -226,7 +227,7 @@ FAMILIES.update(mixtral=FAMILIES["mistral"], qwen2_moe=FAMILIES["qwen2"], qwen3_
 FAMILIES.update(qwen3_vl=QWEN3, qwen3_vl_moe={**QWEN3, "transposed_experts": True})
 MULTIMODAL = (
     "gemma3_mm", "ministral3_mm", "qwen3_5_mm", "gemma4_mm", "qwen3_5_moe_mm", "qwen3_vl",
-    "qwen3_vl_moe",
+    "qwen3_vl_moe", "mistral4_mm",
 )  # fmt: skip
 
 
@@ -296,7 +297,7 @@ def randomise(model: torch.nn.Module, family: str) -> None:
                 # Ministral 3's fixture is compared over 512 tokens too (its query
                 # temperature starts at 256).
                 scale = 0.04 if family.startswith("gemma4") else 0.06
-                long = ("qwen3_5", "qwen3_next", "gemma4", "ministral3")
+                long = ("qwen3_5", "qwen3_next", "gemma4", "ministral3", "mistral4")
                 param.copy_((scale if family.startswith(long) else 0.25) * noise)
         for name, buffer in model.named_buffers():
             if name.endswith("layer_scalar"):  # Gemma 4's per-layer output scalar (saved)
@@ -413,7 +414,10 @@ def verify_export() -> None:
             artifact, exported = f"{tmp}/artifact", f"{tmp}/hf"
             import_hf(str(ROOT / family), artifact)
             export_hf(artifact, exported)
-            model = transformers.AutoModelForCausalLM.from_pretrained(
+            # By its architecture's class: transformers 5.25's AutoModelForCausalLM has no
+            # mistral4 (its AutoModelForPreTraining has).
+            architecture = json.loads((pathlib.Path(exported) / "config.json").read_text())
+            model = getattr(transformers, architecture["architectures"][0]).from_pretrained(
                 exported, dtype=torch.float32, attn_implementation="eager"
             )
             reference = np.load(ROOT / family / "reference.npz")

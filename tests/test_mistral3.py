@@ -277,10 +277,6 @@ REFUSED = {
         lambda c: c.update(quantization_config={"quant_method": "gptq", "bits": 4}),
         "quantization_config=.*other than FP8.*BF16.*Ministral-3-8B-Instruct-2512-BF16",
     ),
-    "Mistral 4 inside the wrapper": (
-        lambda c: c["text_config"].update(model_type="mistral4"),
-        "Mistral 4",
-    ),
 }
 
 
@@ -324,8 +320,6 @@ def test_the_temperature_is_refused_outside_ministral3():
     hf["rope_parameters"] = {**hf["rope_parameters"], "llama_4_scaling_beta": 0.1}
     with pytest.raises(HFImportError, match="llama_4_scaling_beta for qwen3"):
         model_config_from_hf(hf, dtype="float32")
-    with pytest.raises(HFImportError, match="Mistral 4"):
-        model_config_from_hf({"architectures": ["Mistral4ForCausalLM"]}, dtype="float32")
 
 
 # The released configs' text parts (Mistral Small 3.1's verbatim: saved by 4.50, no tie

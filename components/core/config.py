@@ -17,7 +17,12 @@ import math
 from typing import Any, Literal
 
 from components.core.flags import field
-from components.core.model.adapter_targets import ADAPTER_TARGETS, DELTA_TARGETS, LORA_TARGETS
+from components.core.model.adapter_targets import (
+    ADAPTER_TARGETS,
+    DELTA_TARGETS,
+    LATENT_TARGETS,
+    LORA_TARGETS,
+)
 
 ALL_LINEAR = "all-linear"
 # Auto (0) learning rates of a stage that trains adapters: its full fine-tuning rate times
@@ -45,7 +50,8 @@ class LoRASettings:
         ALL_LINEAR,
         help="comma-separated projections that get adapters, by their Hugging Face names "
         f"({','.join(LORA_TARGETS)}; in Qwen3.5's DeltaNet layers also "
-        f"{','.join(DELTA_TARGETS)}); {ALL_LINEAR} = every one the model has",
+        f"{','.join(DELTA_TARGETS)}; in Mistral 4's latent attention "
+        f"{','.join(LATENT_TARGETS)},o_proj); {ALL_LINEAR} = every one the model has",
     )
 
     def __post_init__(self) -> None:

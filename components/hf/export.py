@@ -31,7 +31,7 @@ from components.core.data.tokenizers import (
 from components.core.model import lora
 from components.core.model.transformer import ModelConfig, Transformer
 from components.core.training.checkpoint import load_model_params, read_model_config
-from components.hf import moe, qwen3_next, safetensors_io
+from components.hf import mistral4, moe, qwen3_next, safetensors_io
 from components.hf.families import family_of_config
 from components.hf.hf_config import hf_config_from_model
 from components.hf.model_card import model_card
@@ -105,6 +105,8 @@ def _hf_tensors(config: ModelConfig, family: str, params: dict, dtype: np.dtype)
         value = value[spec.expert] if spec.expert is not None else value
         value = value.T if spec.transpose else value
         tensors[spec.hf_name] = np.ascontiguousarray(value).astype(dtype)
+    if config.kv_lora_rank:  # Mistral 4: rotary rows interleaved, experts fused (mistral4.py)
+        return moe.fuse(mistral4.interleave(tensors, config))
     return moe.fuse(tensors) if family == "gemma4" and config.n_experts else tensors
 
 

@@ -22,7 +22,7 @@ from typing import Any
 
 from components.core.model import layer_kinds
 from components.core.model.config import ModelConfig
-from components.hf import fp8, gemma4, mistral3, moe
+from components.hf import fp8, gemma4, mistral3, mistral4, moe, qwen3_5
 from components.hf.refusals import HFImportError, Refusal, refuse
 from components.hf.rotary import rope_fields
 from components.hf.text_defaults import (
@@ -39,6 +39,7 @@ ARCHITECTURES = {
     "MistralForCausalLM": "mistral",
     "Ministral3ForCausalLM": "mistral",
     "Mistral3ForConditionalGeneration": "mistral",
+    "Mistral4ForCausalLM": "mistral",  # latent attention and experts: mistral4.py
     "Qwen2ForCausalLM": "qwen2",
     "Qwen3ForCausalLM": "qwen3",
     "Qwen3MoeForCausalLM": "qwen3",  # its experts: moe.py
@@ -73,8 +74,6 @@ FAMILY_ARCHITECTURE = {
 MODEL_TYPES = {"gemma3": "gemma3_text", "qwen3_5": "qwen3_5_text", "gemma4": "gemma4_text"}
 # Architectures met in the field that alignpipe does not model, and why.
 REFUSED_ARCHITECTURES = {
-    "Mistral4ForCausalLM": "Mistral 4: mixture-of-experts layers and latent attention are "
-    "not modelled; use Ministral 3 or Mistral Small 3.x",
     "Gemma3nForCausalLM": "Gemma 3n: per-layer embeddings and AltUp are not modelled",
     "Gemma3nForConditionalGeneration": "Gemma 3n: per-layer embeddings and AltUp are not modelled",
 }
@@ -233,6 +232,8 @@ def language_model_config(hf: dict[str, Any]) -> dict[str, Any]:
             return {**gemma4.unified_text(hf), "architectures": ["Gemma4ForCausalLM"]}
         if "Qwen3NextForCausalLM" in (hf.get("architectures") or []):
             return {**QWEN3_NEXT_DEFAULTS, **hf}
+        if mistral4.is_mistral4(hf):
+            return mistral4.filled(hf)
         return mistral3.ministral3_config(hf) if hf.get("model_type") == "ministral3" else hf
     if family == "mistral":
         return mistral3.text_config(hf)
@@ -289,44 +290,20 @@ def _layer_types(hf: dict[str, Any], family: str) -> tuple[str, ...]:
     return (kind,) * n_layers  # Mistral: the window, when set, is every layer's
 
 
-def _qwen3_5_fields(hf: dict[str, Any]) -> dict[str, Any]:
-    """Qwen3.5's hybrid stack: Gated DeltaNet layers where ``layer_types`` (or the interval
-    of full-attention layers) says, and its gated, q/k-normed, partially rotated attention."""
-    n_layers = int(hf["num_hidden_layers"])
-    types = hf.get("layer_types") or [
-        "linear_attention"
-        if (i + 1) % int(hf.get("full_attention_interval", 4))
-        else "full_attention"
-        for i in range(n_layers)
-    ]
-    unknown = sorted(set(types) - {"linear_attention", "full_attention"})
-    refuse(bool(unknown), f"Qwen3.5 layer types {unknown}")
-    refuse(len(types) != n_layers, f"{len(types)} layer_types for {n_layers} layers")
-    return dict(
-        layer_types=tuple(types),
-        qk_norm=True,
-        norm_scale_offset=1.0,
-        attn_output_gate=True,
-        delta_key_heads=int(hf["linear_num_key_heads"]),
-        delta_value_heads=int(hf["linear_num_value_heads"]),
-        delta_key_dim=int(hf["linear_key_head_dim"]),
-        delta_value_dim=int(hf["linear_value_head_dim"]),
-        delta_conv_kernel=int(hf["linear_conv_kernel_dim"]),
-    )
-
-
 def _family_fields(hf: dict[str, Any], family: str) -> dict[str, Any]:
     """The ModelConfig fields that differ by family, refusing unmodelled options."""
     if family == "gemma4":
         return gemma4.text_fields(hf)
     _check_refusals(hf, family)
     try:
+        if mistral4.is_mistral4(hf):
+            return mistral4.fields(hf)
         experts = moe.expert_fields(hf, family)
     except KeyError as missing:
-        raise HFImportError(f"config.json lacks {missing}, which a MoE config has") from None
+        raise HFImportError(f"config.json lacks {missing}, which its config has") from None
     if family == "qwen3_5":
         try:
-            return {**_qwen3_5_fields(hf), **experts}
+            return {**qwen3_5.config_fields(hf), **experts}
         except KeyError as missing:
             raise HFImportError(
                 f"config.json lacks {missing}, which a Qwen3.5 config has"
@@ -407,6 +384,8 @@ def _exportable_as(config: ModelConfig) -> list[str]:
     """The HF families whose architecture computes what ``config`` computes."""
     if config.experts_beside_mlp:  # Gemma 4 26B-A4B
         return ["gemma4"] if gemma4.is_gemma4(config) else []
+    if config.kv_lora_rank:  # Mistral 4
+        return ["mistral"] if mistral4.exportable(config) else []
     if config.n_experts:  # Mixtral, Qwen2 MoE, Qwen3 MoE or Qwen3.5 MoE
         return moe.exportable(config, _exportable_as(dataclasses.replace(config, **moe.NO_EXPERTS)))
     if gemma4.is_gemma4(config):
@@ -479,6 +458,8 @@ def _exportable_as(config: ModelConfig) -> list[str]:
 def export_architecture(config: ModelConfig, family: str) -> tuple[str, str]:
     """The architecture and model_type an export of ``config`` as ``family`` writes: the
     family's, or Ministral 3's for a Mistral with a query temperature."""
+    if family == "mistral" and config.kv_lora_rank:
+        return mistral4.ARCHITECTURE, "mistral4"
     if family == "mistral" and config.query_scale_beta:
         return "Ministral3ForCausalLM", "ministral3"
     if config.n_experts and family in moe.MOE_EXPORT:  # Gemma 4's experts stay Gemma 4's

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from components.core.model.config import ModelConfig
-from components.hf import gemma4
+from components.hf import gemma4, mistral4
 from components.hf.families import GEMMAS, export_architecture
 
 
@@ -159,6 +159,11 @@ def hf_config_from_model(config: ModelConfig, family: str, token_ids: dict, dtyp
     elif family == "gemma4":
         hf.update(gemma4.hf_text_fields(config))
         del hf["rope_theta"]
+    elif family == "mistral" and config.kv_lora_rank:  # Mistral 4: its experts' fields too
+        hf.update(mistral4.hf_fields(config))
+        hf["rope_parameters"] = mistral4.rope_parameters(config, rope)
+        hf.pop("rope_scaling", None)  # transformers 5 only: the older key would win over it
+        return {k: v for k, v in hf.items() if v is not None or k == "q_lora_rank"}
     elif family == "mistral":
         hf.update(hidden_act="silu", sliding_window=config.sliding_window)
     else:

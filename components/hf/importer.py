@@ -34,7 +34,7 @@ from components.core.data.tokenizers import (
 from components.core.model.hf_folder import is_hf_dir
 from components.core.model.transformer import ModelConfig, Transformer
 from components.core.training.checkpoint import export_model, read_model_config
-from components.hf import fp8, mistral3, moe, qwen3_next, safetensors_io
+from components.hf import fp8, mistral3, mistral4, moe, qwen3_next, safetensors_io
 from components.hf.families import (
     LANGUAGE_MODEL_PREFIXES,
     HFImportError,
@@ -294,7 +294,9 @@ def check_hf(hf_dir: str, *, dtype: str = "", remat: str = "full") -> Checked:
     infos = moe.per_expert(infos, config.dim, config.expert_dim)
     if qwen3_next.is_qwen3_next(hf):  # its config read: the fields the split needs are there
         infos = qwen3_next.split_projections(infos, hf)
-    if family == "mistral" and config.n_experts:  # a Mixtral saved in transformers 5's layout
+    if family == "mistral" and config.kv_lora_rank and mistral4.filled(hf).get("rope_interleave"):
+        infos = mistral4.deinterleave(infos, config)  # its rotary rows in interleaved pairs
+    elif family == "mistral" and config.n_experts:  # a Mixtral saved in transformers 5's layout
         infos = moe.mixtral_names(infos)
     if mistral3.tie_by_checkpoint(hf):  # as transformers 5 decides it: by the checkpoint
         config = dataclasses.replace(config, tie_embeddings="lm_head.weight" not in infos)

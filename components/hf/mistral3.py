@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from components.hf import fp8
+from components.hf import fp8, mistral4
 from components.hf.refusals import refuse
 
 # MistralConfig's class defaults (transformers 5.25), for the fields a text_config omits.
@@ -99,18 +99,17 @@ def text_config(hf: dict[str, Any]) -> dict[str, Any]:
     text = dict(hf.get("text_config") or {})
     kind = text.get("model_type", "mistral")
     refuse(
-        kind == "mistral4",
-        "Mistral 4 (mistral4): mixture-of-experts layers and latent attention are not "
-        "modelled; use Ministral 3 or Mistral Small 3.x",
-    )
-    refuse(
-        kind not in TEXT_DEFAULTS,
+        kind not in (*TEXT_DEFAULTS, "mistral4"),
         f"Mistral3ForConditionalGeneration wrapping a {kind!r} language model (alignpipe "
-        f"reads {sorted(TEXT_DEFAULTS)})",
+        f"reads {sorted(TEXT_DEFAULTS)} and 'mistral4')",
     )
     tied = bool(hf.get("tie_word_embeddings", True))  # the outer flag: 5.25 reads no other
-    filled = ministral3_config(text) if kind == "ministral3" else {**MISTRAL_TEXT_DEFAULTS, **text}
-    architecture = "Ministral3ForCausalLM" if kind == "ministral3" else "MistralForCausalLM"
+    if kind == "mistral4":  # Mistral Small 4 (mistral4.py)
+        filled, architecture = mistral4.filled(text), mistral4.ARCHITECTURE
+    elif kind == "ministral3":
+        filled, architecture = ministral3_config(text), "Ministral3ForCausalLM"
+    else:
+        filled, architecture = {**MISTRAL_TEXT_DEFAULTS, **text}, "MistralForCausalLM"
     filled.update(tie_word_embeddings=tied, architectures=[architecture], model_type=kind)
     quantized = hf.get("quantization_config")
     refuse(

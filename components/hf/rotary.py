@@ -81,7 +81,11 @@ def rope_table(rope: dict[str, Any], family: str, hf: dict[str, Any]) -> dict[st
         "scaling, Llama 3.1's 'llama3' (Llama only) and 'yarn' (Llama, Mistral, Qwen2, Qwen3)",
     )
     partial = float(rope.get("partial_rotary_factor", 1.0))
-    refuse(partial != 1.0 and family != "qwen3_5", f"partial rotary embeddings for {family}")
+    latent = hf.get("model_type") == "mistral4"  # the rotated part of latent attention's heads
+    refuse(
+        partial != 1.0 and family != "qwen3_5" and not latent,
+        f"partial rotary embeddings for {family}",
+    )
     architectures = hf.get("architectures") or []
     stated = next((ARCHITECTURE_THETA[a] for a in architectures if a in ARCHITECTURE_THETA), 1e4)
     default_theta = float(hf.get("rope_theta", stated))
@@ -104,9 +108,9 @@ def rope_table(rope: dict[str, Any], family: str, hf: dict[str, Any]) -> dict[st
     # for ``ministral3`` alone: a Mistral's attention never does, so neither does its import.
     if beta and hf.get("model_type") != "mistral":
         refuse(
-            hf.get("model_type") != "ministral3",
-            f"llama_4_scaling_beta for {family} (Ministral 3's query temperature, read for "
-            "model_type ministral3)",
+            hf.get("model_type") not in ("ministral3", "mistral4"),
+            f"llama_4_scaling_beta for {family} (Ministral 3's and Mistral 4's query "
+            "temperature, read for model_type ministral3 and mistral4)",
         )
         fields.update(query_scale_beta=beta, rope_original_max_len=original_context(rope, hf))
     return fields

@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 
 from components.core.model.config import ModelConfig
-from components.hf import gemma4, moe
+from components.hf import gemma4, mistral4, moe
 from components.hf.families import GEMMAS
 
 
@@ -45,17 +45,34 @@ def mlp_tensors(config: ModelConfig, family: str) -> list[tuple[str, tuple[str, 
     family's names (hf/moe.py). Each is a Linear weight, stored transposed."""
     if not config.n_experts:
         return [(f"mlp.{p}_proj.weight", ("mlp", f"w_{p}", "kernel"), None) for p in PROJECTIONS]
-    block, router, names = moe.MIXTRAL_NAMES if family == "mistral" else moe.QWEN_NAMES
+    mixtral = family == "mistral" and not config.kv_lora_rank  # Mistral 4's are Qwen's names
+    block, router, names = moe.MIXTRAL_NAMES if mixtral else moe.QWEN_NAMES
     tensors = [(f"{block}.{router}.weight", ("mlp", "router", "kernel"), None)]
     for e in range(config.n_experts):
         for p in PROJECTIONS:
             tensors.append((f"{block}.experts.{e}.{names[p]}.weight", ("mlp", f"w_{p}"), e))
     if config.shared_expert_dim:
+        shared = "shared_expert" if config.shared_expert_gated else "shared_experts"  # Mistral 4
         for p in PROJECTIONS:
             ours = ("mlp", "shared", f"w_{p}", "kernel")
-            tensors.append((f"mlp.shared_expert.{p}_proj.weight", ours, None))
-        tensors.append(("mlp.shared_expert_gate.weight", ("mlp", "shared_gate", "kernel"), None))
+            tensors.append((f"mlp.{shared}.{p}_proj.weight", ours, None))
+        if config.shared_expert_gated:
+            gate = ("mlp", "shared_gate", "kernel")
+            tensors.append(("mlp.shared_expert_gate.weight", gate, None))
     return tensors
+
+
+def latent_linears(config: ModelConfig) -> list[tuple[str, str]]:
+    """Latent attention's projections (HF name, ours): q_proj or the query latent's two."""
+    queries = ("q_a_proj", "q_b_proj") if config.q_lora_rank else ("q_proj",)
+    names = (*queries, "kv_a_proj_with_mqa", "kv_b_proj", "o_proj")
+    return [(name, mistral4.LATENT_LINEARS[name]) for name in names]
+
+
+def latent_norms(config: ModelConfig) -> list[tuple[str, str]]:
+    """Latent attention's norms (HF name, ours): the key-value latent's, the query's."""
+    norms = mistral4.LATENT_NORMS.items()
+    return [(hf, ours) for hf, ours in norms if config.q_lora_rank or hf.startswith("kv")]
 
 
 def stack_index(config: ModelConfig) -> list[tuple[str, int]]:
@@ -101,6 +118,9 @@ def tensor_specs(config: ModelConfig, family: str) -> list[TensorSpec]:
     }
     if config.qk_norm:
         norms.update({"self_attn.q_norm": "attn/q_norm", "self_attn.k_norm": "attn/k_norm"})
+    if config.kv_lora_rank:  # Mistral 4's latent attention
+        linears = {f"self_attn.{hf}": ("attn", ours) for hf, ours in latent_linears(config)}
+        norms.update({f"self_attn.{hf}": f"attn/{ours}" for hf, ours in latent_norms(config)})
     for i, (stack, j) in enumerate(stack_index(config)):
         prefix = f"model.layers.{i}."
         for hf_name, ours, expert in mlp_tensors(config, family):

@@ -106,6 +106,8 @@ def kind_param_count(config: ModelConfig, stack: str) -> int:
     layers are wider, its shared layers have no key or value projections."""
     kind = layer_kinds.stack_kind(config, stack)
     d, hd = config.dim, kind.head_dim
+    if config.kv_lora_rank:  # Mistral 4
+        return latent_param_count(config) + mlp_param_count(config, kind.hidden_dim) + 2 * d
     queries = config.n_heads * (3 if config.attn_output_gate else 2)  # q (and its gate), o
     kv_projections = (1 if kind.k_eq_v else 2) * kind.n_kv_heads if kind.owns_kv else 0
     attn = d * hd * (queries + kv_projections)
@@ -118,6 +120,16 @@ def kind_param_count(config: ModelConfig, stack: str) -> int:
     return attn + mlp + norms + per_layer + int(config.layer_scalar)
 
 
+def latent_param_count(config: ModelConfig) -> int:
+    """Latent attention's parameters (core/model/latent_attention.py): each projection of
+    :func:`projection_shapes` and the two latents' norms."""
+    shapes = projection_shapes(config)
+    queries = ("q_a_proj", "q_b_proj") if config.q_lora_rank else ("q_proj",)
+    names = (*queries, "kv_a_proj_with_mqa", "kv_b_proj", "o_proj")
+    norms = config.kv_lora_rank + config.q_lora_rank
+    return sum(shapes[t][0] * shapes[t][1] for t in names) + norms
+
+
 def mlp_param_count(config: ModelConfig, hidden_dim: int) -> int:
     """Parameters of a layer's MLP: the gated MLP's three projections, or a mixture's router,
     every expert's three and the shared expert with its gate (core/model/moe.py), or Gemma
@@ -128,7 +140,8 @@ def mlp_param_count(config: ModelConfig, hidden_dim: int) -> int:
     experts = d * config.n_experts * (1 + 3 * config.expert_dim)
     if config.experts_beside_mlp:  # Gemma 4: the MLP, its router's scales and 3 more norms
         return 3 * d * hidden_dim + experts + config.n_experts + 4 * d
-    shared = 3 * d * config.shared_expert_dim + d if config.shared_expert_dim else 0
+    gate = d if config.shared_expert_gated else 0  # Qwen's sigmoid gate; Mistral 4's has none
+    shared = 3 * d * config.shared_expert_dim + gate if config.shared_expert_dim else 0
     return experts + shared
 
 
@@ -167,7 +180,13 @@ def projection_shapes(config: ModelConfig, stack: str = "blocks") -> dict[str, t
     keys = config.delta_key_heads * config.delta_key_dim
     values = config.delta_value_heads * config.delta_value_dim
     gate = 2 if config.attn_output_gate else 1  # Qwen3.5's q_proj emits a gate per query
+    latent, rope = config.kv_lora_rank, config.rotary_dim
     return {
+        # Mistral 4's latent attention: queries and keys/values through latents
+        "q_a_proj": (d, config.q_lora_rank),
+        "q_b_proj": (config.q_lora_rank, q),
+        "kv_a_proj_with_mqa": (d, latent + rope),
+        "kv_b_proj": (latent, config.n_heads * (2 * kind.head_dim - rope)),
         "q_proj": (d, gate * q),
         "k_proj": (d, kv),
         "v_proj": (d, kv),
@@ -243,6 +262,9 @@ def _layer_matmuls(config: ModelConfig, sequences: int, seq_len: int) -> float:
         + 2 * k.n_kv_heads * k.head_dim
         for k in kinds
     )
+    if config.kv_lora_rank:  # the latents and kv_b_proj's output beside the expanded heads
+        shapes = projection_shapes(config)
+        attention += sum(shapes[t][1] for t in ("q_a_proj", "kv_a_proj_with_mqa", "kv_b_proj"))
     if config.is_hybrid:  # a DeltaNet layer's conv channels and output gate
         values = config.delta_value_heads * config.delta_value_dim
         attention = max(attention, 2 * config.delta_key_heads * config.delta_key_dim + 2 * values)

@@ -9,7 +9,12 @@ import jax
 import jax.numpy as jnp
 
 from components.core.model import layer_kinds
-from components.core.model.adapter_targets import ADAPTER_TARGETS, DELTA_TARGETS, LORA_TARGETS
+from components.core.model.adapter_targets import (
+    ADAPTER_TARGETS,
+    DELTA_TARGETS,
+    LATENT_TARGETS,
+    LORA_TARGETS,
+)
 from components.core.model.layer_kinds import check_kinds
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
@@ -125,6 +130,16 @@ class ModelConfig:
     shared_expert_dim: int = 0
     # Gemma 4 26B-A4B: the experts run beside each layer's dense MLP (moe.BesideExperts).
     experts_beside_mlp: bool = False
+    # Mistral 4: the chosen experts' weights times routed_scaling (routed_scaling_factor), and
+    # a shared expert without Qwen's sigmoid gate (its ``shared_experts``).
+    routed_scaling: float = 1.0
+    shared_expert_gated: bool = True
+    # Multi-head latent attention (Mistral 4, after DeepSeek-V2; core/model/latent_attention.py):
+    # keys and values from a kv_lora_rank-wide latent, queries through a q_lora_rank-wide one
+    # (0: one projection), each head's last rotary_dim query/key dims rotated, that part of
+    # the key shared by every head. head_dim is the query, key and value width. 0: none.
+    kv_lora_rank: int = 0
+    q_lora_rank: int = 0
     # Logits live a tile of at most this many elements (positions × vocabulary) at a time
     # wherever log-probs, entropy or KL are reduced (core/model/vocab_tiles.py): 2**24 fp32
     # = 64 MiB; 0 = whole. The sampler's one position a step is never tiled.
@@ -171,6 +186,7 @@ class ModelConfig:
     def _check_lora(self) -> None:
         """Adapters: a non-negative rank, a positive alpha, targets the model has."""
         known = ADAPTER_TARGETS if self.is_hybrid else LORA_TARGETS
+        known = LORA_TARGETS + LATENT_TARGETS if self.kv_lora_rank else known
         if not self.is_hybrid and set(self.lora_targets) & set(DELTA_TARGETS):
             raise ValueError(
                 f"ModelConfig.lora_targets {list(self.lora_targets)}: {list(DELTA_TARGETS)} "
@@ -227,6 +243,7 @@ class ModelConfig:
             )
         self._check_hybrid()
         self._check_experts()
+        self._check_latent()
         check_kinds(self)
         self._check_yarn()
         if self.rope_linear_factor <= 0 or (self.rope_local_theta or 1.0) <= 0:
@@ -256,11 +273,31 @@ class ModelConfig:
             )
         # Beside a dense MLP (Gemma 4's router): no shared expert, the top k renormalised.
         beside = self.experts_beside_mlp and (self.shared_expert_dim or not self.norm_topk_prob)
+        if self.routed_scaling <= 0:
+            raise ValueError(f"ModelConfig.routed_scaling must be > 0, got {self.routed_scaling}")
         if self.shared_expert_dim < 0 or self.shared_mlp_factor != 1 or beside:
             raise ValueError(
                 "ModelConfig: experts beside Gemma 4's double-wide MLPs, or beside a dense MLP "
                 "with a shared expert or norm_topk_prob off, or a negative shared_expert_dim "
                 f"({self.shared_expert_dim})"
+            )
+
+    def _check_latent(self) -> None:
+        """Latent attention: a latent, one key and value head a query head, a rotated part."""
+        if not self.kv_lora_rank:
+            if self.q_lora_rank:
+                raise ValueError("ModelConfig.q_lora_rank is latent attention's: set kv_lora_rank")
+            return
+        if (
+            min(self.kv_lora_rank, self.q_lora_rank) < 0
+            or self.n_kv_heads != self.n_heads
+            or self.rotary_fraction == 1.0
+            or self.qk_norm or self.attn_output_gate or self.qkv_bias or self.is_hybrid
+        ):  # fmt: skip
+            raise ValueError(
+                f"ModelConfig latent attention (kv_lora_rank {self.kv_lora_rank}) needs "
+                "q_lora_rank >= 0, n_kv_heads = n_heads, rotary_fraction < 1 (the rotated part "
+                "of each head), and none of qk_norm, attn_output_gate, qkv_bias, linear layers"
             )
 
     def _check_yarn(self) -> None:
@@ -356,6 +393,10 @@ class ModelConfig:
             return tuple(s for s in counts if s == "linear_blocks")
         if target in ("gate_proj", "up_proj", "down_proj"):  # no expert takes adapters
             return () if self.n_experts and not self.experts_beside_mlp else tuple(counts)
+        if self.kv_lora_rank or target in LATENT_TARGETS:  # Mistral 4's latent attention
+            queries = ("q_a_proj", "q_b_proj") if self.q_lora_rank else ("q_proj",)
+            latent = (*queries, "kv_a_proj_with_mqa", "kv_b_proj", "o_proj")
+            return tuple(counts) if self.kv_lora_rank and target in latent else ()
         stacks = []
         for stack in counts:
             kind = layer_kinds.stack_kind(self, stack)

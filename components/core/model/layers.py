@@ -456,11 +456,13 @@ class Block(nnx.Module):
         kind: LayerKind | None = None,
         mlp: nnx.Module | None = None,
         experts: nnx.Module | None = None,
+        attention: nnx.Module | None = None,
     ):
-        """``mlp``: not the gated MLP (moe.MoE); ``experts``: beside it (moe.BesideExperts)."""
+        """``mlp``: not the gated MLP (moe.MoE); ``experts``: beside it (moe.BesideExperts);
+        ``attention``: not :class:`Attention` (latent_attention.LatentAttention)."""
         kind = kind_of(config, kind)
         self.attn_norm = RMSNorm(config.dim, config)
-        self.attn = Attention(config, rngs=rngs, kind=kind)
+        self.attn = attention if attention is not None else Attention(config, rngs=rngs, kind=kind)
         self.mlp_norm = RMSNorm(config.dim, config)
         self.mlp = (
             mlp if mlp is not None else GatedMLP(config, rngs=rngs, hidden_dim=kind.hidden_dim)

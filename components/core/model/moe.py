@@ -125,7 +125,8 @@ def _experts_fn(k: int, normalize: bool, activation):
 class MoE(nnx.Module):
     """A mixture-of-experts MLP over ``x`` [..., dim]: ``router`` (HF ``mlp.gate``), the
     experts' stacked ``w_gate``/``w_up`` [E, dim, F] and ``w_down`` [E, F, dim], and, with
-    ``shared_expert_dim``, a shared gated MLP times sigmoid(``shared_gate``(x))."""
+    ``shared_expert_dim``, a shared gated MLP times sigmoid(``shared_gate``(x)) (Qwen's) or
+    as it is (Mistral 4's); the chosen experts' weights times ``routed_scaling``."""
 
     def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
         dim, width, count = config.dim, config.expert_dim, config.n_experts
@@ -136,7 +137,9 @@ class MoE(nnx.Module):
         self.w_down = nnx.Param(init(rngs.params(), (count, width, dim), jnp.float32))
         shared = config.shared_expert_dim
         self.shared = GatedMLP(config, rngs=rngs, hidden_dim=shared) if shared else None
-        self.shared_gate = dense(dim, 1, config, rngs, target="shared_gate") if shared else None
+        gated = shared and config.shared_expert_gated  # Mistral 4's shared expert: no gate
+        self.shared_gate = dense(dim, 1, config, rngs, target="shared_gate") if gated else None
+        self.scaling = config.routed_scaling
         self.dtype = config.compute_dtype
         self.experts = _experts_fn(
             config.experts_per_token, config.norm_topk_prob, ACTIVATIONS[config.mlp_activation]
@@ -144,10 +147,13 @@ class MoE(nnx.Module):
 
     def __call__(self, x: jax.Array) -> jax.Array:
         rows = x.reshape(-1, x.shape[-1]).astype(self.dtype)
-        out = self.routed(rows, self.router(rows), jnp.ones(self.w_gate.shape[0], rows.dtype))
-        if self.shared is not None:
+        scale = jnp.full(self.w_gate.shape[0], self.scaling, rows.dtype)
+        out = self.routed(rows, self.router(rows), scale)
+        if self.shared_gate is not None:
             gate = jax.nn.sigmoid(self.shared_gate(rows).astype(jnp.float32)).astype(out.dtype)
             out = out + gate * self.shared(rows)
+        elif self.shared is not None:
+            out = out + self.shared(rows)
         return out.reshape(*x.shape[:-1], -1)
 
     def routed(self, rows: jax.Array, logits: jax.Array, scale: jax.Array) -> jax.Array:

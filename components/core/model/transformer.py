@@ -42,6 +42,7 @@ from flax import nnx
 from components.core.model import kind_scan, layer_kinds, moe, vocab_tiles
 from components.core.model.config import REMAT_POLICIES, ModelConfig
 from components.core.model.delta import DeltaBlock, DeltaState
+from components.core.model.latent_attention import LatentAttention
 from components.core.model.layers import (
     INIT_STD,
     Block,
@@ -120,7 +121,8 @@ def _stack(config: ModelConfig, stack: str, count: int, rngs: nnx.Rngs) -> nnx.M
         experts = moe.MoE(config, rngs=rngs) if config.n_experts else None
         if stack == "linear_blocks":
             return DeltaBlock(config, rngs=rngs, mlp=experts)
-        return Block(config, rngs=rngs, kind=kind, mlp=experts)
+        latent = LatentAttention(config, rngs=rngs) if config.kv_lora_rank else None
+        return Block(config, rngs=rngs, kind=kind, mlp=experts, attention=latent)
 
     return stacked(rngs)
 
