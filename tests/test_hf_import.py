@@ -201,9 +201,9 @@ BAD_INPUTS = {
         lambda d: edit_json(d / "config.json", architectures=["FalconForCausalLM"]),
         ["FalconForCausalLM", "Qwen2ForCausalLM", "Gemma3ForCausalLM"],
     ),
-    "mistral4_by_name": (
-        lambda d: edit_json(d / "config.json", architectures=["Mistral4ForCausalLM"]),
-        ["Mistral4ForCausalLM", "latent attention"],
+    "gemma3n_by_name": (
+        lambda d: edit_json(d / "config.json", architectures=["Gemma3nForCausalLM"]),
+        ["Gemma3nForCausalLM", "AltUp"],
     ),
     "moe_without_experts": (
         lambda d: edit_json(d / "config.json", architectures=["Qwen3MoeForCausalLM"]),

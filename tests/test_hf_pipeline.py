@@ -105,9 +105,12 @@ FAMILIES = {
     # At the others' rate its KL (0.12 nats/token) passed kl_stop and the guard restored
     # the initial policy.
     "qwen3_moe": {"chat_template_kwargs": '{"enable_thinking": false}', "ppo_learning_rate": 1e-3},
+    # Mistral Small 4 as released (its Mistral 3 wrapper; latent attention and experts): GRPO
+    # with adapters on the latent projections, as a 119B model is trained.
+    "mistral4_mm": {"algorithm": "grpo", "group_size": 2, "lora_rank": 4, "lora_alpha": 8.0},
 }
 # The family an imported fixture is recorded as (a MoE is its dense family with experts).
-FAMILY_OF = {"qwen3_moe": "qwen3"}
+FAMILY_OF = {"qwen3_moe": "qwen3", "mistral4_mm": "mistral"}
 # The stage that aligned the policy, by its algorithm.
 ALIGNING = {"dpo": "dpo", "grpo": "ppo"}
 SYSTEM = {
@@ -117,6 +120,7 @@ SYSTEM = {
     "qwen3_5": "Answer briefly.",
     "gemma4": "Reply kindly.",
     "qwen3_moe": "Answer kindly.",
+    "mistral4_mm": "Be kind.",
 }
 # The family whose run is also given a held-out reward model's own data (heldout_data_uri).
 HELDOUT_DATA = "llama"
@@ -226,9 +230,14 @@ def _our_logits(policy_dir: str, tokens: list[int]) -> np.ndarray:
 
 
 def _hf_model(folder: Path):
-    return transformers.AutoModelForCausalLM.from_pretrained(
-        str(folder), dtype=torch.float32, attn_implementation="eager"
-    ).eval()
+    """transformers' model of ``folder``: by its architecture's class (transformers 5.25's
+    AutoModelForCausalLM has no mistral4), a multimodal wrapper's for a released folder."""
+    architecture = json.loads((Path(folder) / "config.json").read_text())["architectures"][0]
+    return (
+        getattr(transformers, architecture)
+        .from_pretrained(str(folder), dtype=torch.float32, attn_implementation="eager")
+        .eval()
+    )
 
 
 @pytest.mark.slow
@@ -342,6 +351,7 @@ CHAT = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": 
                 "mixtral",
                 "qwen2_moe",
                 "qwen3_next",
+                "mistral4_mm",
             )
         ),
     ],

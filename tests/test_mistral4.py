@@ -26,13 +26,15 @@ import transformers
 from flax import nnx
 from test_hf_import import copy_fixture  # tests/test_hf_import.py's writable fixture copy
 
-from components.core.model import sampler
-from components.core.model.artifact import load_model
+from components.core.model import lora, sampler
+from components.core.model.adapter_targets import ADAPTER_TARGETS
+from components.core.model.artifact import load_model, save_model
 from components.core.model.transformer import Transformer
 from components.hf import mistral4
 from components.hf.export import export_hf
 from components.hf.families import HFImportError, model_config_from_hf
 from components.hf.importer import import_hf
+from components.hf.peft import export_peft, load_adapter
 from pipelines.dag import memory
 
 FIXTURE = pathlib.Path(__file__).parent / "fixtures" / "hf" / "mistral4_mm"
@@ -171,8 +173,6 @@ def test_the_released_config_is_planned_at_its_published_size():
 def test_adapters_wrap_the_latent_projections(imported):
     """all-linear on latent attention: the query and key-value latents' projections and the
     output; the experts take none (moe.py). A fresh adapter changes nothing."""
-    from components.core.model.adapter_targets import ADAPTER_TARGETS
-
     model, _ = load_model(imported, dtype="float32")
     targets = model.config.present_targets(ADAPTER_TARGETS)
     assert targets == ("o_proj", "q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj")
@@ -203,3 +203,42 @@ def test_unmodelled_mistral4_options_are_refused_by_name(tmp_path, case):
     with pytest.raises(HFImportError, match=named):
         import_hf(str(folder), str(tmp_path / "out"))
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.slow  # PEFT's export and read-back: test_peft_export.py in make test
+def test_adapters_export_to_peft_and_read_back(imported, expected, tmp_path):
+    """A policy with rank-4 adapters (B nonzero) on every latent projection: PEFT loads its
+    adapter onto the exported base and computes our logits (B's rotary rows written back
+    interleaved), and the adapter reads back to the same model."""
+    import peft
+
+    model, info = load_model(imported, dtype="float32")
+    targets = model.config.present_targets(ADAPTER_TARGETS)
+    model = lora.attach(model, rank=4, alpha=8.0, targets=targets, seed=0)
+    state = nnx.state(model, nnx.Param)
+    pure = nnx.to_pure_dict(state)
+    rng = np.random.default_rng(0)
+    for target in targets:
+        module, name = lora.TARGET_PATHS[target]
+        adapter = pure["blocks"][module][name]["lora"]
+        for matrix in ("lora_a", "lora_b"):
+            adapter[matrix] = (0.2 * rng.standard_normal(adapter[matrix].shape)).astype(np.float32)
+    nnx.replace_by_pure_dict(state, pure)
+    nnx.update(model, state)
+    policy = str(tmp_path / "policy")
+    save_model(policy, model, state, tokenizer=info["tokenizer"], stage="sft", training={},
+               step=1, hf=info["hf"])  # fmt: skip
+    out = tmp_path / "hf"
+    tokenizer = f"{imported}/tokenizer"
+    export_peft(policy, str(out), tokenizer_dir=tokenizer, dtype="float32", base_model="tiny")
+    tokens = expected[0][:, :64]
+    ours = _logits(model, tokens)
+    base = transformers.Mistral4ForCausalLM.from_pretrained(out / "base", dtype=torch.float32)
+    theirs = peft.PeftModel.from_pretrained(base, out / "adapter").eval()
+    with torch.no_grad():
+        got = theirs(torch.tensor(tokens)).logits.numpy()
+    assert np.abs(got - ours).max() < 1e-4
+    assert np.abs(_logits(load_model(imported, dtype="float32")[0], tokens) - ours).max() > 0.05
+    plain = import_hf(str(out / "base"), str(tmp_path / "base_artifact"))["out"]
+    again = load_adapter(load_model(plain, dtype="float32")[0], str(out / "adapter"))
+    assert np.abs(_logits(again, tokens) - ours).max() < 1e-4

@@ -300,7 +300,8 @@ def _family_fields(hf: dict[str, Any], family: str) -> dict[str, Any]:
             return mistral4.fields(hf)
         experts = moe.expert_fields(hf, family)
     except KeyError as missing:
-        raise HFImportError(f"config.json lacks {missing}, which its config has") from None
+        kind = "Mistral 4" if mistral4.is_mistral4(hf) else "MoE"
+        raise HFImportError(f"config.json lacks {missing}, which a {kind} config has") from None
     if family == "qwen3_5":
         try:
             return {**qwen3_5.config_fields(hf), **experts}

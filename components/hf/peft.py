@@ -24,7 +24,7 @@ from flax import nnx
 
 from components.core.model import lora
 from components.core.model.transformer import ModelConfig, Transformer
-from components.hf import qwen3_next, safetensors_io
+from components.hf import mistral4, qwen3_next, safetensors_io
 from components.hf.export import (
     DEFAULT_SHARD_BYTES,
     ExportError,
@@ -52,6 +52,10 @@ HF_MODULES = {
     "in_proj_b": "linear_attn.in_proj_b",
     "in_proj_a": "linear_attn.in_proj_a",
     "out_proj": "linear_attn.out_proj",
+    "q_a_proj": "self_attn.q_a_proj",  # Mistral 4's latent attention
+    "q_b_proj": "self_attn.q_b_proj",
+    "kv_a_proj_with_mqa": "self_attn.kv_a_proj_with_mqa",
+    "kv_b_proj": "self_attn.kv_b_proj",
 }
 # PEFT options that change the adapter's function, which alignpipe does not model.
 UNSUPPORTED = {
@@ -118,8 +122,25 @@ def adapter_tensors(model: Transformer) -> dict[str, np.ndarray]:
         adapter = pure[stack][module][name]["lora"]
         for matrix, ours in (("lora_A", "lora_a"), ("lora_B", "lora_b")):
             value = np.asarray(adapter[ours][index], np.float32).T
+            order = _stored_rows(model.config, target) if matrix == "lora_B" else None
+            if order is not None:  # B's rows in the checkpoint's interleaved order
+                value = _interleaved(value, order)
             tensors[_adapter_name(layer, target, matrix)] = np.ascontiguousarray(value)
     return tensors
+
+
+def _stored_rows(config: ModelConfig, target: str) -> np.ndarray | None:
+    """The stored row of each of our output rows of ``target`` where the checkpoint's order
+    differs (Mistral 4's rotary rows, interleaved: mistral4.py), else None."""
+    if not config.kv_lora_rank:
+        return None
+    return mistral4.rotary_rows(config).get(f"{HF_MODULES[target]}.weight")
+
+
+def _interleaved(value: np.ndarray, order: np.ndarray) -> np.ndarray:
+    stored = np.empty_like(value)
+    stored[order] = value
+    return stored
 
 
 def write_adapter(out: str, model: Transformer, base_model: str) -> list[str]:
@@ -228,7 +249,10 @@ def load_adapter(model: Transformer, adapter_dir: str) -> Transformer:
         layers = [layer for layer, t, s, _ in sites if (t, s) == (target, stack)]
         for matrix, ours in (("lora_A", "lora_a"), ("lora_B", "lora_b")):
             names = [_adapter_name(i, target, matrix) for i in layers]
-            stacked = np.stack([np.asarray(stored[name], np.float32).T for name in names])
+            order = _stored_rows(adapted.config, target) if matrix == "lora_B" else None
+            rows = [np.asarray(stored[name], np.float32) for name in names]
+            rows = rows if order is None else [value[order] for value in rows]
+            stacked = np.stack([value.T for value in rows])
             if stacked.shape != adapter[ours].shape:
                 raise AdapterError(
                     f"{path}: {target} {matrix} has shape {stacked.shape[1:][::-1]} per layer, "

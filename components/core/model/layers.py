@@ -3,9 +3,8 @@
 Parameter layouts follow the Hugging Face checkpoints (kernels stored as
 ``[in, out]``, rotary embedding in the "rotate half" form), so real weights can
 be loaded by transposing ``nn.Linear`` matrices and nothing else. The family
-differences (Qwen2's q/k/v biases; Gemma 2's (1 + w) norms, extra post-norms,
-soft-capping, query scalar and GeGLU) are fields of ``ModelConfig``; the
-defaults are Llama.
+differences (Qwen2's q/k/v biases; Gemma 2's (1 + w) norms, extra post-norms, soft-capping,
+query scalar and GeGLU) are fields of ``ModelConfig``; the defaults are Llama.
 """
 
 from __future__ import annotations
@@ -458,8 +457,8 @@ class Block(nnx.Module):
         experts: nnx.Module | None = None,
         attention: nnx.Module | None = None,
     ):
-        """``mlp``: not the gated MLP (moe.MoE); ``experts``: beside it (moe.BesideExperts);
-        ``attention``: not :class:`Attention` (latent_attention.LatentAttention)."""
+        """In place of the gated MLP ``mlp`` (moe.MoE), of :class:`Attention` ``attention``
+        (LatentAttention); beside the MLP ``experts`` (moe.BesideExperts)."""
         kind = kind_of(config, kind)
         self.attn_norm = RMSNorm(config.dim, config)
         self.attn = attention if attention is not None else Attention(config, rngs=rngs, kind=kind)

@@ -48,6 +48,10 @@ TARGET_PATHS = {
     "in_proj_b": ("delta", "w_b"),
     "in_proj_a": ("delta", "w_a"),
     "out_proj": ("delta", "w_out"),
+    "q_a_proj": ("attn", "wq_a"),  # Mistral 4's latent attention
+    "q_b_proj": ("attn", "wq_b"),
+    "kv_a_proj_with_mqa": ("attn", "wkv_a"),
+    "kv_b_proj": ("attn", "wkv_b"),
 }
 
 
