@@ -4,46 +4,9 @@ compiled programs; ``estimate`` below gives a stage's peak; tests/test_run_prese
 checks each claim). Figures are per chip; a run may use 90% of a chip's physical HBM
 (v5e 16 GiB, v5p 95 GiB: 14.4 and 85.5 GiB).
 
-* 1B-class (Llama-3.2-1B, N = 1.24e9) on v5e-8: 20 N = 24.7 GB replicated exceeds a chip
-  before any activation; with fsdp every stage fits, PPO's update the largest phase (its two
-  networks' gathered embeddings, with their gradients). 1,024-token responses would fit,
-  2,048 would not.
-* 7B-class (Llama-2-7B, N = 6.74e9): 20 N = 135 GB exceeds every chip replicated. On
-  v5p-32 (16 chips, 4 hosts) with fsdp every stage fits. A single v5p-8 host (4 chips) does
-  not: 64 rollouts a chip of 2,048 tokens hold a 69 GB KV cache (no grouped-query
-  attention) beside 48 N / 4 = 81 GB of PPO state.
-* 0.5B-class (Qwen2.5-0.5B, N = 0.49e9) on v5e-8: replicated, PPO's 48 N = 23.7 GB exceeds
-  a chip; with fsdp every stage fits.
-* 7B-class with LoRA (rank 16 on all seven projections: A = 40.0e6, 0.6 % of N) on one
-  v5p-8 host: PPO's state is 2 c N + 40 A = 28.6 GB instead of 48 N = 323 GB. sft, reward
-  and PPO would fit replicated, evaluate's merged float32 models (12 N = 80.9 GB and their
-  activations) do not, so fsdp is on. On a v5e-8 evaluate would fit one sequence a chip,
-  not the preset's eight.
-* 1B-class with LoRA on v5e-4: evaluate's 12 N = 14.8 GB and its activations exceed a chip
-  replicated, so fsdp is on; every stage fits with 512-token responses. Full fine-tuning at
-  the same flags does not fit PPO (its critic's update); GRPO, without one, fits.
-
-* Qwen3.5-9B (N = 8.95e9; 24 Gated DeltaNet and 8 attention layers) on v5p-16 (8 chips, 2
-  hosts) with fsdp: every algorithm fits at 1,024 + 1,024 tokens; PPO's update is the peak
-  (84.4 GiB of 85.5), its DeltaNet periods recomputed for the policy and the critic at
-  once. With LoRA (rank 16 on all twelve projections) on v5e-32: fits at 512 + 256 tokens;
-  evaluate's merged float32 models do not fit a v5e-16.
-
-* Gemma 4 E4B (N = 7.46e9, 2.82e9 of them the per-layer input table [262144, 42 x 256];
-  35 sliding and 7 full layers, the last 18 reusing keys and values) on v5p-16 with fsdp:
-  every algorithm fits at 1,024 + 1,024 tokens, PPO's update the peak (its policy's and
-  critic's gradients). fsdp never gathers the per-layer table: each chip looks up its rows
-  from the table's chunks (fsdp.sharded_rows), holding every chip's rows of the batch
-  instead of the table (11 GiB in float32, with a gradient as large). With LoRA (rank 16)
-  on v5e-16: fits at 512 + 256 tokens, evaluate's merged float32 model the peak. Gemma 4
-  31B (``gemma4-31b``: N = 3.07e10) has no preset: with LoRA on v5e-64 evaluate's merged
-  float32 model holds its gathered embedding (5.3 GiB) and three 0.53e9-parameter layers
-  gathered at once, 17.3 GiB a chip.
-
-* Qwen3-30B-A3B (N = 30.53e9; 48 layers of 128 experts) with fsdp: full fine-tuning fits a
-  v5p-64 (a v5p-32 does not: PPO 101.5 GiB a chip); LoRA on the attention a v5p-16 and a
-  v5e-128, evaluate's merged models and gathered layers (every expert: 0.62e9 parameters)
-  the peak (15.2 GiB a chip on a v5e-64).
+Each preset's figures, phase by phase, and what they show (why fsdp, which slice, where
+LoRA changes the answer, what does not fit): docs/real-models.md, "Fitting a real model";
+``alignpipe run-presets NAME`` prints them.
 
 Where the planner stands against XLA: within 15% of the compiled programs replicated at the
 calibration shapes (tests/test_memory_calibration*.py); with fsdp it counts gathered
@@ -474,6 +437,30 @@ RUN_PRESETS: dict[str, RunPreset] = {
             "evaluate": {"batch_size": 32},  # per host: 8 sequences on each of its 4 chips
         },
     ),
+    # Mistral Small 4 with LoRA on its latent projections: no v5e slice holds a gathered
+    # layer's 128 experts (3.2e9 parameters) beside the rest; a v5p-64 not evaluate's merged
+    # float32 models (93.4 GiB a chip).
+    "v5p-128-mistral-small-4-lora": RunPreset(
+        model="mistral-small-4",
+        vocab_size=131072,
+        example="mistralai/Mistral-Small-4-119B-2603",
+        chip="v5p",
+        chips=64,
+        hosts=16,
+        prompt_len=1024,
+        response_len=1024,
+        fsdp=True,
+        **_BF16_FULL,
+        lora_rank=16,
+        lora_alpha=32.0,
+        stages={
+            "sft": {"batch_size": 64},
+            "reward": {"batch_size": 64},
+            "dpo": {"batch_size": 64},
+            "ppo": {"rollout_batch_size": 128, "minibatches": 2},
+            "evaluate": {"batch_size": 32},  # per host: 2 sequences on each of its 4 chips
+        },
+    ),  # fmt: skip
     "v5e-4-1b-lora": RunPreset(
         model="1b",
         vocab_size=128256,

@@ -3,6 +3,7 @@ published models' shapes the run presets and memory plans use (``model_config``)
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from components.core.model.config import ModelConfig
@@ -160,6 +161,35 @@ PRESETS: dict[str, dict[str, Any]] = {
         layer_types=(("sliding_attention",) * 5 + ("full_attention",)) * 10,
         global_kv_heads=4,
         global_k_eq_v=True,
+    ),  # fmt: skip
+    # Mistral Small 4 (vocab 131072, untied: 118.97e9 params): latent attention (query and
+    # key-value latents of 1024 and 256, 64 of each head's 128 dims rotated), yarn 128x over
+    # 8192 tokens with mscale_all_dim 1 (the softmax scale times 1.485², as the scalar 128 /
+    # 1.485⁴), the query temperature past 8192; 128 experts, 4 a token, an ungated shared one.
+    "mistral-small-4": dict(
+        dim=4096,
+        n_layers=36,
+        n_heads=32,
+        n_kv_heads=32,
+        head_dim=128,
+        hidden_dim=12288,
+        max_seq_len=1048576,
+        norm_eps=1e-6,
+        tie_embeddings=False,
+        rotary_fraction=0.5,
+        rope_yarn_factor=128.0,
+        rope_original_max_len=8192,
+        query_scale_beta=0.1,
+        query_pre_attn_scalar=128 / (0.1 * math.log(128.0) + 1.0) ** 4,
+        kv_lora_rank=256,
+        q_lora_rank=1024,
+        n_experts=128,
+        experts_per_token=4,
+        expert_dim=2048,
+        shared_expert_dim=2048,
+        shared_expert_gated=False,
+        dtype="bfloat16",
+        remat="full",
     ),  # fmt: skip
     # Llama-2-7B (vocab 32000, untied head: 6.74e9 params).
     "7b": dict(
