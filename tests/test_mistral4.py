@@ -29,6 +29,7 @@ from test_hf_import import copy_fixture  # tests/test_hf_import.py's writable fi
 from components.core.model import lora, sampler
 from components.core.model.adapter_targets import ADAPTER_TARGETS
 from components.core.model.artifact import load_model, save_model
+from components.core.model.presets import model_config
 from components.core.model.transformer import Transformer
 from components.hf import mistral4
 from components.hf.export import export_hf
@@ -160,6 +161,7 @@ def test_the_released_config_is_planned_at_its_published_size():
     assert (config.n_layers, config.n_heads, config.head_dim, config.vocab_size) == (
         36, 32, 128, 131072,
     )  # fmt: skip
+    assert config == model_config("mistral-small-4", 131072)  # the run preset's shape
     total = memory.param_count(config)
     unused = config.n_layers * 3 * config.dim * config.expert_dim * (128 - 4)
     assert abs(total / 119e9 - 1) < 0.005 and 6.0e9 < total - unused < 6.7e9
