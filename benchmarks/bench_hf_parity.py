@@ -32,7 +32,7 @@ from components.hf.importer import import_hf
 FIXTURES = pathlib.Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "hf"
 FAMILIES = (
     "llama", "qwen2", "gemma2", "qwen3", "qwen3_untied", "mistral", "gemma3", "gemma3_mm",
-    "qwen3_5", "qwen3_5_mm", "gemma4", "gemma4_mm", "ministral3", "ministral3_mm",
+    "qwen3_5", "qwen3_5_mm", "gemma4", "gemma4_mm", "ministral3", "ministral3_mm", "mistral4_mm",
 )  # fmt: skip
 
 

@@ -146,8 +146,9 @@ def test_a_left_padded_row_computes_what_it_computes_alone(imported):
     prompt = 250
     hidden, cache = model.prefill(ids[:, :prompt], mask[:, :prompt], ids.shape[1])
     steps = [np.asarray(hidden[:, -1])]
+    decode = nnx.jit(lambda m, t, c: m.decode(t, c))  # one program for the 69 steps
     for t in range(prompt, ids.shape[1] - 1):
-        hidden, cache = model.decode(ids[:, t], cache)
+        hidden, cache = decode(model, ids[:, t], cache)
         steps.append(np.asarray(hidden))
     np.testing.assert_allclose(np.stack(steps, 1), full[:, prompt - 1 : -1], atol=2e-5)
 

@@ -80,7 +80,7 @@ def test_the_match_rests_on_the_rows_the_scales_and_the_temperature(imported, ex
     """Without reordering the interleaved rows, the softmax's mscale², the routed scaling or
     the query temperature the logits stray (the temperature's only past position 256)."""
     model, _ = load_model(imported, dtype="float32")
-    tokens, logits = expected
+    tokens, logits = (x[:, :300] for x in expected)  # causal: the first 300 of the 512
     params = nnx.state(model, nnx.Param)
 
     def stray(config, params=params) -> tuple[float, float]:
@@ -187,7 +187,52 @@ def test_adapters_wrap_the_latent_projections(imported):
     assert count == memory.adapter_param_count(adapted, 4, targets)
 
 
+def test_a_checkpoint_with_its_rotary_rows_in_order_and_no_temperature(tmp_path):
+    """``rope_interleave: false`` inside the wrapper (rows stored in rotate-half order, read
+    as they are) and ``llama_4_scaling_beta`` 0: transformers' logits, and an export that
+    transformers runs (it reads the beta whatever it is) to the same logits."""
+    folder = copy_fixture("mistral4_mm", tmp_path)
+    config = json.loads((folder / "config.json").read_text())
+    text = config["text_config"]
+    text["rope_interleave"] = False
+    text["rope_parameters"]["llama_4_scaling_beta"] = 0.0
+    (folder / "config.json").write_text(json.dumps(config))
+    tokens = np.random.default_rng(3).integers(0, 300, size=(1, 300))
+    theirs = transformers.AutoModelForImageTextToText.from_pretrained(folder, dtype=torch.float32)
+    with torch.no_grad():
+        expected = theirs.eval()(torch.tensor(tokens)).logits.numpy()
+    artifact = import_hf(str(folder), str(tmp_path / "a"))["out"]
+    model, info = load_model(artifact, dtype="float32")
+    assert np.abs(_logits(model, tokens) - expected).max() < 1e-4
+    assert info["hf"]["rope_interleave"] is False and model.config.query_scale_beta == 0.0
+    export_hf(artifact, str(tmp_path / "hf"))
+    exported = transformers.Mistral4ForCausalLM.from_pretrained(
+        tmp_path / "hf", dtype=torch.float32
+    )
+    with torch.no_grad():
+        assert np.abs(exported(torch.tensor(tokens)).logits.numpy() - expected).max() < 1e-5
+
+
+def test_an_older_rope_scaling_wins_as_transformers_reads_it():
+    text = {"model_type": "mistral4", "rope_scaling": {
+        "rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 256,
+        "mscale": 1.0, "mscale_all_dim": 0.5, "rope_theta": 1e4,
+    }}  # fmt: skip
+    config = model_config_from_hf({**MISTRAL_SMALL_4, "text_config": text}, dtype="float32")
+    assert (config.rope_yarn_factor, config.rope_original_max_len) == (4.0, 256)
+
+
+def test_lora_targets_a_latent_model_lacks_are_refused_by_name(imported):
+    model, _ = load_model(imported, dtype="float32")
+    with pytest.raises(ValueError, match=r"has none of them; its projections are .*q_a_proj"):
+        lora.with_lora(model.config, 4, 8.0, ("q_proj", "v_proj"))
+
+
 REFUSED = {
+    "a plain rotary table": (
+        {"rope_parameters": {"rope_type": "default", "rope_theta": 1e4}},
+        "rope_type 'default' for Mistral 4",
+    ),
     "dense layers first": ({"first_k_dense_replace": 1}, "first_k_dense_replace=1"),
     "group-limited routing": ({"n_group": 2, "topk_group": 1}, "group-limited routing"),
     "values wider than keys": ({"v_head_dim": 24}, "v_head_dim=24"),

@@ -294,8 +294,9 @@ def check_hf(hf_dir: str, *, dtype: str = "", remat: str = "full") -> Checked:
     infos = moe.per_expert(infos, config.dim, config.expert_dim)
     if qwen3_next.is_qwen3_next(hf):  # its config read: the fields the split needs are there
         infos = qwen3_next.split_projections(infos, hf)
-    if family == "mistral" and config.kv_lora_rank and mistral4.filled(hf).get("rope_interleave"):
-        infos = mistral4.deinterleave(infos, config)  # its rotary rows in interleaved pairs
+    if family == "mistral" and config.kv_lora_rank:  # Mistral 4: Qwen's expert names
+        if mistral4.interleaved(hf):  # its rotary rows in interleaved pairs
+            infos = mistral4.deinterleave(infos, config)
     elif family == "mistral" and config.n_experts:  # a Mixtral saved in transformers 5's layout
         infos = moe.mixtral_names(infos)
     if mistral3.tie_by_checkpoint(hf):  # as transformers 5 decides it: by the checkpoint
@@ -327,6 +328,8 @@ def import_hf(hf_dir: str, out: str, *, dtype: str = "", remat: str = "full") ->
     if quantized := sum(infos[spec.hf_name].scale is not None for spec in specs):
         source["fp8_weights"] = quantized  # read dequantized (fp8.py); exported unquantized
         log.info("%s: %d FP8 weights dequantized with their scales", hf_dir, quantized)
+    if config.kv_lora_rank and not mistral4.interleaved(hf):  # PEFT's base must say so too
+        source["rope_interleave"] = False
     if checked.left_out:  # a multimodal checkpoint: the run is text-only
         exports_as = export_architecture(config, family)[0]
         source["text_only"] = {"tensors_left_out": checked.left_out, "exports_as": exports_as}

@@ -88,12 +88,21 @@ def is_mistral4(hf: dict[str, Any]) -> bool:
 
 
 def filled(hf: dict[str, Any]) -> dict[str, Any]:
-    """A ``mistral4`` config with Mistral4Config's defaults for what it leaves out (its
-    yarn table too where ``rope_parameters`` is missing or null, as the class does)."""
+    """A ``mistral4`` config with Mistral4Config's defaults for what it leaves out: its
+    rotary table is the older ``rope_scaling`` where given (it wins, as transformers 5
+    converts it), else ``rope_parameters``, else the class's yarn table."""
     out = {**TEXT_DEFAULTS, **hf, "model_type": "mistral4"}
-    if not hf.get("rope_parameters"):
-        out["rope_parameters"] = TEXT_DEFAULTS["rope_parameters"]
+    rope = hf.get("rope_scaling") or hf.get("rope_parameters") or TEXT_DEFAULTS["rope_parameters"]
+    out["rope_parameters"] = rope
+    out.pop("rope_scaling", None)
     return out
+
+
+def interleaved(hf: dict[str, Any]) -> bool:
+    """Whether the checkpoint of ``hf`` (its outer config, a wrapper's included) stores its
+    rotary rows in interleaved pairs (``rope_interleave``, true by default)."""
+    text = hf.get("text_config") if "text_config" in hf else hf
+    return bool(filled(text or {}).get("rope_interleave", True))
 
 
 def softmax_mscale(rope: dict[str, Any]) -> float:
@@ -128,6 +137,13 @@ def fields(hf: dict[str, Any]) -> dict[str, Any]:
         "of another width than queries and keys (Mistral Small 4's are equal)",
     )
     refuse(bool(hf.get("attention_bias")), "attention_bias: biases on the latent projections")
+    table = hf.get("rope_parameters") or {}
+    rope_type = table.get("rope_type", table.get("type", "default"))
+    refuse(
+        rope_type != "yarn",
+        f"rope_type {rope_type!r} for Mistral 4: transformers' Mistral4 rotates its "
+        f"{rope}-dim part only with yarn's table (its {rope_type!r} table spans the whole head)",
+    )
     width, shared = int(hf["moe_intermediate_size"]), int(hf.get("n_shared_experts") or 0)
     scale = softmax_mscale(dict(hf.get("rope_parameters") or {}))
     return dict(
@@ -217,6 +233,9 @@ def rope_parameters(config: ModelConfig, rope: dict[str, Any]) -> dict[str, Any]
     """The export's yarn table with ``mscale_all_dim`` giving back the softmax scale
     (:func:`softmax_mscale`) and the rotated share of each head."""
     out = {**rope, "partial_rotary_factor": config.rotary_fraction}
+    # Mistral4Attention reads the temperature's beta whatever it is: 0 where there is none.
+    out.setdefault("llama_4_scaling_beta", 0.0)
+    out.setdefault("original_max_position_embeddings", config.rope_original_max_len)
     if config.query_pre_attn_scalar is not None:
         refuse(
             config.rope_yarn_factor is None or config.rope_yarn_factor <= 1,
@@ -243,5 +262,6 @@ def exportable(config: ModelConfig) -> bool:
         and config.rope_scaling_factor is None
         and config.rope_linear_factor == 1.0
         and config.rope_local_theta is None
-        and (config.query_pre_attn_scalar is None or (config.rope_yarn_factor or 0) > 1)
+        and config.rope_yarn_factor is not None  # the only table its 64-dim part takes
+        and (config.query_pre_attn_scalar is None or config.rope_yarn_factor > 1)
     )

@@ -179,6 +179,12 @@ def export_peft(
             "Qwen3.5's DeltaNet projections, which a Qwen3-Next checkpoint does not have; leave "
             "--base-model out so that they name the base written beside them (out/base)"
         )
+    if base_model and policy.info.get("hf", {}).get("rope_interleave") is False:
+        raise ExportError(
+            f"--base-model {base_model}: the adapters' rotary rows are written interleaved, as "
+            "the base beside them stores them, and the checkpoint this model was imported from "
+            "stores them in rotate-half order (rope_interleave: false); leave --base-model out"
+        )
     model = load_policy(policy)
     base_dir, adapter_dir = os.path.join(out, BASE_DIR), os.path.join(out, ADAPTER_DIR)
     files = write_hf(out, policy, lora.merge(model), max_shard_bytes)

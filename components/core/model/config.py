@@ -186,7 +186,10 @@ class ModelConfig:
     def _check_lora(self) -> None:
         """Adapters: a non-negative rank, a positive alpha, targets the model has."""
         known = ADAPTER_TARGETS if self.is_hybrid else LORA_TARGETS
-        known = LORA_TARGETS + LATENT_TARGETS if self.kv_lora_rank else known
+        if self.kv_lora_rank:  # latent attention: its projections, and the MLP's (refused below)
+            known = tuple(t for t in ADAPTER_TARGETS if self.target_stacks(t)) + (
+                "gate_proj", "up_proj", "down_proj",
+            )  # fmt: skip
         if not self.is_hybrid and set(self.lora_targets) & set(DELTA_TARGETS):
             raise ValueError(
                 f"ModelConfig.lora_targets {list(self.lora_targets)}: {list(DELTA_TARGETS)} "

@@ -26,6 +26,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from components.core.model.adapter_targets import ADAPTER_TARGETS
 from components.core.model.transformer import ModelConfig, Transformer
 from components.core.training.host import on_host
 
@@ -59,8 +60,13 @@ def with_lora(
     config: ModelConfig, rank: int, alpha: float, targets: tuple[str, ...]
 ) -> ModelConfig:
     """``config`` carrying adapters of ``rank`` on those of ``targets`` it has (rank 0: none)."""
-    targets = config.present_targets(tuple(targets)) if rank else ()
-    return dataclasses.replace(config, lora_rank=rank, lora_alpha=alpha, lora_targets=targets)
+    present = config.present_targets(tuple(targets)) if rank else ()
+    if rank and targets and not present:
+        raise ValueError(
+            f"lora_targets {list(targets)}: this model has none of them; its projections are "
+            f"{list(config.present_targets(ADAPTER_TARGETS))}"
+        )
+    return dataclasses.replace(config, lora_rank=rank, lora_alpha=alpha, lora_targets=present)
 
 
 def _abstract_params(model: Transformer, config: ModelConfig) -> tuple[nnx.GraphDef, nnx.State]:
