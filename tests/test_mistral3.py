@@ -30,7 +30,7 @@ from components.core.data import tekken
 from components.core.data.tokenizers import load_tokenizer
 from components.core.model import sampler
 from components.core.model.artifact import load_model
-from components.core.model.layers import rope_inv_freq
+from components.core.model.rotary_tables import rope_inv_freq
 from components.core.model.transformer import Transformer
 from components.hf.export import export_hf
 from components.hf.families import HFImportError, model_config_from_hf

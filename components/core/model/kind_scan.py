@@ -28,7 +28,8 @@ from flax import nnx
 
 from components.core.model import layer_kinds
 from components.core.model.config import REMAT_POLICIES, ModelConfig
-from components.core.model.layers import INIT_STD, RMSNorm, Rotary, dense, layer_rotary, on_rows
+from components.core.model.layers import INIT_STD, RMSNorm, dense, on_rows
+from components.core.model.rotary_tables import Rotary, layer_rotary
 from components.core.training import fsdp
 
 # transformer.py's Transformer, which imports this module.

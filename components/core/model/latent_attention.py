@@ -25,7 +25,8 @@ import jax.numpy as jnp
 from flax import nnx
 
 from components.core.model.config import ModelConfig
-from components.core.model.layers import RMSNorm, Rotary, apply_rope, attend, dense, on_rows
+from components.core.model.layers import RMSNorm, attend, dense, on_rows, write_cache
+from components.core.model.rotary_tables import Rotary, apply_rope
 
 # transformers' Mistral4RMSNorm default: the latents' norms do not read rms_norm_eps.
 LATENT_NORM_EPS = 1e-6
@@ -88,12 +89,7 @@ class LatentAttention(nnx.Module):
         if cache_kv is None:
             out = attend(q, k, v, allowed, self.scale)
             return self._output(out), (k, v)
-        k = jax.lax.dynamic_update_slice_in_dim(
-            cache_kv[0], k.transpose(0, 2, 3, 1), cache_index, 3
-        )
-        v = jax.lax.dynamic_update_slice_in_dim(
-            cache_kv[1], v.transpose(0, 2, 1, 3), cache_index, 2
-        )
+        k, v = write_cache(cache_kv, k, v, cache_index)
         out = attend(q, k, v, allowed, self.scale, heads_major=True)
         return self._output(out), (k, v)
 

@@ -31,7 +31,7 @@ import numpy as np
 from flax import nnx
 
 from components.core.model import vocab_tiles
-from components.core.model.layers import rotary_key
+from components.core.model.rotary_tables import rotary_key
 from components.core.training import fsdp
 
 PyTree = Any
@@ -60,7 +60,7 @@ def _response_hidden(
 
 def with_rotary(graphdef: nnx.GraphDef, params: PyTree, batch: dict[str, jax.Array]) -> dict:
     """``batch`` with the network's rotary tables of its rows (any leading axes) under the
-    network's :func:`layers.rotary_key`: the passes over it read them instead of computing
+    network's :func:`rotary_tables.rotary_key`: the passes over it read them instead of computing
     them (networks with the same frequencies share one entry). For a batch passed over many
     times, such as PPO's minibatches, computed before the loop over them."""
     model = nnx.merge(graphdef, params)  # for its config and tables: adds no computation

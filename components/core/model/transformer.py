@@ -43,15 +43,9 @@ from components.core.model import kind_scan, layer_kinds, moe, vocab_tiles
 from components.core.model.config import REMAT_POLICIES, ModelConfig
 from components.core.model.delta import DeltaBlock, DeltaState
 from components.core.model.latent_attention import LatentAttention
-from components.core.model.layers import (
-    INIT_STD,
-    Block,
-    RMSNorm,
-    Rotary,
-    layer_rotary,
-    rope_tables,
-)
+from components.core.model.layers import INIT_STD, Block, RMSNorm
 from components.core.model.presets import PRESETS, model_config
+from components.core.model.rotary_tables import Rotary, layer_rotary, rope_tables
 from components.core.training import fsdp
 
 __all__ = ["PRESETS", "KVCache", "ModelConfig", "Transformer", "model_config"]
@@ -229,7 +223,8 @@ class Transformer(nnx.Module):
         return kind_scan.scan(self, x, mask, rotary, allowed, window, per_layer, collect=collect)
 
     def rotary(self, mask: jax.Array) -> Rotary:
-        """The rotary tables (:func:`layers.rope_tables`) of the positions of ``mask`` [..., T]."""
+        """The rotary tables (:func:`rotary_tables.rope_tables`) of the positions of ``mask``
+        [..., T]."""
         return rope_tables(positions_from_mask(mask), self.config)
 
     def lm_logits(self, hidden: jax.Array) -> jax.Array:
