@@ -228,6 +228,13 @@ def test_lora_targets_a_latent_model_lacks_are_refused_by_name(imported):
         lora.with_lora(model.config, 4, 8.0, ("q_proj", "v_proj"))
 
 
+def test_a_folder_in_mistrals_own_format_is_told_what_to_download(tmp_path):
+    (tmp_path / "params.json").write_text("{}")
+    (tmp_path / "consolidated.safetensors").write_bytes(b"")
+    with pytest.raises(HFImportError, match="Mistral's own format.*Hugging Face files"):
+        import_hf(str(tmp_path), str(tmp_path / "out"))
+
+
 REFUSED = {
     "a plain rotary table": (
         {"rope_parameters": {"rope_type": "default", "rope_theta": 1e4}},

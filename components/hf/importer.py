@@ -63,9 +63,16 @@ def read_hf_config(hf_dir: str) -> dict[str, Any]:
             f"{hf_dir}: import reads local folders; copy it first (gcloud storage cp -r)"
         )
     if not os.path.exists(path):
+        native = os.path.exists(os.path.join(hf_dir, "params.json"))  # mistral-inference's
         raise HFImportError(
             f"{hf_dir} has no config.json; pass a Hugging Face model folder "
             "(config.json, *.safetensors, tokenizer.json, tokenizer_config.json)"
+            + (
+                "; this one is in Mistral's own format (params.json, consolidated.safetensors): "
+                "download the repository's Hugging Face files beside them"
+                if native
+                else ""
+            )
         )
     try:
         with open(path) as handle:
