@@ -76,6 +76,7 @@ def test_logits_match_transformers_at_512_tokens(imported, expected):
     assert config.routed_scaling == 1.5 and not config.shared_expert_gated
 
 
+@pytest.mark.slow  # the match itself: the test above
 def test_the_match_rests_on_the_rows_the_scales_and_the_temperature(imported, expected):
     """Without reordering the interleaved rows, the softmax's mscale², the routed scaling or
     the query temperature the logits stray (the temperature's only past position 256)."""

@@ -51,6 +51,7 @@ def tiny_preset(monkeypatch):
     return preset
 
 
+@pytest.mark.slow  # the CLI's --compile end to end (a compile in a process of its own)
 def test_plan_compile_prints_xla_beside_the_planner(tiny_preset, capsys):
     assert main(["plan", "--run-preset", "tiny-test", "--algorithm", "dpo", "--compile"]) == 0
     out = capsys.readouterr().out

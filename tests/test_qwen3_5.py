@@ -104,17 +104,19 @@ def test_logits_match_transformers_at_512_tokens(imported, family):
     assert ("text_only" in info["hf"]) == family.endswith("_mm")
 
 
-def test_greedy_tokens_match_transformers_generate(imported):
+# 64 new tokens in make test, 256 in the slow tier.
+@pytest.mark.parametrize("new_tokens", [64, pytest.param(NEW_TOKENS, marks=pytest.mark.slow)])
+def test_greedy_tokens_match_transformers_generate(imported, new_tokens):
     model, info = load_model(imported["qwen3_5"], dtype="float32")
     prompt = _tokens(12, rows=1, seed=1)
     settings = transformers.GenerationConfig(
-        do_sample=False, max_new_tokens=NEW_TOKENS, eos_token_id=None, pad_token_id=0
+        do_sample=False, max_new_tokens=new_tokens, eos_token_id=None, pad_token_id=0
     )
     with torch.no_grad():
         theirs = _theirs("qwen3_5").generate(torch.tensor(prompt), generation_config=settings)
     ids = jnp.asarray(prompt, jnp.int32)
     out = sampler.generate(
-        model, ids, jnp.ones_like(ids), jax.random.key(0), max_new_tokens=NEW_TOKENS,
+        model, ids, jnp.ones_like(ids), jax.random.key(0), max_new_tokens=new_tokens,
         eos_id=-1, pad_id=0, temperature=0.0,
     )  # fmt: skip
     np.testing.assert_array_equal(np.asarray(out.tokens[0]), theirs[0, 12:].numpy())
