@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from components.core.model.config import ModelConfig
+# config.py's ModelConfig (read, never imported: this module sits below it, as layer_kinds).
+ModelConfig = Any
 
 
 def rope_inv_freq(config: ModelConfig, *, local: bool = False) -> np.ndarray:
