@@ -173,18 +173,17 @@ def test_the_released_config_is_planned_at_its_published_size():
     assert memory.param_count(fixture) == sizes
 
 
-def test_adapters_wrap_the_latent_projections(imported):
+def test_adapters_wrap_the_latent_projections():
     """all-linear on latent attention: the query and key-value latents' projections and the
-    output; the experts take none (moe.py). A fresh adapter changes nothing."""
-    model, _ = load_model(imported, dtype="float32")
-    targets = model.config.present_targets(ADAPTER_TARGETS)
+    output; the experts take none (moe.py); the planner counts what is built. (They train,
+    export to PEFT and read back: the slow tier, below.)"""
+    hf = json.loads((FIXTURE / "config.json").read_text())
+    config = model_config_from_hf(hf, dtype="float32")
+    targets = config.present_targets(ADAPTER_TARGETS)
     assert targets == ("o_proj", "q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj")
-    adapted = dataclasses.replace(model.config, lora_rank=4, lora_targets=targets)
-    other = Transformer(adapted, rngs=nnx.Rngs(1))
-    nnx.update(other, nnx.state(model, nnx.Param))
-    tokens = np.random.default_rng(2).integers(0, 300, size=(1, 16))
-    np.testing.assert_allclose(_logits(other, tokens), _logits(model, tokens), atol=1e-6)
-    count = sum(x.size for x in jax.tree.leaves(nnx.state(other, nnx.LoRAParam)))
+    adapted = dataclasses.replace(config, lora_rank=4, lora_targets=targets)
+    built = nnx.eval_shape(lambda: Transformer(adapted, rngs=nnx.Rngs(1)))
+    count = sum(x.size for x in jax.tree.leaves(nnx.state(built, nnx.LoRAParam)))
     assert count == memory.adapter_param_count(adapted, 4, targets)
 
 

@@ -86,7 +86,7 @@ def test_rollout_and_update_statistics_and_gradients_equal_the_whole_logits(over
             terms = (stats.logprobs, stats.entropy, stats.kl, stats.ref_logprobs)
             return sum(jnp.sum(t * mask * (i + 1)) for i, t in enumerate(terms)), stats
 
-        (value, stats), grads = jax.value_and_grad(loss, has_aux=True)(params)
+        (value, stats), grads = jax.jit(jax.value_and_grad(loss, has_aux=True))(params)
         results.append((value, [np.asarray(s) * np.asarray(mask) for s in stats], grads))
     (whole_value, whole_stats, whole_grads), (tiled_value, tiled_stats, tiled_grads) = results
     assert float(jnp.abs(whole_value)) > 1.0
@@ -106,7 +106,7 @@ def test_token_logprobs_of_sft_and_dpo_equal_the_whole_logits():
         def loss(p, graph=graph):
             return jnp.sum(nnx.merge(graph, p).token_logprobs(tokens, mask) * mask[:, 1:])
 
-        results.append(jax.value_and_grad(loss)(params))
+        results.append(jax.jit(jax.value_and_grad(loss))(params))
     np.testing.assert_allclose(results[1][0], results[0][0], rtol=1e-6)
     _close(results[1][1], results[0][1])
 
