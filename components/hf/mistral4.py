@@ -73,12 +73,8 @@ TEXT_DEFAULTS: dict[str, Any] = {
         "llama_4_scaling_beta": 0.1,
     },
 }
-# A layer's attention tensors (under model.layers.N.self_attn.) and their place in
-# LatentAttention; q_proj stands for the query latent's three when q_lora_rank is 0.
-LATENT_LINEARS = {
-    "q_a_proj": "wq_a", "q_b_proj": "wq_b", "q_proj": "wq", "kv_a_proj_with_mqa": "wkv_a",
-    "kv_b_proj": "wkv_b", "o_proj": "wo",
-}  # fmt: skip
+# A layer's latent norms (under model.layers.N.self_attn.) and their place in LatentAttention;
+# its projections' places are lora.TARGET_PATHS'.
 LATENT_NORMS = {"q_a_layernorm": "q_a_norm", "kv_a_layernorm": "kv_a_norm"}
 
 
@@ -207,7 +203,7 @@ def hf_fields(config: ModelConfig) -> dict[str, Any]:
     """Mistral4Config's fields for an export of ``config`` (its common ones: hf_config.py)."""
     rope = config.rotary_dim
     shared = config.shared_expert_dim // config.expert_dim
-    fields: dict[str, Any] = dict(
+    return dict(
         hidden_act="silu",
         attention_bias=False,
         q_lora_rank=config.q_lora_rank or None,
@@ -226,7 +222,6 @@ def hf_fields(config: ModelConfig) -> dict[str, Any]:
         first_k_dense_replace=0,
         rope_interleave=True,
     )
-    return fields
 
 
 def rope_parameters(config: ModelConfig, rope: dict[str, Any]) -> dict[str, Any]:

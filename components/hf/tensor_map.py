@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from components.core.model import lora
 from components.core.model.config import ModelConfig
 from components.hf import gemma4, mistral4, moe
 from components.hf.families import GEMMAS
@@ -62,11 +63,9 @@ def mlp_tensors(config: ModelConfig, family: str) -> list[tuple[str, tuple[str, 
     return tensors
 
 
-def latent_linears(config: ModelConfig) -> list[tuple[str, str]]:
-    """Latent attention's projections (HF name, ours): q_proj or the query latent's two."""
-    queries = ("q_a_proj", "q_b_proj") if config.q_lora_rank else ("q_proj",)
-    names = (*queries, "kv_a_proj_with_mqa", "kv_b_proj", "o_proj")
-    return [(name, mistral4.LATENT_LINEARS[name]) for name in names]
+def latent_linears(config: ModelConfig) -> list[tuple[str, tuple[str, str]]]:
+    """Latent attention's projections (HF name, their path in a layer, as adapters find them)."""
+    return [(name, lora.TARGET_PATHS[name]) for name in config.latent_projections()]
 
 
 def latent_norms(config: ModelConfig) -> list[tuple[str, str]]:
@@ -119,7 +118,7 @@ def tensor_specs(config: ModelConfig, family: str) -> list[TensorSpec]:
     if config.qk_norm:
         norms.update({"self_attn.q_norm": "attn/q_norm", "self_attn.k_norm": "attn/k_norm"})
     if config.kv_lora_rank:  # Mistral 4's latent attention
-        linears = {f"self_attn.{hf}": ("attn", ours) for hf, ours in latent_linears(config)}
+        linears = {f"self_attn.{hf}": ours for hf, ours in latent_linears(config)}
         norms.update({f"self_attn.{hf}": f"attn/{ours}" for hf, ours in latent_norms(config)})
     for i, (stack, j) in enumerate(stack_index(config)):
         prefix = f"model.layers.{i}."

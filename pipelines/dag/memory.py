@@ -124,10 +124,8 @@ def latent_param_count(config: ModelConfig) -> int:
     """Latent attention's parameters (core/model/latent_attention.py): each projection of
     :func:`projection_shapes` and the two latents' norms."""
     shapes = projection_shapes(config)
-    queries = ("q_a_proj", "q_b_proj") if config.q_lora_rank else ("q_proj",)
-    names = (*queries, "kv_a_proj_with_mqa", "kv_b_proj", "o_proj")
     norms = config.kv_lora_rank + config.q_lora_rank
-    return sum(shapes[t][0] * shapes[t][1] for t in names) + norms
+    return sum(shapes[t][0] * shapes[t][1] for t in config.latent_projections()) + norms
 
 
 def mlp_param_count(config: ModelConfig, hidden_dim: int) -> int:

@@ -397,9 +397,8 @@ class ModelConfig:
         if target in ("gate_proj", "up_proj", "down_proj"):  # no expert takes adapters
             return () if self.n_experts and not self.experts_beside_mlp else tuple(counts)
         if self.kv_lora_rank or target in LATENT_TARGETS:  # Mistral 4's latent attention
-            queries = ("q_a_proj", "q_b_proj") if self.q_lora_rank else ("q_proj",)
-            latent = (*queries, "kv_a_proj_with_mqa", "kv_b_proj", "o_proj")
-            return tuple(counts) if self.kv_lora_rank and target in latent else ()
+            latent = self.kv_lora_rank and target in self.latent_projections()
+            return tuple(counts) if latent else ()
         stacks = []
         for stack in counts:
             kind = layer_kinds.stack_kind(self, stack)
@@ -410,6 +409,12 @@ class ModelConfig:
             if has:
                 stacks.append(stack)
         return tuple(stacks)
+
+    def latent_projections(self) -> tuple[str, ...]:
+        """Latent attention's projections by Hugging Face name, in a layer's order: the query
+        latent's two (or ``q_proj`` without one), the key-value latent's two, the output."""
+        queries = ("q_a_proj", "q_b_proj") if self.q_lora_rank else ("q_proj",)
+        return (*queries, "kv_a_proj_with_mqa", "kv_b_proj", "o_proj")
 
     def present_targets(self, targets: tuple[str, ...]) -> tuple[str, ...]:
         """Those of ``targets`` this model's layers have (all-linear names DeltaNet's too)."""
