@@ -29,6 +29,7 @@ import numpy as np
 
 from components.core.model.config import ModelConfig
 from components.hf.refusals import refuse
+from components.hf.rotary import yarn_mscale
 from components.hf.safetensors_io import TensorInfo
 
 ARCHITECTURE = "Mistral4ForCausalLM"
@@ -107,8 +108,7 @@ def softmax_mscale(rope: dict[str, Any]) -> float:
     all_dim = rope.get("mscale_all_dim") or 0
     if rope.get("rope_type", rope.get("type", "default")) == "default" or not all_dim:
         return 1.0
-    factor = float(rope["factor"])
-    return (1.0 if factor <= 1 else 0.1 * all_dim * math.log(factor) + 1.0) ** 2
+    return yarn_mscale(float(rope["factor"]), all_dim) ** 2
 
 
 def fields(hf: dict[str, Any]) -> dict[str, Any]:

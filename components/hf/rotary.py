@@ -29,7 +29,7 @@ ROPE_TYPES = {  # rope_type: families that model it
 }
 
 
-def _yarn_mscale(factor: float, mscale: float = 1.0) -> float:
+def yarn_mscale(factor: float, mscale: float = 1.0) -> float:
     """transformers' ``yarn_get_mscale``: 0.1 · mscale · ln(factor) + 1 (1 for factor ≤ 1)."""
     return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
 
@@ -59,9 +59,9 @@ def yarn_fields(rope: dict[str, Any], hf: dict[str, Any]) -> dict[str, Any]:
     if attention is None:
         mscale, mscale_all_dim = rope.get("mscale"), rope.get("mscale_all_dim")
         if mscale and mscale_all_dim:
-            attention = _yarn_mscale(factor, mscale) / _yarn_mscale(factor, mscale_all_dim)
+            attention = yarn_mscale(factor, mscale) / yarn_mscale(factor, mscale_all_dim)
         else:
-            attention = _yarn_mscale(factor)
+            attention = yarn_mscale(factor)
     return dict(
         rope_yarn_factor=factor,
         rope_yarn_beta_fast=float(rope.get("beta_fast") or 32.0),
